@@ -1,0 +1,246 @@
+"""A Prometheus text-format parser (exposition 0.0.4 and OpenMetrics 1.0).
+
+Built for a monitor that reads a 50 KB scrape every second from many servers:
+
+* ``keep`` names the samples wanted; every other line is dropped with one ``startswith``
+  test, before any label parsing (a monitor needs ~20 of ~500 lines).
+* Label blocks repeat verbatim between scrapes, so parsed label dicts are cached by their
+  raw text. The dicts are shared: treat ``Sample.labels`` as read-only.
+* A malformed line is reported in ``Exposition.errors`` and skipped; the rest is kept.
+  No input raises.
+
+Handled: escaped label values, ``NaN``/``+Inf``/``-Inf``, optional timestamps, ``# EOF``,
+``_created`` series (kept like any sample), exemplars (dropped), blank and comment lines,
+CRLF, duplicate or missing HELP/TYPE, samples in any order, quoted (UTF-8) metric names.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_LABEL_RE = re.compile(
+    r'\s*(?:([a-zA-Z_][a-zA-Z0-9_]*)|"((?:[^"\\\n]|\\.)*)")\s*(?:=\s*"((?:[^"\\\n]|\\.)*)")?\s*'
+)
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_ESCAPE_RE = re.compile(r"\\[\\\"n]")
+_MAX_CACHED_LABEL_BLOCKS = 50_000
+_label_cache: dict[str, tuple[str | None, dict[str, str]]] = {}
+_SAMPLE_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", "_gsum", "_gcount")
+_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "unknown",
+                    "info", "stateset", "gaugehistogram"})
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+    timestamp: float | None = None  # as written: ms in 0.0.4, seconds in OpenMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class ParseError:
+    line_no: int  # 1-based
+    reason: str
+    text: str  # the offending line, cut to 120 characters
+
+
+@dataclass(slots=True)
+class Exposition:
+    samples: list[Sample] = field(default_factory=list)
+    types: dict[str, str] = field(default_factory=dict)  # family name -> type
+    helps: dict[str, str] = field(default_factory=dict)
+    errors: list[ParseError] = field(default_factory=list)
+    _index: dict[str, list[Sample]] | None = None
+
+    def series(self, name: str) -> list[Sample]:
+        """All samples with exactly this name (e.g. ``vllm:e2e_request_latency_seconds_bucket``)."""
+        if self._index is None:
+            self._index = {}
+            for sample in self.samples:
+                self._index.setdefault(sample.name, []).append(sample)
+        return self._index.get(name, [])
+
+    def names(self) -> set[str]:
+        self.series("")
+        assert self._index is not None
+        return set(self._index)
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value)
+
+
+def unescape_help(text: str) -> str:
+    """HELP text escapes only backslash and newline."""
+    if "\\" not in text:
+        return text
+    return text.replace("\\\\", "\x00").replace("\\n", "\n").replace("\x00", "\\")
+
+
+def _parse_label_block(line: str, start: int) -> tuple[int, str | None, dict[str, str]]:
+    """Parse ``{...}`` starting at ``line[start] == "{"``.
+
+    Returns (index after ``}``, quoted metric name or None, labels). Raises ValueError.
+    """
+    pos = start + 1
+    labels: dict[str, str] = {}
+    quoted_name: str | None = None
+    while True:
+        while pos < len(line) and line[pos] in " \t":
+            pos += 1
+        if pos < len(line) and line[pos] == "}":
+            return pos + 1, quoted_name, labels
+        match = _LABEL_RE.match(line, pos)
+        if not match or match.end() == pos:
+            raise ValueError("malformed label set")
+        key = match.group(1) if match.group(1) is not None else _unescape(match.group(2))
+        if match.group(3) is None:
+            if match.group(2) is None or quoted_name is not None or labels:
+                raise ValueError(f"label {key!r} has no value")
+            quoted_name = key
+        elif key in labels:
+            raise ValueError(f"duplicate label {key!r}")
+        else:
+            labels[key] = _unescape(match.group(3))
+        pos = match.end()
+        if pos < len(line) and line[pos] == ",":
+            pos += 1
+        elif pos >= len(line) or line[pos] != "}":
+            raise ValueError("expected ',' or '}' in label set")
+
+
+def _labels_at(line: str, brace: int) -> tuple[int, str | None, dict[str, str]]:
+    """Labels starting at ``brace``, cached by the raw block text.
+
+    The guess ``line[brace:first '}'+1]`` is a sound cache key: a block stored under it was
+    parsed whole and ended exactly there, so any line starting with it ends there too.
+    """
+    close = line.find("}", brace)
+    if close != -1:
+        hit = _label_cache.get(line[brace : close + 1])
+        if hit is not None:
+            return close + 1, hit[0], hit[1]
+    end, quoted_name, labels = _parse_label_block(line, brace)
+    if len(_label_cache) >= _MAX_CACHED_LABEL_BLOCKS:
+        _label_cache.clear()
+    _label_cache[line[brace:end]] = (quoted_name, labels)
+    return end, quoted_name, labels
+
+
+def _parse_value(text: str) -> float:
+    if "_" in text:
+        raise ValueError(f"bad value {text!r}")
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"bad value {text!r}") from None
+
+
+def _parse_sample(line: str) -> Sample:
+    name_end = _name_end(line)
+    name = line[:name_end]
+    pos = name_end
+    while pos < len(line) and line[pos] in " \t":
+        pos += 1
+    labels: dict[str, str] = {}
+    if pos < len(line) and line[pos] == "{":
+        pos, quoted_name, labels = _labels_at(line, pos)
+        if quoted_name is not None:
+            if name:
+                raise ValueError("metric name given twice")
+            name = quoted_name
+        elif not _NAME_RE.match(name):
+            raise ValueError(f"bad metric name {name!r}")
+    elif not _NAME_RE.match(name):
+        raise ValueError(f"bad metric name {name!r}")
+    parts = line[pos:].split()
+    if "#" in parts:  # OpenMetrics exemplar: dropped
+        parts = parts[: parts.index("#")]
+    if not parts or len(parts) > 2:
+        raise ValueError("expected a value and an optional timestamp")
+    value = _parse_value(parts[0])
+    timestamp = _parse_value(parts[1]) if len(parts) == 2 else None
+    if timestamp is not None and not math.isfinite(timestamp):
+        raise ValueError("timestamp is not finite")
+    return Sample(name, labels, value, timestamp)
+
+
+def _name_end(line: str) -> int:
+    """Index where the metric name at the start of a sample line ends."""
+    end = len(line)
+    for stop in ("{", " ", "\t"):
+        index = line.find(stop, 0, end)
+        if index != -1:
+            end = index
+    return end
+
+
+def _families_of(names: frozenset[str]) -> frozenset[str]:
+    """Family names whose HELP/TYPE lines matter for these sample names."""
+    families = set(names)
+    for name in names:
+        for suffix in _SAMPLE_SUFFIXES:
+            if name.endswith(suffix):
+                families.add(name[: -len(suffix)])
+    return frozenset(families)
+
+
+def _parse_comment(
+    line: str, line_no: int, out: Exposition, families: frozenset[str] | None
+) -> None:
+    parts = line[1:].strip().split(None, 2)
+    if len(parts) < 2 or parts[0] not in ("HELP", "TYPE"):
+        return
+    kind, name = parts[0], parts[1]
+    if families is not None and name not in families:
+        return
+    text = parts[2] if len(parts) == 3 else ""
+    if kind == "TYPE":
+        if text.lower() not in _TYPES:
+            out.errors.append(ParseError(line_no, f"unknown type {text!r}", line[:120]))
+        elif name in out.types:
+            out.errors.append(ParseError(line_no, f"duplicate TYPE for {name}", line[:120]))
+        else:
+            out.types[name] = text.lower()
+    elif name in out.helps:
+        out.errors.append(ParseError(line_no, f"duplicate HELP for {name}", line[:120]))
+    else:
+        out.helps[name] = unescape_help(text)
+
+
+def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
+    """Parse an exposition. With ``keep``, only samples with those exact names are kept
+    (and the HELP/TYPE lines of their families)."""
+    keep_set = frozenset(keep) if keep is not None else None
+    prefixes = tuple(keep_set) if keep_set is not None else None
+    families = _families_of(keep_set) if keep_set is not None else None
+    out = Exposition()
+    for line_no, raw in enumerate(text.split("\n"), 1):
+        line = raw.rstrip("\r")
+        if not line or line.isspace():
+            continue
+        if line[0] == "#":
+            if line.startswith("# EOF"):
+                break
+            _parse_comment(line, line_no, out, families)
+            continue
+        line = line.lstrip()
+        if prefixes is not None and not line.startswith(prefixes) and line[0] != "{":
+            continue
+        if keep_set is not None and line[0] != "{" and line[: _name_end(line)] not in keep_set:
+            continue
+        try:
+            sample = _parse_sample(line)
+        except ValueError as exc:
+            out.errors.append(ParseError(line_no, str(exc), line[:120]))
+            continue
+        if keep_set is None or sample.name in keep_set:
+            out.samples.append(sample)
+    return out

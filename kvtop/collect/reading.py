@@ -1,0 +1,71 @@
+"""What one scrape of one server says, in kvtop's own terms.
+
+An engine adapter turns a parsed ``/metrics`` exposition into a :class:`ServerReading`:
+one :class:`EngineReading` per (model_name, engine) pair. Every field is ``None`` when the
+server does not export the metric behind it ("not exported", never 0). Counters are raw
+cumulative values; rates and windows are derived later (``kvtop.derive``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ServerKind = Literal["vllm", "sglang", "llamacpp", "trtllm", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative Prometheus histogram: ``buckets`` are (upper bound, cumulative count)
+    pairs sorted by bound, the last bound being +Inf when the server sent it."""
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float | None = None
+    sum: float | None = None
+
+
+@dataclass(slots=True)
+class EngineReading:
+    """One engine (one KV pool) of one server at one scrape."""
+
+    model: str | None
+    engine: str | None
+    # KV cache
+    kv_usage: float | None = None  # fraction 0..1 of usable blocks/tokens in use
+    blocks_total: int | None = None  # usable blocks: the denominator of kv_usage
+    block_size: int | None = None  # tokens per block
+    tokens_total: int | None = None  # KV capacity in tokens
+    tokens_used: float | None = None  # only where the server reports it directly (SGLang)
+    idle_floor_blocks: int = 0  # blocks counted as used on an idle, healthy server
+    cpu_kv_usage: float | None = None  # V0 swap space usage
+    prefix_caching: bool | None = None  # None: the server does not say
+    # requests
+    running: float | None = None
+    waiting: float | None = None
+    swapped: float | None = None
+    # counters (cumulative since server start)
+    preemptions_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    prefix_queries_total: float | None = None
+    prefix_hits_total: float | None = None
+    prefix_unit: Literal["tokens", "blocks"] | None = None
+    finished_total: dict[str, float] = field(default_factory=dict)  # by finished_reason
+    # a lifetime hit rate published as a gauge (vLLM V0, SGLang); not windowed
+    lifetime_hit_rate: float | None = None
+    # latency histograms (seconds)
+    ttft: Histogram | None = None
+    itl: Histogram | None = None
+    e2e: Histogram | None = None
+    cache_config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ServerReading:
+    """Everything one scrape of one target yielded."""
+
+    kind: ServerKind
+    engines: list[EngineReading] = field(default_factory=list)
+    version: str | None = None  # from /version, or inferred ("0.10.2+")
+    notes: list[str] = field(default_factory=list)  # why something is missing, parse errors
+    parse_errors: int = 0

@@ -1,0 +1,52 @@
+"""Numbers derived from successive readings of one engine.
+
+:class:`EngineStats` is what the views (table, TUI, JSON) show for one engine: the latest
+gauges, KV blocks used, and rates and latency quantiles over the window between two
+scrapes. ``None`` always means "not known" (not exported, or not enough scrapes yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class Quantiles:
+    """Latency quantiles in seconds, estimated from histogram bucket deltas."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    samples: float  # observations in the window
+
+
+@dataclass(slots=True)
+class EngineStats:
+    model: str | None
+    engine: str | None
+    t: float  # unix seconds of the scrape these numbers describe
+    kv_usage: float | None = None
+    blocks_total: int | None = None
+    blocks_used: float | None = None
+    block_size: int | None = None
+    tokens_total: int | None = None
+    tokens_used: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    swapped: float | None = None
+    preemptions_total: float | None = None
+    prefix_queries_total: float | None = None
+    prefix_hits_total: float | None = None
+    hit_rate: float | None = None
+    hit_rate_scope: Literal["window", "lifetime"] | None = None
+    prompt_tps: float | None = None
+    generation_tps: float | None = None
+    preemptions_per_s: float | None = None
+    finished_per_s: dict[str, float] = field(default_factory=dict)
+    ttft: Quantiles | None = None
+    itl: Quantiles | None = None
+    e2e: Quantiles | None = None
+    window_s: float | None = None  # seconds between the two scrapes behind the rates
+    restarted: bool = False  # a counter went backwards: the server restarted
+    idle_floor_blocks: int = 0
