@@ -51,8 +51,8 @@ class EngineReading:
     prefix_hits_total: float | None = None
     prefix_unit: Literal["tokens", "blocks"] | None = None
     finished_total: dict[str, float] = field(default_factory=dict)  # by finished_reason
-    # a lifetime hit rate published as a gauge (vLLM V0, SGLang); not windowed
-    lifetime_hit_rate: float | None = None
+    # a hit rate the server computes itself (vLLM V0: lifetime; SGLang: last batch)
+    reported_hit_rate: float | None = None
     # latency histograms (seconds)
     ttft: Histogram | None = None
     itl: Histogram | None = None

@@ -18,7 +18,8 @@ class Quantiles:
     p50: float | None
     p90: float | None
     p99: float | None
-    samples: float  # observations in the window
+    samples: float  # observations behind the estimate
+    scope: Literal["window", "lifetime"] = "window"
 
 
 @dataclass(slots=True)
@@ -39,7 +40,7 @@ class EngineStats:
     prefix_queries_total: float | None = None
     prefix_hits_total: float | None = None
     hit_rate: float | None = None
-    hit_rate_scope: Literal["window", "lifetime"] | None = None
+    hit_rate_scope: Literal["window", "lifetime", "reported"] | None = None
     prompt_tps: float | None = None
     generation_tps: float | None = None
     preemptions_per_s: float | None = None

@@ -1,0 +1,84 @@
+"""Helpers shared by the engine adapters: grouping series by engine, histograms."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+from kvtop.collect.exposition import Exposition, Sample
+from kvtop.collect.reading import EngineReading, Histogram
+
+EngineKey = tuple[str | None, str | None]  # (model, engine)
+KeyOf = Callable[[Sample], EngineKey]
+
+
+def histogram_names(base: str) -> tuple[str, str, str]:
+    return f"{base}_bucket", f"{base}_count", f"{base}_sum"
+
+
+def finite(value: float) -> float | None:
+    """NaN or ±Inf from a server is "no value", not a number to show."""
+    return value if math.isfinite(value) else None
+
+
+def group(samples: Iterable[Sample], key_of: KeyOf) -> dict[EngineKey, list[Sample]]:
+    groups: dict[EngineKey, list[Sample]] = {}
+    for sample in samples:
+        groups.setdefault(key_of(sample), []).append(sample)
+    return groups
+
+
+def summed(expo: Exposition, name: str, key_of: KeyOf) -> dict[EngineKey, float]:
+    """A counter or gauge summed per engine over its other labels (ranks, reasons…)."""
+    totals: dict[EngineKey, float] = {}
+    for key, samples in group(expo.series(name), key_of).items():
+        values = [v for s in samples if (v := finite(s.value)) is not None]
+        if values:
+            totals[key] = math.fsum(values)
+    return totals
+
+
+def maxed(expo: Exposition, name: str, key_of: KeyOf) -> dict[EngineKey, float]:
+    """A gauge per engine; several series of one engine (TP ranks) give their maximum."""
+    out: dict[EngineKey, float] = {}
+    for key, samples in group(expo.series(name), key_of).items():
+        values = [v for s in samples if (v := finite(s.value)) is not None]
+        if values:
+            out[key] = max(values)
+    return out
+
+
+def histograms(expo: Exposition, base: str, key_of: KeyOf) -> dict[EngineKey, Histogram]:
+    """Cumulative histograms per engine, buckets summed over any other labels."""
+    bucket_name, count_name, sum_name = histogram_names(base)
+    buckets: dict[EngineKey, dict[float, float]] = {}
+    for sample in expo.series(bucket_name):
+        try:
+            bound = float(sample.labels["le"])
+        except (KeyError, ValueError):
+            continue
+        per_key = buckets.setdefault(key_of(sample), {})
+        per_key[bound] = per_key.get(bound, 0.0) + sample.value
+    counts = summed(expo, count_name, key_of)
+    sums = summed(expo, sum_name, key_of)
+    return {
+        key: Histogram(tuple(sorted(per_key.items())), counts.get(key), sums.get(key))
+        for key, per_key in buckets.items()
+    }
+
+
+def engine_readings(keys: Iterable[EngineKey]) -> dict[EngineKey, EngineReading]:
+    """One empty reading per engine key, in a stable order (model, then engine number)."""
+    def order(key: EngineKey) -> tuple[str, int, str]:
+        model, engine = key
+        number = int(engine) if engine is not None and engine.isdigit() else -1
+        return (model or "", number, engine or "")
+
+    return {key: EngineReading(model=key[0], engine=key[1]) for key in sorted(set(keys), key=order)}
+
+
+def assign(readings: dict[EngineKey, EngineReading], field: str,
+           values: dict[EngineKey, float]) -> None:
+    for key, value in values.items():
+        if key in readings:
+            setattr(readings[key], field, value)

@@ -1,0 +1,181 @@
+"""vLLM, V0 and V1 engines, every release from 0.4 to 0.33 (names by era:
+shared/reference/vllm-metrics.md §1a; usage semantics: §1b)."""
+
+from __future__ import annotations
+
+import re
+
+from kvtop.collect.adapters.common import (
+    EngineKey,
+    assign,
+    engine_readings,
+    finite,
+    histogram_names,
+    histograms,
+    maxed,
+    summed,
+)
+from kvtop.collect.exposition import Exposition, Sample
+from kvtop.collect.reading import EngineReading, ServerReading
+
+USAGE_NEW, USAGE_OLD = "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"
+PREFIX_NEW = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+PREFIX_OLD = ("vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total")
+V0_ONLY = ("vllm:gpu_prefix_cache_hit_rate", "vllm:num_requests_swapped",
+           "vllm:cpu_cache_usage_perc")
+TTFT, E2E = "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"
+ITL_NEW, ITL_OLD = "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
+CACHE_CONFIG = "vllm:cache_config_info"
+
+NAMES = frozenset({
+    USAGE_NEW, USAGE_OLD, *PREFIX_NEW, *PREFIX_OLD, *V0_ONLY, CACHE_CONFIG,
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+    *histogram_names(TTFT), *histogram_names(E2E),
+    *histogram_names(ITL_NEW), *histogram_names(ITL_OLD),
+})
+
+
+def key_of(sample: Sample) -> EngineKey:
+    return sample.labels.get("model_name"), sample.labels.get("engine")
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    match = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return tuple(int(part or 0) for part in match.groups()) if match else None
+
+
+def _infer_version(expo: Exposition) -> str:
+    """The release range this exposition's names belong to."""
+    if any(expo.series(name) for name in V0_ONLY):
+        return "V0"
+    if expo.series(f"{ITL_NEW}_count"):
+        return "0.10.2+"
+    if any("engine" in s.labels for s in expo.series("vllm:num_requests_running")):
+        return "0.9.2+" if expo.series(USAGE_NEW) else "0.9.0+"
+    return "0.7+"
+
+
+def _pool_accounting(
+    version: tuple[int, ...] | None, inferred: str, num_gpu_blocks: int
+) -> tuple[int, int]:
+    """(usable blocks = usage denominator, blocks counted as used at idle).
+
+    V1 holds one "null block" from 0.8.3; until 0.10.1 usage still divides by
+    num_gpu_blocks (idle reads 1/num_gpu_blocks), from 0.10.2 by num_gpu_blocks − 1.
+    """
+    if version is not None:
+        if version >= (0, 10, 2):
+            return num_gpu_blocks - 1, 0
+        if version >= (0, 8, 3) and inferred != "V0":
+            return num_gpu_blocks, 1
+        return num_gpu_blocks, 0
+    if inferred == "0.10.2+":
+        return num_gpu_blocks - 1, 0
+    if inferred == "V0":
+        return num_gpu_blocks, 0
+    return num_gpu_blocks, 1
+
+
+def _int_label(config: dict[str, str], name: str) -> int | None:
+    try:
+        value = int(float(config.get(name, "")))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _cache_configs(expo: Exposition) -> dict[str | None, dict[str, str]]:
+    """cache_config_info label sets by engine label (None: applies to every engine)."""
+    return {s.labels.get("engine"): dict(s.labels) for s in expo.series(CACHE_CONFIG)}
+
+
+def _apply_cache_config(reading: EngineReading, config: dict[str, str],
+                        version: tuple[int, ...] | None, inferred: str) -> None:
+    reading.cache_config = config
+    reading.block_size = _int_label(config, "block_size")
+    num_gpu_blocks = _int_label(config, "num_gpu_blocks")
+    if num_gpu_blocks is not None:
+        reading.blocks_total, reading.idle_floor_blocks = _pool_accounting(
+            version, inferred, num_gpu_blocks)
+    reading.tokens_total = _int_label(config, "kv_cache_size_tokens")
+    if reading.tokens_total is None and num_gpu_blocks and reading.block_size:
+        reading.tokens_total = num_gpu_blocks * reading.block_size
+    caching = config.get("enable_prefix_caching")
+    if caching in ("True", "False"):
+        reading.prefix_caching = caching == "True"
+
+
+def _prefix_counters(expo: Exposition, readings: dict[EngineKey, EngineReading],
+                     inferred: str) -> None:
+    """Prefer the 0.9.2+ names; 0.9–0.11 export both with equal values: never add them."""
+    names = PREFIX_NEW if expo.series(PREFIX_NEW[0]) else PREFIX_OLD
+    queries, hits = summed(expo, names[0], key_of), summed(expo, names[1], key_of)
+    # The old counters counted blocks until 0.8.5, the release before `engine` labels came.
+    help_text = expo.helps.get(names[0].removesuffix("_total"), "")
+    in_blocks = names == PREFIX_OLD and ("block" in help_text or inferred == "0.7+")
+    for key, reading in readings.items():
+        if key in queries:
+            reading.prefix_queries_total = queries[key]
+            reading.prefix_hits_total = hits.get(key, 0.0)
+            reading.prefix_unit = "blocks" if in_blocks else "tokens"
+
+
+def _v0_hit_rate(expo: Exposition, readings: dict[EngineKey, EngineReading]) -> None:
+    """V0's lifetime gauge: -1 means prefix caching is off."""
+    for key, value in maxed(expo, "vllm:gpu_prefix_cache_hit_rate", key_of).items():
+        if key in readings:
+            readings[key].prefix_caching = value >= 0
+            readings[key].reported_hit_rate = value if value >= 0 else None
+
+
+def _finished(expo: Exposition, readings: dict[EngineKey, EngineReading]) -> None:
+    for sample in expo.series("vllm:request_success_total"):
+        reading = readings.get(key_of(sample))
+        value = finite(sample.value)
+        if reading is not None and value is not None:
+            reason = sample.labels.get("finished_reason", "unknown")
+            reading.finished_total[reason] = reading.finished_total.get(reason, 0.0) + value
+
+
+def _latency(expo: Exposition, readings: dict[EngineKey, EngineReading]) -> None:
+    itl_base = ITL_NEW if expo.series(f"{ITL_NEW}_bucket") else ITL_OLD
+    for field, base in (("ttft", TTFT), ("itl", itl_base), ("e2e", E2E)):
+        for key, histogram in histograms(expo, base, key_of).items():
+            if key in readings:
+                setattr(readings[key], field, histogram)
+
+
+def _engine_keys(expo: Exposition) -> set[EngineKey]:
+    keys: set[EngineKey] = set()
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", USAGE_NEW, USAGE_OLD,
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+        keys.update(key_of(s) for s in expo.series(name) if "model_name" in s.labels)
+    return keys
+
+
+def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
+    inferred = _infer_version(expo)
+    exact = parse_version(version)
+    readings = engine_readings(_engine_keys(expo))
+    usage_name = USAGE_NEW if expo.series(USAGE_NEW) else USAGE_OLD
+    assign(readings, "kv_usage", maxed(expo, usage_name, key_of))
+    assign(readings, "cpu_kv_usage", maxed(expo, "vllm:cpu_cache_usage_perc", key_of))
+    assign(readings, "running", summed(expo, "vllm:num_requests_running", key_of))
+    assign(readings, "waiting", summed(expo, "vllm:num_requests_waiting", key_of))
+    assign(readings, "swapped", summed(expo, "vllm:num_requests_swapped", key_of))
+    assign(readings, "preemptions_total", summed(expo, "vllm:num_preemptions_total", key_of))
+    assign(readings, "prompt_tokens_total", summed(expo, "vllm:prompt_tokens_total", key_of))
+    assign(readings, "generation_tokens_total",
+           summed(expo, "vllm:generation_tokens_total", key_of))
+    configs = _cache_configs(expo)
+    for key, reading in readings.items():
+        config = configs.get(key[1], configs.get(None))
+        if config is not None:
+            _apply_cache_config(reading, config, exact, inferred)
+    _prefix_counters(expo, readings, inferred)
+    _v0_hit_rate(expo, readings)
+    _finished(expo, readings)
+    _latency(expo, readings)
+    notes = [] if readings else ["vLLM without engine series (started with --disable-log-stats?)"]
+    return ServerReading("vllm", list(readings.values()), version or inferred, notes)
