@@ -1,0 +1,178 @@
+"""Local GPUs through NVML (the ``pynvml`` module of nvidia-ml-py): the only NVML code in kvtop.
+
+NVML calls can be slow (gpustat#54, nvtop#139), so callers run :meth:`NvmlReader.read` in a
+thread, never on the UI thread. NVML is initialised once and device handles are cached;
+a field a device does not support is remembered and not asked again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used here; ``reason`` says why (no library, no driver, no GPU)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    name: str  # the command line from /proc/<pid>/cmdline, or "pid N" when unreadable
+    used_bytes: int | None  # GPU memory; None where NVML does not say (e.g. in containers)
+    is_vllm: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    index: int
+    name: str
+    uuid: str
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    util_percent: float | None
+    temperature_c: float | None
+    power_w: float | None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+class GpuReader(Protocol):
+    """Anything that reads the local GPUs; raises :class:`NvmlUnavailable` when it can't."""
+
+    def read(self) -> list[GpuReading]: ...
+
+
+class NvmlReader:
+    """Reads every local GPU through NVML. Thread-safe; one instance per process is enough."""
+
+    def __init__(self, nvml: ModuleType | Any | None = None, proc_root: Path = Path("/proc")):
+        self._nvml = nvml
+        self._proc_root = proc_root
+        self._handles: list[Any] | None = None
+        self._unsupported: set[tuple[int, str]] = set()
+        self._lock = threading.Lock()
+
+    def read(self) -> list[GpuReading]:
+        with self._lock:
+            handles = self._init()
+            return [self._read_device(i, h) for i, h in enumerate(handles)]
+
+    def _init(self) -> list[Any]:
+        if self._handles is not None:
+            return self._handles
+        if self._nvml is None:
+            try:
+                self._nvml = importlib.import_module("pynvml")
+            except ImportError as exc:
+                raise NvmlUnavailable(f"pynvml not importable ({exc})") from exc
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+            count = nvml.nvmlDeviceGetCount()
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except nvml.NVMLError as exc:
+            raise NvmlUnavailable(f"NVML init failed: {exc}") from exc
+        if not self._handles:
+            raise NvmlUnavailable("no NVIDIA GPU found")
+        return self._handles
+
+    def _field(self, index: int, field: str, call: Any, *args: Any) -> Any:
+        """One NVML query; None (and never asked again) when the device doesn't support it."""
+        if (index, field) in self._unsupported:
+            return None
+        try:
+            return call(*args)
+        except self._nvml.NVMLError_NotSupported:
+            self._unsupported.add((index, field))
+        except self._nvml.NVMLError:
+            pass
+        return None
+
+    def _read_device(self, index: int, handle: Any) -> GpuReading:
+        nvml = self._nvml
+        memory = self._field(index, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+        util = self._field(index, "util", nvml.nvmlDeviceGetUtilizationRates, handle)
+        temp = self._field(
+            index, "temp", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+        )
+        power_mw = self._field(index, "power", nvml.nvmlDeviceGetPowerUsage, handle)
+        return GpuReading(
+            index=index,
+            name=_text(self._field(index, "name", nvml.nvmlDeviceGetName, handle) or "GPU"),
+            uuid=_text(self._field(index, "uuid", nvml.nvmlDeviceGetUUID, handle) or ""),
+            memory_used_bytes=None if memory is None else int(memory.used),
+            memory_total_bytes=None if memory is None else int(memory.total),
+            util_percent=None if util is None else float(util.gpu),
+            temperature_c=None if temp is None else float(temp),
+            power_w=None if power_mw is None else power_mw / 1000.0,
+            processes=self._processes(index, handle),
+        )
+
+    def _processes(self, index: int, handle: Any) -> tuple[GpuProcess, ...]:
+        nvml = self._nvml
+        found: dict[int, int | None] = {}
+        for field, call in (
+            ("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
+            ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses),
+        ):
+            for proc in self._field(index, field, call, handle) or ():
+                used = getattr(proc, "usedGpuMemory", None)
+                found.setdefault(int(proc.pid), None if used is None else int(used))
+        return tuple(self._process(pid, used) for pid, used in sorted(found.items()))
+
+    def _process(self, pid: int, used: int | None) -> GpuProcess:
+        cmdline = _cmdline(self._proc_root, pid)
+        return GpuProcess(
+            pid=pid,
+            name=cmdline or f"pid {pid}",
+            used_bytes=used,
+            is_vllm="vllm" in cmdline.lower(),
+        )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _cmdline(proc_root: Path, pid: int) -> str:
+    """The process's argv joined by spaces; empty when it can't be read (another namespace)."""
+    try:
+        raw = (proc_root / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return ""
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+_default_reader = NvmlReader()
+
+
+def read_gpus() -> list[GpuReading]:
+    """Read the local GPUs with the process-wide reader (NVML initialised once)."""
+    return _default_reader.read()
+
+
+def gpu_to_json(gpu: GpuReading) -> dict[str, Any]:
+    """A GPU reading for the snapshot JSON (bytes, percent, °C, W; null when unknown)."""
+    return {
+        "index": gpu.index,
+        "name": gpu.name,
+        "uuid": gpu.uuid,
+        "memory_used_bytes": gpu.memory_used_bytes,
+        "memory_total_bytes": gpu.memory_total_bytes,
+        "utilization_percent": gpu.util_percent,
+        "temperature_c": gpu.temperature_c,
+        "power_w": gpu.power_w,
+        "processes": [
+            {"pid": p.pid, "name": p.name, "used_gpu_memory_bytes": p.used_bytes,
+             "is_vllm": p.is_vllm}
+            for p in gpu.processes
+        ],
+    }
