@@ -1,0 +1,1 @@
+"""A simulated vLLM V1 server: paged KV cache, scheduler, workloads, faults and `/metrics`."""

@@ -1,0 +1,195 @@
+"""A paged KV-cache block pool with vLLM V1 semantics (vllm/v1/core/block_pool.py).
+
+Blocks are reference counted. A block whose count drops to 0 goes to the tail of the
+free queue *keeping its hash*, so it stays a prefix-cache hit until it is popped from
+the head for a new allocation (LRU eviction). Free-but-cached blocks therefore count as
+free in `usage()`, and one "null block" is taken out at start-up and never returned,
+which is why usage divides by `num_gpu_blocks - 1` (vLLM >= 0.10.2).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+BlockHash = int
+
+
+def chain_hash(parent: BlockHash | None, key: Hashable) -> BlockHash:
+    """Hash of a full block: its parent's hash plus its own content key, as in vLLM."""
+    return hash((parent, key))
+
+
+@dataclass(eq=False)
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+
+
+class BlockPool:
+    """Fixed set of blocks, a LRU free queue and the prefix-cache map hash -> blocks."""
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError("num_gpu_blocks must be at least 2 (one is the null block)")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVBlock(i) for i in range(num_gpu_blocks)]
+        # OrderedDict as the free queue: O(1) pop from the head, append and removal.
+        self._free: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        # Several blocks may carry the same hash when two requests computed it at once.
+        self._cached: dict[BlockHash, dict[int, KVBlock]] = {}
+        self.null_block = self._free.popitem(last=False)[1]
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_gpu_blocks - 1
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.usable_blocks - len(self._free)
+
+    def usage(self) -> float:
+        """`BlockPool.get_usage()` of vLLM >= 0.10.2: exactly 0.0 when nothing is referenced."""
+        return 1.0 - self.num_free_blocks / self.usable_blocks
+
+    def num_cached_free_blocks(self) -> int:
+        return sum(1 for b in self._free.values() if b.block_hash is not None)
+
+    def is_free(self, block: KVBlock) -> bool:
+        return block.block_id in self._free
+
+    def free_order(self) -> list[int]:
+        """Block ids of the free queue, next to be evicted first."""
+        return list(self._free)
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVBlock | None:
+        blocks = self._cached.get(block_hash)
+        return next(iter(blocks.values())) if blocks else None
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """Take a reference on prefix-cache hits, pulling free ones out of the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self._free[block.block_id]
+            block.ref_cnt += 1
+
+    def allocate(self, n: int) -> list[KVBlock]:
+        """Pop `n` blocks from the head of the free queue, evicting their cached hashes."""
+        if n > len(self._free):
+            raise ValueError(f"cannot allocate {n} blocks, {len(self._free)} free")
+        out = []
+        for _ in range(n):
+            block = self._free.popitem(last=False)[1]
+            self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def cache_full_blocks(
+        self, blocks: Sequence[KVBlock], hashes: Sequence[BlockHash], start: int, end: int
+    ) -> None:
+        """Register blocks[start:end] (full blocks) under their hashes."""
+        for i in range(start, end):
+            block = blocks[i]
+            if block.block_hash is not None:
+                continue  # a prefix-cache hit, already registered
+            block.block_hash = hashes[i]
+            self._cached.setdefault(hashes[i], {})[block.block_id] = block
+
+    def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
+        """Drop one reference each; blocks reaching 0 join the tail of the free queue."""
+        for block in ordered:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self._free[block.block_id] = block
+
+    def _evict(self, block: KVBlock) -> None:
+        if block.block_hash is None:
+            return
+        same_hash = self._cached[block.block_hash]
+        del same_hash[block.block_id]
+        if not same_hash:
+            del self._cached[block.block_hash]
+        block.block_hash = None
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Per-request block tables on top of a `BlockPool` (vllm/v1/core/kv_cache_manager.py)."""
+
+    def __init__(self, pool: BlockPool, block_size: int) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.req_blocks: dict[int, list[KVBlock]] = {}
+        self._num_cached: dict[int, int] = {}
+
+    def get_computed_blocks(
+        self, hashes: Sequence[BlockHash], num_tokens: int
+    ) -> tuple[list[KVBlock], int]:
+        """Longest cached prefix; the last token is always recomputed, as in vLLM."""
+        if not self.pool.enable_caching:
+            return [], 0
+        max_blocks = (num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in hashes[:max_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self,
+        req_id: int,
+        hashes: Sequence[BlockHash],
+        num_tokens: int,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVBlock] = (),
+    ) -> list[KVBlock] | None:
+        """Blocks for `num_new_tokens` more tokens, or None when the pool cannot supply them.
+
+        `num_computed_tokens` includes the prefix-cache hits in `new_computed_blocks`;
+        `num_tokens` is how many tokens of the request are known (prompt + output so far).
+        """
+        blocks = self.req_blocks.get(req_id, [])
+        needed = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
+        to_allocate = needed - len(blocks) - len(new_computed_blocks)
+        # Hits sitting in the free queue stop being free once touched.
+        evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if to_allocate > self.pool.num_free_blocks - evictable:
+            return None
+        if new_computed_blocks:
+            self.pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+        new_blocks = self.pool.allocate(max(to_allocate, 0))
+        blocks.extend(new_blocks)
+        self.req_blocks[req_id] = blocks
+        if self.pool.enable_caching:
+            full = min(num_computed_tokens + num_new_tokens, num_tokens) // self.block_size
+            start = self._num_cached.get(req_id, 0)
+            if full > start:
+                self.pool.cache_full_blocks(blocks, hashes, start, full)
+                self._num_cached[req_id] = full
+        return new_blocks
+
+    def free(self, req_id: int) -> None:
+        """Free in reverse order so that a request's tail blocks are evicted first."""
+        blocks = self.req_blocks.pop(req_id, [])
+        self._num_cached.pop(req_id, None)
+        self.pool.free_blocks(reversed(blocks))
+
+    def forget(self, req_id: int) -> list[KVBlock]:
+        """Drop a request's table without freeing its blocks: the leak fault."""
+        self._num_cached.pop(req_id, None)
+        return self.req_blocks.pop(req_id, [])

@@ -1,0 +1,170 @@
+"""One simulated server without HTTP: engine + arriving workload + faults + clock.
+
+The clock is simulated seconds since the server started. `advance_to` interleaves
+arrivals, client aborts, faults and engine steps in time order; when the engine has
+nothing to do (or is stalled) the clock jumps to the next event. Ground truth for tests
+comes from `truth()`, never from `/metrics`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from kvtop.sim.engine import Engine, EngineConfig, RequestSpec
+from kvtop.sim.faults import Fault, FaultSchedule, FaultState
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What the simulated server really holds; `/metrics` should agree with it."""
+
+    sim_time: float
+    created: float
+    restarts: int
+    stalled: bool
+    leak_frac: float
+    num_gpu_blocks: int
+    block_size: int
+    used_blocks: int
+    free_blocks: int
+    cached_free_blocks: int
+    leaked_blocks: int
+    leaked_requests: int
+    kv_usage: float
+    running: int
+    waiting: int
+    prefix_queries: int
+    prefix_hits: int
+    preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    finished: Mapping[str, int]
+    steps: int
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Lifetime prefix-cache hit rate in tokens (hits / queries)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else None
+
+
+class Simulation:
+    def __init__(
+        self,
+        config: EngineConfig,
+        requests: Iterable[RequestSpec],
+        faults: Iterable[Fault] = (),
+        *,
+        seed: int = 0,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.seed = seed
+        self.restarts = 0
+        self.rejected = 0
+        self.state = FaultState()
+        self._wall_clock = wall_clock
+        self._arrivals: Iterator[RequestSpec] = iter(requests)
+        self._next_arrival = next(self._arrivals, None)
+        self._aborts: list[tuple[float, int]] = []
+        self._faults = FaultSchedule(faults)
+        self._resume_at = float("inf")
+        self.engine = Engine(config, clock=0.0, created=wall_clock(), seed=seed)
+
+    @property
+    def clock(self) -> float:
+        return self.engine.clock
+
+    def add_fault(self, fault: Fault) -> None:
+        self._faults.add(fault)
+
+    def inject(self, kind: str, value: float | str | None = None) -> None:
+        """Apply a fault now (tests and interactive use)."""
+        self._apply(Fault(self.clock, kind, value))  # type: ignore[arg-type]
+
+    def restart(self) -> None:
+        """A new engine: empty pool, counters at zero, new `_created` timestamps."""
+        self.restarts += 1
+        self._aborts.clear()
+        self.engine = Engine(self.config, clock=self.clock, created=self._wall_clock(),
+                             seed=self.seed + self.restarts)
+        self.engine.leak_frac = self.state.leak_frac
+
+    def advance_to(self, t: float, max_steps: int | None = None) -> bool:
+        """Run until the clock reaches `t`; False if `max_steps` steps ran out first."""
+        steps = 0
+        while self.clock < t:
+            self._fire_due()
+            if max_steps is not None and steps >= max_steps:
+                return False
+            if not self.state.stalled and self.engine.step() is not None:
+                steps += 1
+                continue
+            self.engine.clock = max(self.clock, min(self._next_event(), t))
+        self._fire_due()
+        return True
+
+    def truth(self) -> Truth:
+        engine, pool, stats = self.engine, self.engine.pool, self.engine.stats
+        return Truth(
+            sim_time=self.clock,
+            created=engine.created,
+            restarts=self.restarts,
+            stalled=self.state.stalled,
+            leak_frac=self.state.leak_frac,
+            num_gpu_blocks=pool.num_gpu_blocks,
+            block_size=self.config.block_size,
+            used_blocks=pool.num_used_blocks,
+            free_blocks=pool.num_free_blocks,
+            cached_free_blocks=pool.num_cached_free_blocks(),
+            leaked_blocks=len(engine.leaked_block_ids()),
+            leaked_requests=len(engine.leaked),
+            kv_usage=pool.usage(),
+            running=len(engine.running),
+            waiting=len(engine.waiting),
+            prefix_queries=stats.prefix_queries,
+            prefix_hits=stats.prefix_hits,
+            preemptions=stats.preemptions,
+            prompt_tokens=stats.prompt_tokens,
+            generation_tokens=stats.generation_tokens,
+            finished=MappingProxyType(dict(stats.finished)),
+            steps=engine.steps,
+        )
+
+    def _next_event(self) -> float:
+        arrival = self._next_arrival.arrival if self._next_arrival else float("inf")
+        abort = self._aborts[0][0] if self._aborts else float("inf")
+        return min(arrival, abort, self._faults.next_time(), self._resume_at)
+
+    def _fire_due(self) -> None:
+        now = self.clock
+        for fault in self._faults.pop_due(now):
+            self._apply(fault)
+        if self._resume_at <= now:
+            self._apply(Fault(self._resume_at, "resume"))
+        while self._next_arrival is not None and self._next_arrival.arrival <= now:
+            self._arrive(self._next_arrival)
+            self._next_arrival = next(self._arrivals, None)
+        while self._aborts and self._aborts[0][0] <= now:
+            self.engine.abort(heapq.heappop(self._aborts)[1])
+
+    def _arrive(self, spec: RequestSpec) -> None:
+        req = self.engine.add_request(spec)
+        if req is None:
+            self.rejected += 1
+        elif spec.abort_after is not None:
+            heapq.heappush(self._aborts, (spec.arrival + spec.abort_after, req.req_id))
+
+    def _apply(self, fault: Fault) -> None:
+        self.state.apply(fault)
+        if fault.kind == "restart":
+            self.restart()
+        if fault.kind == "stall":
+            duration = fault.value
+            self._resume_at = float("inf") if duration is None else fault.at + float(duration)
+        elif fault.kind in ("resume", "restart"):
+            self._resume_at = float("inf")
+        self.engine.leak_frac = self.state.leak_frac
