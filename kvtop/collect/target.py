@@ -53,7 +53,11 @@ def normalise_url(spec: str) -> str:
     spec = spec.strip()
     if "://" not in spec:
         spec = "http://" + spec
-    parts = urlsplit(spec)
+    try:
+        parts = urlsplit(spec)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        raise ValueError(f"not a host:port or URL: {spec!r} ({exc})") from None
     if not parts.hostname:
         raise ValueError(f"not a host:port or URL: {spec!r}")
     path = parts.path if parts.path not in ("", "/") else "/metrics"

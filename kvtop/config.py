@@ -1,0 +1,115 @@
+"""Settings from the command line and the TOML config file.
+
+Default file: ``$XDG_CONFIG_HOME/kvtop/config.toml`` (``~/.config/kvtop/config.toml``)::
+
+    interval = 1.0
+    [[targets]]
+    url = "http://gpu-1:8000"      # or "gpu-1:8000"; /metrics is added when no path is given
+    name = "gpu-1"
+    group = "prod"
+    token_env = "VLLM_METRICS_TOKEN"   # or token_file = "~/.config/kvtop/token"
+
+Tokens come only from environment variables or files, never from argv, and are never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtop.collect.target import DEFAULT_TARGET, Target, read_token
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_TOKEN_ENV = "KVTOP_TOKEN"
+
+
+class ConfigError(ValueError):
+    """A config file or target that can't be used; the message says why."""
+
+
+def default_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "kvtop" / "config.toml"
+
+
+@dataclass(slots=True)
+class Config:
+    targets: list[Target] = field(default_factory=list)
+    interval_s: float | None = None
+    thresholds: dict[str, Any] = field(default_factory=dict)
+
+
+def _target_from_table(entry: dict[str, Any], where: str) -> Target:
+    if not isinstance(entry, dict) or not isinstance(entry.get("url"), str):
+        raise ConfigError(f"{where}: each [[targets]] needs url = \"host:port\"")
+    try:
+        token = read_token(entry.get("token_env"), entry.get("token_file"))
+    except OSError as exc:
+        raise ConfigError(f"{where}: token_file: {exc.strerror}: {exc.filename}") from None
+    try:
+        return Target.from_spec(entry["url"], name=entry.get("name"), group=entry.get("group"),
+                                token=token)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def load_config(path: Path | None) -> Config:
+    """The config at ``path``, or the default file if it exists, or an empty config."""
+    explicit = path is not None
+    path = path or default_config_path()
+    if not path.exists():
+        if explicit:
+            raise ConfigError(f"config file not found: {path}")
+        return Config()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    targets = [_target_from_table(entry, f"{path} targets[{i}]")
+               for i, entry in enumerate(data.get("targets", []))]
+    interval = data.get("interval")
+    if interval is not None and (not isinstance(interval, (int, float)) or interval <= 0):
+        raise ConfigError(f"{path}: interval must be a positive number of seconds")
+    return Config(targets, None if interval is None else float(interval),
+                  dict(data.get("thresholds", {})))
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
+                        help=f"host:port or URL of a /metrics endpoint (default {DEFAULT_TARGET})")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help=f"TOML config (default {default_config_path()})")
+    parser.add_argument("--token-env", metavar="VAR",
+                        help=f"read a bearer token for the command-line targets from this "
+                             f"environment variable (default {DEFAULT_TOKEN_ENV}, if set)")
+    parser.add_argument("--token-file", type=Path, metavar="PATH",
+                        help="read a bearer token for the command-line targets from this file")
+    parser.add_argument("--insecure", action="store_true",
+                        help="do not verify TLS certificates")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="per-target request deadline (default: 2x interval, 2-5 s)")
+
+
+def resolve_targets(args: argparse.Namespace, config: Config) -> list[Target]:
+    """Command-line targets (with the command-line token), else the config's, else default."""
+    if not args.targets:
+        return config.targets or [Target.from_spec(DEFAULT_TARGET)]
+    try:
+        token = read_token(args.token_env or DEFAULT_TOKEN_ENV, args.token_file)
+    except OSError as exc:
+        raise ConfigError(f"--token-file: {exc.strerror}: {exc.filename}") from None
+    targets = []
+    for spec in args.targets:
+        try:
+            targets.append(Target.from_spec(spec, token=token))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return list(dict.fromkeys(targets))  # the same server twice is read once

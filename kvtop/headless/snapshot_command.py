@@ -1,0 +1,58 @@
+"""``kvtop snapshot``: read the targets (twice, so rates are filled in), print JSON or a table.
+
+Exit codes: 0 every target was read, 3 at least one could not be (2: usage error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from kvtop.collect.poller import Poller
+from kvtop.collect.target import Target
+from kvtop.derive.tracker import TargetState, TargetTracker
+from kvtop.headless.gpus import gpus_json
+from kvtop.headless.snapshot import snapshot_document
+from kvtop.headless.table import render_table
+
+EXIT_OK, EXIT_UNREADABLE = 0, 3
+
+
+async def collect_states(targets: list[Target], *, samples: int, interval_s: float,
+                         timeout_s: float | None, insecure: bool) -> list[TargetState]:
+    """Poll every target ``samples`` times, ``interval_s`` apart, through the trackers."""
+    trackers = [TargetTracker(target) for target in targets]
+    async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
+                      insecure=insecure) as poller:
+        for round_number in range(samples):
+            started = time.monotonic()
+            for tracker, scrape in zip(trackers, await poller.poll_once(), strict=True):
+                tracker.update(scrape)
+            if round_number < samples - 1:
+                await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+    return [tracker.state for tracker in trackers]
+
+
+def snapshot_exit_code(states: list[TargetState]) -> int:
+    return EXIT_OK if all(state.status == "up" for state in states) else EXIT_UNREADABLE
+
+
+def run_snapshot(targets: list[Target], *, samples: int, interval_s: float,
+                 timeout_s: float | None, insecure: bool, as_json: bool | None,
+                 with_gpus: bool) -> int:
+    states = asyncio.run(collect_states(targets, samples=samples, interval_s=interval_s,
+                                        timeout_s=timeout_s, insecure=insecure))
+    document: dict[str, Any] = snapshot_document(
+        states, gpus_json() if with_gpus else [], taken_at=datetime.now(timezone.utc))
+    if as_json is None:
+        as_json = not sys.stdout.isatty()
+    if as_json:
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        render_table(document)
+    return snapshot_exit_code(states)
