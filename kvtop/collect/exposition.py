@@ -226,12 +226,12 @@ def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
         line = raw.rstrip("\r")
         if not line or line.isspace():
             continue
+        line = line.lstrip()  # before the '#' test: an indented comment is still a comment
         if line[0] == "#":
             if line.startswith("# EOF"):
                 break
             _parse_comment(line, line_no, out, families)
             continue
-        line = line.lstrip()
         if prefixes is not None and not line.startswith(prefixes) and line[0] != "{":
             continue
         if keep_set is not None and line[0] != "{" and line[: _name_end(line)] not in keep_set:
