@@ -228,7 +228,7 @@ def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
             continue
         line = line.lstrip()  # before the '#' test: an indented comment is still a comment
         if line[0] == "#":
-            if line.startswith("# EOF"):
+            if line.rstrip() == "# EOF":  # exactly: '# EOFX' is an ordinary comment
                 break
             _parse_comment(line, line_no, out, families)
             continue
