@@ -25,6 +25,10 @@ _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _LABEL_RE = re.compile(
     r'\s*(?:([a-zA-Z_][a-zA-Z0-9_]*)|"((?:[^"\\\n]|\\.)*)")\s*(?:=\s*"((?:[^"\\\n]|\\.)*)")?\s*'
 )
+# '# HELP name text' or '# TYPE name type'; the name may be quoted like a UTF-8 sample name
+_COMMENT_RE = re.compile(
+    r'#[ \t]*(HELP|TYPE)[ \t]+(?:"((?:[^"\\]|\\.)*)"|([^ \t]+))(?:[ \t]+(.*))?\Z'
+)
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r"\\[\\\"n]")
 _MAX_CACHED_LABEL_BLOCKS = 50_000
@@ -195,13 +199,15 @@ def _families_of(names: frozenset[str]) -> frozenset[str]:
 def _parse_comment(
     line: str, line_no: int, out: Exposition, families: frozenset[str] | None
 ) -> None:
-    parts = line[1:].strip().split(None, 2)
-    if len(parts) < 2 or parts[0] not in ("HELP", "TYPE"):
+    match = _COMMENT_RE.match(line)
+    if match is None:
         return
-    kind, name = parts[0], parts[1]
+    kind, quoted, name, text = match.groups()
+    if quoted is not None:
+        name = _unescape(quoted)
     if families is not None and name not in families:
         return
-    text = parts[2] if len(parts) == 3 else ""
+    text = text.rstrip() if text else ""
     if kind == "TYPE":
         if text.lower() not in _TYPES:
             out.errors.append(ParseError(line_no, f"unknown type {text!r}", line[:120]))
