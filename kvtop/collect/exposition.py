@@ -139,7 +139,8 @@ def _labels_at(line: str, brace: int) -> tuple[int, str | None, dict[str, str]]:
 
 
 def _parse_value(text: str) -> float:
-    if "_" in text:
+    # float() also takes '1_000' and non-ASCII digits ('١'); the format allows neither
+    if "_" in text or not text.isascii():
         raise ValueError(f"bad value {text!r}")
     try:
         return float(text)
