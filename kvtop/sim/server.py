@@ -1,0 +1,185 @@
+"""Simulated vLLM servers over HTTP on 127.0.0.1, several per process, stepping in the
+background on the event loop.
+
+Each `SimServer` owns a `Simulation` whose clock follows wall time times `speed`; it
+serves `/metrics`, `/health`, `/version` and `/v1/models` like vLLM's OpenAI server
+(SGLang mode: no `/version`). `SimFleet` starts and stops several at once:
+
+    async with SimFleet([SimConfig(), SimConfig(faults=plan(leak_frac=0.2))]) as fleet:
+        fleet.urls                  # ["http://127.0.0.1:41234", ...]
+        fleet.servers[1].truth()    # ground truth, never in /metrics
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from kvtop.sim.engine import EngineConfig, RequestSpec
+from kvtop.sim.exposition import CONTENT_TYPE, Names, render
+from kvtop.sim.faults import Fault, malform
+from kvtop.sim.simulation import Simulation, Truth
+from kvtop.sim.workloads import make_workload
+
+HOST = "127.0.0.1"  # never reachable from outside the machine
+DEFAULT_VERSIONS = {"v1": "0.33.0", "v0": "0.7.3", "sglang": None}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model_name: str = "sim-llama-3-8b"
+    port: int = 0  # 0: an ephemeral port
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    workload: str = "synthetic"
+    workload_params: Mapping[str, Any] = field(default_factory=dict)
+    requests: Iterable[RequestSpec] | None = None  # overrides `workload`
+    faults: Sequence[Fault] = ()
+    names: Names = "v1"
+    speed: float = 1.0  # simulated seconds per wall second
+    seed: int = 0
+    autostep: bool = True  # False: the clock moves only through `simulation.advance_to`
+    max_lag: float = 2.0  # wall seconds the simulation may fall behind before it slows
+    tick: float = 0.02  # wall seconds between catch-ups
+
+
+class SimServer:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        requests = config.requests
+        if requests is None:
+            requests = make_workload(config.workload, seed=config.seed,
+                                     block_size=config.engine.block_size,
+                                     **config.workload_params)
+        self.simulation = Simulation(config.engine, requests, config.faults, seed=config.seed)
+        self.last_scrape: Truth | None = None  # the truth at the last /metrics render
+        self.scrapes = 0
+        self.port = config.port
+        self._runner: web.AppRunner | None = None
+        self._driver: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def truth(self) -> Truth:
+        return self.simulation.truth()
+
+    def render(self) -> str:
+        """The `/metrics` body now, recording the truth it shows."""
+        self.last_scrape = self.simulation.truth()
+        return render(self.simulation.engine, model_name=self.config.model_name,
+                      names=self.config.names)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        if DEFAULT_VERSIONS[self.config.names]:
+            app.router.add_get("/version", self._version)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, HOST, self.config.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        if self.config.autostep:
+            self._driver = asyncio.create_task(self._drive())
+
+    async def stop(self) -> None:
+        self._closing.set()  # releases hanging /metrics handlers
+        if self._driver is not None:
+            self._driver.cancel()
+            await asyncio.gather(self._driver, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _drive(self) -> None:
+        """Keep the simulated clock at `speed` times wall time, a bounded slice per tick."""
+        loop = asyncio.get_running_loop()
+        speed = self.config.speed
+        wall0, sim0 = loop.time(), self.simulation.clock
+        while True:
+            target = sim0 + (loop.time() - wall0) * speed
+            caught_up = self.simulation.advance_to(target, max_steps=200)
+            if caught_up:
+                await asyncio.sleep(self.config.tick)
+                continue
+            if target - self.simulation.clock > self.config.max_lag * speed:
+                wall0, sim0 = loop.time(), self.simulation.clock  # run slower than asked
+            await asyncio.sleep(0)
+
+    def _authorized(self, request: web.Request) -> bool:
+        token = self.simulation.state.token
+        return token is None or request.headers.get("Authorization") == f"Bearer {token}"
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return _unauthorized()
+        state = self.simulation.state
+        if state.metrics_hang:
+            await self._closing.wait()
+            return web.Response(status=503)
+        if state.metrics_delay > 0:
+            await asyncio.sleep(state.metrics_delay)
+        self.scrapes += 1
+        body = self.render()
+        if state.malformed:
+            body = malform(body)
+        return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200)
+
+    async def _version(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"version": DEFAULT_VERSIONS[self.config.names]})
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return _unauthorized()
+        name = self.config.model_name
+        return web.json_response({"object": "list", "data": [{
+            "id": name, "object": "model", "created": int(self.simulation.engine.created),
+            "owned_by": "vllm", "root": name, "parent": None,
+            "max_model_len": self.config.engine.model_len,
+        }]})
+
+
+def _unauthorized() -> web.Response:
+    return web.json_response({"error": "Unauthorized"}, status=401,
+                             headers={"WWW-Authenticate": "Bearer"})
+
+
+class SimFleet:
+    """Several simulated servers in this process, each on its own port."""
+
+    def __init__(self, configs: Iterable[SimConfig]) -> None:
+        self.servers = [SimServer(c) for c in configs]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    async def start(self) -> None:
+        started = []
+        try:
+            for server in self.servers:
+                await server.start()
+                started.append(server)
+        except BaseException:
+            await asyncio.gather(*(s.stop() for s in started))
+            raise
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(s.stop() for s in self.servers))
+
+    async def __aenter__(self) -> SimFleet:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
