@@ -60,6 +60,10 @@ def normalise_url(spec: str) -> str:
         raise ValueError(f"not a host:port or URL: {spec!r} ({exc})") from None
     if not parts.hostname:
         raise ValueError(f"not a host:port or URL: {spec!r}")
+    if parts.username or parts.password:
+        # argv is visible to every user of the machine, and URLs end up in files
+        raise ValueError("credentials in a URL would show in process listings and files; "
+                         "use token_env / token_file (or --token-env / --token-file)")
     path = parts.path if parts.path not in ("", "/") else "/metrics"
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 

@@ -1,0 +1,1 @@
+"""Recordings: every scrape of a monitoring run, kept for replay and post-mortems."""
