@@ -1,0 +1,1 @@
+"""The kvtop terminal app (Textual): views render the states the collectors produce."""

@@ -1,0 +1,383 @@
+"""The kvtop terminal app: collection in workers, trackers fold scrapes, widgets draw states.
+
+Scrapes arrive from a :class:`ScrapeSource` (the poller, or a replay) inside an async
+worker and go to their target's tracker at once; drawing is coalesced to at most once per
+redraw period, so ten hosts at 1 Hz cost one redraw a second, and a paused display keeps
+collecting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.events import Resize
+from textual.widgets import DataTable, Footer, Input
+
+from kvtop.collect.nvml import GpuReader, GpuReading, NvmlReader, NvmlUnavailable, gpu_to_json
+from kvtop.collect.target import Scrape, Target
+from kvtop.derive.stats import EngineStats
+from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
+from kvtop.ui.fleet import SORT_KEYS, build_rows, filter_rows, order_rows, summarise
+from kvtop.ui.screens.detail import DetailScreen
+from kvtop.ui.screens.help import HelpScreen
+from kvtop.ui.snapshot_files import SnapshotFiles, stamp, write_snapshot
+from kvtop.ui.widgets.fleet_table import FleetTable
+from kvtop.ui.widgets.gpu_pane import GpuPane
+from kvtop.ui.widgets.summary import SummaryBar
+
+INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+COMPACT_WIDTH = 120  # below this the GPU pane goes under the table
+GPU_MIN_PERIOD_S = 2.0  # NVML reads are costly (gpustat#54); no need to go faster
+TTY_CHECK_S = 2.0
+
+OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
+
+
+class ScrapeSource(Protocol):
+    """Anything that delivers scrapes: the poller, a replay, a test fake."""
+
+    interval_s: float
+
+    async def run(self, on_scrape: OnScrape, *, stop: asyncio.Event) -> None: ...
+
+
+class Tracker(Protocol):
+    """What the app needs of a tracker (:class:`TargetTracker` in production)."""
+
+    state: TargetState
+    history: dict[EngineKey, deque[EngineStats]]
+
+    def update(self, scrape: Scrape) -> TargetState: ...
+
+
+def _poller(config: AppConfig) -> ScrapeSource:
+    from kvtop.collect.poller import Poller
+
+    return Poller(config.targets, interval_s=config.interval_s, insecure=config.insecure)
+
+
+@dataclass
+class AppConfig:
+    targets: list[Target]
+    interval_s: float = 1.0
+    no_gpu: bool = False
+    snapshot_dir: Path = field(default_factory=Path.cwd)
+    low_bandwidth: bool = False  # no charts, slower redraw
+    insecure: bool = False  # passed to the default poller (self-signed TLS)
+    history_s: float = 300.0  # span of the detail plots and of the snapshot's history
+    source_factory: Callable[[AppConfig], ScrapeSource] = _poller
+    tracker_factory: Callable[[Target], Tracker] = TargetTracker
+    gpu_reader: GpuReader | None = None  # default: NVML
+    clock: Callable[[], float] = time.time  # wall clock for ages; fixed in snapshot tests
+    watch_tty: bool = True  # exit when the terminal goes away (ignored when headless)
+
+
+class KvtopApp(App[None]):
+    CSS_PATH = "kvtop.tcss"
+    TITLE = "kvtop"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [  # noqa: RUF012 - Textual's class-level binding list
+        Binding("q", "quit", "Quit"),
+        Binding("s", "snapshot", "Snapshot"),
+        Binding("p", "pause", "Pause"),
+        Binding("slash", "filter", "Filter"),
+        Binding("o", "sort", "Sort"),
+        Binding("g", "toggle_gpu", "GPU"),
+        Binding("tab", "focus_next", "Pane", priority=True),
+        Binding("plus,equals_sign", "interval(1)", "Interval+", key_display="+"),
+        Binding("minus", "interval(-1)", "Interval-", key_display="-", show=False),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("escape", "close_filter", show=False),
+    ]
+
+    def __init__(self, config: AppConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.trackers: dict[str, Tracker] = {
+            t.url: config.tracker_factory(t) for t in config.targets
+        }
+        self.source = config.source_factory(config)
+        self.interval_s = config.interval_s
+        self.gpus: list[GpuReading] = []
+        self.gpu_unavailable: str | None = None
+        self._gpu_reader = config.gpu_reader or NvmlReader()
+        self._stop = asyncio.Event()
+        self._paused = False
+        self._sort_index = 0
+        self._filter = ""
+        self._draw_timer_armed = False
+        self._last_draw = float("-inf")
+        self._parent_pid = os.getppid()
+
+    # -- layout ---------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield SummaryBar(id="summary")
+        with Horizontal(id="body"):
+            yield FleetTable(id="fleet")
+            yield GpuPane(id="gpu")
+        yield Input(placeholder="filter: words that every row shown must contain", id="filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#gpu").display = not self.config.no_gpu
+        self.query_one(FleetTable).focus()
+        self._draw()
+        self._collect()
+        self._tick()
+        if not self.config.no_gpu:
+            self._read_gpus()
+        if self.config.watch_tty and not self.is_headless:
+            self._watch_terminal()
+
+    def on_resize(self, event: Resize) -> None:
+        self.set_class(event.size.width < COMPACT_WIDTH, "compact")
+
+    @property
+    def redraw_s(self) -> float:
+        """Numbers follow the poll interval; --low-bandwidth redraws at most every 2 s."""
+        if self.config.low_bandwidth:
+            return max(2.0, 2 * self.interval_s)
+        return self.interval_s
+
+    # -- collection ---------------------------------------------------------------------
+
+    @work(group="collect", exit_on_error=False)
+    async def _collect(self) -> None:
+        source = self.source
+        if hasattr(source, "__aenter__"):
+            async with source:  # type: ignore[attr-defined]
+                await source.run(self.on_scrape, stop=self._stop)
+        else:
+            await source.run(self.on_scrape, stop=self._stop)
+
+    def on_scrape(self, scrape: Scrape) -> None:
+        """Fold a scrape into its tracker now (even when paused); draw later, coalesced."""
+        tracker = self.trackers.get(scrape.target.url)
+        if tracker is None:
+            return
+        first = tracker.state.status == "pending"
+        tracker.update(scrape)  # drops a scrape older than one already folded
+        if first and not self._paused:
+            self.call_later(self._draw)  # a host's first data is shown at once
+        else:
+            self._request_draw()
+
+    @work(thread=True, group="gpu", exclusive=True, exit_on_error=False)
+    def _read_gpus(self) -> None:
+        """NVML in a thread: a slow driver call never freezes the screen."""
+        try:
+            gpus = self._gpu_reader.read()
+        except NvmlUnavailable as exc:
+            self.call_from_thread(self._gpu_failed, exc.reason)
+        except Exception as exc:  # a driver error must not take the app down
+            self.call_from_thread(self._gpu_failed, f"{type(exc).__name__}: {exc}")
+        else:
+            self.call_from_thread(self._gpus_read, gpus)
+
+    def _gpus_read(self, gpus: list[GpuReading]) -> None:
+        self.gpus = gpus
+        if not self._paused:
+            self.query_one(GpuPane).show_gpus(gpus)
+        # One read at a time, re-armed after each (dolphie's pattern): reads never pile up.
+        self.set_timer(max(GPU_MIN_PERIOD_S, self.interval_s), self._read_gpus)
+
+    def _gpu_failed(self, reason: str) -> None:
+        self.gpu_unavailable = reason
+        self.query_one(GpuPane).show_unavailable(reason)
+
+    # -- drawing --------------------------------------------------------------------------
+
+    def _request_draw(self) -> None:
+        """Draw now if the last draw is a period old, else once when the period ends."""
+        if self._draw_timer_armed:
+            return
+        wait = self._last_draw + self.redraw_s - time.monotonic()
+        if wait <= 0:
+            self._draw()
+            return
+        self._draw_timer_armed = True
+        self.set_timer(wait, self._timed_draw)
+
+    def _tick(self) -> None:
+        """Redraw each period even without scrapes, so ages ("stale 12s") keep counting."""
+        self._request_draw()
+        self.set_timer(self.redraw_s, self._tick)
+
+    def _timed_draw(self) -> None:
+        self._draw_timer_armed = False
+        self._draw()
+
+    def states(self) -> list[TargetState]:
+        return [t.state for t in self.trackers.values()]
+
+    def _draw(self, *, force: bool = False) -> None:
+        if self._paused and not force:
+            return
+        self._last_draw = time.monotonic()
+        now = self.config.clock()
+        states = self.states()
+        rows = build_rows(states, now)
+        rows = filter_rows(order_rows(rows, SORT_KEYS[self._sort_index][0]), self._filter)
+        self.query_one(FleetTable).show(rows)
+        self.query_one(SummaryBar).show(
+            summarise(states),
+            interval_s=self.interval_s,
+            sort_label=SORT_KEYS[self._sort_index][1],
+            filter_text=self._filter,
+            paused=self._paused,
+        )
+        if isinstance(self.screen, DetailScreen):
+            self.screen.show(now)
+
+    # -- actions ------------------------------------------------------------------------
+
+    def action_pause(self) -> None:
+        self._paused = not self._paused
+        self._draw(force=True)  # shows PAUSED, or catches up on resume
+        if not self._paused and self.gpus:
+            self.query_one(GpuPane).show_gpus(self.gpus)
+
+    def action_sort(self) -> None:
+        self._sort_index = (self._sort_index + 1) % len(SORT_KEYS)
+        self._draw(force=True)
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.value = self._filter
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self._filter = event.value.strip()
+        self._draw(force=True)
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self) -> None:
+        self.query_one("#filter").display = False
+        self.query_one(FleetTable).focus()
+
+    def action_close_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.display:
+            box.value = ""
+            self._filter_done()
+
+    def action_toggle_gpu(self) -> None:
+        if self.config.no_gpu:
+            self.notify("GPU pane off (--no-gpu)")
+            return
+        pane = self.query_one(GpuPane)
+        pane.display = not pane.display
+
+    def action_interval(self, step: int) -> None:
+        position = min(range(len(INTERVALS)), key=lambda i: abs(INTERVALS[i] - self.interval_s))
+        new = INTERVALS[min(max(position + step, 0), len(INTERVALS) - 1)]
+        self.interval_s = new
+        self.source.interval_s = new
+        self.notify(f"polling every {new:g}s", timeout=2)
+        self._draw(force=True)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    @on(DataTable.RowSelected, "#fleet")
+    def _open_detail(self) -> None:
+        row = self.query_one(FleetTable).selected_row
+        if row is None:
+            return
+        tracker = self.trackers[row.url]
+
+        def source() -> tuple[TargetState, list[EngineStats], EngineKey | None]:
+            state = tracker.state
+            key = row.engine
+            if key is None and state.engines:  # chosen while pending or down: show what came
+                key = (state.engines[0].model, state.engines[0].engine)
+            history = list(tracker.history.get(key, ())) if key else []
+            return state, history, key
+
+        screen = DetailScreen(
+            source, span_s=self.config.history_s, charts=not self.config.low_bandwidth
+        )
+        self.push_screen(screen)
+        self.call_after_refresh(screen.show, self.config.clock())
+
+    # -- snapshot -------------------------------------------------------------------------
+
+    def action_snapshot(self) -> None:
+        """Gather everything on the UI thread (consistent), write it in a thread."""
+        from kvtop.headless.snapshot import snapshot_document
+
+        now = self.config.clock()
+        taken_at = datetime.fromtimestamp(now, tz=timezone.utc)
+        states = self.states()
+        history = {
+            url: {
+                key: [s for s in series if now - s.t <= self.config.history_s]
+                for key, series in tracker.history.items()
+            }
+            for url, tracker in self.trackers.items()
+        }
+        document = snapshot_document(
+            states, [gpu_to_json(g) for g in self.gpus], taken_at=taken_at, history=history
+        )
+        bodies = {s.target.label: s.last_body for s in states if s.last_body is not None}
+        svg = self.export_screenshot(title=f"kvtop {stamp(taken_at)}")
+        self._write_snapshot(SnapshotFiles(taken_at, document, bodies, svg))
+
+    @work(thread=True, group="snapshot", exit_on_error=False)
+    def _write_snapshot(self, files: SnapshotFiles) -> None:
+        folder = self.config.snapshot_dir
+        try:
+            path = write_snapshot(folder, files)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            self.call_from_thread(
+                self.notify,
+                f"Snapshot not written: {folder} ({reason})",
+                severity="error",
+                timeout=8,
+            )
+            return
+        self.call_from_thread(self.notify, f"Snapshot saved to {path}", timeout=6)
+
+    # -- terminal going away --------------------------------------------------------------
+
+    def _watch_terminal(self) -> None:
+        """Exit on SIGHUP or a lost TTY instead of spinning as an orphan (dolphie#101)."""
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+        self.set_interval(TTY_CHECK_S, self._check_terminal, name="tty-watchdog")
+
+    def _check_terminal(self) -> None:
+        try:
+            attached = sys.stdin.isatty()
+        except (ValueError, OSError):  # stdin closed
+            attached = False
+        if not attached or os.getppid() != self._parent_pid:
+            self.exit()
+
+    async def on_unmount(self) -> None:
+        self._stop.set()
+
+
+def run_app(config: AppConfig) -> None:
+    """Run the terminal app until the user quits or the terminal goes away."""
+    KvtopApp(config).run()

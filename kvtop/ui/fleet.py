@@ -1,0 +1,268 @@
+"""The fleet view's model: target states -> ordered, filtered table rows and a summary.
+
+Pure functions of the states and a clock, so the table widget only draws and the rules
+(labels, sort order, what "unknown" looks like) are tested without a terminal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from kvtop.ui import format as fmt
+
+if TYPE_CHECKING:
+    from kvtop.derive.stats import EngineStats
+    from kvtop.derive.tracker import EngineKey, TargetState
+
+Level = Literal["ok", "warn", "bad", "dim"]
+NOT_INFERENCE = "not an inference server?"
+RESTART_BADGE_S = 300.0  # how long a restart stays flagged in the status column
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    text: str
+    level: Level | None = None  # mapped to a style by the table's .tcss component classes
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    key: str
+    label: str
+    width: int
+    priority: int  # lower survives longer when the terminal is narrow
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("name", "NAME", 16, 0),
+    Column("model", "MODEL", 24, 5),
+    Column("status", "STATUS", 10, 0),
+    Column("kv", "KV BLOCKS", 17, 0),
+    Column("running", "RUN", 4, 1),
+    Column("waiting", "WAIT", 4, 1),
+    Column("preempt", "PRE/s", 5, 3),
+    Column("hit", "HIT", 4, 2),
+    Column("prompt", "PP t/s", 6, 4),
+    Column("gen", "GEN t/s", 7, 2),
+    Column("ttft", "TTFT 50/99", 11, 3),
+)
+CELL_PADDING = 2  # DataTable's cell_padding=1 on each side
+
+
+def visible_columns(width: int) -> list[Column]:
+    """The columns that fit in ``width`` cells, dropping the least important first."""
+    shown = list(COLUMNS)
+    by_priority = sorted(COLUMNS, key=lambda c: -c.priority)
+    for column in by_priority:
+        if sum(c.width + CELL_PADDING for c in shown) <= width or column.priority == 0:
+            break
+        shown.remove(column)
+    return shown
+
+
+SORT_KEYS: tuple[tuple[str, str], ...] = (
+    ("name", "name"),
+    ("kv", "KV use"),
+    ("waiting", "queue"),
+    ("preempt", "preemptions"),
+    ("gen", "generation"),
+)
+
+
+@dataclass(slots=True)
+class FleetRow:
+    key: str  # stable across refreshes: url plus engine
+    url: str
+    engine: EngineKey | None  # None for a row that stands for the whole target
+    name: str
+    cells: dict[str, Cell]
+    sort_values: dict[str, float | None] = field(default_factory=dict)
+    search: str = ""  # lower-case text the filter matches
+
+
+def row_key(url: str, engine: EngineKey | None) -> str:
+    if engine is None:
+        return url
+    return f"{url}|{engine[0] or ''}|{engine[1] or ''}"
+
+
+def status_cell(state: TargetState, now: float) -> Cell:
+    status = state.status
+    if status == "pending":
+        return Cell("…", "dim")
+    if status == "up":
+        if state.restarted_at is not None and now - state.restarted_at <= RESTART_BADGE_S:
+            return Cell("restarted", "warn")
+        if state.kind == "unknown":
+            return Cell("unknown", "warn")
+        return Cell("up", "ok")
+    ago = state.age_s(now)
+    if status == "stale":
+        return Cell(f"stale {fmt.age(ago)}", "warn")
+    label = "bad data" if status == "bad_payload" else status
+    return Cell(label if ago is None else f"{label} {fmt.age(ago)}", "bad")
+
+
+def _kv_level(usage: float | None) -> Level | None:
+    if usage is None:
+        return None
+    if usage >= 0.95:
+        return "bad"
+    return "warn" if usage >= 0.8 else None
+
+
+def _usage(stats: EngineStats) -> float | None:
+    if stats.kv_usage is not None:
+        return stats.kv_usage
+    if stats.blocks_used is not None and stats.blocks_total:
+        return stats.blocks_used / stats.blocks_total
+    return None
+
+
+def _engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
+    if len(engines) < 2:
+        return ""
+    if len({e.model for e in engines}) == 1:
+        return f" e{stats.engine}" if stats.engine is not None else ""
+    parts = [p for p in (stats.model, stats.engine) if p]
+    return " " + "/".join(parts)
+
+
+def engine_cells(stats: EngineStats) -> dict[str, Cell]:
+    usage = _usage(stats)
+    ttft = stats.ttft
+    waiting = stats.waiting
+    preempt = stats.preemptions_per_s
+    return {
+        "model": Cell(stats.model or fmt.DASH),
+        "kv": Cell(fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total), _kv_level(usage)),
+        "running": Cell(fmt.count(stats.running)),
+        "waiting": Cell(fmt.count(waiting), "warn" if waiting else None),
+        "preempt": Cell(fmt.rate(preempt), "bad" if preempt else None),
+        "hit": Cell(fmt.percent(stats.hit_rate)),
+        "prompt": Cell(fmt.rate(stats.prompt_tps)),
+        "gen": Cell(fmt.rate(stats.generation_tps)),
+        "ttft": Cell(
+            fmt.DASH if ttft is None else f"{fmt.seconds(ttft.p50)}/{fmt.seconds(ttft.p99)}"
+        ),
+    }
+
+
+def _empty_cells(state: TargetState) -> dict[str, Cell]:
+    """Cells for a target with no engine to show: say why instead of drawing zeros."""
+    cells = {c.key: Cell(fmt.DASH, "dim") for c in COLUMNS}
+    if state.status == "up" and state.kind == "unknown":
+        cells["model"] = Cell(NOT_INFERENCE, "warn")
+        cells["kv"] = Cell("not LLM server?", "warn")
+    elif state.status == "up":
+        cells["model"] = Cell(f"{state.kind or 'server'}: no engine reported", "warn")
+    elif state.error:
+        cells["model"] = Cell(state.error, "dim")
+    return cells
+
+
+def build_rows(states: list[TargetState], now: float) -> list[FleetRow]:
+    """One row per (target, engine); one row for a target without engines (down, unknown)."""
+    rows: list[FleetRow] = []
+    for state in states:
+        target = state.target
+        status = status_cell(state, now)
+        base_search = " ".join(
+            str(p) for p in (target.label, target.url, target.group, state.kind, status.text) if p
+        )
+        if not state.engines:
+            cells = _empty_cells(state) | {"name": Cell(target.label), "status": status}
+            rows.append(
+                FleetRow(
+                    key=row_key(target.url, None),
+                    url=target.url,
+                    engine=None,
+                    name=target.label,
+                    cells=cells,
+                    search=f"{base_search} {cells['model'].text}".lower(),
+                )
+            )
+            continue
+        for stats in state.engines:
+            name = target.label + _engine_suffix(stats, state.engines)
+            engine: EngineKey = (stats.model, stats.engine)
+            cells = engine_cells(stats) | {"name": Cell(name), "status": status}
+            rows.append(
+                FleetRow(
+                    key=row_key(target.url, engine),
+                    url=target.url,
+                    engine=engine,
+                    name=name,
+                    cells=cells,
+                    sort_values={
+                        "kv": _usage(stats),
+                        "waiting": stats.waiting,
+                        "preempt": stats.preemptions_per_s,
+                        "gen": stats.generation_tps,
+                    },
+                    search=f"{base_search} {name} {stats.model or ''}".lower(),
+                )
+            )
+    return rows
+
+
+def order_rows(rows: list[FleetRow], sort_key: str) -> list[FleetRow]:
+    """Name ascending, or a number descending with unknowns last."""
+    if sort_key == "name":
+        return sorted(rows, key=lambda r: r.name.lower())
+
+    def key(row: FleetRow) -> tuple[bool, float, str]:
+        value = row.sort_values.get(sort_key)
+        return (value is None, -(value or 0.0), row.name.lower())
+
+    return sorted(rows, key=key)
+
+
+def filter_rows(rows: list[FleetRow], text: str) -> list[FleetRow]:
+    """Rows whose name, model, URL, group, kind or status contains every word of ``text``."""
+    words = text.lower().split()
+    return [r for r in rows if all(w in r.search for w in words)]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSummary:
+    hosts_up: int
+    hosts_total: int
+    blocks_used: float | None  # summed over engines that report both used and total
+    blocks_total: int | None
+    running: float
+    waiting: float
+
+    @property
+    def kv_usage(self) -> float | None:
+        """Fleet KV use weighted by capacity: a big pool counts more than a small one."""
+        if not self.blocks_total or self.blocks_used is None:
+            return None
+        return self.blocks_used / self.blocks_total
+
+
+def summarise(states: list[TargetState]) -> FleetSummary:
+    used = 0.0
+    total = 0
+    running = waiting = 0.0
+    for state in states:
+        if state.status not in ("up", "stale"):
+            continue
+        for stats in state.engines:
+            usage = _usage(stats)
+            if stats.blocks_total and usage is not None:
+                used += stats.blocks_used if stats.blocks_used is not None else (
+                    usage * stats.blocks_total
+                )
+                total += stats.blocks_total
+            running += stats.running or 0.0
+            waiting += stats.waiting or 0.0
+    return FleetSummary(
+        hosts_up=sum(1 for s in states if s.status == "up"),
+        hosts_total=len(states),
+        blocks_used=used if total else None,
+        blocks_total=total or None,
+        running=running,
+        waiting=waiting,
+    )

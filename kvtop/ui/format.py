@@ -1,0 +1,80 @@
+"""Number formatting for the views. ``None`` (not exported / unknown) is always "–", never 0."""
+
+from __future__ import annotations
+
+DASH = "–"
+BAR_CELLS = 5
+
+
+def count(value: float | None) -> str:
+    """A count, compact above 10 000 (20184 -> 20.2k) so columns stay narrow."""
+    if value is None:
+        return DASH
+    if abs(value) >= 1_000_000:
+        return f"{value / 1_000_000:.1f}M"
+    if abs(value) >= 10_000:
+        return f"{value / 1000:.1f}k"
+    return f"{value:.0f}"
+
+
+def rate(value: float | None) -> str:
+    """A per-second rate: one decimal below 10, whole numbers above."""
+    if value is None:
+        return DASH
+    if value == 0:
+        return "0"
+    return f"{value:.1f}" if abs(value) < 10 else count(value)
+
+
+def percent(fraction: float | None) -> str:
+    return DASH if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def seconds(value: float | None) -> str:
+    """A latency: ms below one second, seconds above."""
+    if value is None:
+        return DASH
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    return f"{value:.1f}s" if value < 100 else f"{value:.0f}s"
+
+
+def age(value: float | None) -> str:
+    """An age like 12s, 4m, 3h."""
+    if value is None:
+        return DASH
+    if value < 60:
+        return f"{value:.0f}s"
+    if value < 3600:
+        return f"{value / 60:.0f}m"
+    return f"{value / 3600:.0f}h"
+
+
+def bytes_gib(value: int | None) -> str:
+    return DASH if value is None else f"{value / 2**30:.1f}"
+
+
+def bar(fraction: float | None, cells: int = BAR_CELLS) -> str:
+    """``▇▇▇░░``; any use shows at least one cell and only a full pool shows all cells."""
+    if fraction is None:
+        return "·" * cells
+    fraction = min(max(fraction, 0.0), 1.0)
+    filled = round(fraction * cells)
+    if fraction > 0:
+        filled = max(filled, 1)
+    if fraction < 1:
+        filled = min(filled, cells - 1)
+    return "▇" * filled + "░" * (cells - filled)
+
+
+def kv_cell(
+    usage: float | None, used: float | None, total: int | None, cells: int = BAR_CELLS
+) -> str:
+    """The KV column: a bar and used/total blocks, or the usage percent when blocks are unknown."""
+    if usage is None and used is not None and total:
+        usage = used / total
+    if usage is None:
+        return DASH
+    if used is not None and total is not None:
+        return f"{bar(usage, cells)} {count(used)}/{count(total)}"
+    return f"{bar(usage, cells)} {percent(usage)}"

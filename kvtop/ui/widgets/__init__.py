@@ -1,0 +1,1 @@
+"""Widgets that draw state handed to them; none of them collects anything."""

@@ -1,0 +1,80 @@
+"""A plotext chart of a few time series, drawn at the widget's size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import plotext
+from rich.style import Style
+from rich.text import Span, Text
+from textual.widgets import Static
+
+from kvtop.ui import format as fmt
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    label: str
+    points: tuple[tuple[float, float], ...]  # (seconds relative to now, value); unknowns left out
+
+
+def time_ticks(span_s: float) -> tuple[list[float], list[str]]:
+    """Tick positions (seconds before now, negative) and labels like -4m, -2m, now."""
+    step = next((s for s in (10, 30, 60, 120, 300, 600, 1800) if span_s / s <= 5), 3600)
+    ticks = [-step * i for i in range(int(span_s // step), 0, -1)] + [0.0]
+    return ticks, [("now" if t == 0 else "-" + fmt.age(-t)) for t in ticks]
+
+
+def render_plot(title: str, series: list[Series], width: int, height: int, span_s: float) -> Text:
+    """The chart as Rich text; backgrounds dropped so it sits on the app's theme."""
+    drawable = [s for s in series if s.points]
+    if width < 20 or height < 5 or not drawable:
+        return Text(f"{title}: no data yet" if width >= 20 else "")
+    figure = plotext.figure
+    figure.clear()
+    figure.plot_size(width, height)
+    for item in drawable:
+        xs, ys = zip(*item.points, strict=True)
+        signal = figure.signal(list(xs), list(ys), marker="braille")
+        signal.label(item.label)
+        signal.lines()
+        figure.draw(signal)
+    ticks, labels = time_ticks(span_s)
+    figure.ruler("x").lim(-span_s, 0)
+    figure.ruler("x").ticks(ticks, labels)
+    figure.title(title)
+    text = Text.from_ansi(str(figure.build()).rstrip("\n"), no_wrap=True)
+    text.spans = [Span(s.start, s.end, _foreground(s.style)) for s in text.spans]
+    return text
+
+
+_PLAIN = {0, 7, 15, 16}  # plotext's black/white frame colours: let the theme colour these
+
+
+def _foreground(style: str | Style) -> Style:
+    style = Style.parse(style) if isinstance(style, str) else style
+    color = style.color
+    if color is not None and color.number in _PLAIN:
+        color = None
+    return Style(color=color, bold=style.bold)
+
+
+class HistoryPlot(Static):
+    """Holds its series and redraws them on resize; the app decides when data changes."""
+
+    def __init__(self, title: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._title = title
+        self._series: list[Series] = []
+        self._span_s = 300.0
+
+    def show_series(self, series: list[Series], span_s: float) -> None:
+        self._series, self._span_s = series, span_s
+        self._draw()
+
+    def on_resize(self) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        width, height = self.content_size
+        self.update(render_plot(self._title, self._series, width, height, self._span_s))
