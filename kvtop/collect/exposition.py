@@ -208,7 +208,7 @@ def _parse_comment(
         name = _unescape(quoted)
     if families is not None and name not in families:
         return
-    text = text.rstrip() if text else ""
+    text = text.rstrip(" \t") if text else ""  # blanks and tabs only: U+00A0 is text
     if kind == "TYPE":
         if text.lower() not in _TYPES:
             out.errors.append(ParseError(line_no, f"unknown type {text!r}", line[:120]))
