@@ -5,9 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from kvtop import __version__
-from kvtop.config import ConfigError, add_target_arguments, load_config, resolve_targets
+from kvtop.config import (
+    ConfigError,
+    add_target_arguments,
+    load_config,
+    parse_duration,
+    resolve_targets,
+)
 
 EXIT_USAGE = 2
 
@@ -48,8 +55,39 @@ def _run_snapshot(args: argparse.Namespace) -> int:
                         as_json=args.as_json, with_gpus=not args.no_gpu)
 
 
+def _record_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "record", help="write every scrape to a recording for replay and check",
+        description="Poll the targets and write every scrape (body or error) to a recording "
+                    "(docs/recording-format.md; gzip when FILE ends in .gz) until --duration "
+                    "passes or Ctrl-C.")
+    add_target_arguments(parser)
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE")
+    parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
+                        help="seconds between scrapes of a target (default 1)")
+    parser.add_argument("--duration", type=parse_duration, metavar="D",
+                        help="stop after D (90s, 30m, 2h); default: until Ctrl-C")
+    parser.set_defaults(command=_run_record)
+
+
+def _run_record(args: argparse.Namespace) -> int:
+    from kvtop.headless.record_command import run_record
+
+    targets = resolve_targets(args, load_config(args.config))
+    return run_record(targets, args.output, interval_s=args.interval,
+                      duration_s=args.duration, timeout_s=args.timeout, insecure=args.insecure)
+
+
+def _sim_parser(subparsers: argparse._SubParsersAction) -> None:
+    from kvtop.sim.cli import add_sim_parser, run_sim
+
+    add_sim_parser(subparsers).set_defaults(command=run_sim)
+
+
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "snapshot": _snapshot_parser,
+    "record": _record_parser,
+    "sim": _sim_parser,
 }
 
 

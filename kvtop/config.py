@@ -35,6 +35,20 @@ class ConfigError(ValueError):
     """A config file or target that can't be used; the message says why."""
 
 
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``2h`` or ``1d`` -> seconds (for argparse ``type=``)."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    text = text.strip().lower()
+    scale = units.get(text[-1:])
+    try:
+        value = float(text[:-1] if scale else text) * (scale or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 30m, 2h)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("a duration must be > 0")
+    return value
+
+
 def default_config_path() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "kvtop" / "config.toml"

@@ -114,3 +114,28 @@ async def test_table_output_and_bad_target_usage_error() -> None:
     assert "588/599" in out and "twin-llama" in out
     code, _, err, _ = await run_kvtop("snapshot", "http://[::1", "--no-gpu")
     assert code == 2 and "not a host:port or URL" in err
+
+
+async def test_record_writes_every_scrape_of_every_target(tmp_path) -> None:
+    from kvtop.store.recording import read_recording
+
+    output = tmp_path / "run.jsonl.gz"
+    async with FaultServer() as healthy, FaultServer(mode="error500") as broken:
+        code, _, err, elapsed = await run_kvtop(
+            "record", healthy.url(), broken.url(), "-o", str(output), "--interval", "0.3",
+            "--duration", "1.5")
+        urls = [healthy.url(), broken.url()]
+    assert code == 0, err
+    assert elapsed < 10
+    recording = read_recording(output)
+    assert recording.header["targets"] == urls
+    good = [s for s in recording.scrapes if s.target.url == urls[0]]
+    bad = [s for s in recording.scrapes if s.target.url == urls[1]]
+    assert len(good) >= 3 and all(s.body == fixture(LOAD).decode() for s in good)
+    assert bad and all(s.failure == "down" and "500" in s.error for s in bad)
+
+
+async def test_record_to_unwritable_place_is_a_clear_error(tmp_path) -> None:
+    code, _, err, _ = await run_kvtop("record", "127.0.0.1:1", "-o",
+                                      str(tmp_path / "missing-dir" / "r.jsonl"), "--duration", "1")
+    assert code == 2 and "cannot write" in err

@@ -72,6 +72,7 @@ def target_json(state: TargetState, now: float) -> dict[str, Any]:
     return {
         "target": state.target.url,
         "name": state.target.name,
+        "label": state.target.label,
         "status": _status(state),
         "error": state.error,
         "server": {"kind": state.kind or "unknown", "version": state.version},

@@ -23,7 +23,7 @@ def _blocks(kv: dict[str, Any]) -> str:
 
 
 def _engine_row(target: dict[str, Any], engine: dict[str, Any]) -> list[str]:
-    name = target["name"] or target["target"]
+    name = target["label"]
     if engine["engine"] is not None:
         name += f" [{engine['engine']}]"
     ttft = (engine["latency_s"] or {}).get("ttft") or {}
@@ -44,7 +44,7 @@ def render_table(document: dict[str, Any], console: Console | None = None) -> No
     for target in document["targets"]:
         if not target["engines"]:
             reason = target["error"] or "; ".join(target["notes"]) or "no engines"
-            table.add_row(target["name"] or target["target"], "–", target["status"], reason)
+            table.add_row(target["label"], "–", target["status"], reason)
         for engine in target["engines"]:
             table.add_row(*_engine_row(target, engine))
     console.print(table)

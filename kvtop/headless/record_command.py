@@ -1,0 +1,56 @@
+"""``kvtop record``: every scrape of the targets into a recording (docs/recording-format.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+
+from kvtop.collect.poller import Poller
+from kvtop.collect.target import Scrape, Target
+from kvtop.store.recording import RecordingWriter
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+async def record(targets: list[Target], writer: RecordingWriter, *, interval_s: float,
+                 duration_s: float | None, timeout_s: float | None, insecure: bool) -> int:
+    """Poll until ``duration_s`` passes or SIGINT/SIGTERM; returns the scrapes written."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    if duration_s is not None:
+        loop.call_later(duration_s, stop.set)
+    written = 0
+
+    def on_scrape(scrape: Scrape) -> None:
+        nonlocal written
+        writer.write(scrape)
+        writer.flush()  # a crash or kill loses at most the scrape in flight
+        written += 1
+
+    async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
+                      insecure=insecure) as poller:
+        await poller.run(on_scrape, stop=stop)
+    return written
+
+
+def run_record(targets: list[Target], output: Path, *, interval_s: float,
+               duration_s: float | None, timeout_s: float | None, insecure: bool) -> int:
+    try:
+        writer = RecordingWriter(output, interval_s=interval_s, targets=targets)
+    except OSError as exc:
+        print(f"kvtop record: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    with writer:
+        print(f"kvtop record: {len(targets)} target(s) every {interval_s:g} s -> {output}",
+              file=sys.stderr)
+        written = asyncio.run(record(targets, writer, interval_s=interval_s,
+                                     duration_s=duration_s, timeout_s=timeout_s,
+                                     insecure=insecure))
+    print(f"kvtop record: {written} scrapes written to {output}", file=sys.stderr)
+    return EXIT_OK
