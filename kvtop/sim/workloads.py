@@ -28,6 +28,7 @@ AZURE_FILE = "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE_BLOCK_TOKENS = 512  # the trace hashes prompts in 512-token blocks
 MOONCAKE_BUCKET_S = 3.0  # its arrivals are quantised to ~3 s buckets
 WORKLOADS = ("synthetic", "mooncake", "azure")
+_AZURE_EPOCH = date(2023, 1, 1)
 
 
 def traces_dir() -> Path | None:
@@ -135,7 +136,8 @@ def _azure_seconds(stamp: str) -> float:
     """'2023-11-16 18:15:46.6805900' (7 fractional digits) to seconds."""
     day, clock = stamp.split()
     h, m, s = clock.split(":")
-    return date.fromisoformat(day).toordinal() * 86400 + int(h) * 3600 + int(m) * 60 + float(s)
+    days = (date.fromisoformat(day) - _AZURE_EPOCH).days  # small, to keep the 100 ns digits
+    return days * 86400 + int(h) * 3600 + int(m) * 60 + float(s)
 
 
 def _trace_path(name: str, directory: Path | None) -> Path:
