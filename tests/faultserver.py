@@ -29,6 +29,9 @@ import gzip
 import json
 import random
 import socket
+import ssl
+import struct
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -61,8 +64,18 @@ def closed_port() -> int:
 
 @lru_cache(maxsize=1)
 def gzip_bomb() -> bytes:
-    """~50 KB of gzip that inflates to 50 MB of zeros."""
-    return gzip.compress(b"\0" * BIG_BYTES, compresslevel=9)
+    """~50 KB of valid gzip that inflates to 50 MB of zeros, built in milliseconds: after a
+    full flush, compressing the same 1 MiB again yields the same bytes, so they repeat."""
+    chunk = b"\0" * (1 << 20)
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    first = packer.compress(chunk) + packer.flush(zlib.Z_FULL_FLUSH)
+    block = packer.compress(chunk) + packer.flush(zlib.Z_FULL_FLUSH)
+    end = packer.flush()[:-8]  # the last block, without the trailer for 2 MiB
+    crc = 0
+    for _ in range(BIG_BYTES // len(chunk)):
+        crc = zlib.crc32(chunk, crc)
+    trailer = struct.pack("<II", crc, BIG_BYTES & 0xFFFFFFFF)
+    return first + block * (BIG_BYTES // len(chunk) - 1) + end + trailer
 
 
 @dataclass
@@ -90,8 +103,10 @@ class FaultServer:
     mode: str = "ok"
     bodies: Sequence[bytes] = field(default_factory=lambda: [fixture()])
     version: str | None = "0.33.0"
+    version_body: bytes | None = None  # served raw by /version instead, when set
     token: str | None = None  # mode "auth" wants "Bearer <token>"
-    delay_s: float = 0.5  # default for "slow" and "dribble"
+    delay_s: float = 0.5  # default for "slow"
+    ssl_context: ssl.SSLContext | None = None  # serve HTTPS
     requests: list[Request] = field(default_factory=list)
     bytes_sent: int = 0
     hits: int = 0  # /metrics requests answered by "ok"
@@ -103,7 +118,7 @@ class FaultServer:
     # -- lifetime -----------------------------------------------------------------
 
     async def start(self) -> FaultServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ssl_context)
         return self
 
     async def close(self) -> None:
@@ -112,7 +127,7 @@ class FaultServer:
             self._server.close()
         self._closing.set()
         for writer in list(self._writers):
-            writer.transport.abort()
+            writer.transport.abort()  # type: ignore[attr-defined]
         if self._conns:
             await asyncio.wait(list(self._conns), timeout=2.0)
 
@@ -129,7 +144,8 @@ class FaultServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def url(self, mode: str | None = None, query: str = "") -> str:
         """The /metrics URL of ``mode`` (the current mode when None)."""
@@ -170,6 +186,8 @@ class FaultServer:
         return await MODES[name](self, req, w)
 
     async def _version(self, w: asyncio.StreamWriter) -> bool:
+        if self.version_body is not None:
+            return await self.respond(w, 200, self.version_body, content_type="application/json")
         if self.version is None:
             return await self.respond(w, 404, b'{"detail":"Not Found"}')
         body = json.dumps({"version": self.version}).encode()

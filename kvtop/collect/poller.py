@@ -29,6 +29,7 @@ use and close it in one loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -107,7 +108,7 @@ def make_client(*, insecure: bool = False, use_aiohttp: bool = True) -> httpx.As
     Proxies from the environment are ignored (kvtop reads servers directly); SSL_CERT_FILE /
     SSL_CERT_DIR are honoured for verification.
     """
-    verify: ssl.SSLContext | bool = False if insecure else httpx.create_ssl_context()
+    verify: ssl.SSLContext | bool = False if insecure else _verified_context()
     # Many targets share the client and a hung one holds a connection until its deadline,
     # so the pool must not be the bottleneck. Keep-alive expires before uvicorn's 5 s.
     limits = httpx.Limits(
@@ -124,6 +125,12 @@ def make_client(*, insecure: bool = False, use_aiohttp: bool = True) -> httpx.As
         transport = AiohttpTransport(verify=verify, limits=limits, trust_env=False)
         return httpx.AsyncClient(transport=transport, **options)
     return httpx.AsyncClient(verify=verify, **options)
+
+
+@functools.lru_cache(maxsize=1)
+def _verified_context() -> ssl.SSLContext:
+    """Loading the CA bundle costs ~0.1 s; one context serves every client."""
+    return httpx.create_ssl_context()
 
 
 # ---------------------------------------------------------------------------- one scrape
@@ -309,17 +316,22 @@ def classify_exception(
 ) -> tuple[FailureKind, str]:
     """(kind, readable reason) for an exception from one request; the whole cause chain
     counts, because httpx-aiohttp maps a server disconnect to ``httpx.ConnectTimeout``."""
-    chain = _causes(exc)
+    try:
+        return _classify(_causes(exc), exc, timeout_s)
+    except Exception:  # exception classes with odd attributes must not escape
+        return "down", f"cannot read the server: {type(exc).__name__}"
+
+
+def _classify(
+    chain: list[BaseException], exc: BaseException, timeout_s: float | None
+) -> tuple[FailureKind, str]:
     if any(isinstance(e, httpx.TooManyRedirects) for e in chain):
         return "bad_payload", "redirect loop: too many redirects"
     for e in chain:
         if isinstance(e, ssl.SSLCertVerificationError):
-            return "down", (
-                f"TLS certificate not trusted ({e.verify_message}); pass --insecure to skip "
-                "verification or point SSL_CERT_FILE at your CA"
-            )
+            return "down", _untrusted(_text(e))
         if isinstance(e, ssl.SSLError):
-            return "down", f"TLS handshake failed ({e.reason or e}); is it http, not https?"
+            return "down", _handshake_failed(getattr(e, "reason", None) or _text(e))
         if isinstance(e, socket.gaierror):
             return "down", "DNS lookup failed: unknown host"
         if isinstance(e, ConnectionRefusedError):
@@ -333,13 +345,30 @@ def classify_exception(
     return "down", _describe(chain)
 
 
+def _untrusted(text: str) -> str:
+    detail = text.split("certificate verify failed:")[-1].split("(_ssl")[0].strip(" ')]")
+    return (
+        f"TLS certificate not trusted ({detail}); pass --insecure to skip verification "
+        "or point SSL_CERT_FILE at your CA"
+    )
+
+
+def _handshake_failed(detail: str) -> str:
+    return f"TLS handshake failed ({detail}); does the server speak https?"
+
+
 def _describe(chain: list[BaseException]) -> str:
     """The most specific readable message in the chain."""
+    closed = "the server closed the connection without answering"
     if aiohttp is not None and any(isinstance(e, aiohttp.ServerDisconnectedError) for e in chain):
-        return "the server closed the connection without answering"
+        return closed
     for e in chain:
         if isinstance(e, httpx.ConnectError):  # httpcore drops the OSError behind it
             text = _text(e)
+            if "CERTIFICATE_VERIFY_FAILED" in text:
+                return _untrusted(text)
+            if "[SSL" in text:
+                return _handshake_failed(text)
             if "Name or service not known" in text or "nodename nor servname" in text:
                 return "DNS lookup failed: unknown host"
             if "All connection attempts failed" in text:
@@ -348,7 +377,8 @@ def _describe(chain: list[BaseException]) -> str:
         if isinstance(e, ConnectionResetError):
             return "connection reset by the server"
         if isinstance(e, httpx.RemoteProtocolError):
-            return f"broken HTTP answer: {_text(e)}"
+            text = _text(e)
+            return closed if "without sending a response" in text else f"broken HTTP answer: {text}"
         if isinstance(e, httpx.UnsupportedProtocol):
             return f"unsupported URL: {_text(e)}"
     root = chain[-1]

@@ -1,0 +1,455 @@
+"""The poller against a real local HTTP server that injects faults."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import ssl
+import subprocess
+import time
+import tracemalloc
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from kvtop.collect.poller import (
+    HINT_401_NO_TOKEN,
+    HINT_401_TOKEN,
+    Poller,
+    backoff_delay,
+    make_client,
+    read_version,
+    scrape,
+    version_url,
+)
+from kvtop.collect.target import Scrape, Secret, Target
+from tests.faultserver import BIG_BYTES, FaultServer, closed_port, fixture, mode
+
+TIMEOUT = 0.6
+MARGIN = 0.5  # scheduling slack on a loaded CI machine
+FIXTURE_TEXT = fixture().decode()
+
+
+@mode("echo500")
+async def _echo500(srv: FaultServer, req, w) -> bool:  # type: ignore[no-untyped-def]
+    """A 500 whose body repeats the Authorization header, as careless servers do."""
+    body = f"bad request: {req.headers.get('authorization')}".encode()
+    return await srv.respond(w, 500, body)
+
+
+@pytest.fixture(params=["aiohttp", "httpx"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+    """Both transports: classification must not depend on which one maps the exceptions."""
+    async with make_client(use_aiohttp=request.param == "aiohttp") as c:
+        yield c
+
+
+async def timed_scrape(client: httpx.AsyncClient, url: str, **kw: object) -> Scrape:
+    started = time.perf_counter()
+    result = await scrape(client, Target(url), timeout_s=TIMEOUT, **kw)  # type: ignore[arg-type]
+    elapsed = time.perf_counter() - started
+    assert elapsed < TIMEOUT + MARGIN, f"{url} took {elapsed:.2f} s"
+    assert result.duration_s <= elapsed
+    return result
+
+
+# ---------------------------------------------------------------------------- one scrape
+
+OK_MODES = ["ok", "gzip", "redirect", "slow"]
+
+
+@pytest.mark.parametrize("name", OK_MODES)
+async def test_healthy_answers_are_read_whole(
+    client: httpx.AsyncClient, fault_server: FaultServer, name: str
+) -> None:
+    result = await timed_scrape(client, fault_server.url(name, "s=0.1" if name == "slow" else ""))
+    assert result.ok, result.error
+    assert result.body == FIXTURE_TEXT
+    assert result.failure is None and result.error is None
+    assert result.duration_s > 0 and result.t <= time.time()
+
+
+FAULTS = [
+    # mode, query, kind, words the error must contain
+    ("hang", "", "timeout", "0.6 s"),
+    ("slow", "s=3", "timeout", "no complete answer"),
+    ("dribble", "s=0.02", "timeout", "no complete answer"),  # total deadline, not per read
+    ("auth", "", "auth", "token_env"),
+    ("forbidden", "", "auth", "HTTP 403"),
+    ("error500", "", "down", "HTTP 500"),
+    ("loading", "", "down", "Loading model"),
+    ("reset", "", "down", "closed the connection"),
+    ("notfound", "", "bad_payload", "--enable-metrics"),
+    ("nometrics", "", "bad_payload", "--metrics"),
+    ("redirect_loop", "", "bad_payload", "redirect"),
+    ("garbage", "", "bad_payload", "not"),
+    ("latin1", "", "bad_payload", "UTF-8"),
+    ("json", "", "bad_payload", "not Prometheus text"),
+    ("html", "", "bad_payload", "HTML"),
+    ("empty", "", "bad_payload", "empty"),
+    ("truncated", "", "bad_payload", "cut short"),
+    ("big", "", "bad_payload", "cap"),
+    ("big_unannounced", "", "bad_payload", "cap"),
+    ("gzip_bomb", "", "bad_payload", "cap"),
+]
+
+
+@pytest.mark.parametrize(("name", "query", "kind", "words"), FAULTS, ids=[f[0] for f in FAULTS])
+async def test_each_fault_is_classified_in_bounded_time(
+    client: httpx.AsyncClient,
+    fault_server: FaultServer,
+    name: str,
+    query: str,
+    kind: str,
+    words: str,
+) -> None:
+    result = await timed_scrape(client, fault_server.url(name, query))
+    assert result.failure == kind, result.error
+    assert result.body is None and not result.ok
+    assert words in (result.error or ""), result.error
+    assert "Traceback" not in (result.error or "")
+
+
+async def test_auth_error_says_where_the_token_goes(
+    client: httpx.AsyncClient, fault_server: FaultServer
+) -> None:
+    result = await timed_scrape(client, fault_server.url("auth"))
+    assert result.error == HINT_401_NO_TOKEN
+
+
+async def test_refused_port_is_down(client: httpx.AsyncClient) -> None:
+    result = await timed_scrape(client, f"http://127.0.0.1:{closed_port()}/metrics")
+    assert result.failure == "down"
+    assert "refused" in (result.error or "")
+
+
+async def test_unknown_host_is_down(client: httpx.AsyncClient) -> None:
+    result = await timed_scrape(client, "http://kvtop-no-such-host.invalid:8000/metrics")
+    assert result.failure in ("down", "timeout")  # "timeout" where DNS itself hangs
+    if result.failure == "down":
+        assert "DNS" in (result.error or "") or "connect" in (result.error or "")
+
+
+async def test_bad_url_never_raises(client: httpx.AsyncClient) -> None:
+    result = await scrape(client, Target("ftp://127.0.0.1:1/metrics"), timeout_s=TIMEOUT)
+    assert result.failure == "down" and result.error
+
+
+# ---------------------------------------------------------------------------- size cap
+
+
+@pytest.mark.parametrize("name", ["big_unannounced", "gzip_bomb"])
+async def test_a_huge_body_is_dropped_without_being_buffered(
+    fault_server: FaultServer, name: str
+) -> None:
+    cap = 1024 * 1024
+    async with make_client() as c:
+        await scrape(c, Target(fault_server.url("ok")), timeout_s=2.0)  # warm the pool
+        fault_server.bytes_sent = 0
+        tracemalloc.start()
+        try:
+            result = await scrape(c, Target(fault_server.url(name)), timeout_s=5.0, max_bytes=cap)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert result.failure == "bad_payload" and "cap" in (result.error or "")
+    assert peak < 4 * cap, f"peak {peak:,} bytes while reading"
+    assert fault_server.bytes_sent < BIG_BYTES // 4  # the server was cut off early
+
+
+async def test_content_length_over_the_cap_is_refused_before_reading(
+    fault_server: FaultServer,
+) -> None:
+    async with make_client() as c:
+        result = await scrape(c, Target(fault_server.url("big")), timeout_s=2.0)
+    assert result.failure == "bad_payload"
+    assert "Content-Length 52,428,800" in (result.error or "")
+    assert fault_server.bytes_sent < BIG_BYTES // 4
+
+
+async def test_a_body_just_under_the_cap_is_read(fault_server: FaultServer) -> None:
+    size = len(fixture())
+    async with make_client() as c:
+        exact = await scrape(c, Target(fault_server.url("gzip")), max_bytes=size)
+        under = await scrape(c, Target(fault_server.url("gzip")), max_bytes=size - 1)
+    assert exact.ok
+    assert under.failure == "bad_payload"
+
+
+# ---------------------------------------------------------------------------- token
+
+
+async def test_the_token_goes_in_a_header_and_nowhere_else() -> None:
+    secret = "s3cret-t0ken-value"
+    async with FaultServer(mode="auth", token=secret) as srv, make_client() as c:
+        good = Target(srv.url(), token=Secret(secret))
+        wrong = Target(srv.url(), token=Secret("not-it"))
+        echo = Target(srv.url("echo500"), token=Secret(secret))
+        results = [await scrape(c, t, timeout_s=2.0) for t in (good, wrong, echo)]
+    assert results[0].ok and results[0].body == FIXTURE_TEXT
+    assert results[1].failure == "auth" and results[1].error == HINT_401_TOKEN
+    assert results[2].failure == "down"
+    assert srv.requests[0].headers["authorization"] == f"Bearer {secret}"
+    for result in results:
+        shown = " ".join(
+            [
+                repr(result),
+                str(result),
+                repr(result.target),
+                result.error or "",
+                result.version or "",
+            ]
+        )
+        assert secret not in shown
+        assert "not-it" not in shown
+
+
+async def test_no_token_no_authorization_header(fault_server: FaultServer) -> None:
+    async with make_client() as c:
+        await scrape(c, Target(fault_server.url()), timeout_s=2.0)
+    assert "authorization" not in fault_server.requests[0].headers
+
+
+# ---------------------------------------------------------------------------- /version
+
+
+async def test_version_is_read_once_and_again_after_a_failure(fault_server: FaultServer) -> None:
+    def version_hits() -> int:
+        return sum(r.path.endswith("/version") for r in fault_server.requests)
+
+    target = Target(fault_server.url())
+    async with Poller([target], timeout_s=2.0) as poller:
+        first = (await poller.poll_once())[0]
+        second = (await poller.poll_once())[0]
+        assert first.version == second.version == "0.33.0"
+        assert version_hits() == 1
+        fault_server.mode = "error500"
+        failed = (await poller.poll_once())[0]
+        assert failed.failure == "down" and failed.version is None
+        fault_server.mode, fault_server.version = "ok", "0.34.1"  # upgraded while down
+        back = (await poller.poll_once())[0]
+        assert back.ok and back.version == "0.34.1"
+        assert version_hits() == 2
+
+
+VERSION_ANSWERS = [
+    (None, None),  # no version: /version is a 404
+    (b'{"version": "0.9.2"}', "0.9.2"),
+    (b'{"version": 3}', None),
+    (b'["0.9.2"]', None),
+    (b"\xff\x00 not json", None),
+    (b'{"version": "' + b"9" * 100_000 + b'"}', None),  # over the /version size cap
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), VERSION_ANSWERS)
+async def test_version_tolerates_404_and_garbage(body: bytes | None, expected: str | None) -> None:
+    async with FaultServer(version=None, version_body=body) as srv, make_client() as c:
+        assert await read_version(c, Target(srv.url())) == expected
+
+
+async def test_version_of_a_dead_server_is_none() -> None:
+    async with make_client() as c:
+        started = time.perf_counter()
+        assert await read_version(c, Target(f"http://127.0.0.1:{closed_port()}")) is None
+        async with FaultServer(mode="hang") as srv:
+            srv.version_body = None
+            hung = Target(srv.url("hang").replace("/m/hang/metrics", "/hang/metrics"))
+            assert await read_version(c, hung, timeout_s=0.3) in (None, "0.33.0")
+    assert time.perf_counter() - started < 1.5
+
+
+def test_version_url_keeps_a_path_prefix() -> None:
+    assert version_url(Target.from_spec("h:8000")) == "http://h:8000/version"
+    assert version_url(Target("https://h/vllm/a/metrics")) == "https://h/vllm/a/version"
+    assert version_url(Target("http://h:9/custom")) == "http://h:9/version"
+
+
+# ---------------------------------------------------------------------------- many targets
+
+
+async def test_poll_once_reads_healthy_targets_while_one_hangs(fault_server: FaultServer) -> None:
+    targets = [
+        Target(fault_server.url("hang")),
+        Target(fault_server.url("ok")),
+        Target(f"http://127.0.0.1:{closed_port()}/metrics"),
+        Target(fault_server.url("gzip")),
+    ]
+    async with Poller(targets, timeout_s=TIMEOUT) as poller:
+        started = time.perf_counter()
+        results = await poller.poll_once()
+        elapsed = time.perf_counter() - started
+    assert [r.target for r in results] == targets
+    assert [r.failure for r in results] == ["timeout", None, "down", None]
+    assert results[1].body == results[3].body == FIXTURE_TEXT
+    assert results[1].duration_s < 0.3 and results[3].duration_s < 0.3
+    assert elapsed < TIMEOUT + MARGIN
+
+
+async def test_run_keeps_healthy_targets_on_time_beside_a_dead_one(
+    fault_server: FaultServer,
+) -> None:
+    hang, ok = Target(fault_server.url("hang")), Target(fault_server.url("ok"))
+    seen: dict[Target, list[float]] = {hang: [], ok: []}
+    stop = asyncio.Event()
+
+    def on_scrape(s: Scrape) -> None:
+        seen[s.target].append(time.perf_counter())
+        assert s.ok == (s.target == ok), s.error
+
+    async with Poller([hang, ok], interval_s=0.1, timeout_s=TIMEOUT) as poller:
+        asyncio.get_running_loop().call_later(1.0, stop.set)
+        await asyncio.wait_for(poller.run(on_scrape, stop=stop), 3)
+    assert len(seen[hang]) == 1  # timed out once at 0.6 s, then backed off
+    assert 8 <= len(seen[ok]) <= 12
+    gaps = [b - a for a, b in itertools.pairwise(seen[ok])]
+    assert max(gaps) < 0.25, gaps
+
+
+async def test_async_callback_and_a_failing_callback_do_not_stop_polling(
+    fault_server: FaultServer,
+) -> None:
+    calls: list[Scrape] = []
+
+    async def on_scrape(s: Scrape) -> None:
+        calls.append(s)
+        await asyncio.sleep(0)
+        raise RuntimeError("consumer bug")
+
+    stop = asyncio.Event()
+    async with Poller([Target(fault_server.url())], interval_s=0.05) as poller:
+        asyncio.get_running_loop().call_later(0.4, stop.set)
+        await poller.run(on_scrape, stop=stop)
+    assert len(calls) >= 4
+
+
+# ---------------------------------------------------------------------------- schedule
+
+
+def test_backoff_doubles_to_the_cap_and_never_undercuts_the_interval() -> None:
+    delays = [backoff_delay(n, 1.0, 30.0) for n in range(8)]
+    assert delays == [1.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert backoff_delay(1, 1.0, 30.0, jitter=0.8) == 1.0
+    assert backoff_delay(3, 1.0, 30.0, jitter=1.2) == pytest.approx(4.8)
+    assert backoff_delay(9, 1.0, 30.0, jitter=1.2) == 30.0
+    assert backoff_delay(3, 60.0, 30.0) == 60.0  # an interval above the cap wins
+    assert backoff_delay(10_000, 1.0, 30.0) == 30.0
+
+
+async def test_backoff_grows_for_a_failing_target_and_resets_on_recovery() -> None:
+    interval = 0.04
+    attempts: list[tuple[float, bool]] = []
+    stop = asyncio.Event()
+    async with FaultServer(mode="error500") as srv:
+
+        def on_scrape(s: Scrape) -> None:
+            attempts.append((time.perf_counter(), s.ok))
+            if len(attempts) == 5:
+                srv.mode = "ok"  # the server comes back before attempt 6
+            if len(attempts) == 8:
+                stop.set()
+
+        target = Target(srv.url())
+        async with Poller([target], interval_s=interval, max_backoff_s=0.3, seed=1) as poller:
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), 5)
+            assert poller.state(target).failures == 0
+    assert [ok for _, ok in attempts] == [False] * 5 + [True] * 3
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(attempts)]
+    # after failures 1..5: interval, 2x, 4x, capped 0.3 (x0.8..1.2 jitter, floor = interval)
+    assert gaps[0] < 2 * interval
+    assert gaps[1] > 1.5 * interval
+    assert gaps[2] > 3 * interval
+    assert 0.24 <= gaps[4] < 0.3 * 1.2 + 0.1
+    assert max(gaps[5:]) < 2 * interval  # healthy again: back to the interval
+
+
+async def test_interval_change_takes_effect_at_once(fault_server: FaultServer) -> None:
+    times: list[float] = []
+    stop = asyncio.Event()
+    async with Poller([Target(fault_server.url())], interval_s=10.0) as poller:
+
+        def on_scrape(s: Scrape) -> None:
+            times.append(time.perf_counter())
+            if len(times) == 1:
+                asyncio.get_running_loop().call_later(0.1, setattr, poller, "interval_s", 0.05)
+            if len(times) == 4:
+                stop.set()
+
+        await asyncio.wait_for(poller.run(on_scrape, stop=stop), 3)
+    assert times[-1] - times[0] < 1.0
+    assert poller.timeout_s == 2.0  # the default follows the interval, floored at 2 s
+
+
+async def test_targets_can_be_added_and_removed_while_running(fault_server: FaultServer) -> None:
+    first, second = Target(fault_server.url("ok")), Target(fault_server.url("gzip"))
+    seen: list[Target] = []
+    stop = asyncio.Event()
+    async with Poller([first], interval_s=0.05) as poller:
+
+        def on_scrape(s: Scrape) -> None:
+            seen.append(s.target)
+            if len(seen) == 2:
+                poller.add_target(second)
+                poller.remove_target(first)
+            if seen.count(second) == 3:
+                stop.set()
+
+        await asyncio.wait_for(poller.run(on_scrape, stop=stop), 3)
+        assert poller.targets == (second,)
+    assert seen[-1] == second and seen.count(first) <= 3
+
+
+async def test_a_counter_reset_between_two_scrapes_is_served_as_is() -> None:
+    before, after = fixture("vllm-0.33.0-v1-twin-idle.txt"), fixture()
+    async with FaultServer(bodies=[before, after]) as srv, Poller([Target(srv.url())]) as poller:
+        one, two = (await poller.poll_once())[0], (await poller.poll_once())[0]
+    assert one.body == before.decode() and two.body == after.decode()
+    assert "vllm:num_preemptions_total{" in one.body
+    assert "} 68.0" in one.body and "} 6.0" in two.body
+
+
+def test_a_poller_without_targets_or_with_a_bad_interval() -> None:
+    with pytest.raises(ValueError):
+        Poller([], interval_s=0)
+    with pytest.raises(ValueError):
+        Poller([], interval_s=float("nan"))
+
+
+async def test_poll_once_with_no_targets_is_empty() -> None:
+    async with Poller([]) as poller:
+        assert await poller.poll_once() == []
+
+
+# ---------------------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    tmp_path = tmp_path_factory.mktemp("tls")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+@pytest.mark.parametrize("use_aiohttp", [True, False])
+async def test_tls_is_verified_unless_insecure(
+    self_signed: ssl.SSLContext, use_aiohttp: bool
+) -> None:
+    async with FaultServer(ssl_context=self_signed) as srv:
+        url = srv.url().replace("http://", "https://")
+        async with make_client(use_aiohttp=use_aiohttp) as strict:
+            refused = await scrape(strict, Target(url), timeout_s=2.0)
+        async with make_client(insecure=True, use_aiohttp=use_aiohttp) as lax:
+            accepted = await scrape(lax, Target(url), timeout_s=2.0)
+    assert refused.failure == "down" and "--insecure" in (refused.error or "")
+    assert accepted.ok and accepted.body == FIXTURE_TEXT
