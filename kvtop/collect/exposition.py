@@ -16,11 +16,13 @@ CRLF, duplicate or missing HELP/TYPE, samples in any order, quoted (UTF-8) metri
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+_NAME_TOKEN_RE = re.compile(r"[^{ \t]*")  # a sample line's name: up to '{' or a blank
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _LABEL_RE = re.compile(
     r'\s*(?:([a-zA-Z_][a-zA-Z0-9_]*)|"((?:[^"\\\n]|\\.)*)")\s*(?:=\s*"((?:[^"\\\n]|\\.)*)")?\s*'
@@ -148,8 +150,7 @@ def _parse_value(text: str) -> float:
         raise ValueError(f"bad value {text!r}") from None
 
 
-def _parse_sample(line: str) -> Sample:
-    name_end = _name_end(line)
+def _parse_sample(line: str, name_end: int) -> Sample:
     name = line[:name_end]
     pos = name_end
     while pos < len(line) and line[pos] in " \t":
@@ -179,12 +180,7 @@ def _parse_sample(line: str) -> Sample:
 
 def _name_end(line: str) -> int:
     """Index where the metric name at the start of a sample line ends."""
-    end = len(line)
-    for stop in ("{", " ", "\t"):
-        index = line.find(stop, 0, end)
-        if index != -1:
-            end = index
-    return end
+    return _NAME_TOKEN_RE.match(line).end()  # type: ignore[union-attr]  # always matches
 
 
 def _families_of(names: frozenset[str]) -> frozenset[str]:
@@ -222,29 +218,51 @@ def _parse_comment(
         out.helps[name] = unescape_help(text)
 
 
+@functools.lru_cache(maxsize=32)
+def _plan(keep: frozenset[str]) -> tuple[tuple[str, ...], frozenset[str]]:
+    """Line starts worth reading for ``keep``, and the families whose HELP/TYPE matter.
+
+    Cached: a monitor passes the same set every scrape, and building it costs more than
+    a scan of the scrape.
+    """
+    return (*keep, "#", "{", " ", "\t"), _families_of(keep)
+
+
+def _skip_comment(line: str, families: frozenset[str]) -> bool:
+    """Whether a comment surely is not the HELP/TYPE of one of ``families``, decided
+    without parsing it. Only the usual ``# HELP name ...`` form qualifies."""
+    if not line.startswith(("# HELP ", "# TYPE ")):
+        return False
+    end = line.find(" ", 7)
+    name = line[7:end]
+    return end != -1 and name not in families and '"' not in name and "\t" not in name
+
+
 def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
     """Parse an exposition. With ``keep``, only samples with those exact names are kept
     (and the HELP/TYPE lines of their families)."""
     keep_set = frozenset(keep) if keep is not None else None
-    prefixes = tuple(keep_set) if keep_set is not None else None
-    families = _families_of(keep_set) if keep_set is not None else None
+    starts, families = _plan(keep_set) if keep_set is not None else (None, None)
     out = Exposition()
-    for line_no, raw in enumerate(text.split("\n"), 1):
-        line = raw.rstrip("\r")
+    for line_no, line in enumerate(text.split("\n"), 1):
+        # With keep, one startswith drops most lines unread: other samples, CRLF blank lines.
+        if starts is not None and not line.startswith(starts):
+            continue
+        line = line.rstrip("\r").lstrip(" \t")  # an indented comment is still a comment
         if not line or line.isspace():
             continue
-        line = line.lstrip()  # before the '#' test: an indented comment is still a comment
         if line[0] == "#":
+            if families is not None and _skip_comment(line, families):
+                continue
             if line.rstrip() == "# EOF":  # exactly: '# EOFX' is an ordinary comment
                 break
             _parse_comment(line, line_no, out, families)
             continue
-        if prefixes is not None and not line.startswith(prefixes) and line[0] != "{":
-            continue
-        if keep_set is not None and line[0] != "{" and line[: _name_end(line)] not in keep_set:
+        name_end = _name_end(line)
+        if keep_set is not None and name_end and line[:name_end] not in keep_set:
             continue
         try:
-            sample = _parse_sample(line)
+            sample = _parse_sample(line, name_end)
         except ValueError as exc:
             out.errors.append(ParseError(line_no, str(exc), line[:120]))
             continue
