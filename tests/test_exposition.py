@@ -509,3 +509,22 @@ def test_help_and_type_of_quoted_utf8_names() -> None:
 def test_help_text_keeps_inner_whitespace_and_may_be_empty() -> None:
     expo = parse("# HELP a  two  spaces\there \n# HELP b\n#HELP c tight\n")
     assert expo.helps == {"a": "two  spaces\there", "b": "", "c": "tight"}
+
+
+def test_keep_reads_help_type_written_unusually() -> None:
+    # the keep fast path skips '# HELP other ...' unread; these forms must still be read
+    text = (
+        "# HELP w\tTab separated.\n"
+        "# TYPE w\tgauge\n"
+        "# HELP v_total\n"
+        '# TYPE "v" counter\n'
+        "#  HELP  u  Spaced.\n"
+        "# HELP other Not wanted.\n"
+        "w 1\nv_total 2\nu 3\nother 4\n"
+    )
+    for keep in (["w", "v_total", "u"], {"w", "v_total", "u"}, frozenset(["w", "v_total", "u"])):
+        expo = parse(text, keep=keep)
+        assert expo.errors == []
+        assert triples(expo) == [("w", {}, 1.0), ("v_total", {}, 2.0), ("u", {}, 3.0)]
+        assert expo.helps == {"w": "Tab separated.", "v_total": "", "u": "Spaced."}
+        assert expo.types == {"w": "gauge", "v": "counter"}
