@@ -165,16 +165,17 @@ class KVCacheManager:
         blocks = self.req_blocks.get(req_id, [])
         needed = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
         to_allocate = needed - len(blocks) - len(new_computed_blocks)
-        # Hits sitting in the free queue stop being free once touched.
-        evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if to_allocate > self.pool.num_free_blocks - evictable:
-            return None
-        if new_computed_blocks:
+        new_blocks: list[KVBlock] = []
+        if new_computed_blocks or to_allocate > 0:
+            # Hits sitting in the free queue stop being free once touched.
+            evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+            if to_allocate > self.pool.num_free_blocks - evictable:
+                return None
             self.pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
-        new_blocks = self.pool.allocate(max(to_allocate, 0))
-        blocks.extend(new_blocks)
-        self.req_blocks[req_id] = blocks
+            new_blocks = self.pool.allocate(max(to_allocate, 0))
+            blocks.extend(new_blocks)
+            self.req_blocks[req_id] = blocks
         if self.pool.enable_caching:
             full = min(num_computed_tokens + num_new_tokens, num_tokens) // self.block_size
             start = self._num_cached.get(req_id, 0)

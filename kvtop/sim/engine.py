@@ -80,10 +80,10 @@ class Request:
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    num_tokens: int = field(init=False)  # prompt + output; kept, not derived: hot path
 
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt_len + self.num_output
+    def __post_init__(self) -> None:
+        self.num_tokens = self.prompt_len + self.num_output
 
     def block_key(self, index: int, block_size: int) -> Hashable:
         """Content of full block `index`: shared prompt blocks have workload keys."""
@@ -229,7 +229,8 @@ class Engine:
         self.stats.prefix_hit_blocks += n_hit // bs
 
     def _allocate(self, req: Request, n: int) -> list[KVBlock] | None:
-        self._extend_hashes(req)
+        if len(req.block_hashes) < req.num_tokens // self.config.block_size:
+            self._extend_hashes(req)
         return self.kv.allocate_slots(req.req_id, req.block_hashes, req.num_tokens,
                                       req.num_computed, n)
 
@@ -262,6 +263,7 @@ class Engine:
     def _emit_token(self, req: Request) -> None:
         now = self.clock
         req.num_output += 1
+        req.num_tokens += 1
         self.stats.generation_tokens += 1
         if req.first_token_at is None:
             req.first_token_at = now

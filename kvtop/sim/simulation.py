@@ -73,6 +73,7 @@ class Simulation:
         self._faults = FaultSchedule(faults)
         self._resume_at = float("inf")
         self.engine = Engine(config, clock=0.0, created=wall_clock(), seed=seed)
+        self._fire_due()  # faults and arrivals at t=0 are in force from the start
 
     @property
     def clock(self) -> float:
