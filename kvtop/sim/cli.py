@@ -7,12 +7,14 @@ import asyncio
 import contextlib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.faults import plan
-from kvtop.sim.server import SimConfig, SimFleet
 from kvtop.sim.workloads import WORKLOADS
+
+if TYPE_CHECKING:
+    from kvtop.sim.server import SimConfig, SimFleet
 
 
 def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -57,6 +59,8 @@ def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def configs_from_args(args: argparse.Namespace) -> list[SimConfig]:
     """One config per server; seeds differ so the servers do not move in lockstep."""
+    from kvtop.sim.server import SimConfig  # aiohttp only when serving: `kvtop` starts fast
+
     token = None
     if args.require_token_env:
         token = os.environ.get(args.require_token_env)
@@ -82,6 +86,8 @@ def configs_from_args(args: argparse.Namespace) -> list[SimConfig]:
 
 
 def run_sim(args: argparse.Namespace) -> int:
+    from kvtop.sim.server import SimFleet
+
     try:
         configs = configs_from_args(args)
         fleet = SimFleet(configs)  # loads traces now, so a missing one fails before serving
