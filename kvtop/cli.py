@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtop import __version__
+from kvtop.collect.target import Target
 from kvtop.config import (
     ConfigError,
     add_target_arguments,
@@ -91,26 +92,66 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvtop",
-        description="htop for the KV cache of vLLM, SGLang and llama.cpp servers.",
-        epilog="Subcommands: " + ", ".join(SUBCOMMANDS) + " (kvtop COMMAND --help)")
-    parser.add_argument("--version", action="version", version=f"kvtop {__version__}")
-    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+def build_command_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvtop")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     for add in SUBCOMMANDS.values():
         add(subparsers)
     return parser
 
 
+def build_app_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvtop",
+        usage=f"kvtop [TARGET ...] [options]\n       kvtop {{{','.join(SUBCOMMANDS)}}} ...",
+        description="htop for the KV cache of vLLM, SGLang and llama.cpp servers: KV blocks, "
+                    "queues, preemptions, prefix hits, throughput, latency, local GPUs and a "
+                    "leak indicator.",
+        epilog="Commands: snapshot (headless JSON/table), record (write a recording), "
+               "sim (serve simulated vLLM servers). See kvtop COMMAND --help. "
+               "Keys in the app: ? for help.")
+    parser.add_argument("--version", action="version", version=f"kvtop {__version__}")
+    add_target_arguments(parser)
+    parser.add_argument("--interval", type=_positive, metavar="S",
+                        help="seconds between scrapes (default 1, or the config's)")
+    parser.add_argument("--demo", action="store_true",
+                        help="watch a built-in simulated fleet (one server starts leaking)")
+    parser.add_argument("--no-gpu", action="store_true", help="no GPU pane, no NVML")
+    parser.add_argument("--snapshot-dir", type=Path, default=Path.cwd(), metavar="DIR",
+                        help="where the s key writes snapshots (default: current directory)")
+    parser.add_argument("--low-bandwidth", action="store_true",
+                        help="no charts and slower redraws, for slow ssh links")
+    return parser
+
+
+def _run_app(args: argparse.Namespace) -> int:
+    from kvtop.ui.app import AppConfig, run_app
+
+    config = load_config(args.config)
+    interval = args.interval or config.interval_s or 1.0
+
+    def start(targets: list[Target]) -> int:
+        run_app(AppConfig(targets=targets, interval_s=interval, no_gpu=args.no_gpu,
+                          snapshot_dir=args.snapshot_dir, low_bandwidth=args.low_bandwidth,
+                          insecure=args.insecure))
+        return 0
+
+    if not args.demo:
+        return start(resolve_targets(args, config))
+    from kvtop.sim.demo import demo_fleet
+
+    with demo_fleet() as targets:
+        return start(targets)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    command = getattr(args, "command", None)
-    if command is None:
-        parser.print_help()
-        return EXIT_USAGE
+    if argv and argv[0] in SUBCOMMANDS:
+        args = build_command_parser().parse_args(argv)
+        command = args.command
+    else:
+        args = build_app_parser().parse_args(argv)
+        command = _run_app
     try:
         return command(args)
     except ConfigError as exc:

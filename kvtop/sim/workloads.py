@@ -32,10 +32,12 @@ _AZURE_EPOCH = date(2023, 1, 1)
 
 
 def traces_dir() -> Path | None:
-    """$KVTOP_TRACES_DIR, else ../shared/data/traces next to the checkout; None if absent."""
+    """$KVTOP_TRACES_DIR, else ../shared/data/traces next to the checkout (or next to the
+    working directory, for a non-editable install run from the checkout); None if absent."""
     env = os.environ.get(TRACES_ENV)
     repo_root = Path(__file__).resolve().parents[2]
-    candidates = [Path(env)] if env else [repo_root.parent / "shared" / "data" / "traces"]
+    shared = Path("shared") / "data" / "traces"
+    candidates = [Path(env)] if env else [repo_root.parent / shared, Path.cwd().parent / shared]
     return next((p for p in candidates if p.is_dir()), None)
 
 
