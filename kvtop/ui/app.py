@@ -135,8 +135,13 @@ class KvtopApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#gpu").display = not self.config.no_gpu
-        self.query_one(FleetTable).focus()
+        # Held, not queried: app queries look at the active screen, which may be the detail.
+        self.table = self.query_one(FleetTable)
+        self.summary = self.query_one(SummaryBar)
+        self.gpu_pane = self.query_one(GpuPane)
+        self.filter_box = self.query_one("#filter", Input)
+        self.gpu_pane.display = not self.config.no_gpu
+        self.table.focus()
         self._draw()
         self._collect()
         self._tick()
@@ -193,13 +198,13 @@ class KvtopApp(App[None]):
     def _gpus_read(self, gpus: list[GpuReading]) -> None:
         self.gpus = gpus
         if not self._paused:
-            self.query_one(GpuPane).show_gpus(gpus)
+            self.gpu_pane.show_gpus(gpus)
         # One read at a time, re-armed after each (dolphie's pattern): reads never pile up.
         self.set_timer(max(GPU_MIN_PERIOD_S, self.interval_s), self._read_gpus)
 
     def _gpu_failed(self, reason: str) -> None:
         self.gpu_unavailable = reason
-        self.query_one(GpuPane).show_unavailable(reason)
+        self.gpu_pane.show_unavailable(reason)
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -234,8 +239,8 @@ class KvtopApp(App[None]):
         states = self.states()
         rows = build_rows(states, now)
         rows = filter_rows(order_rows(rows, SORT_KEYS[self._sort_index][0]), self._filter)
-        self.query_one(FleetTable).show(rows)
-        self.query_one(SummaryBar).show(
+        self.table.show(rows)
+        self.summary.show(
             summarise(states),
             interval_s=self.interval_s,
             sort_label=SORT_KEYS[self._sort_index][1],
@@ -251,14 +256,14 @@ class KvtopApp(App[None]):
         self._paused = not self._paused
         self._draw(force=True)  # shows PAUSED, or catches up on resume
         if not self._paused and self.gpus:
-            self.query_one(GpuPane).show_gpus(self.gpus)
+            self.gpu_pane.show_gpus(self.gpus)
 
     def action_sort(self) -> None:
         self._sort_index = (self._sort_index + 1) % len(SORT_KEYS)
         self._draw(force=True)
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
+        box = self.filter_box
         box.display = True
         box.value = self._filter
         box.focus()
@@ -270,11 +275,11 @@ class KvtopApp(App[None]):
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self) -> None:
-        self.query_one("#filter").display = False
-        self.query_one(FleetTable).focus()
+        self.filter_box.display = False
+        self.table.focus()
 
     def action_close_filter(self) -> None:
-        box = self.query_one("#filter", Input)
+        box = self.filter_box
         if box.display:
             box.value = ""
             self._filter_done()
@@ -283,7 +288,7 @@ class KvtopApp(App[None]):
         if self.config.no_gpu:
             self.notify("GPU pane off (--no-gpu)")
             return
-        pane = self.query_one(GpuPane)
+        pane = self.gpu_pane
         pane.display = not pane.display
 
     def action_interval(self, step: int) -> None:
@@ -300,7 +305,7 @@ class KvtopApp(App[None]):
 
     @on(DataTable.RowSelected, "#fleet")
     def _open_detail(self) -> None:
-        row = self.query_one(FleetTable).selected_row
+        row = self.table.selected_row
         if row is None:
             return
         tracker = self.trackers[row.url]

@@ -1,0 +1,149 @@
+"""Deterministic scenes for the UI tests: fixed clock, real /metrics bodies, made-up states."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from pathlib import Path
+
+from kvtop.collect.target import Scrape, Secret, Target
+from kvtop.derive.stats import EngineStats, Quantiles
+from kvtop.derive.tracker import EngineKey, TargetState
+from kvtop.ui.app import AppConfig, KvtopApp
+from kvtop.ui.widgets.fleet_table import FleetTable
+from tests.fakes.fake_nvml import FakeGpuReader
+from tests.fakes.fake_source import FakeSource
+from tests.paths import fixture_text
+
+T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
+TOKEN = "sekrit-token-do-not-leak"
+
+UNDER_LOAD = "vllm-0.33.0-v1-twin-under-load.txt"
+LEAKING_IDLE = "vllm-0.10.1.1-v1-twin-leaking-idle.txt"
+
+HOST_A = Target.from_spec("10.0.0.5:8000", token=Secret(TOKEN))
+HOST_B = Target.from_spec("10.0.0.5:8001")
+GATEWAY = Target.from_spec("gw.internal:9090", name="gateway")
+LIVE_TARGETS = [HOST_A, HOST_B, GATEWAY]
+
+
+def live_scrapes() -> list[Scrape]:
+    """Real bodies: two vLLM hosts on one machine and an endpoint that isn't a server."""
+    return [
+        Scrape(HOST_A, T0, fixture_text(UNDER_LOAD)),
+        Scrape(HOST_B, T0, fixture_text(LEAKING_IDLE)),
+        Scrape(GATEWAY, T0, "# TYPE http_requests_total counter\nhttp_requests_total 7\n"),
+    ]
+
+
+def live_app(
+    tmp_path: Path, *, clock_at: float = T0 + 2, **config: object
+) -> tuple[KvtopApp, FakeSource]:
+    """The app over real trackers fed by a hand-driven source; the clock is fixed."""
+    source = FakeSource(live_scrapes())
+    defaults: dict[str, object] = {
+        "targets": LIVE_TARGETS,
+        "source_factory": lambda cfg: source,
+        "gpu_reader": FakeGpuReader(),
+        "clock": lambda: clock_at,
+        "snapshot_dir": tmp_path,
+    }
+    app = KvtopApp(AppConfig(**(defaults | config)))  # type: ignore[arg-type]
+    return app, source
+
+
+def table_rows(app: KvtopApp) -> list[dict[str, str]]:
+    """Each row shown, in order, as column key -> cell text."""
+    table = app.query_one(FleetTable)
+    keys = [column.key.value for column in table.ordered_columns]
+    return [
+        dict(zip(keys, (str(cell) for cell in table.get_row(row.key)), strict=True))
+        for row in table.ordered_rows
+    ]
+
+
+# --- made-up states for the SVG snapshots: no parsing involved, so only the UI can change them
+
+
+class StaticTracker:
+    """A tracker with a fixed state and history (the app never receives a scrape)."""
+
+    def __init__(self, state: TargetState, history: dict[EngineKey, deque[EngineStats]]):
+        self.state = state
+        self.history = history
+
+    def update(self, scrape: Scrape) -> TargetState:
+        return self.state
+
+
+def _stats(model: str, t: float, phase: float, blocks_total: int) -> EngineStats:
+    used = blocks_total * (0.55 + 0.35 * math.sin(phase))
+    running = 24 + 10 * math.sin(phase)
+    waiting = max(0.0, 12 * math.sin(phase - 0.6))
+    return EngineStats(
+        model=model, engine="0", t=t, kv_usage=used / blocks_total, blocks_total=blocks_total,
+        blocks_used=round(used), block_size=16, tokens_total=blocks_total * 16,
+        running=round(running), waiting=round(waiting), hit_rate=0.42 + 0.2 * math.cos(phase),
+        hit_rate_scope="window", prompt_tps=1800 + 400 * math.sin(phase),
+        generation_tps=950 + 150 * math.cos(phase), preemptions_per_s=0.0 if waiting < 8 else 0.5,
+        prefix_queries_total=1e6,
+        ttft=Quantiles(0.08 + 0.05 * math.sin(phase), None, 0.9 + 0.3 * math.sin(phase), 40),
+        itl=Quantiles(0.021, None, 0.05, 900), window_s=5.0,
+    )
+
+
+def static_trackers() -> dict[str, StaticTracker]:
+    """Five targets: loaded, idle, down, stale, not an inference server; 5 min of history."""
+    loaded = Target.from_spec("10.0.0.5:8000", name="llama-70b-a")
+    second = Target.from_spec("10.0.0.5:8001", name="llama-70b-b")
+    down = Target.from_spec("10.0.0.6:8000")
+    stale = Target.from_spec("10.0.0.7:30000", name="sglang-qwen")
+    other = Target.from_spec("gw.internal:9090", name="gateway")
+    now = T0 + 300
+    history = deque(_stats("meta-llama/Llama-3.3-70B", T0 + i * 5, i / 9, 20184) for i in range(61))
+    trackers = {
+        loaded.url: StaticTracker(
+            TargetState(loaded, "up", kind="vllm", version="0.33.0", engines=[history[-1]],
+                        last_attempt_t=now, last_good_t=now),
+            {("meta-llama/Llama-3.3-70B", "0"): history},
+        ),
+        second.url: StaticTracker(
+            TargetState(second, "up", kind="vllm", version="0.33.0",
+                        engines=[EngineStats("meta-llama/Llama-3.3-70B", "0", now, kv_usage=0.0,
+                                             blocks_total=20184, blocks_used=0, running=0,
+                                             waiting=0, hit_rate=None, prompt_tps=0,
+                                             generation_tps=0, preemptions_per_s=0)],
+                        last_attempt_t=now, last_good_t=now, restarted_at=now - 40),
+            {},
+        ),
+        down.url: StaticTracker(
+            TargetState(down, "down", error="connection refused", last_attempt_t=now,
+                        last_good_t=now - 125),
+            {},
+        ),
+        stale.url: StaticTracker(
+            TargetState(stale, "stale", kind="sglang", error="timed out after 5s",
+                        engines=[EngineStats("Qwen/Qwen2.5-7B", None, now - 12, kv_usage=0.31,
+                                             running=7, waiting=0, tokens_total=400000,
+                                             generation_tps=310.0)],
+                        last_attempt_t=now, last_good_t=now - 12),
+            {},
+        ),
+        other.url: StaticTracker(
+            TargetState(other, "up", kind="unknown", last_attempt_t=now, last_good_t=now),
+            {},
+        ),
+    }
+    return trackers
+
+
+def static_app(**config: object) -> KvtopApp:
+    trackers = static_trackers()
+    defaults: dict[str, object] = {
+        "targets": [t.state.target for t in trackers.values()],
+        "source_factory": lambda cfg: FakeSource(),
+        "tracker_factory": lambda target: trackers[target.url],
+        "gpu_reader": FakeGpuReader(),
+        "clock": lambda: T0 + 300,
+    }
+    return KvtopApp(AppConfig(**(defaults | config)))  # type: ignore[arg-type]

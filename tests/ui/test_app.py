@@ -1,0 +1,216 @@
+"""Pilot tests of the app over real /metrics bodies, a hand-driven source and fake NVML."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvtop.collect.target import Scrape
+from kvtop.ui.app import KvtopApp
+from kvtop.ui.format import kv_cell
+from kvtop.ui.screens.detail import DetailScreen
+from kvtop.ui.widgets.gpu_pane import GpuPane
+from tests.fakes.fake_nvml import FakeGpuReader
+from tests.paths import fixture_text
+from tests.ui.scenario import (
+    GATEWAY,
+    HOST_A,
+    HOST_B,
+    LEAKING_IDLE,
+    T0,
+    TOKEN,
+    UNDER_LOAD,
+    live_app,
+    table_rows,
+)
+
+WIDE = (200, 40)  # every column fits beside the GPU pane
+
+
+def _by_name(app: KvtopApp) -> dict[str, dict[str, str]]:
+    return {row["name"]: row for row in table_rows(app)}
+
+
+def _kv_of(app: KvtopApp, url: str) -> str:
+    """The KV cell the tracker's numbers call for."""
+    stats = app.trackers[url].state.engines[0]
+    return kv_cell(stats.kv_usage, stats.blocks_used, stats.blocks_total)
+
+
+def _names(app: KvtopApp) -> list[str]:
+    return [row["name"] for row in table_rows(app)]
+
+
+async def test_rows_show_what_the_servers_serve(tmp_path: Path) -> None:
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.2)
+        rows = _by_name(app)
+        # two hosts on one machine are told apart by port
+        assert set(rows) == {"10.0.0.5:8000", "10.0.0.5:8001", "gateway"}
+        host = rows["10.0.0.5:8000"]
+        # vllm-0.33.0 under load: 588 of 599 blocks, 30 running, 149 waiting
+        assert host["status"] == "up"
+        assert (host["kv"], host["running"], host["waiting"]) == ("▇▇▇▇░ 588/599", "30", "149")
+        assert host["model"] == "twin-llama"
+        # only one scrape: no rate yet, shown as a dash rather than 0
+        assert host["gen"] == host["prompt"] == "–"
+        gateway = rows["gateway"]
+        assert gateway["model"] == "not an inference server?"
+        assert gateway["status"] == "unknown"
+        assert not any(v.startswith("0") for v in gateway.values())
+        assert "hosts 3/3" in str(app.query_one("#summary").render())
+
+
+async def test_compact_layout_keeps_the_key_columns(tmp_path: Path) -> None:
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        assert list(table_rows(app)[0]) == [
+            "name", "status", "kv", "running", "waiting", "hit", "gen"
+        ]
+        assert app.has_class("compact")
+
+
+async def test_selection_and_detail(tmp_path: Path) -> None:
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("j", "enter")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, DetailScreen)
+        info = str(app.screen.query_one("#detail-info").render())
+        assert "10.0.0.5:8001" in info
+        assert "num_gpu_blocks 1000" in info
+        await pilot.press("escape")
+        assert not isinstance(app.screen, DetailScreen)
+
+
+async def test_pause_freezes_display_while_collection_goes_on(tmp_path: Path) -> None:
+    app, source = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.2)
+        before = table_rows(app)
+        await pilot.press("p")
+        assert "PAUSED" in str(app.query_one("#summary").render())
+        source.push(Scrape(HOST_A, T0 + 1, fixture_text(LEAKING_IDLE)))
+        await pilot.pause(0.3)
+        assert app.trackers[HOST_A.url].state.last_good_t == T0 + 1  # collected
+        assert table_rows(app) == before  # not drawn
+        await pilot.press("p")
+        assert _by_name(app)["10.0.0.5:8000"]["kv"] == _kv_of(app, HOST_A.url)
+        assert _kv_of(app, HOST_A.url) != "▇▇▇▇░ 588/599"
+
+
+async def test_host_down_while_others_keep_updating(tmp_path: Path) -> None:
+    app, source = live_app(tmp_path, clock_at=T0 + 100)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.2)
+        source.push(
+            Scrape(HOST_B, T0 + 99, failure="down", error="connection refused"),
+            Scrape(HOST_A, T0 + 99, fixture_text(LEAKING_IDLE)),
+        )
+        await pilot.pause(1.3)  # past one redraw period
+        rows = _by_name(app)
+        assert rows["10.0.0.5:8001"]["status"] == "down 2m"  # age of the last good scrape
+        assert rows["10.0.0.5:8001"]["model"] == "connection refused"
+        assert rows["10.0.0.5:8000"]["kv"] == _kv_of(app, HOST_A.url) != "▇▇▇▇░ 588/599"
+
+
+async def test_filter_and_sort(tmp_path: Path) -> None:
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("slash", *"8001", "enter")
+        assert _names(app) == ["10.0.0.5:8001"]
+        await pilot.press("slash", "escape")
+        assert len(table_rows(app)) == 3
+        await pilot.press("o")  # by KV use, fullest first, unknown last
+        assert _names(app) == ["10.0.0.5:8000", "10.0.0.5:8001", "gateway"]
+        assert "sort KV use" in str(app.query_one("#summary").render())
+        await pilot.press("o")  # by queue
+        assert _names(app)[0] == "10.0.0.5:8000"
+
+
+async def test_interval_keys_reach_the_source(tmp_path: Path) -> None:
+    app, source = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.press("plus")
+        assert source.interval_s == 2.0
+        await pilot.press("minus", "minus")
+        assert source.interval_s == 0.5
+
+
+async def test_snapshot_writes_json_bodies_and_svg(tmp_path: Path) -> None:
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("s")
+        for _ in range(50):  # the files are written in a thread
+            if list(tmp_path.glob("kvtop-snapshot-*")):
+                break
+            await pilot.pause(0.1)
+        assert any("Snapshot saved to" in n.message for n in app._notifications)
+    [folder] = tmp_path.glob("kvtop-snapshot-*")
+    assert folder.name == "kvtop-snapshot-20260101T000002Z"
+    document = json.loads((folder / f"{folder.name}.json").read_text())
+    by_url = {t["target"]: t for t in document["targets"]}
+    assert set(by_url) == {HOST_A.url, HOST_B.url, GATEWAY.url}
+    assert by_url[HOST_A.url]["history"][0]["blocks_used"] == [588]
+    assert document["gpus"][0]["processes"][0]["is_vllm"] is True
+    assert (folder / "metrics" / "10.0.0.5_8000.txt").read_text() == fixture_text(UNDER_LOAD)
+    assert (folder / "metrics" / "gateway.txt").exists()
+    svg = (folder / "screen.svg").read_text()
+    assert svg.startswith("<svg") and "588/599" in svg.replace("&#160;", " ")
+    for path in folder.rglob("*"):
+        if path.is_file():
+            assert TOKEN not in path.read_text()
+    assert not list(tmp_path.glob(".kvtop-snapshot-*"))  # no temp folder left behind
+
+
+async def test_snapshot_to_unwritable_folder_is_a_message(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    app, _ = live_app(tmp_path, snapshot_dir=blocker / "snaps")
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("s")
+        await pilot.pause(0.3)
+        messages = [n.message for n in app._notifications]
+        assert any(m.startswith("Snapshot not written") for m in messages)
+        assert app.is_running
+
+
+async def test_gpu_pane_with_fake_nvml(tmp_path: Path) -> None:
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.3)
+        text = str(app.query_one(GpuPane).render())
+        assert "74.0/80.0 GiB" in text
+        assert "4242" in text and "vLLM python3 -m vllm" in text
+        await pilot.press("g")
+        assert not app.query_one(GpuPane).display
+        await pilot.press("g")
+        assert app.query_one(GpuPane).display
+
+
+async def test_gpu_pane_without_nvml(tmp_path: Path) -> None:
+    reader = FakeGpuReader(unavailable="NVML Shared Library Not Found")
+    app, _ = live_app(tmp_path, gpu_reader=reader)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.3)
+        text = str(app.query_one(GpuPane).render())
+        assert text == "NVML unavailable: NVML Shared Library Not Found"
+        await pilot.pause(2.2)
+        assert reader.reads == 1  # said once, not retried every tick
+        assert len(table_rows(app)) == 3
+
+
+async def test_lost_terminal_exits(tmp_path: Path, monkeypatch) -> None:
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=WIDE):
+        exits: list[bool] = []
+        monkeypatch.setattr(app, "exit", lambda *a, **k: exits.append(True))
+        monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+        app._check_terminal()
+        assert exits == [True]

@@ -1,0 +1,72 @@
+"""The fleet view's rules without a terminal: columns by width, labels, summary, dashes."""
+
+from __future__ import annotations
+
+from kvtop.collect.target import Target
+from kvtop.derive.stats import EngineStats
+from kvtop.derive.tracker import TargetState
+from kvtop.ui import format as fmt
+from kvtop.ui.fleet import build_rows, filter_rows, order_rows, summarise, visible_columns
+
+NOW = 1000.0
+
+
+def _up(spec: str, *engines: EngineStats) -> TargetState:
+    return TargetState(Target.from_spec(spec), "up", kind="vllm", engines=list(engines),
+                       last_good_t=NOW)
+
+
+def test_narrow_terminal_keeps_the_essential_columns() -> None:
+    assert [c.key for c in visible_columns(78)] == [
+        "name", "status", "kv", "running", "waiting", "hit", "gen"
+    ]
+    assert len(visible_columns(200)) == 11
+    assert [c.key for c in visible_columns(10)] == ["name", "status", "kv"]
+
+
+def test_unknown_values_are_dashes_never_zero() -> None:
+    [row] = build_rows([_up("h:1", EngineStats("m", None, NOW))], NOW)
+    for key in ("kv", "running", "waiting", "preempt", "hit", "prompt", "gen", "ttft"):
+        assert row.cells[key].text == fmt.DASH
+
+
+def test_several_engines_are_named_apart() -> None:
+    state = _up("h:1", EngineStats("m", "0", NOW), EngineStats("m", "1", NOW))
+    assert [r.name for r in build_rows([state], NOW)] == ["h:1 e0", "h:1 e1"]
+
+
+def test_status_ages() -> None:
+    target = Target.from_spec("h:1")
+    stale = TargetState(target, "stale", last_good_t=NOW - 12)
+    down = TargetState(target, "timeout", last_good_t=NOW - 300)
+    never = TargetState(target, "auth", error="401: token rejected")
+    cells = [build_rows([s], NOW)[0].cells for s in (stale, down, never)]
+    assert [c["status"].text for c in cells] == ["stale 12s", "timeout 5m", "auth"]
+    assert cells[2]["model"].text == "401: token rejected"
+
+
+def test_summary_weights_kv_by_capacity() -> None:
+    big = EngineStats("m", None, NOW, kv_usage=0.5, blocks_total=1000, blocks_used=500, running=3)
+    small = EngineStats("m", None, NOW, kv_usage=1.0, blocks_total=100, blocks_used=100, waiting=4)
+    down = TargetState(Target.from_spec("h:3"), "down")
+    summary = summarise([_up("h:1", big), _up("h:2", small), down])
+    assert (summary.hosts_up, summary.hosts_total) == (2, 3)
+    assert summary.kv_usage == 600 / 1100
+    assert (summary.running, summary.waiting) == (3, 4)
+
+
+def test_sort_and_filter() -> None:
+    rows = build_rows([
+        _up("a:1", EngineStats("llama", None, NOW, kv_usage=0.2)),
+        _up("b:1", EngineStats("qwen", None, NOW, kv_usage=0.9)),
+        _up("c:1", EngineStats("qwen", None, NOW)),
+    ], NOW)
+    assert [r.name for r in order_rows(rows, "kv")] == ["b:1", "a:1", "c:1"]
+    assert [r.name for r in filter_rows(rows, "QWEN c:1")] == ["c:1"]
+
+
+def test_bar_never_hides_use_or_claims_full() -> None:
+    assert fmt.bar(0.01) == "▇░░░░"
+    assert fmt.bar(0.99) == "▇▇▇▇░"
+    assert fmt.bar(1.0) == "▇▇▇▇▇"
+    assert fmt.kv_cell(None, None, None) == fmt.DASH
