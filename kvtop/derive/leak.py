@@ -1,0 +1,477 @@
+"""Per-engine KV-leak detector: says "leak" early on a real leak, stays quiet on a busy pool.
+
+Three kinds of evidence (method and parameters: docs/leak-detector.md):
+
+* **idle residual** - blocks still used while nothing runs or waits, counted directly;
+* **rising floor** - the per-bucket minimum of used blocks trending up (Theil–Sen with a
+  confidence bound) beyond what the load explains, once the batch has turned over;
+* **consequences** - queue growth at flat throughput, more preemptions at the same load, a
+  pinned pool losing running requests: they only confirm a rising floor, never alone.
+
+A scrape whose used blocks sit at the idle floor proves that nothing has leaked so far and
+clears the evidence; a restart resets it. Memory is bounded by the trend window's buckets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Literal
+
+from kvtop.derive.stats import EngineStats
+
+State = Literal["warmup", "ok", "watch", "leak"]
+_RANK: dict[State, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
+
+
+@dataclass(frozen=True)
+class LeakParams:
+    """Every threshold of :class:`LeakDetector`; docs/leak-detector.md says why each default."""
+
+    bucket_s: float = 60.0  # floor = min of used blocks per bucket of this length
+    window_s: float = 1800.0  # trend window (buckets kept); bounds memory and the slope's lag
+    max_gap_s: float = 120.0  # a longer silence between scrapes breaks an idle run
+    idle_min_s: float = 20.0  # an idle run counts once it spans this long...
+    idle_min_scrapes: int = 3  # ...over at least this many scrapes (step-end stats lag)
+    idle_leak_s: float = 60.0  # a residual held this long at idle (or twice) is a LEAK
+    residual_min_blocks: float = 2.0  # blocks above the idle floor that count as held
+    residual_min_frac: float = 0.001  # ...or this fraction of the pool, the larger
+    trend_min_buckets: int = 10  # buckets needed before the floor trend is judged
+    trend_min_span_s: float = 600.0  # and the time they must span
+    z: float = 2.33  # one-sided 99 % normal quantile for the Theil–Sen lower bound
+    watch_rise_frac: float = 0.01  # adjusted floor rise (of the pool) for WATCH
+    leak_rise_frac: float = 0.015  # and for LEAK
+    max_hours_to_full: float = 24.0  # slower trends are not the kind this detector reports
+    max_load_share: float = 0.5  # the load may explain at most this share of the floor slope
+    turnover_min: float = 3.0  # finished requests in the window / most running, at least
+    leak_persist_s: float = 300.0  # a rising floor must hold this long to become LEAK...
+    support_persist_s: float = 180.0  # ...or this long with a consequence alongside
+    floor_grace_s: float = 180.0  # a floor evidence gap shorter than this keeps its age
+    leak_hold_s: float = 1800.0  # LEAK stays this long after its last evidence
+    watch_hold_s: float = 600.0  # WATCH likewise
+    ref_buckets: int = 5  # buckets behind "the level now", "at the start", "lately"
+    pinned_frac: float = 0.95  # usage counted as a full pool
+
+
+@dataclass(frozen=True)
+class LeakVerdict:
+    state: State
+    reason: str  # one line a person understands
+    leaked_blocks: float | None  # estimated blocks held by no live request
+    slope_blocks_per_hour: float | None
+    hours_to_full: float | None  # at the current slope, until the pool is full
+    evidence: dict[str, float | str] = field(default_factory=dict)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def theil_sen(xs: list[float], ys: list[float], z: float) -> tuple[float, float, float]:
+    """(slope, lower, upper): median pairwise slope and Sen's distribution-free bounds."""
+    n = len(xs)
+    slopes = sorted((ys[j] - ys[i]) / (xs[j] - xs[i])
+                    for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i])
+    if not slopes:
+        return 0.0, -math.inf, math.inf
+    count = len(slopes)
+    # Kendall's S variance (no ties) gives how many ranked slopes the bound spans.
+    c = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    low = math.floor((count - c) / 2)
+    high = math.ceil((count + c) / 2)
+    lower = slopes[low] if low >= 0 else -math.inf
+    upper = slopes[high] if high < count else math.inf
+    return median(slopes), lower, upper
+
+
+@dataclass(slots=True)
+class _Bucket:
+    """One bucket's summary: the floor and the load and counts behind it."""
+
+    index: int
+    t: float  # time of the floor
+    floor: float
+    used_max: float
+    first: bool = False  # first after a reset: partial, rates still warming up
+    used_sum: float = 0.0
+    scrapes: int = 0
+    running: list[float] = field(default_factory=list)
+    waiting: list[float] = field(default_factory=list)
+    seconds: float = 0.0  # scrape windows summed, for counts from rates
+    finished: float | None = None
+    tokens: float | None = None  # prompt + generated tokens processed
+    generated: float | None = None
+    preemptions: float | None = None
+
+    def add(self, t: float, used: float, stats: EngineStats) -> None:
+        if used < self.floor:
+            self.t, self.floor = t, used
+        self.used_max = max(self.used_max, used)
+        self.used_sum += used
+        self.scrapes += 1
+        if stats.running is not None:
+            self.running.append(stats.running)
+        if stats.waiting is not None:
+            self.waiting.append(stats.waiting)
+        dt = stats.window_s
+        if not dt or dt <= 0:
+            return
+        self.seconds += dt
+        if stats.finished_per_s:
+            self.finished = (self.finished or 0.0) + sum(stats.finished_per_s.values()) * dt
+        if stats.prompt_tps is not None and stats.generation_tps is not None:
+            self.tokens = (self.tokens or 0.0) + (stats.prompt_tps + stats.generation_tps) * dt
+        if stats.generation_tps is not None:
+            self.generated = (self.generated or 0.0) + stats.generation_tps * dt
+        if stats.preemptions_per_s is not None:
+            self.preemptions = (self.preemptions or 0.0) + stats.preemptions_per_s * dt
+
+
+@dataclass(frozen=True, slots=True)
+class _Trend:
+    """The rising-floor analysis of the buckets in the window."""
+
+    slope: float  # load-adjusted floor, blocks per hour
+    lower: float  # its lower confidence bound
+    raw_slope: float  # the floor's own slope
+    load_slope: float  # the load's slope, in load units per hour
+    per_load: float  # blocks per unit of load (robust ratio)
+    rise: float  # adjusted level now minus at the window's start, blocks
+    floor_now: float
+    turnover: float | None  # finished / most running (recent part x turnover_min); None: unknown
+    load_measure: str  # "tokens", "running" or "none"
+    consequences: tuple[str, ...]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class LeakDetector:
+    """Feed one :class:`EngineStats` per scrape, in time order; read :attr:`verdict`."""
+
+    def __init__(self, params: LeakParams | None = None) -> None:
+        self.params = params or LeakParams()
+        self._total: float | None = None
+        self._in_blocks = True
+        self._verdict = LeakVerdict("warmup", "no scrape yet", None, None, None, {})
+        self._reset(None, "no scrape yet")
+
+    @property
+    def verdict(self) -> LeakVerdict:
+        return self._verdict
+
+    def _reset(self, t: float | None, why: str) -> None:
+        maxlen = int(self.params.window_s // self.params.bucket_s) + 1
+        self._buckets: deque[_Bucket] = deque(maxlen=maxlen)
+        self._onset: tuple[float, float] | None = None  # (t, rise) when floor evidence began
+        self._trend: _Trend | None = None
+        self._floor_since: float | None = None
+        self._floor_last: float | None = None
+        self._idle_start: float | None = None
+        self._idle_n = 0
+        self._idle_min = math.inf
+        self._residuals: deque[tuple[float, float]] = deque(maxlen=16)  # confirmed idle
+        self._residual_long = False  # a residual held idle_leak_s, or in two idle runs
+        self._leak_last: float | None = None
+        self._watch_last: float | None = None
+        self._clean_t: float | None = None
+        self._last_t: float | None = None
+        self._reset_t, self._reset_why = t, why
+
+    def update(self, stats: EngineStats) -> LeakVerdict:
+        """Fold one scrape in and return the verdict after it."""
+        pool = _pool(stats)
+        if stats.restarted:
+            self._reset(stats.t, "server restarted: evidence reset")
+        if pool is None:
+            return self._verdict
+        used, total, in_blocks = pool
+        if total != self._total:
+            if self._total is not None:
+                self._reset(stats.t, "pool size changed: evidence reset")
+            self._total, self._in_blocks = total, in_blocks
+        floor = stats.idle_floor_blocks if in_blocks else 0.0
+        residual = max(0.0, used - floor)
+        if residual <= self._threshold():
+            self._reset(stats.t, "pool drained to its idle floor: nothing leaked so far")
+            self._clean_t = stats.t
+        self._track_idle(stats, residual)
+        self._add_to_bucket(stats, used)
+        self._last_t = stats.t
+        self._verdict = self._decide(stats.t, used)
+        return self._verdict
+
+    def _threshold(self) -> float:
+        p, total = self.params, self._total or 0.0
+        return max(p.residual_min_blocks if self._in_blocks else 0.0, p.residual_min_frac * total)
+
+    # -- idle residual -------------------------------------------------------------------
+    def _track_idle(self, stats: EngineStats, residual: float) -> None:
+        p, t = self.params, stats.t
+        idle = stats.running == 0 and (stats.waiting or 0) == 0
+        if not idle or residual <= self._threshold():
+            self._idle_start = None
+            return
+        gap = t - self._last_t if self._last_t is not None else math.inf
+        if self._idle_start is None or gap > p.max_gap_s:
+            self._idle_start, self._idle_n, self._idle_min = t, 0, math.inf
+        self._idle_n += 1
+        self._idle_min = min(self._idle_min, residual)
+        span = t - self._idle_start
+        if self._idle_n < p.idle_min_scrapes or span < p.idle_min_s:
+            return
+        earlier = [r for r in self._residuals if r[0] < self._idle_start]
+        # A residual in a second idle run, or held idle_leak_s, is no step-end straggler.
+        self._residual_long |= bool(earlier) or span >= p.idle_leak_s
+        self._residuals = deque([*earlier, (t, self._idle_min)], maxlen=self._residuals.maxlen)
+
+    # -- rising floor --------------------------------------------------------------------
+    def _add_to_bucket(self, stats: EngineStats, used: float) -> None:
+        index = math.floor(stats.t / self.params.bucket_s)
+        if self._buckets and self._buckets[-1].index == index:
+            self._buckets[-1].add(stats.t, used, stats)
+            return
+        if self._buckets:
+            self._close_bucket(stats.t)
+        horizon = index - self._buckets.maxlen if self._buckets.maxlen else index
+        while self._buckets and self._buckets[0].index <= horizon:
+            self._buckets.popleft()  # gone out of the window across a gap in the scrapes
+        bucket = _Bucket(index, stats.t, used, used, first=not self._buckets)
+        bucket.add(stats.t, used, stats)
+        self._buckets.append(bucket)
+
+    def _close_bucket(self, t: float) -> None:
+        """A bucket ended: redo the trend and the floor evidence's age."""
+        closed = [b for b in self._buckets if not b.first]
+        self._trend = self._analyse(closed)
+        if self._trend is None:
+            return
+        if self._floor_ok(self._trend):
+            if self._floor_since is None:
+                self._floor_since, self._onset = t, (t, self._trend.rise)
+            self._floor_last = t
+        elif self._floor_last is None or t - self._floor_last > self.params.floor_grace_s:
+            self._floor_since = self._onset = None
+
+    def _analyse(self, buckets: list[_Bucket]) -> _Trend | None:
+        p = self.params
+        if len(buckets) < max(p.trend_min_buckets, 3):
+            return None
+        if buckets[-1].t - buckets[0].t < p.trend_min_span_s:
+            return None
+        loads, measure = _loads(buckets, p.ref_buckets)
+        floors = [b.used_sum / b.scrapes for b in buckets]  # bucket level, see docs
+        xs = [(b.t - buckets[0].t) / 3600 for b in buckets]
+        per_load = _per_load(floors, loads, p.z)
+        adjusted = [f - per_load * load for f, load in zip(floors, loads, strict=True)]
+        slope, lower, _ = theil_sen(xs, adjusted, p.z)
+        raw_slope = theil_sen(xs, floors, p.z)[0]
+        load_slope = theil_sen(xs, loads, p.z)[0]
+        refs = buckets[-p.ref_buckets:]
+        floor_now = median([b.floor for b in refs])
+        # Rise within the window: both ends use the same per_load, so load drift cancels.
+        rise = median(adjusted[-p.ref_buckets:]) - median(adjusted[:p.ref_buckets])
+        # The batch must have turned over in the window and lately, so that the raised level
+        # is not the same requests sitting there (a stall, one long generation).
+        window, recent = _turnover(buckets), _turnover(refs)
+        turnover = None if window is None or recent is None else min(window, p.turnover_min
+                                                                          * recent)
+        return _Trend(slope, lower, raw_slope, load_slope, per_load, rise, floor_now,
+                      turnover, measure, self._consequences(buckets, xs))
+
+    def _consequences(self, buckets: list[_Bucket], xs: list[float]) -> tuple[str, ...]:
+        p, total = self.params, self._total or 1.0
+        found = []
+        waiting = [_mean(b.waiting) for b in buckets]
+        throughput = [b.generated / b.seconds if b.generated is not None and b.seconds else None
+                      for b in buckets]
+        if None not in waiting and None not in throughput:
+            w_lower = theil_sen(xs, waiting, p.z)[1]
+            if w_lower > 0 and theil_sen(xs, throughput, p.z)[0] <= 0:
+                found.append("queue growing at flat throughput")
+        half = len(buckets) // 2
+        early, late = _preempt_rate(buckets[:half]), _preempt_rate(buckets[half:])
+        run_early = _mean([r for b in buckets[:half] for r in b.running])
+        run_late = _mean([r for b in buckets[half:] for r in b.running])
+        if (early is not None and late is not None and run_early and run_late
+                and late > 2 * early + 1e-3 and run_late <= 1.1 * run_early):
+            found.append("preemptions up at the same load")
+        running = [_mean(b.running) for b in buckets]
+        pinned = median([b.used_max for b in buckets[-p.ref_buckets:]]) >= p.pinned_frac * total
+        if pinned and None not in running and theil_sen(xs, running, p.z)[2] < 0:
+            found.append("pool pinned full while running falls")
+        return tuple(found)
+
+    def _floor_ok(self, trend: _Trend) -> bool:
+        """Watch-level floor evidence: significant, big, fast, not load, batch turned over."""
+        p, total = self.params, self._total or 1.0
+        free = max(total - trend.floor_now, 0.0)
+        return (trend.lower > 0 and trend.slope > 0
+                and trend.rise >= p.watch_rise_frac * total
+                and free / trend.slope <= p.max_hours_to_full
+                and trend.slope >= (1 - p.max_load_share) * max(trend.raw_slope, 0.0)
+                and (trend.turnover is None or trend.turnover >= p.turnover_min))
+
+    # -- verdict -------------------------------------------------------------------------
+    def _floor_level(self, t: float) -> tuple[State, str]:
+        trend, p, total = self._trend, self.params, self._total or 1.0
+        if trend is None or self._floor_since is None or self._floor_last is None:
+            return "ok", ""
+        if t - self._floor_last > p.floor_grace_s + p.bucket_s:
+            return "ok", ""
+        age = t - self._floor_since
+        rate = f"floor rising {trend.slope:.0f} blocks/h under load, not explained by load"
+        trusted = trend.turnover is not None and trend.load_measure != "none"
+        if trusted and trend.rise >= p.leak_rise_frac * total and age >= p.leak_persist_s:
+            return "leak", f"{rate}, for {age / 60:.0f} min"
+        if trusted and trend.consequences and age >= p.support_persist_s:
+            return "leak", f"{rate}, with {trend.consequences[0]}"
+        return "watch", f"{rate} (confirming, {age / 60:.0f} min)"
+
+    def _idle_level(self) -> tuple[State, str]:
+        if not self._residuals:
+            return "ok", ""
+        blocks = self._residuals[-1][1]
+        held = f"{blocks:.0f} {'blocks' if self._in_blocks else 'of the pool'} held"
+        if self._residual_long:
+            return "leak", f"{held} with nothing running or waiting"
+        return "watch", f"{held} at idle (confirming)"
+
+    def _decide(self, t: float, used: float) -> LeakVerdict:
+        level, reason = max(self._idle_level(), self._floor_level(t),
+                            key=lambda pair: _RANK[pair[0]])
+        if level == "leak":
+            self._leak_last = t
+        if level != "ok":
+            self._watch_last = t
+        held = self._held(t)
+        if held is not None and _RANK[held] > _RANK[level]:
+            level, reason = held, self._verdict.reason  # hysteresis: no flapping per scrape
+        elif level == "ok":
+            level, reason = self._quiet()
+        return self._verdict_for(level, reason, used)
+
+    def _held(self, t: float) -> State | None:
+        """A recent LEAK or WATCH outlives its evidence for a while."""
+        p = self.params
+        if self._leak_last is not None and t - self._leak_last <= p.leak_hold_s:
+            return "leak"
+        if self._watch_last is not None and t - self._watch_last <= p.watch_hold_s:
+            return "watch"
+        return None
+
+    def _quiet(self) -> tuple[State, str]:
+        if self._trend is not None:
+            return "ok", "no rising floor under load over the window"
+        if self._clean_t is not None:
+            return "ok", "pool drained to its idle floor: nothing leaked so far"
+        return "warmup", self._reset_why if self._reset_t is not None else "collecting data"
+
+    def _verdict_for(self, level: State, reason: str, used: float) -> LeakVerdict:
+        trend, total = self._trend, self._total or 0.0
+        residual = self._residuals[-1][1] if self._residuals else None
+        estimates = [v for v in (residual, self._floor_leaked()) if v is not None]
+        leaked = max(estimates) if estimates else (0.0 if self._clean_t is not None else None)
+        slope = self._residual_slope() or (trend.slope if trend is not None else None)
+        to_full = (total - used) / slope if slope and slope > 0 else None
+        evidence = self._evidence(used, residual)
+        if not self._in_blocks:  # kv_usage without blocks_total: no block counts to give
+            leaked = slope = None
+        return LeakVerdict(level, reason, leaked, slope, to_full, evidence)
+
+    def _floor_leaked(self) -> float | None:
+        """Rise at the onset of floor evidence plus the slope since; else the window's rise."""
+        trend = self._trend
+        if trend is None:
+            return None
+        if self._onset is None or self._last_t is None:
+            return max(trend.rise, 0.0)
+        onset_t, onset_rise = self._onset
+        return max(trend.rise, onset_rise + trend.slope * (self._last_t - onset_t) / 3600)
+
+    def _residual_slope(self) -> float | None:
+        points = list(self._residuals)
+        if len(points) < 2 or points[-1][0] - points[0][0] < 300:
+            return None
+        xs = [(pt - points[0][0]) / 3600 for pt, _ in points]
+        return theil_sen(xs, [r for _, r in points], self.params.z)[0]
+
+    def _evidence(self, used: float, residual: float | None) -> dict[str, float | str]:
+        evidence: dict[str, float | str] = {"used": used, "pool": self._total or 0.0,
+                                            "units": "blocks" if self._in_blocks else "fraction"}
+        if residual is not None:
+            evidence["idle_residual"] = residual
+        trend = self._trend
+        if trend is not None:
+            evidence.update(
+                floor_slope_per_h=trend.slope, floor_slope_lower_per_h=trend.lower,
+                raw_floor_slope_per_h=trend.raw_slope, load_slope_per_h=trend.load_slope,
+                blocks_per_load=trend.per_load, floor_rise=trend.rise,
+                floor_now=trend.floor_now, load_measure=trend.load_measure,
+                consequences=", ".join(trend.consequences) or "none",
+            )
+            if trend.turnover is not None:
+                evidence["turnover"] = trend.turnover
+        if self._floor_since is not None and self._last_t is not None:
+            evidence["floor_evidence_s"] = self._last_t - self._floor_since
+        return evidence
+
+
+def _pool(stats: EngineStats) -> tuple[float, float, bool] | None:
+    """(used, total, in_blocks); usage alone is taken as a fraction of a pool of 1."""
+    usage = stats.kv_usage if stats.kv_usage is None or math.isfinite(stats.kv_usage) else None
+    total = stats.blocks_total
+    if stats.blocks_used is not None and math.isfinite(stats.blocks_used) and total:
+        return stats.blocks_used, float(total), True
+    if usage is not None and total:
+        return usage * total, float(total), True
+    if usage is not None:
+        return usage, 1.0, False
+    return None
+
+
+def _loads(buckets: list[_Bucket], span: int) -> tuple[list[float], str]:
+    """Per-bucket load at the floor: running × tokens per request when known, else running."""
+    running = [_mean(b.running) for b in buckets]
+    if None in running:
+        return [0.0] * len(buckets), "none"
+    per_request = []
+    for i in range(len(buckets)):
+        recent = buckets[max(0, i - span + 1):i + 1]
+        tokens = [b.tokens for b in recent]
+        finished = [b.finished for b in recent]
+        if None in tokens or None in finished or not sum(finished):  # type: ignore[arg-type]
+            return [float(r) for r in running], "running"  # type: ignore[arg-type]
+        per_request.append(sum(tokens) / sum(finished))  # type: ignore[arg-type]
+    return [r * q for r, q in zip(running, per_request, strict=True)], "tokens"  # type: ignore[operator]
+
+
+def _per_load(levels: list[float], loads: list[float], z: float) -> float:
+    """Blocks per unit of load, from bucket-to-bucket changes: a leak adds blocks at a pace
+    unrelated to the load's ups and downs, so it barely biases this slope."""
+    d_load = [b - a for a, b in pairwise(loads)]
+    d_level = [b - a for a, b in pairwise(levels)]
+    if not any(d_load):
+        return 0.0
+    return max(theil_sen(d_load, d_level, z)[0], 0.0)
+
+
+def _turnover(buckets: list[_Bucket]) -> float | None:
+    finished = [b.finished for b in buckets if b.finished is not None]
+    if not finished:
+        return None
+    most = max((max(b.running) for b in buckets if b.running), default=0.0)
+    return sum(finished) / max(most, 1.0)
+
+
+def _preempt_rate(buckets: list[_Bucket]) -> float | None:
+    counts = [b.preemptions for b in buckets]
+    seconds = sum(b.seconds for b in buckets)
+    if None in counts or not seconds:
+        return None
+    return sum(counts) / seconds  # type: ignore[arg-type]

@@ -1,0 +1,403 @@
+"""The KV-leak detector on constructed series: each piece of evidence, the leaks it must catch
+in time, and the healthy look-alikes that must never reach LEAK.
+
+The series come from a small block-pool simulation (Poisson arrivals, requests holding
+``ceil(context / block_size)`` blocks while they run, preemption when the pool overflows, an
+optional leak of whole finished requests from a start time at a rate that fills the free pool
+in a given number of hours). Seeds are fixed, so every series is the same on every run.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from kvtop.derive.leak import LeakDetector, LeakVerdict, median, theil_sen
+from kvtop.derive.stats import EngineStats
+
+INF = math.inf
+MIN = 60.0
+
+
+@dataclass
+class Workload:
+    minutes: float
+    rate: Callable[[float], float] = lambda t: 6.0  # arrivals per second at time t
+    prompt: tuple[int, int] = (200, 2000)  # tokens, uniform
+    gen: tuple[int, int] = (50, 600)
+    speed: float = 30.0  # generated tokens per second per sequence
+    total: int = 12_000  # blocks in the pool
+    block_size: int = 16
+    max_seqs: int = 256
+    leak_at: float = INF  # seconds
+    leak_hours: float = 6.0  # the leak fills the free pool in this many hours
+    leak_until: float = INF
+    prefix: int = 0  # tokens of a prefix shared by every request of one of 4 groups
+    restart_at: float = INF
+    stall_at: float = INF
+    long_generation: bool = False  # one request that never finishes, nothing else
+    interval: Callable[[random.Random], int] = lambda r: 1  # seconds between scrapes
+    idle_floor: int = 0
+    seed: int = 0
+
+
+@dataclass
+class _Request:
+    prompt: int
+    gen: float
+    group: int | None
+    done: float = 0.0
+
+
+@dataclass
+class Series:
+    stats: list[EngineStats]
+    leaked: list[float] = field(default_factory=list)  # true leaked blocks at each scrape
+
+
+def _poisson(rng: random.Random, lam: float) -> int:
+    count, p, limit = 0, 1.0, math.exp(-lam)
+    while True:
+        p *= rng.random()
+        if p < limit:
+            return count
+        count += 1
+
+
+class _Pool:
+    def __init__(self, w: Workload) -> None:
+        self.w, self.rng = w, random.Random(w.seed)
+        self.running: list[_Request] = []
+        self.waiting: deque[_Request] = deque()
+        self.leaked = 0.0
+        self.credit = 0.0
+        self.leak_rate = 0.0  # blocks per second
+        self.counters = {"prompt": 0.0, "gen": 0.0, "finished": 0.0, "preempt": 0.0}
+        self.used_history: deque[float] = deque(maxlen=600)
+
+    def blocks(self, r: _Request) -> int:
+        shared = self.w.prefix if r.group is not None else 0
+        return math.ceil((r.prompt - shared + r.done) / self.w.block_size)
+
+    def used(self, live: float | None = None) -> float:
+        """Blocks in use; ``live``: the running requests' own blocks, when already summed."""
+        shared = 0
+        if self.w.prefix:
+            groups = {r.group for r in self.running if r.group is not None}
+            shared = len(groups) * math.ceil(self.w.prefix / self.w.block_size)
+        if live is None:
+            live = sum(self.blocks(r) for r in self.running)
+        return live + shared + self.leaked + self.w.idle_floor
+
+    def arrive(self, t: float) -> None:
+        w, rng = self.w, self.rng
+        if w.long_generation:
+            if t == 1:
+                self.waiting.append(_Request(400, INF, None))
+            return
+        for _ in range(_poisson(rng, w.rate(t))):
+            group = rng.randrange(4) if w.prefix else None
+            self.waiting.append(_Request(w.prefix + rng.randint(*w.prompt),
+                                         rng.randint(*w.gen), group))
+
+    def admit(self, used: float) -> float:
+        prefix = math.ceil(self.w.prefix / self.w.block_size)
+        while self.waiting and len(self.running) < self.w.max_seqs:
+            r = self.waiting[0]
+            if used + self.blocks(r) + prefix > self.w.total:
+                break
+            self.running.append(self.waiting.popleft())
+            self.counters["prompt"] += r.prompt
+            used += self.blocks(r) + prefix
+        return used
+
+    def step(self, t: float) -> None:
+        w = self.w
+        if t == w.leak_at:
+            mean_used = sum(self.used_history) / max(len(self.used_history), 1)
+            self.leak_rate = (w.total - mean_used) / (w.leak_hours * 3600)
+        if t == w.leak_until:
+            self.leak_rate = 0.0
+        self.credit += self.leak_rate
+        self.arrive(t)
+        if t >= w.stall_at:
+            return
+        self.admit(self.used())
+        bs, shared = w.block_size, (w.prefix if w.prefix else 0)
+        live = 0
+        for r in self.running:
+            step = min(w.speed, r.gen - r.done)
+            r.done += step
+            self.counters["gen"] += step
+            live += -(-(r.prompt - (shared if r.group is not None else 0) + r.done) // bs)
+        used = self.used(live)
+        while used > w.total and len(self.running) > 1:
+            r = self.running.pop()  # preempt the newest: recompute later
+            used -= self.blocks(r)
+            r.done = 0.0
+            self.waiting.appendleft(r)
+            self.counters["preempt"] += 1
+        for r in [r for r in self.running if r.done >= r.gen]:
+            self.running.remove(r)
+            self.counters["finished"] += 1
+            if self.credit >= self.blocks(r):
+                self.leaked += self.blocks(r)
+                self.credit -= self.blocks(r)
+        self.used_history.append(used)
+
+    def restart(self) -> None:
+        self.running.clear()
+        self.waiting.clear()
+        self.leaked = self.credit = self.leak_rate = 0.0
+        self.counters = dict.fromkeys(self.counters, 0.0)
+
+
+def simulate(w: Workload) -> Series:
+    pool, rng = _Pool(w), random.Random(w.seed + 1)
+    series = Series([])
+    before: tuple[float, dict[str, float]] | None = None
+    next_scrape, restarted = 1.0, False
+    for step in range(1, int(w.minutes * MIN) + 1):
+        t = float(step)
+        if t == w.restart_at:
+            pool.restart()
+            restarted, before = True, None
+        pool.step(t)
+        if t < next_scrape:
+            continue
+        next_scrape = t + w.interval(rng)
+        stamp = 1_700_000_000.0 + t + rng.uniform(-0.2, 0.2)
+        series.stats.append(_scrape(pool, stamp, before, restarted))
+        series.leaked.append(pool.leaked)
+        before, restarted = (stamp, dict(pool.counters)), False
+    return series
+
+
+def _scrape(pool: _Pool, t: float, before: tuple[float, dict[str, float]] | None,
+            restarted: bool) -> EngineStats:
+    w, used = pool.w, pool.used()
+    stats = EngineStats(
+        model="m", engine="0", t=t, kv_usage=used / w.total, blocks_total=w.total,
+        blocks_used=used, block_size=w.block_size, running=float(len(pool.running)),
+        waiting=float(len(pool.waiting)), restarted=restarted, idle_floor_blocks=w.idle_floor,
+    )
+    if before is not None:
+        dt = t - before[0]
+        rate = {k: (v - before[1][k]) / dt for k, v in pool.counters.items()}
+        stats.window_s, stats.prompt_tps, stats.generation_tps = dt, rate["prompt"], rate["gen"]
+        stats.preemptions_per_s, stats.finished_per_s = rate["preempt"], {"stop": rate["finished"]}
+    return stats
+
+
+def run(series: Series | list[EngineStats]) -> list[LeakVerdict]:
+    detector = LeakDetector()
+    stats = series.stats if isinstance(series, Series) else series
+    return [detector.update(s) for s in stats]
+
+
+def first(verdicts: list[LeakVerdict], stats: list[EngineStats], state: str) -> float | None:
+    return next((s.t for v, s in zip(verdicts, stats, strict=True) if v.state == state), None)
+
+
+def bursts(on_min: float, off_min: float, rate: float = 6.0) -> Callable[[float], float]:
+    """Load for on_min minutes, then nothing for off_min minutes, repeated."""
+    return lambda t: rate if (t / MIN) % (on_min + off_min) < on_min else 0.0
+
+
+T0 = 1_700_000_000.0
+
+
+# -- Theil–Sen ---------------------------------------------------------------------------
+def test_theil_sen_is_robust_and_bounds_the_slope() -> None:
+    xs = [float(i) for i in range(30)]
+    ys = [2.0 * x + (50.0 if i % 7 == 0 else 0.0) for i, x in enumerate(xs)]
+    slope, lower, upper = theil_sen(xs, ys, 2.33)
+    assert slope == pytest.approx(2.0)
+    assert lower <= 2.0 <= upper
+    flat = theil_sen(xs, [math.sin(x) for x in xs], 2.33)
+    assert flat[1] < 0 < flat[2]
+
+
+# -- idle residual -----------------------------------------------------------------------
+@pytest.mark.parametrize("hours", [2.0, 6.0, 12.0])
+def test_idle_residual_gives_leak_fast_and_counts_the_blocks(hours: float) -> None:
+    w = Workload(minutes=50, rate=bursts(4, 2), leak_at=20 * MIN, leak_hours=hours, seed=3)
+    series = simulate(w)
+    verdicts = run(series)
+    assert first(verdicts[: 20 * 60], series.stats[: 20 * 60], "leak") is None
+    found = first(verdicts, series.stats, "leak")
+    assert found is not None and found - (T0 + w.leak_at) < 10 * MIN
+    i = next(i for i, v in enumerate(verdicts) if v.state == "leak")
+    assert verdicts[i].leaked_blocks == pytest.approx(series.leaked[i], rel=0.2)
+    assert verdicts[-1].state == "leak"
+    assert verdicts[-1].leaked_blocks == pytest.approx(series.leaked[-1], rel=0.2)
+
+
+def test_idle_residual_needs_persistence_not_one_stale_scrape() -> None:
+    base = dict(model="m", engine="0", blocks_total=1000, running=0.0, waiting=0.0)
+    busy = [EngineStats(t=T0 + i, blocks_used=300.0, **base | {"running": 5.0})
+            for i in range(5)]
+    stale = [EngineStats(t=T0 + 5, blocks_used=300.0, **base)]
+    drained = [EngineStats(t=T0 + 6 + i, blocks_used=0.0, **base) for i in range(5)]
+    verdicts = run(busy + stale + drained)
+    assert [v.state for v in verdicts[:6]] == ["warmup"] * 6
+    assert verdicts[-1].state == "ok"
+
+
+def test_idle_residual_watch_then_leak_and_floor_of_old_vllm() -> None:
+    base = dict(model="m", engine="0", blocks_total=1000, running=0.0, waiting=0.0,
+                idle_floor_blocks=1)
+    verdicts = run([EngineStats(t=T0 + i, blocks_used=41.0, **base) for i in range(90)])
+    states = [v.state for v in verdicts]
+    assert states[:20] == ["warmup"] * 20
+    assert "watch" in states[20:60] and states[-1] == "leak"
+    assert verdicts[-1].leaked_blocks == 40.0
+    clean = run([EngineStats(t=T0 + i, blocks_used=1.0, **base) for i in range(90)])
+    assert {v.state for v in clean} == {"ok"}
+
+
+def test_clean_idle_after_a_residual_brings_it_back_to_ok() -> None:
+    base = dict(model="m", engine="0", blocks_total=1000, running=0.0, waiting=0.0)
+    held = [EngineStats(t=T0 + i, blocks_used=50.0, **base) for i in range(120)]
+    freed = [EngineStats(t=T0 + 120 + i, blocks_used=0.0, **base) for i in range(3)]
+    verdicts = run(held + freed)
+    assert verdicts[119].state == "leak" and verdicts[-1].state == "ok"
+
+
+# -- rising floor under continuous load ------------------------------------------------
+@pytest.mark.parametrize("hours", [2.0, 6.0, 12.0])
+def test_continuous_load_leak_is_found_within_the_goal(hours: float) -> None:
+    delays, errors = [], []
+    for seed in (11, 12, 13):
+        w = Workload(minutes=60, leak_at=15 * MIN, leak_hours=hours, seed=seed)
+        series = simulate(w)
+        verdicts = run(series)
+        assert min(s.running for s in series.stats[60:]) > 0  # never idle
+        start = next(i for i, s in enumerate(series.stats) if s.t >= T0 + w.leak_at)
+        assert first(verdicts[:start], series.stats[:start], "leak") is None
+        i = next(i for i, v in enumerate(verdicts) if v.state == "leak")
+        delays.append((series.stats[i].t - T0 - w.leak_at) / MIN)
+        errors.append(verdicts[i].leaked_blocks / series.leaked[i] - 1)
+        assert verdicts[i].slope_blocks_per_hour > 0 and verdicts[i].hours_to_full is not None
+    print(f"{hours} h to fill: delays {delays} min, estimate errors {errors}")
+    assert median(delays) < 30 and max(delays) < 45
+    assert median([abs(e) for e in errors]) < (0.3 if hours < 12 else 0.75)  # see docs
+
+
+def test_consequence_alone_never_raises_the_state() -> None:
+    # The queue grows while throughput stops: a consequence, and no rising floor.
+    w = Workload(minutes=40, stall_at=20 * MIN, seed=8, rate=lambda t: 2.0)
+    series = simulate(w)
+    assert series.stats[-1].waiting > 1000
+    assert "leak" not in {v.state for v in run(series)}
+
+
+# -- healthy look-alikes: never LEAK ---------------------------------------------------
+@functools.cache
+def _lookalikes() -> dict[str, Workload]:
+    long_context = lambda t: (200, 2000) if t < 20 * MIN else (4000, 12000)  # noqa: E731
+    return {
+        "load ramp": Workload(minutes=60, rate=lambda t: 1.5 + 6.5 * min(t / (60 * MIN), 1.0),
+                              seed=21),
+        "long-context pressure near 100 %": Workload(minutes=60, prompt=(4000, 12000),
+                                                     rate=lambda t: 3.0, seed=22),
+        "shift to long context": Workload(minutes=60, rate=lambda t: 3.0, seed=23,
+                                          prompt=long_context(0), gen=(50, 600)),
+        "bursts with idle gaps": Workload(minutes=60, rate=bursts(4, 2), seed=24),
+        "restart mid-run": Workload(minutes=60, restart_at=40 * MIN, seed=25),
+        "heavy prefix sharing": Workload(minutes=60, prefix=3000, rate=bursts(6, 1), seed=26),
+        "one very long generation": Workload(minutes=60, long_generation=True, seed=27),
+        "scheduler stall": Workload(minutes=60, stall_at=30 * MIN, seed=28, rate=lambda t: 1.0),
+        "irregular intervals": Workload(minutes=60, seed=29,
+                                        interval=lambda r: r.choice([1, 1, 1, 2, 5, 15, 60])),
+        "old vLLM null block": Workload(minutes=60, rate=bursts(3, 2), idle_floor=1, seed=30),
+    }
+
+
+@functools.cache
+def _lookalike(name: str) -> Series:
+    return simulate(_lookalikes()[name])
+
+
+@pytest.mark.parametrize("name", list(_lookalikes()))
+def test_healthy_lookalike_never_reaches_leak(name: str) -> None:
+    series = _lookalike(name)
+    verdicts = run(series)
+    states = [v.state for v in verdicts]
+    assert "leak" not in states
+    assert states.count("watch") <= 0.05 * len(states)
+    for v in verdicts:
+        numbers = [v.leaked_blocks, v.slope_blocks_per_hour, v.hours_to_full]
+        assert all(math.isfinite(x) for x in numbers if x is not None)
+
+
+def test_long_generation_grows_usage_steadily_but_is_ok() -> None:
+    series = _lookalike("one very long generation")
+    used = [s.blocks_used for s in series.stats]
+    assert used[-1] > used[len(used) // 2] > used[60] > 0  # vllm#31353's shape
+    assert run(series)[-1].state == "ok"
+
+
+def test_prefix_sharing_pool_drains_to_zero_at_idle() -> None:
+    series = _lookalike("heavy prefix sharing")
+    idle = [s.blocks_used for s in series.stats if s.running == 0 and s.waiting == 0]
+    assert idle and max(idle) == 0
+    assert run(series)[-1].state == "ok"
+
+
+def test_restart_resets_a_leak() -> None:
+    w = Workload(minutes=60, rate=bursts(4, 2), leak_at=10 * MIN, leak_hours=2,
+                 restart_at=45 * MIN, leak_until=45 * MIN, seed=31)
+    series = simulate(w)
+    verdicts = run(series)
+    cut = next(i for i, s in enumerate(series.stats) if s.restarted)
+    assert verdicts[cut - 1].state == "leak"
+    assert verdicts[cut].state == "warmup" and "restarted" in verdicts[cut].reason
+    assert "leak" not in {v.state for v in verdicts[cut:]}
+
+
+def test_leak_under_continuous_load_projects_time_to_full() -> None:
+    w = Workload(minutes=45, rate=lambda t: 6.0, leak_at=10 * MIN, leak_hours=2, seed=32)
+    series = simulate(w)
+    verdicts = run(series)
+    assert verdicts[-1].state == "leak"
+    assert verdicts[-1].hours_to_full is not None and verdicts[-1].hours_to_full < 4
+
+
+def test_missing_fields_are_tolerated() -> None:
+    series = simulate(Workload(minutes=40, rate=bursts(4, 2), seed=33))
+    rng = random.Random(33)
+    holes = []
+    for s in series.stats:
+        blank = rng.sample(["running", "waiting", "generation_tps", "prompt_tps",
+                            "preemptions_per_s", "window_s", "blocks_used", "kv_usage"], 3)
+        holes.append(replace(s, **dict.fromkeys(blank), finished_per_s={}))
+    assert "leak" not in {v.state for v in run(holes)}
+    usage_only = [replace(s, blocks_total=None, blocks_used=None) for s in series.stats]
+    verdicts = run(usage_only)
+    assert "leak" not in {v.state for v in verdicts}
+    assert verdicts[-1].leaked_blocks is None
+    nothing = run([EngineStats(model=None, engine=None, t=T0 + i) for i in range(10)])
+    assert {v.state for v in nothing} == {"warmup"}
+
+
+def test_usage_only_still_sees_an_idle_residual() -> None:
+    w = Workload(minutes=30, rate=bursts(4, 2), leak_at=10 * MIN, leak_hours=2, seed=34)
+    stats = [replace(s, blocks_total=None, blocks_used=None) for s in simulate(w).stats]
+    verdicts = run(stats)
+    assert verdicts[-1].state == "leak" and verdicts[-1].evidence["units"] == "fraction"
+
+
+def test_memory_is_bounded() -> None:
+    detector = LeakDetector()
+    for i in range(5_000):
+        detector.update(EngineStats(model="m", engine="0", t=T0 + 20 * i, blocks_total=1000,
+                                    blocks_used=500.0 + (i % 7), running=10.0, waiting=0.0))
+    assert len(detector._buckets) <= detector._buckets.maxlen
+    assert len(detector._residuals) <= 16
