@@ -85,6 +85,7 @@ def derive_engine_stats(now: EngineReading, before: EngineReading | None, t: flo
         swapped=now.swapped, preemptions_total=now.preemptions_total,
         prefix_queries_total=now.prefix_queries_total,
         prefix_hits_total=now.prefix_hits_total, idle_floor_blocks=now.idle_floor_blocks,
+        prefix_caching=now.prefix_caching, cache_config=now.cache_config,
     )
     _usage_numbers(stats, now)
     if before is not None and went_backwards(now, before):

@@ -8,7 +8,10 @@ scrapes. ``None`` always means "not known" (not exported, or not enough scrapes 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from kvtop.derive.leak import LeakVerdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +54,6 @@ class EngineStats:
     window_s: float | None = None  # seconds between the two scrapes behind the rates
     restarted: bool = False  # a counter went backwards: the server restarted
     idle_floor_blocks: int = 0
+    prefix_caching: bool | None = None  # None: the server does not say
+    cache_config: dict[str, str] = field(default_factory=dict)  # vLLM cache_config_info labels
+    leak: LeakVerdict | None = None  # the leak detector's verdict after this scrape

@@ -13,6 +13,7 @@ from typing import Literal
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.reading import EngineReading, ServerKind
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive.leak import LeakDetector, LeakParams
 from kvtop.derive.rates import derive_engine_stats
 from kvtop.derive.stats import EngineStats
 
@@ -52,11 +53,14 @@ class TargetTracker:
         *,
         stale_after_s: float = 60.0,
         history_s: float = DEFAULT_HISTORY_S,
+        leak_params: LeakParams | None = None,
     ) -> None:
         self.state = TargetState(target=target)
         self.stale_after_s = stale_after_s
         self.history_s = history_s
+        self.leak_params = leak_params
         self.history: dict[EngineKey, deque[EngineStats]] = {}
+        self.detectors: dict[EngineKey, LeakDetector] = {}
         self._previous: dict[EngineKey, EngineReading] = {}
         self._previous_t: float | None = None
 
@@ -90,6 +94,8 @@ class TargetTracker:
             key = (engine.model, engine.engine)
             current[key] = engine
             stat = derive_engine_stats(engine, self._previous.get(key), scrape.t, dt)
+            detector = self.detectors.setdefault(key, LeakDetector(self.leak_params))
+            stat.leak = detector.update(stat)
             restarted |= stat.restarted
             stats.append(stat)
             self._remember(key, stat)

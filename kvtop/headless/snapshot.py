@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import EngineKey, TargetState
 
@@ -28,6 +29,15 @@ def _quantiles_json(q: Quantiles | None) -> dict[str, Any] | None:
         return None
     return {"p50": _num(q.p50), "p90": _num(q.p90), "p99": _num(q.p99),
             "samples": _num(q.samples), "scope": q.scope, "estimate": True}
+
+
+def leak_json(verdict: LeakVerdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    return {"state": verdict.state, "reason": verdict.reason,
+            "leaked_blocks": _num(verdict.leaked_blocks, 1),
+            "slope_blocks_per_hour": _num(verdict.slope_blocks_per_hour, 1),
+            "hours_to_full": _num(verdict.hours_to_full, 2)}
 
 
 def engine_json(stats: EngineStats) -> dict[str, Any]:
@@ -60,6 +70,7 @@ def engine_json(stats: EngineStats) -> dict[str, Any]:
         "latency_s": {name: _quantiles_json(getattr(stats, name))
                       for name in ("ttft", "itl", "e2e")},
         "restarted": stats.restarted,
+        "leak": leak_json(stats.leak),
     }
 
 
