@@ -2,7 +2,8 @@
 
 Blocks are reference counted. A block whose count drops to 0 goes to the tail of the
 free queue *keeping its hash*, so it stays a prefix-cache hit until it is popped from
-the head for a new allocation (LRU eviction). Free-but-cached blocks therefore count as
+the head for a new allocation (LRU eviction); a freed block without a hash goes to the
+head instead, so it is reused before any cached block. Free-but-cached blocks therefore count as
 free in `usage()`, and one "null block" is taken out at start-up and never returned,
 which is why usage divides by `num_gpu_blocks - 1` (vLLM >= 0.10.2).
 """
@@ -104,11 +105,20 @@ class BlockPool:
             self._cached.setdefault(hashes[i], {})[block.block_id] = block
 
     def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
-        """Drop one reference each; blocks reaching 0 join the tail of the free queue."""
+        """Drop one reference each, as vLLM's `BlockPool.free_blocks`: blocks reaching 0
+        that carry a hash join the tail of the free queue (LRU: they stay hits longest);
+        blocks without one go to its head, in the given order, to be reused first."""
+        uncached: list[KVBlock] = []
         for block in ordered:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self._free[block.block_id] = block
+                if block.block_hash is None:
+                    uncached.append(block)
+                else:
+                    self._free[block.block_id] = block
+        for block in reversed(uncached):
+            self._free[block.block_id] = block
+            self._free.move_to_end(block.block_id, last=False)
 
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
@@ -156,19 +166,25 @@ class KVCacheManager:
         num_computed_tokens: int,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVBlock] = (),
+        full_sequence_must_fit: bool = False,
     ) -> list[KVBlock] | None:
         """Blocks for `num_new_tokens` more tokens, or None when the pool cannot supply them.
 
         `num_computed_tokens` includes the prefix-cache hits in `new_computed_blocks`;
         `num_tokens` is how many tokens of the request are known (prompt + output so far).
+        `full_sequence_must_fit` is vLLM's admission gate (`scheduler_reserve_full_isl`):
+        all `num_tokens` must fit now, not only this step's chunk.
         """
         blocks = self.req_blocks.get(req_id, [])
-        needed = cdiv(num_computed_tokens + num_new_tokens, self.block_size)
-        to_allocate = needed - len(blocks) - len(new_computed_blocks)
+        # Hits sitting in the free queue stop being free once touched.
+        evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        held = len(blocks) + len(new_computed_blocks)
+        if full_sequence_must_fit and (cdiv(num_tokens, self.block_size) - held
+                                       > self.pool.num_free_blocks - evictable):
+            return None
+        to_allocate = cdiv(num_computed_tokens + num_new_tokens, self.block_size) - held
         new_blocks: list[KVBlock] = []
         if new_computed_blocks or to_allocate > 0:
-            # Hits sitting in the free queue stop being free once touched.
-            evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
             if to_allocate > self.pool.num_free_blocks - evictable:
                 return None
             self.pool.touch(new_computed_blocks)

@@ -43,6 +43,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: what the KV cache can hold
     enable_prefix_caching: bool = True
+    # vLLM's scheduler_reserve_full_isl (default on): admit a request only when its whole
+    # prompt (plus output so far, if resumed) fits, not just the first prefill chunk.
+    reserve_full_sequence: bool = True
     cost: StepCost = field(default_factory=StepCost)
 
     @property
@@ -200,8 +203,8 @@ class Engine:
             self._extend_hashes(req)
             computed, n_hit = self.kv.get_computed_blocks(req.block_hashes, req.num_tokens)
             n = min(req.num_tokens - n_hit, budget)
-            if self.kv.allocate_slots(req.req_id, req.block_hashes, req.num_tokens,
-                                      n_hit, n, computed) is None:
+            if self.kv.allocate_slots(req.req_id, req.block_hashes, req.num_tokens, n_hit, n,
+                                      computed, self.config.reserve_full_sequence) is None:
                 break  # head-of-line: FCFS waits for capacity
             self.waiting.popleft()
             self.running.append(req)

@@ -75,8 +75,34 @@ def test_manager_shares_prefix_blocks_and_frees_tail_first() -> None:
     kv.free(2)
     assert pool.usage() == 0.0
     assert len(kv.get_computed_blocks(hashes, 9)[0]) == 2  # still cached after both freed
-    # Tables are freed in reverse, so tails are evicted before the prefix they extend.
-    assert pool.free_order()[-4:] == [tail1, tail2, second, first]
+    # Tables are freed in reverse, so a prefix is evicted after the blocks that extend it;
+    # the unhashed (partial) tails go to the head of the queue, to be reused first.
+    assert pool.free_order()[:2] == [tail2, tail1]
+    assert pool.free_order()[-2:] == [second, first]
+
+
+def test_freed_blocks_without_a_hash_are_reused_before_cached_ones() -> None:
+    # vLLM's BlockPool.free_blocks: LIFO for unhashed blocks, LRU for cached ones.
+    pool = BlockPool(6)  # 5 usable
+    a, b, c, d, _ = pool.allocate(5)
+    pool.cache_full_blocks([a, b], [1, 2], 0, 2)
+    pool.free_blocks([a, b])
+    pool.free_blocks([c, d])
+    assert pool.free_order() == [c.block_id, d.block_id, a.block_id, b.block_id]
+    x, y = pool.allocate(2)
+    assert (x, y) == (c, d)
+    assert pool.get_cached_block(1) is a and pool.get_cached_block(2) is b
+
+
+def test_admission_can_require_the_full_sequence_to_fit() -> None:
+    # vLLM's scheduler_reserve_full_isl: a 12-block prompt is not admitted into 9 free
+    # blocks even though its first 4-token chunk would fit.
+    pool = BlockPool(10, enable_caching=False)
+    kv = KVCacheManager(pool, block_size=4)
+    assert kv.allocate_slots(1, [], 48, 0, 4, full_sequence_must_fit=True) is None
+    assert pool.num_free_blocks == 9
+    assert kv.allocate_slots(1, [], 48, 0, 4) is not None
+    assert pool.num_free_blocks == 8
 
 
 def test_last_token_is_always_recomputed() -> None:

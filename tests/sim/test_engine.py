@@ -80,6 +80,24 @@ def test_preemption_takes_the_most_recently_admitted() -> None:
     assert engine.pool.usage() == 0.0
 
 
+@pytest.mark.parametrize("reserve", [True, False])
+def test_admission_waits_until_the_whole_prompt_fits(reserve: bool) -> None:
+    # 19 usable blocks; A holds 13 (200 tokens + output), B's 160-token prompt needs 10.
+    # vLLM 0.33 (scheduler_reserve_full_isl) keeps B waiting although its first 32-token
+    # chunk would fit; without the gate B is admitted and fills the pool chunk by chunk.
+    engine = Engine(EngineConfig(num_gpu_blocks=20, max_num_batched_tokens=32,
+                                 reserve_full_sequence=reserve))
+    a = engine.add_request(RequestSpec(0.0, 200, 8))
+    for _ in range(7):  # A's prefill
+        engine.step()
+    b = engine.add_request(RequestSpec(0.0, 160, 8))
+    engine.step()
+    assert a in engine.running
+    assert (b in engine.waiting) is reserve
+    drain(engine)
+    assert engine.pool.usage() == 0.0
+
+
 def test_finish_by_eos_or_length_and_abort() -> None:
     engine = Engine(EngineConfig(num_gpu_blocks=100))
     engine.add_request(RequestSpec(0.0, 30, 100, output_len=5))
