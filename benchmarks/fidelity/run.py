@@ -40,6 +40,7 @@ TWIN_MODEL_LEN = 8192  # the twin's config.json max_position_embeddings
 
 Workload = dict[str, Any]
 Step = dict[str, float]
+SAMPLED = ("usage", "running", "waiting", "preemptions", "queries", "hits")
 
 
 def twin_python() -> Path:
@@ -227,6 +228,7 @@ class Result:
     waiting_mae: float
     steps_sim: int
     steps_twin: int
+    identical_steps: float  # fraction of steps where all sampled values agree exactly
 
     @property
     def meets_goals(self) -> bool:
@@ -259,6 +261,7 @@ def compare(workload: Workload, sim: list[Step], twin: list[Step]) -> Result:
         preemptions_sim=p_sim, preemptions_twin=p_twin, preemption_ratio=ratio,
         running_mae=mae("running"), waiting_mae=mae("waiting"),
         steps_sim=len(sim), steps_twin=len(twin),
+        identical_steps=sum(all(s[k] == t[k] for k in SAMPLED) for s, t in pairs) / len(pairs),
     )
 
 
@@ -279,15 +282,15 @@ def run(names: list[str], quick: bool, out: Path | None = None,
 def table(results: list[Result]) -> str:
     head = ("| workload | requests | usage MAE (pp) | max usage err (pp) | hit rate sim / twin | "
             "hit diff (pp) | preemptions sim / twin (ratio) | running MAE | waiting MAE | "
-            "steps sim / twin | goals |")
-    rows = [head, "|" + "---|" * 11]
+            "steps sim / twin | identical steps | goals |")
+    rows = [head, "|" + "---|" * 12]
     for r in results:
         rows.append(
             f"| {r.workload} | {r.requests} | {r.usage_mae_pp:.2f} | {r.usage_max_err_pp:.1f} | "
             f"{r.hit_rate_sim:.1%} / {r.hit_rate_twin:.1%} | {r.hit_rate_diff_pp:+.2f} | "
             f"{r.preemptions_sim} / {r.preemptions_twin} ({r.preemption_ratio:.2f}) | "
             f"{r.running_mae:.2f} | {r.waiting_mae:.2f} | {r.steps_sim} / {r.steps_twin} | "
-            f"{'met' if r.meets_goals else 'MISSED'} |")
+            f"{r.identical_steps:.1%} | {'met' if r.meets_goals else 'MISSED'} |")
     return "\n".join(rows)
 
 
