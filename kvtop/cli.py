@@ -12,6 +12,7 @@ from kvtop.collect.target import Target
 from kvtop.config import (
     ConfigError,
     add_target_arguments,
+    leak_params,
     load_config,
     parse_duration,
     resolve_targets,
@@ -79,6 +80,63 @@ def _run_record(args: argparse.Namespace) -> int:
                       duration_s=args.duration, timeout_s=args.timeout, insecure=args.insecure)
 
 
+def _check_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check", help="headless leak verdict for scripts, cron and CI (exit 1 on a leak)",
+        description="Watch the targets for --duration (or read a recording with --replay) "
+                    "through the leak detector and print the worst verdict per engine "
+                    "(docs/check-json.md). Exit 0 no leak, 1 a leak found, 2 usage error or "
+                    "unreadable input, 3 no usable data.")
+    add_target_arguments(parser)
+    parser.add_argument("--replay", type=Path, metavar="FILE",
+                        help="judge a recording instead of live targets")
+    parser.add_argument("--duration", type=parse_duration, default=None, metavar="D",
+                        help="how long to watch live targets (90s, 30m, 2h; default 30m)")
+    parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
+                        help="seconds between scrapes (default 1)")
+    parser.add_argument("--until-leak", action="store_true",
+                        help="stop as soon as an engine is judged LEAK")
+    parser.add_argument("--record", type=Path, metavar="FILE",
+                        help="also write the live scrapes to a recording")
+    parser.add_argument("--json", dest="as_json", action="store_true", default=None,
+                        help="JSON (the default when stdout is not a terminal)")
+    parser.set_defaults(command=_run_check)
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    from kvtop.headless.check_command import run_check_live, run_check_replay
+
+    params = leak_params(load_config(args.config))
+    if args.replay is not None:
+        if args.targets or args.duration or args.record:
+            raise ConfigError("--replay reads a recording: give no targets, --duration "
+                              "or --record with it")
+        return run_check_replay(args.replay, params=params, as_json=args.as_json)
+    targets = resolve_targets(args, load_config(args.config))
+    return run_check_live(targets, params=params, duration_s=args.duration or 1800.0,
+                          interval_s=args.interval, timeout_s=args.timeout,
+                          insecure=args.insecure, until_leak=args.until_leak,
+                          record=args.record, as_json=args.as_json)
+
+
+def _replay_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "replay", help="open the terminal app on a recording (pause, step, seek, speed)",
+        description="Replay a recording in the terminal app; everything (history, rates, "
+                    "the leak indicator) is computed as it was live.")
+    parser.add_argument("recording", type=Path, metavar="FILE")
+    parser.add_argument("--speed", type=_positive, default=1.0,
+                        help="recording seconds per second (default 1)")
+    parser.add_argument("--snapshot-dir", type=Path, default=Path.cwd(), metavar="DIR")
+    parser.set_defaults(command=_run_replay)
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from kvtop.ui.replay import run_replay
+
+    return run_replay(args.recording, speed=args.speed, snapshot_dir=args.snapshot_dir)
+
+
 def _sim_parser(subparsers: argparse._SubParsersAction) -> None:
     from kvtop.sim.cli import add_sim_parser, run_sim
 
@@ -88,6 +146,8 @@ def _sim_parser(subparsers: argparse._SubParsersAction) -> None:
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "snapshot": _snapshot_parser,
     "record": _record_parser,
+    "check": _check_parser,
+    "replay": _replay_parser,
     "sim": _sim_parser,
 }
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from kvtop.collect.target import DEFAULT_TARGET, Target, read_token
+from kvtop.derive.leak import LeakParams
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -127,3 +128,16 @@ def resolve_targets(args: argparse.Namespace, config: Config) -> list[Target]:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return list(dict.fromkeys(targets))  # the same server twice is read once
+
+
+def leak_params(config: Config) -> LeakParams:
+    """The leak detector's parameters, with any ``[thresholds]`` from the config file."""
+    kinds = {f.name: int if f.type in ("int", int) else float for f in fields(LeakParams)}
+    unknown = set(config.thresholds) - set(kinds)
+    if unknown:
+        raise ConfigError(f"unknown [thresholds] key(s): {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(kinds))})")
+    try:
+        return LeakParams(**{k: kinds[k](v) for k, v in config.thresholds.items()})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[thresholds]: {exc}") from None

@@ -262,6 +262,23 @@ def test_idle_residual_watch_then_leak_and_floor_of_old_vllm() -> None:
     assert {v.state for v in clean} == {"ok"}
 
 
+def test_pool_full_of_leaked_blocks_with_a_stuck_queue_is_a_leak() -> None:
+    # the twin's leak run ends like this: 99 % used, nothing running, requests queued
+    base = dict(model="m", engine="0", blocks_total=999, running=0.0)
+    verdicts = run([EngineStats(t=T0 + i, blocks_used=989.0, waiting=float(1 + i), **base)
+                    for i in range(90)])
+    assert verdicts[-1].state == "leak" and verdicts[-1].leaked_blocks == 989.0
+    assert "waiting" in verdicts[-1].reason
+
+
+def test_a_stalled_queue_on_an_empty_pool_is_not_a_leak() -> None:
+    # vllm#53130 / #39734: the scheduler admits nothing, but the pool is free
+    base = dict(model="m", engine="0", blocks_total=999, running=0.0)
+    verdicts = run([EngineStats(t=T0 + i, blocks_used=0.0, waiting=float(5 + i), **base)
+                    for i in range(90)])
+    assert {v.state for v in verdicts} == {"ok"}
+
+
 def test_clean_idle_after_a_residual_brings_it_back_to_ok() -> None:
     base = dict(model="m", engine="0", blocks_total=1000, running=0.0, waiting=0.0)
     held = [EngineStats(t=T0 + i, blocks_used=50.0, **base) for i in range(120)]

@@ -2,7 +2,7 @@
 
 Three kinds of evidence (method and parameters: docs/leak-detector.md):
 
-* **idle residual** - blocks still used while nothing runs or waits, counted directly;
+* **idle residual** - blocks still used while nothing runs, counted directly;
 * **rising floor** - the per-bucket minimum of used blocks trending up (Theil–Sen with a
   confidence bound) beyond what the load explains, once the batch has turned over;
 * **consequences** - queue growth at flat throughput, more preemptions at the same load, a
@@ -175,6 +175,7 @@ class LeakDetector:
         self._idle_start: float | None = None
         self._idle_n = 0
         self._idle_min = math.inf
+        self._idle_waiting = 0.0
         self._residuals: deque[tuple[float, float]] = deque(maxlen=16)  # confirmed idle
         self._residual_long = False  # a residual held idle_leak_s, or in two idle runs
         self._leak_last: float | None = None
@@ -213,7 +214,11 @@ class LeakDetector:
     # -- idle residual -------------------------------------------------------------------
     def _track_idle(self, stats: EngineStats, residual: float) -> None:
         p, t = self.params, stats.t
-        idle = stats.running == 0 and (stats.waiting or 0) == 0
+        # Nothing running means no live request holds blocks: waiting requests hold none
+        # (V1 frees on preemption). A pool full of leaked blocks with requests stuck in
+        # the queue is the end state of a leak, so waiting > 0 still counts.
+        idle = stats.running == 0
+        self._idle_waiting = stats.waiting or 0.0
         if not idle or residual <= self._threshold():
             self._idle_start = None
             return
@@ -339,6 +344,9 @@ class LeakDetector:
         blocks = self._residuals[-1][1]
         held = f"{blocks:.0f} {'blocks' if self._in_blocks else 'of the pool'} held"
         if self._residual_long:
+            if self._idle_waiting > 0:
+                return "leak", (f"{held} with nothing running; {self._idle_waiting:.0f} "
+                                "waiting requests can't get blocks")
             return "leak", f"{held} with nothing running or waiting"
         return "watch", f"{held} at idle (confirming)"
 

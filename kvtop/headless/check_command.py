@@ -1,0 +1,183 @@
+"""``kvtop check``: the leak detector's verdict, headless, live or on a recording.
+
+Both paths feed scrapes through the same :class:`TargetTracker` (and so the same detector)
+as the app; only the source differs. JSON contract: docs/check-json.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kvtop.collect.poller import Poller
+from kvtop.collect.target import Scrape, Target
+from kvtop.derive.leak import LeakParams, LeakVerdict
+from kvtop.derive.tracker import EngineKey, TargetTracker
+from kvtop.store.recording import RecordingError, RecordingWriter, read_recording
+
+Verdict = Literal["unknown", "ok", "watch", "leak"]
+RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
+EXIT_OK, EXIT_LEAK, EXIT_USAGE, EXIT_NO_DATA = 0, 1, 2, 3
+
+
+@dataclass(slots=True)
+class EngineVerdict:
+    """The worst state one engine reached, and when each state was first reached."""
+
+    model: str | None
+    engine: str | None
+    verdict: Verdict = "unknown"
+    leak_first_t: float | None = None
+    watch_first_t: float | None = None
+    at_worst: LeakVerdict | None = None  # the latest verdict while at the worst state
+
+    def observe(self, t: float, leak: LeakVerdict) -> None:
+        state: Verdict = "unknown" if leak.state == "warmup" else leak.state
+        if state == "leak" and self.leak_first_t is None:
+            self.leak_first_t = t
+        if state in ("watch", "leak") and self.watch_first_t is None:
+            self.watch_first_t = t
+        if RANK[state] >= RANK[self.verdict] and state != "unknown":
+            self.verdict, self.at_worst = state, leak
+
+    def to_json(self) -> dict[str, Any]:
+        worst = self.at_worst
+        return {
+            "model": self.model, "engine": self.engine, "verdict": self.verdict,
+            "leak_first_t": self.leak_first_t, "watch_first_t": self.watch_first_t,
+            "leaked_blocks": _rounded(worst.leaked_blocks if worst else None),
+            "slope_blocks_per_hour": _rounded(worst.slope_blocks_per_hour if worst else None),
+            "reason": worst.reason if worst else "not enough data for a verdict",
+        }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+@dataclass(slots=True)
+class CheckRun:
+    """Feeds scrapes through trackers and keeps each engine's worst verdict."""
+
+    params: LeakParams | None = None
+    trackers: dict[str, TargetTracker] = field(default_factory=dict)
+    engines: dict[str, dict[EngineKey, EngineVerdict]] = field(default_factory=dict)
+
+    def add_target(self, target: Target) -> None:
+        if target.url not in self.trackers:
+            self.trackers[target.url] = TargetTracker(target, leak_params=self.params)
+            self.engines[target.url] = {}
+
+    def feed(self, scrape: Scrape) -> None:
+        self.add_target(scrape.target)
+        state = self.trackers[scrape.target.url].update(scrape)
+        if not scrape.ok or state.last_good_t != scrape.t:
+            return
+        verdicts = self.engines[scrape.target.url]
+        for stats in state.engines:
+            key = (stats.model, stats.engine)
+            entry = verdicts.setdefault(key, EngineVerdict(stats.model, stats.engine))
+            if stats.leak is not None:
+                entry.observe(scrape.t, stats.leak)
+
+    @property
+    def leak_found(self) -> bool:
+        return self.verdict() == "leak"
+
+    def verdict(self) -> Verdict:
+        verdicts = [e.verdict for per in self.engines.values() for e in per.values()]
+        return max(verdicts, key=RANK.__getitem__, default="unknown")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict(), "targets": [
+            {"target": url, "engines": [e.to_json() for e in per.values()]}
+            for url, per in self.engines.items()]}
+
+    def exit_code(self) -> int:
+        verdict = self.verdict()
+        if verdict == "leak":
+            return EXIT_LEAK
+        return EXIT_NO_DATA if verdict == "unknown" else EXIT_OK
+
+
+def print_result(run: CheckRun, as_json: bool | None) -> int:
+    document = run.to_json()
+    if as_json is None:
+        as_json = not sys.stdout.isatty()
+    if as_json:
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"kvtop check: {document['verdict'].upper()}")
+        for target in document["targets"]:
+            for engine in target["engines"]:
+                name = f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}"
+                print(f"  {engine['verdict'].upper():7} {name.strip()}: {engine['reason']}")
+    return run.exit_code()
+
+
+def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | None) -> int:
+    try:
+        recording = read_recording(path)
+    except RecordingError as exc:
+        print(f"kvtop check: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for warning in recording.warnings:
+        print(f"kvtop check: {path}: {warning}", file=sys.stderr)
+    run = CheckRun(params)
+    for target in recording.targets():
+        run.add_target(target)
+    for scrape in sorted(recording.scrapes, key=lambda s: s.t):
+        run.feed(scrape)
+    return print_result(run, as_json)
+
+
+async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
+                 interval_s: float, timeout_s: float | None, insecure: bool,
+                 until_leak: bool, writer: RecordingWriter | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+    loop.call_later(duration_s, stop.set)
+
+    def on_scrape(scrape: Scrape) -> None:
+        if writer is not None:
+            writer.write(scrape)
+            writer.flush()
+        run.feed(scrape)
+        if until_leak and run.leak_found:
+            stop.set()
+
+    async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
+                      insecure=insecure) as poller:
+        await poller.run(on_scrape, stop=stop)
+
+
+def run_check_live(targets: list[Target], *, params: LeakParams | None, duration_s: float,
+                   interval_s: float, timeout_s: float | None, insecure: bool,
+                   until_leak: bool, record: Path | None, as_json: bool | None) -> int:
+    run = CheckRun(params)
+    for target in targets:
+        run.add_target(target)
+    with contextlib.ExitStack() as stack:
+        writer = None
+        if record is not None:
+            try:
+                writer = stack.enter_context(
+                    RecordingWriter(record, interval_s=interval_s, targets=targets))
+            except OSError as exc:
+                print(f"kvtop check: cannot write {record}: {exc.strerror or exc}",
+                      file=sys.stderr)
+                return EXIT_USAGE
+        asyncio.run(_watch(run, targets, duration_s=duration_s, interval_s=interval_s,
+                           timeout_s=timeout_s, insecure=insecure, until_leak=until_leak,
+                           writer=writer))
+    return print_result(run, as_json)
