@@ -422,6 +422,14 @@ async def test_poll_once_with_no_targets_is_empty() -> None:
         assert await poller.poll_once() == []
 
 
+async def test_a_duplicate_target_gets_one_result_per_entry(fault_server: FaultServer) -> None:
+    target = Target(fault_server.url())
+    async with Poller([target, target]) as poller:
+        results = await poller.poll_once()
+    assert [r.target for r in results] == [target, target]
+    assert all(r.ok for r in results)
+
+
 # ---------------------------------------------------------------------------- TLS
 
 

@@ -478,7 +478,9 @@ class Poller:
         client: httpx.AsyncClient | None = None,
         seed: int | None = None,
     ) -> None:
-        self._targets: list[Target] = list(dict.fromkeys(targets))  # duplicates polled once
+        # As given, so poll_once answers one Scrape per entry; a duplicate shares its state
+        # and run() polls it once.
+        self._targets: list[Target] = list(targets)
         self._states = {t: TargetState() for t in self._targets}
         self._interval_s = _valid_interval(interval_s)
         self._timeout_s = timeout_s
@@ -534,7 +536,7 @@ class Poller:
         """Stop polling ``target``; its attempt in flight, if any, is cancelled."""
         if target not in self._states:
             return
-        self._targets.remove(target)
+        self._targets = [t for t in self._targets if t != target]
         del self._states[target]
         task = self._tasks.pop(target, None)
         if task is not None:
@@ -543,7 +545,7 @@ class Poller:
     # -- polling ----------------------------------------------------------------------
 
     async def poll_once(self) -> list[Scrape]:
-        """Every target once, concurrently; results in target order."""
+        """Every target once, concurrently; one result per target given, in their order."""
         return list(await asyncio.gather(*(self._attempt(t) for t in self._targets)))
 
     async def run(self, on_scrape: OnScrape, *, stop: asyncio.Event | None = None) -> None:
@@ -552,7 +554,7 @@ class Poller:
         if self._on_scrape is not None:
             raise RuntimeError("Poller.run is already running")
         self._on_scrape = on_scrape
-        self._tasks = {t: asyncio.create_task(self._loop(t, on_scrape)) for t in self._targets}
+        self._tasks = {t: asyncio.create_task(self._loop(t, on_scrape)) for t in self._states}
         try:
             await (stop or asyncio.Event()).wait()
         finally:
