@@ -143,18 +143,24 @@ def test_version_from_server_overrides_inference() -> None:
     # a 0.10.1 server says so on /version: null block counted, denominator 600
     e = only_engine(read_exposition(text, version="0.10.1.1"))
     assert (e.blocks_total, e.idle_floor_blocks) == (600, 1)
-    e = only_engine(read_exposition(fixture_text("vllm-0.29.0-v1-inferstack-t4-capture.txt"),
-                                    version="0.29.0"))
+    e = only_engine(
+        read_exposition(fixture_text("vllm-0.29.0-v1-inferstack-t4-capture.txt"), version="0.29.0")
+    )
     assert (e.blocks_total, e.idle_floor_blocks) == (20183, 0)
 
 
 def test_data_parallel_engines_are_separate_rows() -> None:
     text = fixture_text("vllm-0.33.0-v1-twin-under-load.txt")
-    engine_1 = "\n".join(line.replace('engine="0"', 'engine="1"')
-                         for line in text.splitlines() if line and not line.startswith("#"))
+    engine_1 = "\n".join(
+        line.replace('engine="0"', 'engine="1"')
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    )
     reading = read_exposition(text + "\n" + engine_1)
     assert [(e.model, e.engine) for e in reading.engines] == [
-        ("twin-llama", "0"), ("twin-llama", "1")]
+        ("twin-llama", "0"),
+        ("twin-llama", "1"),
+    ]
     assert all(e.blocks_total == 599 for e in reading.engines)  # cache_config per engine
     assert [e.running for e in reading.engines] == [30, 30]  # not summed across engines
 
@@ -166,14 +172,16 @@ def test_unknown_server_is_labelled_not_zeroed() -> None:
 
 
 def test_vllm_without_log_stats_has_no_engines() -> None:
-    reading = read_exposition("python_info{version=\"3.12\"} 1\n")
+    reading = read_exposition('python_info{version="3.12"} 1\n')
     assert reading.kind == "unknown"
 
 
 def test_garbage_lines_are_counted_and_rest_kept() -> None:
     text = fixture_text("vllm-0.33.0-v1-twin-idle.txt")
-    broken = text.replace('vllm:num_requests_running{engine="0",model_name="twin-llama"} 0.0',
-                          'vllm:num_requests_running{engine="0",model_name="twin-llama} 0.0')
+    broken = text.replace(
+        'vllm:num_requests_running{engine="0",model_name="twin-llama"} 0.0',
+        'vllm:num_requests_running{engine="0",model_name="twin-llama} 0.0',
+    )
     reading = read_exposition(broken)
     assert reading.parse_errors == 1 and "malformed" in reading.notes[-1]
     e = only_engine(reading)
@@ -184,5 +192,6 @@ def test_garbage_lines_are_counted_and_rest_kept() -> None:
 def test_nan_gauge_is_unknown() -> None:
     text = fixture_text("vllm-0.33.0-v1-twin-idle.txt").replace(
         'vllm:kv_cache_usage_perc{engine="0",model_name="twin-llama"} 0.0',
-        'vllm:kv_cache_usage_perc{engine="0",model_name="twin-llama"} NaN')
+        'vllm:kv_cache_usage_perc{engine="0",model_name="twin-llama"} NaN',
+    )
     assert only_engine(read_exposition(text)).kv_usage is None

@@ -25,10 +25,18 @@ def reading(**values: object) -> EngineReading:
 
 
 def test_rates_over_window() -> None:
-    before = reading(prompt_tokens_total=1000.0, generation_tokens_total=500.0,
-                     preemptions_total=2.0, finished_total={"length": 10.0})
-    now = reading(prompt_tokens_total=1600.0, generation_tokens_total=800.0,
-                  preemptions_total=5.0, finished_total={"length": 13.0, "abort": 1.0})
+    before = reading(
+        prompt_tokens_total=1000.0,
+        generation_tokens_total=500.0,
+        preemptions_total=2.0,
+        finished_total={"length": 10.0},
+    )
+    now = reading(
+        prompt_tokens_total=1600.0,
+        generation_tokens_total=800.0,
+        preemptions_total=5.0,
+        finished_total={"length": 13.0, "abort": 1.0},
+    )
     stats = derive_engine_stats(now, before, t=10.0, dt=2.0)
     assert (stats.prompt_tps, stats.generation_tps, stats.preemptions_per_s) == (300, 150, 1.5)
     assert stats.finished_per_s == {"length": 1.5, "abort": 0.5}
@@ -60,8 +68,9 @@ def test_hit_rate_null_when_caching_disabled() -> None:
 
 
 def test_blocks_used_from_usage_and_capacity() -> None:
-    stats = derive_engine_stats(reading(kv_usage=0.25, blocks_total=400, tokens_total=6400),
-                                None, t=0.0, dt=None)
+    stats = derive_engine_stats(
+        reading(kv_usage=0.25, blocks_total=400, tokens_total=6400), None, t=0.0, dt=None
+    )
     assert stats.blocks_used == 100 and stats.tokens_used == 1600
 
 
@@ -111,7 +120,8 @@ def test_tracker_marks_restart_between_scrapes() -> None:
     tracker = TargetTracker(TARGET)
     tracker.update(Scrape(TARGET, 1.0, body=fixture_text("vllm-0.33.0-v1-twin-idle.txt")))
     state = tracker.update(
-        Scrape(TARGET, 2.0, body=fixture_text("vllm-0.33.0-v1-twin-under-load.txt")))
+        Scrape(TARGET, 2.0, body=fixture_text("vllm-0.33.0-v1-twin-under-load.txt"))
+    )
     assert state.restarted_at == 2.0 and state.engines[0].restarted
     assert state.engines[0].prompt_tps is None
     assert len(tracker.history[("twin-llama", "0")]) == 2
