@@ -430,7 +430,7 @@ async def _fetch_version(client: httpx.AsyncClient, target: Target, timeout_s: f
 
 
 @dataclass(slots=True)
-class TargetState:
+class PollState:
     """What the poller remembers about one target between attempts."""
 
     failures: int = 0  # consecutive failed attempts; 0 after a success
@@ -481,7 +481,7 @@ class Poller:
         # As given, so poll_once answers one Scrape per entry; a duplicate shares its state
         # and run() polls it once.
         self._targets: list[Target] = list(targets)
-        self._states = {t: TargetState() for t in self._targets}
+        self._states = {t: PollState() for t in self._targets}
         self._interval_s = _valid_interval(interval_s)
         self._timeout_s = timeout_s
         self.max_bytes = max_bytes
@@ -520,7 +520,7 @@ class Poller:
     def targets(self) -> tuple[Target, ...]:
         return tuple(self._targets)
 
-    def state(self, target: Target) -> TargetState:
+    def state(self, target: Target) -> PollState:
         return self._states[target]
 
     def add_target(self, target: Target) -> None:
@@ -528,7 +528,7 @@ class Poller:
         if target in self._states:
             return
         self._targets.append(target)
-        self._states[target] = TargetState()
+        self._states[target] = PollState()
         if self._on_scrape is not None:
             self._tasks[target] = asyncio.create_task(self._loop(target, self._on_scrape))
 
@@ -577,7 +577,7 @@ class Poller:
             await self._pause(target, started)
 
     async def _attempt(self, target: Target) -> Scrape:
-        state = self._states.get(target) or TargetState()
+        state = self._states.get(target) or PollState()
         async with state.lock:  # poll_once during run never overlaps an attempt
             result = await scrape(
                 self.client, target, timeout_s=self.timeout_s, max_bytes=self.max_bytes
