@@ -1,0 +1,188 @@
+"""Start and stop a served vLLM 0.33.0 twin (`vllm serve` + fake executor, ../shared/twin).
+
+Each server runs in its own process group, so stopping it by pid also ends its EngineCore.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.paths import REPO, SHARED
+
+TWIN_DIR = SHARED / "twin"
+MODEL_NAME = "twin-llama"
+# Start-up is 15-35 s on an idle machine, 100 s for three at once on a busy 2-core one.
+INSTALL_HINT = "run scripts/install-twin.sh (or set KVTOP_TWIN_PYTHON)"
+START_TIMEOUT_S = float(os.environ.get("KVTOP_TWIN_START_TIMEOUT", "300"))
+STOP_TIMEOUT_S = 20.0
+SUMMARY: list[str] = []  # one line per scenario, printed at the end of the session
+
+
+def twin_python() -> Path:
+    """The twin interpreter: $KVTOP_TWIN_PYTHON, else <repo>/.venv-twin/bin/python."""
+    configured = os.environ.get("KVTOP_TWIN_PYTHON")
+    return Path(configured) if configured else REPO / ".venv-twin" / "bin" / "python"
+
+
+def twin_env(**extra: str) -> dict[str, str]:
+    """The environment the twin README asks for, plus the executor knobs in ``extra``."""
+    env = dict(os.environ)
+    env.update(PYTHONPATH=str(TWIN_DIR), PYTHONDONTWRITEBYTECODE="1", VLLM_TARGET_DEVICE="cpu",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    env.update(extra)
+    return env
+
+
+def unavailable_reason(python: Path) -> str | None:
+    """Why the tier cannot run here before trying vllm, or None."""
+    if os.environ.get("KVTOP_TWIN") == "0":
+        return "twin tier disabled by KVTOP_TWIN=0"
+    if not TWIN_DIR.is_dir():
+        return f"twin tier skipped: {TWIN_DIR} not found (clone kvtop next to ../shared)"
+    if not python.exists():
+        return f"twin tier skipped: no twin interpreter at {python}; {INSTALL_HINT}"
+    return None
+
+
+def import_vllm_error(python: Path, model_dir: Path) -> str | None:
+    """Check `import vllm` in a subprocess while the probe writes the fake model's config.json
+    (both import vllm for seconds, so they run side by side). The reason to skip, or None."""
+    probe = [str(python), str(TWIN_DIR / "twin_probe.py"), "--write-model-dir", str(model_dir)]
+    writer = subprocess.Popen(probe, env=twin_env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    try:
+        check = subprocess.run([str(python), "-c", "import vllm"], env=twin_env(),
+                               capture_output=True, text=True, timeout=180)
+        _, writer_err = writer.communicate(timeout=180)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"twin tier skipped: {python} -c 'import vllm' failed: {error}; {INSTALL_HINT}"
+    finally:
+        writer.kill()  # no-op once it has exited
+        writer.wait()
+    if check.returncode != 0:
+        last = (check.stderr.strip().splitlines() or ["?"])[-1]
+        return f"twin tier skipped: 'import vllm' fails in {python}: {last}; {INSTALL_HINT}"
+    if writer.returncode != 0:  # vllm imports but the probe fails: a real error, not a skip
+        raise RuntimeError(f"twin_probe.py --write-model-dir failed:\n{writer_err.decode()}")
+    return None
+
+
+def free_port() -> int:
+    """An ephemeral port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class TwinSpec:
+    """One served twin: executor knobs (TWIN_*) and the scheduler limits."""
+
+    num_blocks: int
+    step_delay_s: float
+    leak_frac: float = 0.0
+    max_num_seqs: int = 32
+    max_model_len: int = 4096
+
+    def env(self) -> dict[str, str]:
+        return twin_env(TWIN_NUM_BLOCKS=str(self.num_blocks),
+                        TWIN_STEP_DELAY=str(self.step_delay_s),
+                        TWIN_LEAK_FRAC=str(self.leak_frac))
+
+    def args(self, model_dir: Path, port: int) -> list[str]:
+        return ["-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
+                "--skip-tokenizer-init",
+                "--distributed-executor-backend", "twin_executor.FakeExecutor",
+                "--served-model-name", MODEL_NAME,
+                "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", "1024",
+                "--max-model-len", str(self.max_model_len), "--block-size", "16",
+                "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port)]
+
+
+@dataclass
+class TwinServer:
+    """A launched `vllm serve` twin; `wait_ready` before use, `stop` always."""
+
+    name: str
+    spec: TwinSpec
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    started_at: float = field(default_factory=time.monotonic)
+    ready_after_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return self.base_url + "/metrics"
+
+    @classmethod
+    def launch(cls, name: str, spec: TwinSpec, python: Path, model_dir: Path,
+               log_dir: Path) -> TwinServer:
+        port = free_port()
+        log_path = log_dir / f"twin-{name}-{port}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen([str(python), *spec.args(model_dir, port)],
+                                       env=spec.env(), stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, cwd=log_dir,
+                                       start_new_session=True)
+        return cls(name, spec, port, log_path, process)
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Block until /health answers 200; fail with the log tail on exit or deadline."""
+        deadline = self.started_at + timeout_s
+        while not self.healthy():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"twin {self.name} exited with {self.process.returncode}:\n"
+                                   + self.log_tail())
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"twin {self.name} not healthy after {timeout_s:.0f} s:\n"
+                                   + self.log_tail())
+            time.sleep(0.5)
+        if self.ready_after_s is None:
+            self.ready_after_s = time.monotonic() - self.started_at
+
+    def stop(self) -> None:
+        """SIGTERM the process group (API server and EngineCore), SIGKILL if it lingers."""
+        pgid = self.process.pid  # start_new_session: the group id is the leader's pid
+        for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            if _group_gone(pgid, self.process, wait_s):
+                break
+
+
+def _group_gone(pgid: int, leader: subprocess.Popen[bytes], wait_s: float) -> bool:
+    """Wait up to wait_s for the leader to exit and the whole group to be gone."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        leader.poll()
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
