@@ -24,7 +24,7 @@ from typing import Protocol
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
+from textual.containers import Horizontal, Vertical
 from textual.events import Resize
 from textual.widgets import DataTable, Footer, Input
 
@@ -32,10 +32,22 @@ from kvtop.collect.nvml import GpuReader, GpuReading, NvmlReader, NvmlUnavailabl
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
-from kvtop.ui.fleet import SORT_KEYS, build_rows, filter_rows, order_rows, summarise
+from kvtop.store.recording import RecordingWriter
+from kvtop.ui import format as fmt
+from kvtop.ui.fleet import (
+    SORT_KEYS,
+    FleetRow,
+    LeakChange,
+    build_rows,
+    filter_rows,
+    leak_changes,
+    order_rows,
+    summarise,
+)
 from kvtop.ui.screens.detail import DetailScreen
-from kvtop.ui.screens.help import HelpScreen
+from kvtop.ui.screens.help import KEYS, HelpScreen
 from kvtop.ui.snapshot_files import SnapshotFiles, stamp, write_snapshot
+from kvtop.ui.widgets.engine_panel import EnginePanel
 from kvtop.ui.widgets.fleet_table import FleetTable
 from kvtop.ui.widgets.gpu_pane import GpuPane
 from kvtop.ui.widgets.summary import SummaryBar
@@ -44,6 +56,8 @@ INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 COMPACT_WIDTH = 120  # below this the GPU pane goes under the table
 GPU_MIN_PERIOD_S = 2.0  # NVML reads are costly (gpustat#54); no need to go faster
 TTY_CHECK_S = 2.0
+RECORD_FLUSH_S = 5.0  # a crash loses at most this much of a recording
+LEAK_NOTIFY_S = {"leak": 30.0, "watch": 15.0}  # how long a leak alert stays up
 
 OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 
@@ -85,6 +99,7 @@ class AppConfig:
     gpu_reader: GpuReader | None = None  # default: NVML
     clock: Callable[[], float] = time.time  # wall clock for ages; fixed in snapshot tests
     watch_tty: bool = True  # exit when the terminal goes away (ignored when headless)
+    record: Path | None = None  # write every scrape to this recording while running
 
 
 class KvtopApp(App[None]):
@@ -92,26 +107,33 @@ class KvtopApp(App[None]):
     TITLE = "kvtop"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [  # noqa: RUF012 - Textual's class-level binding list
+        # The footer shows the few keys a newcomer needs at 80 columns; `?` lists them all.
         Binding("q", "quit", "Quit"),
         Binding("s", "snapshot", "Snapshot"),
         Binding("p", "pause", "Pause"),
         Binding("slash", "filter", "Filter"),
         Binding("o", "sort", "Sort"),
-        Binding("g", "toggle_gpu", "GPU"),
-        Binding("tab", "focus_next", "Pane", priority=True),
-        Binding("plus,equals_sign", "interval(1)", "Interval+", key_display="+"),
-        Binding("minus", "interval(-1)", "Interval-", key_display="-", show=False),
+        Binding("enter", "detail", "Detail", show=False),  # from the GPU pane too
         Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("g", "toggle_gpu", "GPU", show=False),
+        Binding("tab", "focus_next", "Pane", priority=True, show=False),
+        Binding("plus,equals_sign", "interval(1)", "Interval+", key_display="+", show=False),
+        Binding("minus", "interval(-1)", "Interval-", key_display="-", show=False),
         Binding("escape", "close_filter", show=False),
     ]
+    HELP_KEYS = KEYS
 
     def __init__(self, config: AppConfig) -> None:
         super().__init__()
         self.config = config
-        self.trackers: dict[str, Tracker] = {
-            t.url: config.tracker_factory(t) for t in config.targets
-        }
+        self.trackers = self._new_trackers()
         self.source = config.source_factory(config)
+        self._recorder = (
+            RecordingWriter(config.record, interval_s=config.interval_s, targets=config.targets)
+            if config.record is not None
+            else None
+        )  # opened here so an unwritable path fails before the screen is taken over
+        self._leak_seen: dict[str, str] = {}  # row key -> last leak state told to the user
         self.interval_s = config.interval_s
         self.gpus: list[GpuReading] = []
         self.gpu_unavailable: str | None = None
@@ -129,7 +151,9 @@ class KvtopApp(App[None]):
     def compose(self) -> ComposeResult:
         yield SummaryBar(id="summary")
         with Horizontal(id="body"):
-            yield FleetTable(id="fleet")
+            with Vertical(id="main"):
+                yield FleetTable(id="fleet")
+                yield EnginePanel(id="engine")
             yield GpuPane(id="gpu")
         yield Input(placeholder="filter: words that every row shown must contain", id="filter")
         yield Footer()
@@ -139,6 +163,7 @@ class KvtopApp(App[None]):
         self.table = self.query_one(FleetTable)
         self.summary = self.query_one(SummaryBar)
         self.gpu_pane = self.query_one(GpuPane)
+        self.engine_panel = self.query_one(EnginePanel)
         self.filter_box = self.query_one("#filter", Input)
         self.gpu_pane.display = not self.config.no_gpu
         self.table.focus()
@@ -149,6 +174,8 @@ class KvtopApp(App[None]):
             self._read_gpus()
         if self.config.watch_tty and not self.is_headless:
             self._watch_terminal()
+        if self._recorder is not None:
+            self.set_interval(RECORD_FLUSH_S, self._recorder.flush, name="record-flush")
 
     def on_resize(self, event: Resize) -> None:
         self.set_class(event.size.width < COMPACT_WIDTH, "compact")
@@ -162,6 +189,15 @@ class KvtopApp(App[None]):
 
     # -- collection ---------------------------------------------------------------------
 
+    def _new_trackers(self) -> dict[str, Tracker]:
+        return {t.url: self.config.tracker_factory(t) for t in self.config.targets}
+
+    def reset_trackers(self) -> None:
+        """Start every tracker afresh (a replay rewound): history, rates and leak evidence
+        are then rebuilt from the re-delivered scrapes by the same code as live."""
+        self.trackers = self._new_trackers()
+        self._leak_seen.clear()
+
     @work(group="collect", exit_on_error=False)
     async def _collect(self) -> None:
         source = self.source
@@ -173,6 +209,8 @@ class KvtopApp(App[None]):
 
     def on_scrape(self, scrape: Scrape) -> None:
         """Fold a scrape into its tracker now (even when paused); draw later, coalesced."""
+        if self._recorder is not None:
+            self._recorder.write(scrape)
         tracker = self.trackers.get(scrape.target.url)
         if tracker is None:
             return
@@ -232,14 +270,16 @@ class KvtopApp(App[None]):
         return [t.state for t in self.trackers.values()]
 
     def _draw(self, *, force: bool = False) -> None:
+        states = self.states()
+        self._tell_leak_changes(states)  # alerts are not display: they come even when paused
         if self._paused and not force:
             return
         self._last_draw = time.monotonic()
         now = self.config.clock()
-        states = self.states()
         rows = build_rows(states, now)
         rows = filter_rows(order_rows(rows, SORT_KEYS[self._sort_index][0]), self._filter)
         self.table.show(rows)
+        self._show_panel(self.table.selected_row, now)
         self.summary.show(
             summarise(states),
             interval_s=self.interval_s,
@@ -249,6 +289,35 @@ class KvtopApp(App[None]):
         )
         if isinstance(self.screen, DetailScreen):
             self.screen.show(now)
+
+    def _show_panel(self, row: FleetRow | None, now: float) -> None:
+        tracker = self.trackers.get(row.url) if row is not None else None
+        history = tracker.history.get(row.engine, ()) if tracker and row and row.engine else ()
+        self.engine_panel.show(row, tracker.state if tracker else None, list(history), now,
+                               self.config.history_s)
+
+    @on(DataTable.RowHighlighted, "#fleet")
+    def _row_highlighted(self) -> None:
+        if not self._paused:
+            self._show_panel(self.table.selected_row, self.config.clock())
+
+    def _tell_leak_changes(self, states: list[TargetState]) -> None:
+        changes, self._leak_seen = leak_changes(states, self._leak_seen)
+        for change in changes:
+            self._notify_leak(change)
+
+    def _notify_leak(self, change: LeakChange) -> None:
+        verdict = change.verdict
+        state = verdict.state
+        if state in ("leak", "watch"):
+            slope = verdict.slope_blocks_per_hour
+            trend = f" ({fmt.slope(slope)})" if slope else ""
+            self.notify(f"{change.name}: {verdict.reason}{trend}",
+                        title=f"KV {state.upper()}",
+                        severity="error" if state == "leak" else "warning",
+                        timeout=LEAK_NOTIFY_S[state])
+        else:
+            self.notify(f"{change.name}: {verdict.reason}", title="KV leak indicator cleared")
 
     # -- actions ------------------------------------------------------------------------
 
@@ -301,16 +370,16 @@ class KvtopApp(App[None]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(self.HELP_KEYS))
 
     @on(DataTable.RowSelected, "#fleet")
-    def _open_detail(self) -> None:
+    def action_detail(self) -> None:
         row = self.table.selected_row
-        if row is None:
+        if row is None or isinstance(self.screen, DetailScreen):
             return
-        tracker = self.trackers[row.url]
 
         def source() -> tuple[TargetState, list[EngineStats], EngineKey | None]:
+            tracker = self.trackers[row.url]  # looked up each time: a rewind replaces it
             state = tracker.state
             key = row.engine
             if key is None and state.engines:  # chosen while pending or down: show what came
@@ -381,8 +450,20 @@ class KvtopApp(App[None]):
 
     async def on_unmount(self) -> None:
         self._stop.set()
+        recorder, self._recorder = self._recorder, None  # a late scrape must not write
+        if recorder is not None:
+            recorder.close()
 
 
-def run_app(config: AppConfig) -> None:
-    """Run the terminal app until the user quits or the terminal goes away."""
-    KvtopApp(config).run()
+def run_app(config: AppConfig) -> int:
+    """Run the terminal app until the user quits or the terminal goes away.
+
+    Returns 0, or 2 when the recording (``config.record``) can't be created.
+    """
+    try:
+        app = KvtopApp(config)
+    except OSError as exc:
+        print(f"kvtop: can't record to {config.record}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    app.run()
+    return 0

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Literal
 from kvtop.ui import format as fmt
 
 if TYPE_CHECKING:
+    from kvtop.derive.leak import LeakVerdict
     from kvtop.derive.stats import EngineStats
     from kvtop.derive.tracker import EngineKey, TargetState
 
-Level = Literal["ok", "warn", "bad", "dim"]
+Level = Literal["ok", "warn", "bad", "alarm", "dim"]
 NOT_INFERENCE = "not an inference server?"
 RESTART_BADGE_S = 300.0  # how long a restart stays flagged in the status column
 
@@ -39,6 +40,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("model", "MODEL", 24, 5),
     Column("status", "STATUS", 10, 0),
     Column("kv", "KV BLOCKS", 17, 0),
+    Column("leak", "LEAK", 13, 0),  # the reason kvtop exists: never dropped
     Column("running", "RUN", 4, 1),
     Column("waiting", "WAIT", 4, 1),
     Column("preempt", "PRE/s", 5, 3),
@@ -67,7 +69,13 @@ SORT_KEYS: tuple[tuple[str, str], ...] = (
     ("waiting", "queue"),
     ("preempt", "preemptions"),
     ("gen", "generation"),
+    ("leak", "leak"),
 )
+
+# The leak indicator's text and colour level per detector state, in one place.
+LEAK_LABEL: dict[str, str] = {"warmup": "…", "ok": "OK", "watch": "WATCH", "leak": "LEAK"}
+LEAK_LEVEL: dict[str, Level] = {"warmup": "dim", "ok": "ok", "watch": "warn", "leak": "alarm"}
+LEAK_RANK: dict[str, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
 
 
 @dataclass(slots=True)
@@ -129,6 +137,21 @@ def _engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
     return " " + "/".join(parts)
 
 
+def leak_cell(verdict: LeakVerdict | None) -> Cell:
+    """``LEAK +420/h``: the state, and the floor's slope once a rising floor is measured."""
+    if verdict is None:
+        return Cell(fmt.DASH, "dim")
+    text = LEAK_LABEL[verdict.state]
+    slope = verdict.slope_blocks_per_hour
+    if verdict.state in ("watch", "leak") and slope is not None and slope > 0:
+        text = f"{text} {fmt.slope(slope)}"
+    return Cell(text, LEAK_LEVEL[verdict.state])
+
+
+def _leak_rank(stats: EngineStats) -> float | None:
+    return None if stats.leak is None else LEAK_RANK[stats.leak.state]
+
+
 def engine_cells(stats: EngineStats) -> dict[str, Cell]:
     usage = _usage(stats)
     ttft = stats.ttft
@@ -136,6 +159,7 @@ def engine_cells(stats: EngineStats) -> dict[str, Cell]:
     preempt = stats.preemptions_per_s
     return {
         "model": Cell(stats.model or fmt.DASH),
+        "leak": leak_cell(stats.leak),
         "kv": Cell(fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total), _kv_level(usage)),
         "running": Cell(fmt.count(stats.running)),
         "waiting": Cell(fmt.count(waiting), "warn" if waiting else None),
@@ -200,6 +224,7 @@ def build_rows(states: list[TargetState], now: float) -> list[FleetRow]:
                         "waiting": stats.waiting,
                         "preempt": stats.preemptions_per_s,
                         "gen": stats.generation_tps,
+                        "leak": _leak_rank(stats),
                     },
                     search=f"{base_search} {name} {stats.model or ''}".lower(),
                 )
@@ -233,6 +258,9 @@ class FleetSummary:
     blocks_total: int | None
     running: float
     waiting: float
+    leaks: int = 0  # engines whose indicator says LEAK
+    watches: int = 0  # ... and WATCH
+    judged: int = 0  # engines past the detector's warmup
 
     @property
     def kv_usage(self) -> float | None:
@@ -246,6 +274,7 @@ def summarise(states: list[TargetState]) -> FleetSummary:
     used = 0.0
     total = 0
     running = waiting = 0.0
+    leak_states: list[str] = []
     for state in states:
         if state.status not in ("up", "stale"):
             continue
@@ -258,6 +287,8 @@ def summarise(states: list[TargetState]) -> FleetSummary:
                 total += stats.blocks_total
             running += stats.running or 0.0
             waiting += stats.waiting or 0.0
+            if stats.leak is not None:
+                leak_states.append(stats.leak.state)
     return FleetSummary(
         hosts_up=sum(1 for s in states if s.status == "up"),
         hosts_total=len(states),
@@ -265,4 +296,40 @@ def summarise(states: list[TargetState]) -> FleetSummary:
         blocks_total=total or None,
         running=running,
         waiting=waiting,
+        leaks=leak_states.count("leak"),
+        watches=leak_states.count("watch"),
+        judged=len(leak_states) - leak_states.count("warmup"),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LeakChange:
+    """An engine whose indicator moved between OK, WATCH and LEAK: worth one notification."""
+
+    key: str
+    name: str
+    verdict: LeakVerdict
+
+
+def leak_changes(
+    states: list[TargetState], seen: dict[str, str]
+) -> tuple[list[LeakChange], dict[str, str]]:
+    """Changes of indicator level since ``seen`` (row key -> state) and the new ``seen``.
+
+    Only a change of level counts (warmup -> OK does not), so a held state is told once, not
+    at every poll. An engine that is gone keeps its last state.
+    """
+    changes: list[LeakChange] = []
+    now_seen = dict(seen)
+    for state in states:
+        for stats in state.engines:
+            verdict = stats.leak
+            if verdict is None:
+                continue
+            key = row_key(state.target.url, (stats.model, stats.engine))
+            before = seen.get(key, "warmup")
+            now_seen[key] = verdict.state
+            if LEAK_RANK[verdict.state] != LEAK_RANK[before]:
+                name = state.target.label + _engine_suffix(stats, state.engines)
+                changes.append(LeakChange(key, name, verdict))
+    return changes, now_seen

@@ -50,6 +50,29 @@ def age(value: float | None) -> str:
     return f"{value / 3600:.0f}h"
 
 
+def slope(per_hour: float | None) -> str:
+    """A blocks-per-hour trend in at most 7 cells: +420/h, +1.2k/h, +12k/h."""
+    if per_hour is None:
+        return DASH
+    size = abs(per_hour)
+    if size >= 10_000:
+        number = f"{size / 1000:.0f}k"
+    elif size >= 1000:
+        number = f"{size / 1000:.1f}k"
+    else:
+        number = f"{size:.0f}"
+    return f"{'-' if per_hour < 0 else '+'}{number}/h"
+
+
+def hours(value: float | None) -> str:
+    """A projection like 45m, 2.7h, 3d."""
+    if value is None:
+        return DASH
+    if value < 1:
+        return f"{value * 60:.0f}m"
+    return f"{value:.1f}h" if value < 48 else f"{value / 24:.0f}d"
+
+
 def bytes_gib(value: int | None) -> str:
     return DASH if value is None else f"{value / 2**30:.1f}"
 
@@ -65,6 +88,19 @@ def bar(fraction: float | None, cells: int = BAR_CELLS) -> str:
     if fraction < 1:
         filled = min(filled, cells - 1)
     return "▇" * filled + "░" * (cells - filled)
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float | None], top: float) -> str:
+    """One cell per value scaled to ``0..top``; an unknown value is a blank, never a floor."""
+    if top <= 0:
+        return " " * len(values)
+    last = len(SPARK) - 1
+    return "".join(
+        " " if v is None else SPARK[min(last, max(0, round(v / top * last)))] for v in values
+    )
 
 
 def kv_cell(

@@ -7,6 +7,7 @@ from collections import deque
 from pathlib import Path
 
 from kvtop.collect.target import Scrape, Secret, Target
+from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import EngineKey, TargetState
 from kvtop.ui.app import AppConfig, KvtopApp
@@ -92,6 +93,17 @@ def _stats(model: str, t: float, phase: float, blocks_total: int) -> EngineStats
     )
 
 
+LEAKING = LeakVerdict(
+    "leak", "idle floor rose 2100 blocks in 30m beyond what the load explains", 2140.0,
+    4200.0, 4.3, {"used": 12000.0, "pool": 20184.0, "idle_residual": 2140.0,
+                  "floor_slope_per_h": 4200.0, "consequences": "queue growing"},
+)
+QUIET = LeakVerdict("ok", "pool drained to its idle floor: nothing leaked so far", 0.0, None,
+                    None, {"used": 0.0, "pool": 20184.0})
+CACHE_CONFIG = {"block_size": "16", "num_gpu_blocks": "20184", "enable_prefix_caching": "True",
+                "cache_dtype": "auto", "gpu_memory_utilization": "0.9"}
+
+
 def static_trackers() -> dict[str, StaticTracker]:
     """Five targets: loaded, idle, down, stale, not an inference server; 5 min of history."""
     loaded = Target.from_spec("10.0.0.5:8000", name="llama-70b-a")
@@ -101,6 +113,9 @@ def static_trackers() -> dict[str, StaticTracker]:
     other = Target.from_spec("gw.internal:9090", name="gateway")
     now = T0 + 300
     history = deque(_stats("meta-llama/Llama-3.3-70B", T0 + i * 5, i / 9, 20184) for i in range(61))
+    history[-1].leak = LEAKING
+    history[-1].cache_config = CACHE_CONFIG
+    history[-1].prefix_caching = True
     trackers = {
         loaded.url: StaticTracker(
             TargetState(loaded, "up", kind="vllm", version="0.33.0", engines=[history[-1]],
@@ -112,7 +127,8 @@ def static_trackers() -> dict[str, StaticTracker]:
                         engines=[EngineStats("meta-llama/Llama-3.3-70B", "0", now, kv_usage=0.0,
                                              blocks_total=20184, blocks_used=0, running=0,
                                              waiting=0, hit_rate=None, prompt_tps=0,
-                                             generation_tps=0, preemptions_per_s=0)],
+                                             generation_tps=0, preemptions_per_s=0,
+                                             leak=QUIET)],
                         last_attempt_t=now, last_good_t=now, restarted_at=now - 40),
             {},
         ),

@@ -67,7 +67,7 @@ async def test_compact_layout_keeps_the_key_columns(tmp_path: Path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.2)
         assert list(table_rows(app)[0]) == [
-            "name", "status", "kv", "running", "waiting", "hit", "gen"
+            "name", "status", "kv", "leak", "running", "waiting"
         ]
         assert app.has_class("compact")
 

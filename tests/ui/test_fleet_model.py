@@ -18,15 +18,15 @@ def _up(spec: str, *engines: EngineStats) -> TargetState:
 
 def test_narrow_terminal_keeps_the_essential_columns() -> None:
     assert [c.key for c in visible_columns(78)] == [
-        "name", "status", "kv", "running", "waiting", "hit", "gen"
+        "name", "status", "kv", "leak", "running", "waiting"
     ]
-    assert len(visible_columns(200)) == 11
-    assert [c.key for c in visible_columns(10)] == ["name", "status", "kv"]
+    assert len(visible_columns(220)) == 12
+    assert [c.key for c in visible_columns(10)] == ["name", "status", "kv", "leak"]
 
 
 def test_unknown_values_are_dashes_never_zero() -> None:
     [row] = build_rows([_up("h:1", EngineStats("m", None, NOW))], NOW)
-    for key in ("kv", "running", "waiting", "preempt", "hit", "prompt", "gen", "ttft"):
+    for key in ("kv", "leak", "running", "waiting", "preempt", "hit", "prompt", "gen", "ttft"):
         assert row.cells[key].text == fmt.DASH
 
 

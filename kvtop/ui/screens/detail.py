@@ -13,10 +13,11 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from kvtop.ui import format as fmt
-from kvtop.ui.fleet import status_cell
+from kvtop.ui.fleet import LEAK_LABEL, status_cell
 from kvtop.ui.widgets.history_plot import HistoryPlot, Series
 
 if TYPE_CHECKING:
+    from kvtop.derive.leak import LeakVerdict
     from kvtop.derive.stats import EngineStats
     from kvtop.derive.tracker import EngineKey, TargetState
 
@@ -71,14 +72,12 @@ def describe(state: TargetState, stats: EngineStats | None, now: float) -> Text:
     if state.restarted_at is not None:
         lines.append(f"restart {fmt.age(now - state.restarted_at)} ago")
     if stats is not None:
-        prefix = "counted" if stats.prefix_queries_total is not None else fmt.DASH
         lines += [
             f"model   {stats.model or fmt.DASH}   engine {stats.engine or fmt.DASH}",
             f"KV      {fmt.kv_cell(stats.kv_usage, stats.blocks_used, stats.blocks_total)}"
             f"  ({fmt.percent(stats.kv_usage)})",
-            f"config  num_gpu_blocks {fmt.count(stats.blocks_total)}"
-            f"  block_size {fmt.count(stats.block_size)}"
-            f"  tokens {fmt.count(stats.tokens_total)}  prefix cache {prefix}",
+            *config_lines(stats),
+            *leak_lines(stats.leak),
             f"now     run {fmt.count(stats.running)}  wait {fmt.count(stats.waiting)}"
             f"  preempt/s {fmt.rate(stats.preemptions_per_s)}"
             f"  hit {fmt.percent(stats.hit_rate)} ({stats.hit_rate_scope or fmt.DASH})",
@@ -89,6 +88,49 @@ def describe(state: TargetState, stats: EngineStats | None, now: float) -> Text:
         ]
     lines += [f"note    {note}" for note in state.notes]
     return Text("\n".join(lines), no_wrap=True, overflow="ellipsis")
+
+
+CONFIG_KEYS = ("num_gpu_blocks", "block_size", "kv_cache_size_tokens", "enable_prefix_caching")
+
+
+def config_lines(stats: EngineStats) -> list[str]:
+    """The KV pool's configuration: vLLM's cache_config_info labels, else what was derived."""
+    config = stats.cache_config
+    caching = fmt.DASH if stats.prefix_caching is None else str(stats.prefix_caching)
+    derived = {
+        "num_gpu_blocks": fmt.count(stats.blocks_total),
+        "block_size": fmt.count(stats.block_size),
+        "kv_cache_size_tokens": fmt.count(stats.tokens_total),
+        "enable_prefix_caching": caching,
+    }
+    main = "  ".join(f"{k} {config.get(k, derived[k])}" for k in CONFIG_KEYS)
+    rest = "  ".join(f"{k} {v}" for k, v in sorted(config.items())
+                     if k not in CONFIG_KEYS and k != "engine")
+    return [f"config  {main}"] + ([f"        {rest}"] if rest else [])
+
+
+def leak_lines(verdict: LeakVerdict | None) -> list[str]:
+    """The leak verdict: state, reason, the estimate and the evidence behind it."""
+    if verdict is None:
+        return ["leak    not judged for this server"]
+    lines = [
+        f"leak    {LEAK_LABEL[verdict.state]}  {verdict.reason}",
+        f"        leaked {fmt.count(verdict.leaked_blocks)} blocks"
+        f"  slope {fmt.slope(verdict.slope_blocks_per_hour)}"
+        f"  full in {fmt.hours(verdict.hours_to_full)}",
+    ]
+    items = [f"{k}={_evidence_value(v)}" for k, v in verdict.evidence.items()]
+    for start in range(0, len(items), EVIDENCE_PER_LINE):
+        head = "evidence" if start == 0 else ""
+        lines.append(f"{head:<8} {'  '.join(items[start:start + EVIDENCE_PER_LINE])}")
+    return lines
+
+
+EVIDENCE_PER_LINE = 4
+
+
+def _evidence_value(value: float | str) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _quantiles(q: object) -> str:

@@ -8,11 +8,16 @@ from textual.widgets import Static
 from kvtop.ui import format as fmt
 from kvtop.ui.fleet import FleetSummary
 
+# (priority, text pieces): a lower priority survives a narrower terminal
+Part = tuple[int, list[tuple[str, str]]]
+
 
 class SummaryBar(Static):
-    """Hosts up, fleet KV weighted by capacity, total running and queue, and view settings."""
+    """Hosts up, leak counts, fleet KV weighted by capacity, queue, and view settings."""
 
-    COMPONENT_CLASSES = {"summary--key", "summary--bad", "summary--flag"}  # noqa: RUF012
+    COMPONENT_CLASSES = {  # noqa: RUF012
+        "summary--key", "summary--bad", "summary--flag", "summary--ok", "summary--warn",
+    }
 
     def show(
         self,
@@ -23,26 +28,54 @@ class SummaryBar(Static):
         filter_text: str,
         paused: bool,
     ) -> None:
-        key = self.get_component_rich_style("summary--key")
-        bad = self.get_component_rich_style("summary--bad")
-        flag = self.get_component_rich_style("summary--flag")
         down = summary.hosts_up < summary.hosts_total
-        text = Text.assemble(
-            ("hosts ", key),
-            (f"{summary.hosts_up}/{summary.hosts_total}", bad if down else ""),
-            ("  KV ", key),
-            fmt.kv_cell(summary.kv_usage, summary.blocks_used, summary.blocks_total),
-            ("  run ", key),
-            fmt.count(summary.running),
-            ("  queue ", key),
-            fmt.count(summary.waiting),
-            ("  every ", key),
-            f"{interval_s:g}s",
-            ("  sort ", key),
-            sort_label,
-        )
+        parts: list[Part] = [
+            (0, [("hosts ", "key"), (f"{summary.hosts_up}/{summary.hosts_total}",
+                                     "bad" if down else "")]),
+            (0, _leak_part(summary)),
+            (1, [("KV ", "key"), (fmt.kv_cell(summary.kv_usage, summary.blocks_used,
+                                              summary.blocks_total), "")]),
+            (2, [("run ", "key"), (fmt.count(summary.running), "")]),
+            (1, [("queue ", "key"), (fmt.count(summary.waiting), "")]),
+            (4, [("every ", "key"), (f"{interval_s:g}s", "")]),
+            (3, [("sort ", "key"), (sort_label, "")]),
+        ]
         if filter_text:
-            text.append("  filter ", key).append(repr(filter_text))
+            parts.append((0, [("filter ", "key"), (repr(filter_text), "")]))
         if paused:
-            text.append("  PAUSED", flag)
-        self.update(text)
+            parts.append((0, [("PAUSED", "flag")]))
+        self.update(self._assemble(_fit(parts, self.content_size.width or 200)))
+
+    def _assemble(self, parts: list[Part]) -> Text:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        for _, pieces in parts:
+            if text:
+                text.append("  ")
+            for piece, role in pieces:
+                text.append(piece, self.get_component_rich_style(f"summary--{role}")
+                            if role else "")
+        return text
+
+
+def _leak_part(summary: FleetSummary) -> list[tuple[str, str]]:
+    if summary.leaks or summary.watches:
+        pieces = [(f"LEAK {summary.leaks}", "flag")] if summary.leaks else []
+        if summary.watches:
+            pieces += [(" " if pieces else "", ""), (f"WATCH {summary.watches}", "warn")]
+        return pieces
+    if summary.judged:
+        return [("no leak", "ok")]
+    return [("leak check …", "key")]
+
+
+def _fit(parts: list[Part], width: int) -> list[Part]:
+    """Drop the least important parts until the line fits ``width`` cells."""
+    def length(kept: list[Part]) -> int:
+        return sum(len(p) for _, pieces in kept for p, _ in pieces) + 2 * (len(kept) - 1)
+
+    kept = list(parts)
+    for part in sorted(parts, key=lambda p: -p[0]):
+        if length(kept) <= width or part[0] == 0:
+            break
+        kept.remove(part)
+    return kept

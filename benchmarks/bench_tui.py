@@ -1,0 +1,175 @@
+"""CPU and terminal output of the kvtop terminal app with 16 simulated hosts at 1 Hz.
+
+The real command (``python -m kvtop URL...``) runs in a headless pseudo-terminal of a given
+size; this script drains the terminal continuously and reports, per run:
+
+* CPU: the app process's user+system time (/proc/<pid>/stat) as % of one core, in the steady
+  state (after the first ``--warmup`` seconds, which hold imports and the first scrapes);
+* terminal bytes per second over the same span;
+* time to first frame (a fleet row's host name on screen) and to first data (a KV bar).
+
+Goals (issue 4): <= 5 % of a core, <= 20 KB/s at 80x24, first frame under 1 s.
+
+    .venv/bin/python benchmarks/bench_tui.py [--seconds 60] [--hosts 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from dataclasses import dataclass
+
+ANSI = re.compile(
+    rb"\x1b(?:\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[()][A-Z0-9]|[=>])"
+)
+KV_BAR = "░".encode()  # a KV bar is drawn once some host's numbers have arrived
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Run:
+    label: str
+    columns: int
+    rows: int
+    extra: tuple[str, ...] = ()
+
+
+@dataclass
+class Result:
+    run: Run
+    cpu_percent: float
+    bytes_per_s: float
+    first_frame_s: float | None
+    first_data_s: float | None
+
+
+def start_sim(count: int) -> tuple[subprocess.Popen[str], list[str]]:
+    """``kvtop sim --port 0 --count N``; its first N stdout lines are the URLs."""
+    sim = subprocess.Popen([sys.executable, "-m", "kvtop", "sim", "--port", "0",
+                            "--count", str(count)], stdout=subprocess.PIPE, text=True)
+    assert sim.stdout is not None
+    urls = [sim.stdout.readline().strip() for _ in range(count)]
+    if not all(u.startswith("http") for u in urls):
+        sim.kill()
+        raise SystemExit(f"kvtop sim did not start: {urls}")
+    return sim, urls
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as file:
+        fields = file.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / HZ  # utime, stime (fields 14 and 15)
+
+
+def spawn(run: Run, urls: list[str]) -> tuple[int, int]:
+    """The app in a new pseudo-terminal of the run's size; returns (pid, master fd)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # child: size the terminal before the app asks for it
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", run.rows, run.columns, 0, 0))
+        env = dict(os.environ, TERM="xterm-256color", COLORTERM="")
+        env.pop("NO_COLOR", None)
+        os.execve(sys.executable, [sys.executable, "-m", "kvtop", *urls, "--no-gpu",
+                                   "--interval", "1", *run.extra], env)
+    return pid, fd
+
+
+def drain(fd: int, seconds: float) -> bytes:
+    """Read whatever the app writes for ``seconds`` (the terminal never blocks it)."""
+    out = bytearray()
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], min(left, 0.05))
+        if ready:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:  # the app is gone
+                break
+    return bytes(out)
+
+
+def measure(run: Run, urls: list[str], seconds: float, warmup: float) -> Result:
+    host = urls[0].split("//", 1)[1].split("/", 1)[0].encode()  # its row's name
+    started = time.monotonic()
+    pid, fd = spawn(run, urls)
+    first_frame = first_data = None
+    seen = bytearray()
+    try:
+        while time.monotonic() - started < warmup:
+            seen += drain(fd, 0.02)
+            plain = ANSI.sub(b"", bytes(seen))
+            if first_frame is None and host in plain:
+                first_frame = time.monotonic() - started
+            if first_data is None and KV_BAR in plain:
+                first_data = time.monotonic() - started
+        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        steady = drain(fd, seconds)
+        cpu1, t1 = cpu_seconds(pid), time.monotonic()
+    finally:
+        stop(pid, fd)
+    return Result(run, 100 * (cpu1 - cpu0) / (t1 - t0), len(steady) / (t1 - t0),
+                  first_frame, first_data)
+
+
+def stop(pid: int, fd: int) -> None:
+    """q, as a user would; then the signals, so no app outlives the benchmark."""
+    try:
+        os.write(fd, b"q")
+        drain(fd, 1.0)
+    except OSError:
+        pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if os.waitpid(pid, os.WNOHANG) != (0, 0):
+            break
+        os.kill(pid, sig)
+        time.sleep(0.5)
+    else:
+        os.waitpid(pid, 0)
+    os.close(fd)
+
+
+def table(results: list[Result], hosts: int, seconds: float) -> str:
+    def secs(value: float | None) -> str:
+        return "–" if value is None else f"{value:.2f} s"
+
+    lines = [
+        f"kvtop TUI, {hosts} simulated hosts at 1 Hz, {seconds:g} s steady state, --no-gpu",
+        "",
+        "| terminal | CPU (% of a core) | output | first frame | first data |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(f"| {r.run.label} | {r.cpu_percent:.1f} % | {r.bytes_per_s / 1000:.1f} KB/s"
+                     f" | {secs(r.first_frame_s)} | {secs(r.first_data_s)} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="steady-state span per run")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
+    parser.add_argument("--hosts", type=int, default=16)
+    args = parser.parse_args()
+    runs = [Run("80×24", 80, 24), Run("160×48", 160, 48),
+            Run("80×24 --low-bandwidth", 80, 24, ("--low-bandwidth",))]
+    sim, urls = start_sim(args.hosts)
+    try:
+        results = [measure(run, urls, args.seconds, args.warmup) for run in runs]
+    finally:
+        sim.terminate()
+        sim.wait(10)
+    print(table(results, args.hosts, args.seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

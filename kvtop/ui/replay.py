@@ -1,0 +1,180 @@
+"""``kvtop replay FILE``: the terminal app on a recording, with pause, step, seek and speed.
+
+The app is the live one with a :class:`ReplaySource` instead of the poller, and the replay's
+clock as its clock, so ages, plots, rates and the leak indicator come from the same code as
+live. Seeking backwards rebuilds the trackers from the recording's start (``on_rewind``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Input, Static
+
+from kvtop.collect.target import Scrape
+from kvtop.store.recording import RecordingError, read_recording
+from kvtop.store.replay import ReplaySource
+from kvtop.ui import format as fmt
+from kvtop.ui.app import AppConfig, KvtopApp
+from kvtop.ui.screens.help import KEYS
+
+SEEK_S = 60.0  # [ ]
+SEEK_FAR_S = 600.0  # { }
+YIELD_EVERY = 100  # scrapes folded between yields while a seek catches up
+REPLAY_KEYS = (
+    ("space", "pause / resume the replay"),
+    (". →", "step one scrape (pauses first)"),
+    ("[ ]", f"seek back / forward {fmt.age(SEEK_S)}"),
+    ("{ }", f"seek back / forward {fmt.age(SEEK_FAR_S)}"),
+    ("< >", "replay speed ×0.5 / ×2"),
+)
+EXIT_UNREADABLE, EXIT_NO_DATA = 2, 3
+
+
+def clock_text(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def position(seconds: float) -> str:
+    """A position in the recording: 4:05 or 1:02:03."""
+    whole = max(0, int(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class ReplayBar(Static):
+    """The replay's clock: play state, speed, recording time and position/length."""
+
+    COMPONENT_CLASSES = {"replay--flag", "replay--key"}  # noqa: RUF012
+
+    def show(self, source: ReplaySource, name: str) -> None:
+        flag = self.get_component_rich_style("replay--flag")
+        key = self.get_component_rich_style("replay--key")
+        if source.finished and source.paused:
+            mode = "■ END"
+        else:
+            mode = "❚❚ PAUSED" if source.paused else "▶ REPLAY"
+        now = source.now()
+        text = Text.assemble(
+            (mode, flag), (f" ×{source.speed:g}  ", ""), (clock_text(now), ""),
+            ("  ", ""), (position(now - source.start_t), ""),
+            (f"/{position(source.end_t - source.start_t)}  ", key), (name, key),
+            no_wrap=True, overflow="ellipsis",
+        )
+        self.update(text)
+
+
+class ReplayApp(KvtopApp):
+    """The live app on a recording; the replay keys drive its :class:`ReplaySource`."""
+
+    BINDINGS = [  # noqa: RUF012 - Textual's class-level binding list
+        # The live footer's p, / and o give way to the replay keys (all still work; see ?).
+        Binding("p", "pause", "Pause", show=False),
+        Binding("slash", "filter", "Filter", show=False),
+        Binding("o", "sort", "Sort", show=False),
+        Binding("space", "play_pause", "Pause", key_display="space"),
+        Binding("full_stop", "step", "Step", key_display="."),
+        Binding("right", "step", "Step", show=False, priority=True),  # the table's own right
+        Binding("left_square_bracket", "seek(-1)", "Seek", key_display="[ ]"),
+        Binding("right_square_bracket", "seek(1)", "Seek", show=False),
+        Binding("left_curly_bracket", "seek(-10)", show=False),
+        Binding("right_curly_bracket", "seek(10)", show=False),
+        Binding("less_than_sign", "speed(0.5)", "Speed", key_display="< >"),
+        Binding("greater_than_sign", "speed(2)", "Speed", show=False),
+    ]
+    HELP_KEYS = REPLAY_KEYS + tuple(k for k in KEYS if k[0] != "+ -")
+
+    def __init__(self, config: AppConfig, source: ReplaySource, name: str) -> None:
+        super().__init__(config)
+        self.replay = source
+        self.replay_name = name
+        source.on_rewind = self.reset_trackers
+        self._delivered = 0
+
+    def compose(self) -> ComposeResult:
+        yield ReplayBar(id="replay")
+        yield from super().compose()
+
+    def on_mount(self) -> None:
+        self.replay_bar = self.query_one(ReplayBar)
+        super().on_mount()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "interval":  # the recording's interval is fixed
+            return False
+        # → moves the filter's cursor while one is typed
+        return not (action == "step" and isinstance(self.focused, Input))
+
+    @work(group="collect", exit_on_error=False)
+    async def _collect(self) -> None:
+        await self.replay.run(self._paced_scrape, stop=self._stop)
+
+    async def _paced_scrape(self, scrape: Scrape) -> None:
+        """Fold as live does; a seek that re-delivers hours of scrapes still lets keys in."""
+        self.on_scrape(scrape)
+        self._delivered += 1
+        if self._delivered % YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+
+    def _draw(self, *, force: bool = False) -> None:
+        super()._draw(force=force)
+        self.replay_bar.show(self.replay, self.replay_name)
+
+    def _moved(self) -> None:
+        """Show a pause, step or seek at once instead of at the next redraw period."""
+        self.replay_bar.show(self.replay, self.replay_name)
+        self.set_timer(0.05, self._draw)
+
+    def action_play_pause(self) -> None:
+        self.replay.toggle_pause()
+        self._moved()
+
+    def action_step(self) -> None:
+        if not self.replay.paused:
+            self.replay.toggle_pause()
+        self.replay.step()
+        self._moved()
+
+    def action_seek(self, minutes_or_tens: int) -> None:
+        amount = SEEK_FAR_S if abs(minutes_or_tens) == 10 else SEEK_S
+        direction = 1 if minutes_or_tens > 0 else -1
+        self.replay.seek(self.replay.now() + direction * amount)
+        self._moved()
+
+    def action_speed(self, factor: float) -> None:
+        self.replay.set_speed(self.replay.speed * factor)
+        self.notify(f"replay speed ×{self.replay.speed:g}", timeout=2)
+        self._moved()
+
+
+def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None) -> int:
+    """Open the app on the recording at ``path``. Returns 0, 2 (unreadable) or 3 (no scrapes)."""
+    try:
+        recording = read_recording(path)
+    except RecordingError as exc:
+        print(f"kvtop replay: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if not recording.scrapes:
+        print(f"kvtop replay: {path} holds no scrapes", file=sys.stderr)
+        return EXIT_NO_DATA
+    for warning in recording.warnings:
+        print(f"kvtop replay: {path}: {warning}", file=sys.stderr)
+    source = ReplaySource(recording, speed=speed)
+    config = AppConfig(
+        targets=recording.targets(),
+        interval_s=recording.interval_s,
+        no_gpu=True,  # this machine's GPUs say nothing about the recording
+        snapshot_dir=snapshot_dir or Path.cwd(),
+        source_factory=lambda _: source,
+        clock=source.now,
+    )
+    ReplayApp(config, source, path.name).run()
+    return 0

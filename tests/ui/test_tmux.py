@@ -1,0 +1,118 @@
+"""The real command as a user runs it: `kvtop --demo` in a detached tmux pane at 80x24.
+
+A private tmux socket keeps the test away from the user's sessions; every process is found
+again by the test's unique temporary folder in its command line, so none can survive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("tmux") is None, reason="tmux is not installed: the tmux test needs it"
+)
+
+DEMO_ROWS = ("leaky", "mooncake", "prefix-heavy", "restarts")
+
+
+class Tmux:
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+
+    def __call__(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args],
+                              capture_output=True, text=True, timeout=10, check=False)
+        return done.stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "kv")
+
+    def pane(self, field: str) -> str:
+        return self("display-message", "-p", "-t", "kv", f"#{{{field}}}").strip()
+
+
+def _rows_up(screen: str) -> bool:
+    lines = screen.splitlines()
+    return "hosts 4/4" in screen and all(
+        any(line.split()[:2] == [name, "up"] for line in lines if line.strip())
+        for name in DEMO_ROWS
+    )
+
+
+def wait_for(check: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"gave up after {timeout:g}s waiting for {what}")
+
+
+def processes_with(marker: str, *, tmux_too: bool = True) -> list[int]:
+    """Pids whose command line mentions ``marker`` (this test's temporary folder).
+
+    The tmux server's own argv holds the command it was started with: ``tmux_too=False``
+    leaves it out.
+    """
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and (tmux_too or not cmdline.startswith("tmux")):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[Tmux]:
+    server = Tmux(f"kvtop-test-{uuid.uuid4().hex[:12]}")
+    try:
+        yield server
+    finally:
+        server("kill-server")
+        for pid in processes_with(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_demo_in_tmux_snapshot_and_quit(tmux: Tmux, tmp_path: Path) -> None:
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    command = f"{sys.executable} -m kvtop --demo --no-gpu --snapshot-dir {snaps}"
+    tmux("new-session", "-d", "-x", "80", "-y", "24", "-s", "kv", "-c", os.getcwd(), command,
+         ";", "set-option", "-t", "kv", "remain-on-exit", "on")
+    wait_for(lambda: _rows_up(tmux.screen()), 20, "the four demo rows, up")
+    assert "LEAK" in tmux.screen().splitlines()[1]  # the indicator's column at 80 columns
+
+    tmux("send-keys", "-t", "kv", "s")
+    wait_for(lambda: list(snaps.glob("kvtop-snapshot-*")), 10, "the snapshot folder")
+    [folder] = snaps.glob("kvtop-snapshot-*")
+    document = json.loads((folder / f"{folder.name}.json").read_text())
+    assert document["kvtop_snapshot"] == 1
+    assert len(document["targets"]) == 4
+    assert len(list((folder / "metrics").glob("*.txt"))) == 4
+    assert "vllm:" in next((folder / "metrics").glob("*.txt")).read_text()
+    assert (folder / "screen.svg").read_text().startswith("<svg")
+
+    tmux("send-keys", "-t", "kv", "q")
+    wait_for(lambda: tmux.pane("pane_dead") == "1", 10, "kvtop to exit after q")
+    assert tmux.pane("pane_dead_status") == "0"
+    wait_for(lambda: not processes_with(str(snaps), tmux_too=False), 5,
+             "the kvtop process to be gone")
+
+    tmux("kill-server")
+    wait_for(lambda: not processes_with(str(tmp_path)), 5, "no process left after kill-server")
