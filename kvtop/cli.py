@@ -6,19 +6,27 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvtop import __version__
 from kvtop.collect.target import Target
 from kvtop.config import (
     ConfigError,
+    add_prometheus_arguments,
     add_target_arguments,
     leak_params,
     load_config,
     parse_duration,
+    resolve_prometheus,
     resolve_targets,
 )
 
+if TYPE_CHECKING:
+    from kvtop.collect.prometheus import PrometheusSettings
+    from kvtop.derive.leak import LeakParams
+
 EXIT_USAGE = 2
+EXIT_UNREADABLE = 3
 
 
 def _positive(text: str) -> float:
@@ -45,13 +53,21 @@ def _snapshot_parser(subparsers: argparse._SubParsersAction) -> None:
     output.add_argument("--table", dest="as_json", action="store_false",
                         help="a readable table")
     parser.add_argument("--no-gpu", action="store_true", help="leave local GPUs out")
+    add_prometheus_arguments(parser)
     parser.set_defaults(command=_run_snapshot)
 
 
 def _run_snapshot(args: argparse.Namespace) -> int:
     from kvtop.headless.snapshot_command import run_snapshot
 
-    targets = resolve_targets(args, load_config(args.config))
+    config = load_config(args.config)
+    if (prometheus := resolve_prometheus(args, config)) is not None:
+        from kvtop.headless.prometheus_commands import run_snapshot_prometheus
+
+        return run_snapshot_prometheus(prometheus, timeout_s=args.timeout,
+                                       insecure=args.insecure, as_json=args.as_json,
+                                       with_gpus=not args.no_gpu)
+    targets = resolve_targets(args, config)
     return run_snapshot(targets, samples=args.samples, interval_s=args.interval,
                         timeout_s=args.timeout, insecure=args.insecure,
                         as_json=args.as_json, with_gpus=not args.no_gpu)
@@ -100,6 +116,7 @@ def _check_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="also write the live scrapes to a recording")
     parser.add_argument("--json", dest="as_json", action="store_true", default=None,
                         help="JSON (the default when stdout is not a terminal)")
+    add_prometheus_arguments(parser)
     parser.set_defaults(command=_run_check)
 
 
@@ -112,11 +129,53 @@ def _run_check(args: argparse.Namespace) -> int:
             raise ConfigError("--replay reads a recording: give no targets, --duration "
                               "or --record with it")
         return run_check_replay(args.replay, params=params, as_json=args.as_json)
-    targets = resolve_targets(args, load_config(args.config))
+    config = load_config(args.config)
+    if (prometheus := resolve_prometheus(args, config)) is not None:
+        return _run_check_prometheus(args, prometheus, params)
+    targets = resolve_targets(args, config)
     return run_check_live(targets, params=params, duration_s=args.duration or 1800.0,
                           interval_s=args.interval, timeout_s=args.timeout,
                           insecure=args.insecure, until_leak=args.until_leak,
                           record=args.record, as_json=args.as_json)
+
+
+def _run_check_prometheus(args: argparse.Namespace, prometheus: PrometheusSettings,
+                          params: LeakParams) -> int:
+    from kvtop.headless.prometheus_commands import run_check_prometheus
+
+    if args.record:
+        raise ConfigError("--record writes direct scrapes; Prometheus keeps its own history")
+    return run_check_prometheus(prometheus, params=params,
+                                duration_s=args.duration or 1800.0, interval_s=args.interval,
+                                timeout_s=args.timeout, insecure=args.insecure,
+                                until_leak=args.until_leak, as_json=args.as_json)
+
+
+def _rules_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "rules", help="print Prometheus recording and alerting rules for KV-cache leaks",
+        description="Print Prometheus rules (YAML, for rule_files:) implementing kvtop's "
+                    "leak evidence in PromQL with the thresholds from the config's "
+                    "[thresholds]; docs/prometheus.md says where PromQL differs.")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML config")
+    parser.add_argument("--selector", metavar="'{LABEL=\"VALUE\",...}'",
+                        help="only series matching these labels (default: the config's "
+                             "[prometheus] selector)")
+    parser.set_defaults(command=_run_rules)
+
+
+def _run_rules(args: argparse.Namespace) -> int:
+    from kvtop.collect.prometheus import selector_matchers
+    from kvtop.headless.rules import render_rules
+
+    config = load_config(args.config)
+    selector = args.selector or str(config.prometheus.get("selector", ""))
+    try:
+        selector_matchers(selector)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    sys.stdout.write(render_rules(leak_params(config), selector))
+    return 0
 
 
 def _replay_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -148,6 +207,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "record": _record_parser,
     "check": _check_parser,
     "replay": _replay_parser,
+    "rules": _rules_parser,
     "sim": _sim_parser,
 }
 
@@ -181,6 +241,7 @@ def build_app_parser() -> argparse.ArgumentParser:
                         help="where the s key writes snapshots (default: current directory)")
     parser.add_argument("--low-bandwidth", action="store_true",
                         help="no charts and slower redraws, for slow ssh links")
+    add_prometheus_arguments(parser)
     return parser
 
 
@@ -196,12 +257,36 @@ def _run_app(args: argparse.Namespace) -> int:
                           insecure=args.insecure))
         return 0
 
+    if (prometheus := resolve_prometheus(args, config)) is not None:
+        return _run_app_prometheus(prometheus, args, interval)
     if not args.demo:
         return start(resolve_targets(args, config))
     from kvtop.sim.demo import demo_fleet
 
     with demo_fleet() as targets:
         return start(targets)
+
+
+def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace,
+                        interval: float) -> int:
+    """The app on the instances Prometheus knows now, fed (and backfilled) through it."""
+    import asyncio
+
+    from kvtop.collect.prometheus import PrometheusError, PrometheusSource
+    from kvtop.headless.prometheus_commands import discover_targets
+    from kvtop.ui.app import AppConfig, run_app
+
+    source = PrometheusSource(prometheus, interval_s=interval, timeout_s=args.timeout,
+                              insecure=args.insecure)
+    try:
+        targets = asyncio.run(discover_targets(source))
+    except PrometheusError as exc:
+        print(f"kvtop: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    run_app(AppConfig(targets=targets, interval_s=interval, no_gpu=args.no_gpu,
+                      snapshot_dir=args.snapshot_dir, low_bandwidth=args.low_bandwidth,
+                      source_factory=lambda _config: source))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

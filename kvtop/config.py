@@ -8,6 +8,10 @@ Default file: ``$XDG_CONFIG_HOME/kvtop/config.toml`` (``~/.config/kvtop/config.t
     name = "gpu-1"
     group = "prod"
     token_env = "VLLM_METRICS_TOKEN"   # or token_file = "~/.config/kvtop/token"
+    [prometheus]                       # read the fleet from Prometheus instead
+    url = "http://prometheus:9090"
+    selector = '{namespace="prod"}'
+    token_env = "PROM_TOKEN"           # or token_file
 
 Tokens come only from environment variables or files, never from argv, and are never printed.
 """
@@ -19,10 +23,13 @@ import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtop.collect.target import DEFAULT_TARGET, Target, read_token
 from kvtop.derive.leak import LeakParams
+
+if TYPE_CHECKING:
+    from kvtop.collect.prometheus import PrometheusSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +37,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_TOKEN_ENV = "KVTOP_TOKEN"
+PROMETHEUS_KEYS = frozenset({"url", "selector", "token_env", "token_file", "backfill_step"})
 
 
 class ConfigError(ValueError):
@@ -60,6 +68,7 @@ class Config:
     targets: list[Target] = field(default_factory=list)
     interval_s: float | None = None
     thresholds: dict[str, Any] = field(default_factory=dict)
+    prometheus: dict[str, Any] = field(default_factory=dict)  # the [prometheus] table
 
 
 def _target_from_table(entry: dict[str, Any], where: str) -> Target:
@@ -94,7 +103,18 @@ def load_config(path: Path | None) -> Config:
     if interval is not None and (not isinstance(interval, (int, float)) or interval <= 0):
         raise ConfigError(f"{path}: interval must be a positive number of seconds")
     return Config(targets, None if interval is None else float(interval),
-                  dict(data.get("thresholds", {})))
+                  dict(data.get("thresholds", {})), _prometheus_table(data, path))
+
+
+def _prometheus_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    table = data.get("prometheus", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [prometheus] must be a table")
+    unknown = set(table) - PROMETHEUS_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown [prometheus] key(s): {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(PROMETHEUS_KEYS))})")
+    return dict(table)
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,3 +161,37 @@ def leak_params(config: Config) -> LeakParams:
         return LeakParams(**{k: kinds[k](v) for k, v in config.thresholds.items()})
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[thresholds]: {exc}") from None
+
+
+def add_prometheus_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prometheus", metavar="URL",
+                        help="read every vLLM/SGLang server a Prometheus scrapes, through its "
+                             "HTTP API (or [prometheus] url in the config)")
+    parser.add_argument("--selector", metavar="'{LABEL=\"VALUE\",...}'",
+                        help="with --prometheus: only instances whose series match, "
+                             "e.g. '{namespace=\"prod\"}'")
+
+
+def resolve_prometheus(args: argparse.Namespace, config: Config) -> PrometheusSettings | None:
+    """--prometheus (with --selector), else the config's [prometheus] url, else None.
+    Its token comes from the [prometheus] token_env / token_file only."""
+    table = config.prometheus
+    url = getattr(args, "prometheus", None) or table.get("url")
+    if not url:
+        if getattr(args, "selector", None):
+            raise ConfigError("--selector needs --prometheus URL (or [prometheus] url)")
+        return None
+    if getattr(args, "targets", None):
+        raise ConfigError("give either targets or --prometheus, not both")
+    from kvtop.collect.prometheus import load_settings
+
+    selector = getattr(args, "selector", None) or table.get("selector", "")
+    step = table.get("backfill_step")
+    try:
+        token = read_token(table.get("token_env"), table.get("token_file"))
+        return load_settings(str(url), selector=str(selector), token=token,
+                             backfill_step_s=None if step is None else float(step))
+    except OSError as exc:
+        raise ConfigError(f"[prometheus] token_file: {exc.strerror}: {exc.filename}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"prometheus: {exc}") from None

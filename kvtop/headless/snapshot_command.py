@@ -46,6 +46,11 @@ def run_snapshot(targets: list[Target], *, samples: int, interval_s: float,
                  with_gpus: bool) -> int:
     states = asyncio.run(collect_states(targets, samples=samples, interval_s=interval_s,
                                         timeout_s=timeout_s, insecure=insecure))
+    return print_snapshot(states, as_json=as_json, with_gpus=with_gpus)
+
+
+def print_snapshot(states: list[TargetState], *, as_json: bool | None, with_gpus: bool) -> int:
+    """Print the snapshot of these states (JSON or a table); the exit code."""
     document: dict[str, Any] = snapshot_document(
         states, gpus_json() if with_gpus else [], taken_at=datetime.now(timezone.utc))
     if as_json is None:

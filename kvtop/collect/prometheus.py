@@ -1,0 +1,448 @@
+"""Prometheus as a data source: the inference servers a Prometheus already scrapes, read
+through its HTTP API and turned into the same :class:`Scrape` objects the poller makes.
+
+Every instance (``job``/``instance`` labels) with a vLLM/SGLang/llama.cpp/TRT-LLM series is
+one :class:`Target` ``<prometheus url>#<job>/<instance>``. Each refresh costs two queries
+for the whole fleet, never one per host:
+
+* ``{__name__=~"<adapters' WANTED names>", <selector>}[Δ]``: the raw samples Prometheus
+  stored since the last refresh, with their own scrape timestamps. The samples of one
+  instance sharing a timestamp are one scrape of it; they are written back as exposition
+  text, so the same adapters, trackers and leak detector run unchanged, on exactly the
+  scrapes Prometheus made (rates use its timestamps, not kvtop's refresh clock).
+* ``up{<selector>, job=~"<jobs seen>"}[Δ]``: ``up == 0`` is a failed scrape (``down``).
+
+An instance with no fresh series for a while fails with a reason (``stale``). On start,
+:meth:`PrometheusSource.backfill` replays the detector's window from one range query over
+only the families the detector and the history need. docs/prometheus.md has the details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kvtop.collect.adapters import WANTED
+from kvtop.collect.adapters.sglang import COUNTERS as SGLANG_COUNTERS
+from kvtop.collect.adapters.sglang import GAUGES as SGLANG_GAUGES
+from kvtop.collect.adapters.vllm import ITL_NEW, V0_ONLY
+from kvtop.collect.poller import classify_exception, make_client
+from kvtop.collect.target import FailureKind, Scrape, Secret, Target
+
+OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
+InstanceKey = tuple[str, str]  # (job, instance)
+
+# What the leak detector and the history plots read, and the series the vLLM adapter infers
+# the release from (it decides the pool's size); latency histograms (most series) are left
+# out of the backfill and come with the first live refresh.
+BACKFILL_NAMES = frozenset({
+    *V0_ONLY, f"{ITL_NEW}_count",
+    "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cache_config_info",
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total",
+    *SGLANG_GAUGES, *SGLANG_COUNTERS,
+})
+_INSTANCE_LABELS = frozenset({"__name__", "job", "instance"})
+MAX_POINTS = 11_000  # Prometheus refuses range queries with more points per series
+DEFAULT_BACKFILL_STEP_S = 15.0
+OVERLAP_S = 2.0  # re-read this much of the previous refresh: a scrape in flight lands late
+TARGETS_CACHE_S = 30.0  # /api/v1/targets (for down instances' errors) at most this often
+
+
+class PrometheusError(Exception):
+    """Prometheus could not be read, or knows no inference server; the message says why."""
+
+    def __init__(self, kind: FailureKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: FailureKind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusSettings:
+    url: str  # http(s)://host:9090[/prefix]
+    selector: str = ""  # '{namespace="prod"}': matchers added to every query
+    token: Secret | None = field(default=None, repr=False)
+    backfill_step_s: float | None = None  # default: the refresh interval, at least 15 s
+
+    @property
+    def base(self) -> str:
+        return self.url.rstrip("/")
+
+
+def selector_matchers(selector: str) -> str:
+    """``{a="b", c=~"d"}`` -> ``a="b", c=~"d"`` (checked loosely; Prometheus checks the rest)."""
+    text = selector.strip()
+    if not text:
+        return ""
+    if not (text.startswith("{") and text.endswith("}")):
+        raise ValueError(f"a label selector looks like {{namespace=\"prod\"}}, not {selector!r}")
+    inner = text[1:-1].strip().rstrip(",")
+    if "__name__" in inner:
+        raise ValueError("the selector picks instances by their labels; leave out __name__")
+    return inner
+
+
+def names_regex(names: Iterable[str]) -> str:
+    # metric names are [a-zA-Z0-9_:]: nothing to escape
+    return "|".join(sorted(names))
+
+
+def vector_selector(names: Iterable[str], selector: str, extra: str = "") -> str:
+    matchers = [f'__name__=~"{names_regex(names)}"', selector_matchers(selector), extra]
+    return "{" + ", ".join(m for m in matchers if m) + "}"
+
+
+def _ms(seconds: float) -> str:
+    """A PromQL range: whole milliseconds (2.x rejects fractional durations)."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def target_for(settings: PrometheusSettings, job: str, instance: str) -> Target:
+    """A stable identity per instance: one tracker per (job, instance), whatever its port."""
+    return Target(url=f"{settings.base}#{job}/{instance}", name=instance, group=job)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _series_head(metric: dict[str, str]) -> str:
+    """``name{label="value",...}`` of one series, without the instance's own labels."""
+    labels = ",".join(f'{k}="{_escape(v)}"' for k, v in metric.items()
+                      if k not in _INSTANCE_LABELS)
+    name = metric.get("__name__", "")
+    return f"{name}{{{labels}}}" if labels else name
+
+
+def group_scrapes(result: list[dict[str, Any]]) -> dict[InstanceKey, dict[float, list[str]]]:
+    """Matrix result -> exposition lines per instance per timestamp (one scrape each)."""
+    out: dict[InstanceKey, dict[float, list[str]]] = {}
+    for series in result:
+        metric = series.get("metric", {})
+        key = (metric.get("job", ""), metric.get("instance", ""))
+        head = _series_head(metric)
+        per_t = out.setdefault(key, {})
+        for t, value in series.get("values", ()):
+            per_t.setdefault(t, []).append(f"{head} {value}")
+    return out
+
+
+@dataclass(slots=True)
+class _Instance:
+    target: Target
+    last_t: float | None = None  # newest scrape delivered (good or up == 0)
+    spacing: float | None = None  # seconds between its last two scrapes
+    up_t: float | None = None  # newest `up` sample seen
+
+
+class PrometheusAPI:
+    """The few Prometheus HTTP API calls kvtop makes; errors become :class:`PrometheusError`."""
+
+    def __init__(self, settings: PrometheusSettings, *, timeout_s: float, insecure: bool) -> None:
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self.insecure = insecure
+        self._client: httpx.AsyncClient | None = None
+        self.requests = 0
+
+    def _headers(self) -> dict[str, str] | None:
+        token = self.settings.token
+        return {"Authorization": f"Bearer {token.reveal()}"} if token is not None else None
+
+    async def call(self, path: str, form: dict[str, str] | None = None) -> Any:
+        """POST (queries: a fleet-wide regex is long) or GET; the ``data`` of the answer."""
+        if self._client is None:
+            self._client = make_client(insecure=self.insecure)
+        url = f"{self.settings.base}/api/v1/{path}"
+        self.requests += 1
+        try:
+            if form is None:
+                response = await self._client.get(url, headers=self._headers(),
+                                                  timeout=self.timeout_s)
+            else:
+                response = await self._client.post(url, data=form, headers=self._headers(),
+                                                   timeout=self.timeout_s)
+            payload = response.json() if response.content else {}
+        except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
+            kind, reason = classify_exception(exc, self.timeout_s)
+            raise PrometheusError(kind, f"Prometheus {self.settings.base}: {reason}") from None
+        except ValueError:
+            payload = {}
+        return self._data(response.status_code, payload)
+
+    def _data(self, status: int, payload: Any) -> Any:
+        where = f"Prometheus {self.settings.base}"
+        if status in (401, 403):
+            hint = "check the token" if self.settings.token else "it needs a bearer token " \
+                   "(token_env / token_file under [prometheus])"
+            raise PrometheusError("auth", f"{where}: HTTP {status}: {hint}")
+        if not isinstance(payload, dict) or payload.get("status") != "success":
+            said = payload.get("error") if isinstance(payload, dict) else None
+            said = said or "not a Prometheus API answer"
+            raise PrometheusError("bad_payload" if status < 500 else "down",
+                                  f"{where}: HTTP {status}: {said}")
+        return payload.get("data")
+
+    async def matrix(self, query: str, at: float) -> list[dict[str, Any]]:
+        data = await self.call("query", {"query": query, "time": f"{at:.3f}"})
+        return data.get("result", []) if isinstance(data, dict) else []
+
+    async def query_range(self, query: str, start: float, end: float,
+                          step: float) -> list[dict[str, Any]]:
+        data = await self.call("query_range", {"query": query, "start": f"{start:.3f}",
+                                               "end": f"{end:.3f}", "step": f"{step:g}"})
+        return data.get("result", []) if isinstance(data, dict) else []
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+class PrometheusSource:
+    """A ScrapeSource (``interval_s``, ``run``) over Prometheus, plus one-shot reads."""
+
+    def __init__(self, settings: PrometheusSettings, *, interval_s: float = 1.0,
+                 timeout_s: float | None = None, insecure: bool = False,
+                 window_s: float = 1800.0, lookback_s: float = 60.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.interval_s = interval_s
+        self.window_s = window_s  # backfill span: the leak detector's window
+        self.lookback_s = lookback_s  # first refresh without a backfill reads this far back
+        self.api = PrometheusAPI(settings, timeout_s=timeout_s or max(5.0, 2 * interval_s),
+                                 insecure=insecure)
+        self.clock = clock
+        self._instances: dict[InstanceKey, _Instance] = {}
+        self._since: float | None = None  # evaluation time of the last refresh
+        self._errors: dict[InstanceKey, str] = {}
+        self._errors_t = -math.inf
+
+    @property
+    def targets(self) -> list[Target]:
+        """Every instance found so far, in (job, instance) order."""
+        return [self._instances[k].target for k in sorted(self._instances)]
+
+    # -- discovery ----------------------------------------------------------------------
+
+    async def discover(self) -> list[Target]:
+        """The inference servers Prometheus knows now (one cheap query), and the down
+        instances of their jobs. Raises :class:`PrometheusError` when there are none."""
+        now = self.clock()
+        query = f"count by (job, instance) ({vector_selector(WANTED, self.settings.selector)})"
+        data = await self.api.call("query", {"query": query, "time": f"{now:.3f}"})
+        for series in (data or {}).get("result", []):
+            self._known(series.get("metric", {}))
+        await self._up_samples(now, self.lookback_s)
+        if not self._instances:
+            where = f" matching {self.settings.selector}" if self.settings.selector else ""
+            raise PrometheusError("bad_payload", f"Prometheus {self.settings.base} has no "
+                                  f"vLLM/SGLang/llama.cpp/TRT-LLM series{where}")
+        return self.targets
+
+    def _known(self, metric: dict[str, str]) -> _Instance:
+        key = (metric.get("job", ""), metric.get("instance", ""))
+        entry = self._instances.get(key)
+        if entry is None:
+            entry = _Instance(target_for(self.settings, *key))
+            self._instances[key] = entry
+        return entry
+
+    # -- backfill -----------------------------------------------------------------------
+
+    def backfill_step(self) -> float:
+        step = self.settings.backfill_step_s or max(self.interval_s, DEFAULT_BACKFILL_STEP_S)
+        return max(step, self.window_s / MAX_POINTS)
+
+    async def backfill(self) -> list[Scrape]:
+        """The detector's window, as scrapes in time order (one range query)."""
+        end = self.clock()
+        query = vector_selector(BACKFILL_NAMES, self.settings.selector)
+        result = await self.api.query_range(query, end - self.window_s, end, self.backfill_step())
+        scrapes = self._scrapes(group_scrapes(result))
+        self._since = end
+        return scrapes
+
+    # -- refresh ------------------------------------------------------------------------
+
+    async def poll_once(self) -> list[Scrape]:
+        """Everything Prometheus stored since the last call (first call: ``lookback_s``), as
+        scrapes in time order, plus a failed one per instance that is down or stale. When
+        Prometheus can't be read, every known instance fails with the reason."""
+        now = self.clock()
+        span = self.lookback_s if self._since is None else now - self._since + OVERLAP_S
+        try:
+            scrapes = await self._refresh(now, max(span, 1.0))
+        except PrometheusError as exc:
+            if not self._instances:
+                raise
+            return [Scrape(e.target, now, failure=exc.kind, error=str(exc))
+                    for e in self._instances.values()]
+        self._since = now
+        return scrapes
+
+    async def _refresh(self, now: float, span: float) -> list[Scrape]:
+        query = f"{vector_selector(WANTED, self.settings.selector)}[{_ms(span)}]"
+        good = self._scrapes(group_scrapes(await self.api.matrix(query, now)))
+        down = await self._read_up(now, span)
+        scrapes = sorted(good + down, key=lambda s: s.t)
+        return scrapes + self._stale(now)
+
+    def _scrapes(self, grouped: dict[InstanceKey, dict[float, list[str]]]) -> list[Scrape]:
+        scrapes = []
+        for (job, instance), per_t in grouped.items():
+            entry = self._known({"job": job, "instance": instance})
+            for t in sorted(per_t):
+                if entry.last_t is not None and t <= entry.last_t:
+                    continue  # delivered already (the refresh windows overlap)
+                self._advance(entry, t)
+                scrapes.append(Scrape(entry.target, t, body="\n".join(per_t[t]) + "\n"))
+        scrapes.sort(key=lambda s: s.t)
+        return scrapes
+
+    @staticmethod
+    def _advance(entry: _Instance, t: float) -> None:
+        if entry.last_t is not None:
+            entry.spacing = t - entry.last_t
+        entry.last_t = t
+
+    async def _up_samples(self, now: float, span: float) -> list[tuple[_Instance, float, str]]:
+        """(instance, t, value) of the ``up`` samples of known instances, and of down
+        instances in the same jobs (a server that never came up has no vLLM series)."""
+        jobs = sorted({job for job, _ in self._instances})
+        if not jobs:
+            return []
+        extra = 'job=~"' + "|".join(re.escape(j).replace("\\", "\\\\") for j in jobs) + '"'
+        matchers = ", ".join(m for m in (selector_matchers(self.settings.selector), extra) if m)
+        samples = []
+        for series in await self.api.matrix(f"up{{{matchers}}}[{_ms(span)}]", now):
+            metric = series.get("metric", {})
+            values = series.get("values", ())
+            known = (metric.get("job", ""), metric.get("instance", "")) in self._instances
+            if not known and all(value != "0" for _, value in values):
+                continue  # an exporter beside the inference servers, not one of them
+            entry = self._known(metric)
+            for t, value in values:
+                entry.up_t = max(entry.up_t or t, t)
+                samples.append((entry, t, value))
+        return samples
+
+    async def _read_up(self, now: float, span: float) -> list[Scrape]:
+        """A failed scrape (``down``) for each new ``up == 0`` sample."""
+        failed: list[tuple[_Instance, float]] = []
+        for entry, t, value in await self._up_samples(now, span):
+            if value == "0" and (entry.last_t is None or t > entry.last_t):
+                self._advance(entry, t)
+                failed.append((entry, t))
+        if not failed:
+            return []
+        errors = await self._scrape_errors(now)
+        return [Scrape(e.target, t, failure="down", error=self._down_reason(e, errors))
+                for e, t in failed]
+
+    async def _scrape_errors(self, now: float) -> dict[InstanceKey, str]:
+        """Prometheus's own scrape errors (lastError), cached: only down instances need it."""
+        if now - self._errors_t < TARGETS_CACHE_S:
+            return self._errors
+        self._errors_t = now
+        try:
+            data = await self.api.call("targets?state=active")
+        except PrometheusError:
+            return self._errors
+        self._errors = {
+            (t.get("labels", {}).get("job", ""), t.get("labels", {}).get("instance", "")):
+                t.get("lastError", "")
+            for t in (data or {}).get("activeTargets", []) if t.get("lastError")}
+        return self._errors
+
+    def _down_reason(self, entry: _Instance, errors: dict[InstanceKey, str]) -> str:
+        target = entry.target
+        said = errors.get((target.group or "", target.name or ""))
+        detail = f": {said}" if said else ""
+        return f"Prometheus reports up == 0 (its scrape of {target.name} failed){detail}"
+
+    def _stale(self, now: float) -> list[Scrape]:
+        """Instances whose newest series are older than a few of their scrape intervals."""
+        out = []
+        for entry in self._instances.values():
+            spacing = max(entry.spacing or 0.0, self.interval_s)
+            limit = max(3 * spacing, 10.0)
+            newest = max(entry.last_t or -math.inf, entry.up_t or -math.inf)
+            if now - newest <= limit:
+                continue
+            if entry.up_t is not None and now - entry.up_t <= limit:
+                error = ("Prometheus scrapes it (up == 1) but has no vLLM/SGLang series for "
+                         "it: metrics off (--disable-log-stats) or dropped by relabelling?")
+            else:
+                age = "" if newest == -math.inf else f" for {now - newest:.0f} s"
+                error = (f"no fresh series in Prometheus{age}: target removed, or "
+                         "Prometheus not scraping it")
+            out.append(Scrape(entry.target, now, failure="bad_payload", error=error))
+        return out
+
+    # -- ScrapeSource -------------------------------------------------------------------
+
+    async def run(self, on_scrape: OnScrape, *, stop: asyncio.Event | None = None,
+                  backfill: bool = True) -> None:
+        """Backfill (unless told not to), then refresh every ``interval_s`` until ``stop``."""
+        stop = stop or asyncio.Event()
+        if backfill and self._since is None:
+            try:
+                for scrape in await self.backfill():
+                    await _deliver(on_scrape, scrape)
+            except PrometheusError:
+                pass  # the first refresh reports Prometheus's trouble per instance
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                scrapes = await self.poll_once()
+            except PrometheusError:
+                scrapes = []  # nothing known yet: try again next period
+            for scrape in scrapes:
+                await _deliver(on_scrape, scrape)
+            wait = max(0.0, self.interval_s - (time.monotonic() - started))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+    async def __aenter__(self) -> PrometheusSource:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def _deliver(on_scrape: OnScrape, scrape: Scrape) -> None:
+    result = on_scrape(scrape)
+    if asyncio.iscoroutine(result):
+        await result
+
+
+def load_settings(url: str, *, selector: str = "", token: Secret | None = None,
+                  backfill_step_s: float | None = None) -> PrometheusSettings:
+    """Validated settings: an http(s) URL without credentials, a well-formed selector."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"not a Prometheus URL: {url!r}")
+    if parsed.userinfo:
+        raise ValueError("credentials in a URL would show in process listings; "
+                         "use token_env / token_file under [prometheus]")
+    selector_matchers(selector)
+    if backfill_step_s is not None and backfill_step_s <= 0:
+        raise ValueError("backfill_step must be > 0 seconds")
+    return PrometheusSettings(url.rstrip("/"), selector.strip(), token, backfill_step_s)

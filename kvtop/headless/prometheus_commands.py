@@ -1,0 +1,102 @@
+"""``kvtop snapshot --prometheus`` and ``kvtop check --prometheus``: the same trackers,
+detector and output as the direct commands, fed by :class:`PrometheusSource`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+
+from kvtop.collect.prometheus import PrometheusError, PrometheusSettings, PrometheusSource
+from kvtop.collect.target import Scrape, Target
+from kvtop.derive.leak import LeakParams
+from kvtop.derive.tracker import TargetState, TargetTracker
+from kvtop.headless.check_command import EXIT_NO_DATA, CheckRun, print_result
+from kvtop.headless.snapshot_command import EXIT_UNREADABLE, print_snapshot
+
+SNAPSHOT_SCRAPES = 2  # the newest two scrapes per instance: values and rates
+
+
+def latest_per_target(scrapes: list[Scrape], keep: int) -> list[Scrape]:
+    """The newest ``keep`` scrapes of each target, in time order."""
+    by_target: dict[str, list[Scrape]] = {}
+    for scrape in sorted(scrapes, key=lambda s: s.t):
+        by_target.setdefault(scrape.target.url, []).append(scrape)
+    kept = [s for per in by_target.values() for s in per[-keep:]]
+    return sorted(kept, key=lambda s: s.t)
+
+
+async def collect_prometheus_states(source: PrometheusSource) -> list[TargetState]:
+    """One read of what Prometheus stored lately, through one tracker per instance."""
+    async with source:
+        targets = await source.discover()
+        scrapes = await source.poll_once()
+    trackers = {t.url: TargetTracker(t) for t in targets}
+    for scrape in latest_per_target(scrapes, SNAPSHOT_SCRAPES):
+        tracker = trackers.setdefault(scrape.target.url, TargetTracker(scrape.target))
+        tracker.update(scrape)
+    return [trackers[url].state for url in sorted(trackers)]
+
+
+def _fail(command: str, exc: PrometheusError) -> int:
+    print(f"kvtop {command}: {exc}", file=sys.stderr)
+    return EXIT_UNREADABLE
+
+
+def run_snapshot_prometheus(settings: PrometheusSettings, *, timeout_s: float | None,
+                            insecure: bool, as_json: bool | None, with_gpus: bool) -> int:
+    source = PrometheusSource(settings, timeout_s=timeout_s, insecure=insecure)
+    try:
+        states = asyncio.run(collect_prometheus_states(source))
+    except PrometheusError as exc:
+        return _fail("snapshot", exc)
+    return print_snapshot(states, as_json=as_json, with_gpus=with_gpus)
+
+
+async def _watch(run: CheckRun, source: PrometheusSource, *, duration_s: float,
+                 until_leak: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, stop.set)
+
+    def on_scrape(scrape: Scrape) -> None:
+        run.feed(scrape)
+        if until_leak and run.leak_found:
+            stop.set()
+
+    async with source:
+        for target in await source.discover():
+            run.add_target(target)
+        # The backfill is judged before the clock starts: --duration can be short.
+        for scrape in await source.backfill():
+            on_scrape(scrape)
+        if not stop.is_set():
+            loop.call_later(duration_s, stop.set)
+            await source.run(on_scrape, stop=stop, backfill=False)
+
+
+def run_check_prometheus(settings: PrometheusSettings, *, params: LeakParams | None,
+                         duration_s: float, interval_s: float, timeout_s: float | None,
+                         insecure: bool, until_leak: bool, as_json: bool | None) -> int:
+    """Backfill the detector's window, watch for ``duration_s``, print the verdicts."""
+    params = params or LeakParams()
+    source = PrometheusSource(settings, interval_s=interval_s, timeout_s=timeout_s,
+                              insecure=insecure, window_s=params.window_s)
+    run = CheckRun(params)
+    try:
+        asyncio.run(_watch(run, source, duration_s=duration_s, until_leak=until_leak))
+    except PrometheusError as exc:
+        print(f"kvtop check: {exc}", file=sys.stderr)
+        return EXIT_NO_DATA
+    return print_result(run, as_json)
+
+
+async def discover_targets(source: PrometheusSource) -> list[Target]:
+    """The instances to open the app on (the app keeps one tracker per target)."""
+    try:
+        return await source.discover()
+    finally:
+        await source.aclose()  # the app runs the source again on its own event loop
