@@ -1,0 +1,68 @@
+"""Prometheus source pieces that need no Prometheus: selectors, series -> exposition text,
+settings, and the rules' thresholds (the real-server tier is tests/prometheus)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtop.collect.adapters import read_exposition
+from kvtop.collect.prometheus import (
+    group_scrapes,
+    load_settings,
+    selector_matchers,
+    target_for,
+    vector_selector,
+)
+from kvtop.derive.leak import LeakParams
+from kvtop.headless.rules import render_rules
+
+
+def test_selector_matchers_are_merged_into_the_fleet_query() -> None:
+    assert selector_matchers("") == ""
+    assert selector_matchers(' {namespace="prod", pod=~"a.*",} ') == 'namespace="prod", pod=~"a.*"'
+    query = vector_selector({"vllm:b", "vllm:a"}, '{namespace="prod"}')
+    assert query == '{__name__=~"vllm:a|vllm:b", namespace="prod"}'
+    for bad in ('namespace="prod"', '{__name__="up"}'):
+        with pytest.raises(ValueError):
+            selector_matchers(bad)
+
+
+def test_series_become_one_scrape_per_instance_and_timestamp() -> None:
+    result = [
+        {"metric": {"__name__": "vllm:kv_cache_usage_perc", "job": "j", "instance": "a:1",
+                    "model_name": 'm"x\\', "engine": "0"},
+         "values": [[100.5, "0.25"], [101.5, "0.5"]]},
+        {"metric": {"__name__": "vllm:num_requests_running", "job": "j", "instance": "a:1",
+                    "model_name": 'm"x\\', "engine": "0"},
+         "values": [[100.5, "3"]]},
+        {"metric": {"__name__": "vllm:num_requests_running", "job": "j", "instance": "b:1",
+                    "model_name": "m", "engine": "0"},
+         "values": [[100.7, "NaN"]]},
+    ]
+    grouped = group_scrapes(result)
+    assert set(grouped) == {("j", "a:1"), ("j", "b:1")}
+    assert sorted(grouped["j", "a:1"]) == [100.5, 101.5]
+    reading = read_exposition("\n".join(grouped["j", "a:1"][100.5]) + "\n")
+    (engine,) = reading.engines
+    assert (engine.model, engine.kv_usage, engine.running) == ('m"x\\', 0.25, 3.0)
+
+
+def test_settings_reject_credentials_and_bad_selectors() -> None:
+    settings = load_settings("prom:9090/", selector='{job="vllm"}')
+    assert settings.url == "http://prom:9090"
+    target = target_for(settings, "vllm", "10.0.0.1:8000")
+    assert (target.url, target.label, target.group) == (
+        "http://prom:9090#vllm/10.0.0.1:8000", "10.0.0.1:8000", "vllm")
+    for url, selector in (("http://u:p@prom:9090", ""), ("prom:9090", "job=vllm")):
+        with pytest.raises(ValueError):
+            load_settings(url, selector=selector)
+
+
+def test_rules_carry_the_thresholds() -> None:
+    params = LeakParams(idle_leak_s=90, idle_min_s=15, residual_min_frac=0.002, window_s=3600,
+                        bucket_s=120, leak_rise_frac=0.03)
+    text = render_rules(params, '{namespace="prod"}')
+    assert 'kvtop:kv_idle_residual:ratio > 0.002"' in text
+    assert "for: 90s" in text and "for: 15s" in text
+    assert "[3600s:120s]" in text and ">= 0.03" in text
+    assert 'vllm:kv_cache_usage_perc{namespace=\\"prod\\"}' in text
