@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvtop import __version__
 from kvtop.collect.target import Target
@@ -24,6 +24,7 @@ from kvtop.config import (
 if TYPE_CHECKING:
     from kvtop.collect.prometheus import PrometheusSettings
     from kvtop.derive.leak import LeakParams
+    from kvtop.ui.app import AppConfig
 
 EXIT_USAGE = 2
 EXIT_UNREADABLE = 3
@@ -241,30 +242,34 @@ def build_app_parser() -> argparse.ArgumentParser:
                         help="where the s key writes snapshots (default: current directory)")
     parser.add_argument("--low-bandwidth", action="store_true",
                         help="no charts and slower redraws, for slow ssh links")
+    parser.add_argument("--record", type=Path, metavar="FILE",
+                        help="also write every scrape to a recording (for kvtop replay/check)")
     add_prometheus_arguments(parser)
     return parser
 
 
+def _app_config(args: argparse.Namespace, targets: list[Target], interval: float,
+                **extra: Any) -> AppConfig:
+    from kvtop.ui.app import AppConfig
+
+    return AppConfig(targets=targets, interval_s=interval, no_gpu=args.no_gpu,
+                     snapshot_dir=args.snapshot_dir, low_bandwidth=args.low_bandwidth,
+                     insecure=args.insecure, record=args.record, **extra)
+
+
 def _run_app(args: argparse.Namespace) -> int:
-    from kvtop.ui.app import AppConfig, run_app
+    from kvtop.ui.app import run_app
 
     config = load_config(args.config)
     interval = args.interval or config.interval_s or 1.0
-
-    def start(targets: list[Target]) -> int:
-        run_app(AppConfig(targets=targets, interval_s=interval, no_gpu=args.no_gpu,
-                          snapshot_dir=args.snapshot_dir, low_bandwidth=args.low_bandwidth,
-                          insecure=args.insecure))
-        return 0
-
     if (prometheus := resolve_prometheus(args, config)) is not None:
         return _run_app_prometheus(prometheus, args, interval)
     if not args.demo:
-        return start(resolve_targets(args, config))
+        return run_app(_app_config(args, resolve_targets(args, config), interval))
     from kvtop.sim.demo import demo_fleet
 
     with demo_fleet() as targets:
-        return start(targets)
+        return run_app(_app_config(args, targets, interval))
 
 
 def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace,
@@ -274,7 +279,7 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
 
     from kvtop.collect.prometheus import PrometheusError, PrometheusSource
     from kvtop.headless.prometheus_commands import discover_targets
-    from kvtop.ui.app import AppConfig, run_app
+    from kvtop.ui.app import run_app
 
     source = PrometheusSource(prometheus, interval_s=interval, timeout_s=args.timeout,
                               insecure=args.insecure)
@@ -283,10 +288,8 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
     except PrometheusError as exc:
         print(f"kvtop: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    run_app(AppConfig(targets=targets, interval_s=interval, no_gpu=args.no_gpu,
-                      snapshot_dir=args.snapshot_dir, low_bandwidth=args.low_bandwidth,
-                      source_factory=lambda _config: source))
-    return 0
+    return run_app(_app_config(args, targets, interval,
+                               source_factory=lambda _config: source))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
