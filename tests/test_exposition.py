@@ -528,3 +528,20 @@ def test_keep_reads_help_type_written_unusually() -> None:
         assert triples(expo) == [("w", {}, 1.0), ("v_total", {}, 2.0), ("u", {}, 3.0)]
         assert expo.helps == {"w": "Tab separated.", "v_total": "", "u": "Spaced."}
         assert expo.types == {"w": "gauge", "v": "counter"}
+
+
+def test_sample_head_cache_never_misreads_timestamps_or_exemplars() -> None:
+    # the first line teaches the cache the head 'cache_probe{a="1"}'; later lines share it
+    text = "\n".join([
+        'cache_probe{a="1"} 1',
+        'cache_probe{a="1"} 2 1700000000000',
+        'cache_probe{a="1"} 3 # {trace_id="x"} 9',
+        'cache_probe{a="1"} 4',
+        'cache_probe{a="1"}  5',
+        'cache_probe{a="1"} bad',
+    ])
+    for _ in range(2):  # cold and warm cache give the same answer
+        expo = parse(text)
+        assert [(s.value, s.timestamp) for s in expo.samples] == [
+            (1.0, None), (2.0, 1700000000000.0), (3.0, None), (4.0, None), (5.0, None)]
+        assert [e.line_no for e in expo.errors] == [6]

@@ -35,6 +35,7 @@ _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r"\\[\\\"n]")
 _MAX_CACHED_LABEL_BLOCKS = 50_000
 _label_cache: dict[str, tuple[str | None, dict[str, str]]] = {}
+_sample_heads: dict[str, tuple[str, dict[str, str]]] = {}  # "name{labels}" -> parsed
 _SAMPLE_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", "_gsum", "_gcount")
 _TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "unknown",
                     "info", "stateset", "gaugehistogram"})
@@ -150,7 +151,8 @@ def _parse_value(text: str) -> float:
         raise ValueError(f"bad value {text!r}") from None
 
 
-def _parse_sample(line: str, name_end: int) -> Sample:
+def _parse_head(line: str, name_end: int) -> tuple[int, str, dict[str, str]]:
+    """(index after the name and labels, name, labels) of a sample line."""
     name = line[:name_end]
     pos = name_end
     while pos < len(line) and line[pos] in " \t":
@@ -161,12 +163,23 @@ def _parse_sample(line: str, name_end: int) -> Sample:
         if quoted_name is not None:
             if name:
                 raise ValueError("metric name given twice")
-            name = quoted_name
-        elif not _NAME_RE.match(name):
-            raise ValueError(f"bad metric name {name!r}")
-    elif not _NAME_RE.match(name):
+            return pos, quoted_name, labels
+    if not _NAME_RE.match(name):
         raise ValueError(f"bad metric name {name!r}")
-    parts = line[pos:].split()
+    return (pos if labels or line[pos - 1 : pos] == "}" else name_end), name, labels
+
+
+def _parse_sample(line: str, name_end: int) -> Sample:
+    pos, name, labels = _parse_head(line, name_end)
+    rest = line[pos:]
+    if rest[:1] == " " and rest.count(" ", 1) == 0 and "\t" not in rest:
+        # "head value": remember the head, so the next scrape parses it with one lookup
+        sample = Sample(name, labels, _parse_value(rest[1:]))
+        if len(_sample_heads) >= _MAX_CACHED_LABEL_BLOCKS:
+            _sample_heads.clear()
+        _sample_heads[line[:pos]] = (name, labels)
+        return sample
+    parts = rest.split()
     if "#" in parts:  # OpenMetrics exemplar: dropped
         parts = parts[: parts.index("#")]
     if not parts or len(parts) > 2:
@@ -176,6 +189,20 @@ def _parse_sample(line: str, name_end: int) -> Sample:
     if timestamp is not None and not math.isfinite(timestamp):
         raise ValueError("timestamp is not finite")
     return Sample(name, labels, value, timestamp)
+
+
+def _known_sample(line: str) -> Sample | None:
+    """The fast path: a line "head value" whose head was parsed before (see _parse_sample).
+    A stored head is exactly a name and label set, so a line with a timestamp or an
+    exemplar never matches one."""
+    head, _, value = line.rpartition(" ")
+    known = _sample_heads.get(head)
+    if known is None:
+        return None
+    try:
+        return Sample(known[0], known[1], _parse_value(value))
+    except ValueError:
+        return None
 
 
 def _name_end(line: str) -> int:
@@ -278,6 +305,10 @@ def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
                 continue
             if first == "#" and _unwanted_comment(line, plan):
                 continue
+        elif line[:1] != "#" and (known := _known_sample(line)) is not None:
+            if keep_set is None or known.name in keep_set:
+                out.samples.append(known)
+            continue
         line = line.rstrip("\r").lstrip(" \t")  # an indented comment is still a comment
         if not line or line.isspace():
             continue
