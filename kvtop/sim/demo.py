@@ -3,8 +3,9 @@
 * ``mooncake``: healthy, replaying the real Mooncake trace (synthetic when the traces are
   not next to the checkout);
 * ``prefix-heavy``: healthy, nearly every request shares a long system prompt;
-* ``leaky``: bursts with idle gaps; from t=60 s a tenth of finished requests never free
-  their blocks, so the idle floor ratchets up and the leak indicator goes OK → LEAK;
+* ``leaky``: bursts with ~30 s idle gaps; from t=30 s one in twenty finished requests never
+  frees its blocks, so the idle floor ratchets up and the leak indicator goes OK → WATCH
+  (~70 s) → LEAK (~110 s) with the default detector settings;
 * ``restarts``: healthy, restarted at t=90 s and t=210 s (counters reset, no negative rates).
 
 The fleet runs on its own event loop in a background thread, so its stepping never
@@ -24,7 +25,7 @@ from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet
 from kvtop.sim.workloads import traces_dir
 
-LEAK_AT_S = 60.0
+LEAK_AT_S = 30.0
 START_TIMEOUT_S = 20.0
 
 
@@ -48,8 +49,9 @@ def demo_configs() -> list[tuple[str, SimConfig]]:
                          "shared_frac": 0.95})
     leaky = SimConfig(
         model_name="llama-3-8b", engine=engine, seed=3,
-        workload_params={"rate": 2.5, "arrival": "bursty", "burst_len": 8.0},
-        faults=plan(leak_frac=0.1, leak_at=LEAK_AT_S))
+        workload_params={"rate": 1.0, "arrival": "bursty", "burst_factor": 8.0,
+                         "burst_len": 5.0},
+        faults=plan(leak_frac=0.05, leak_at=LEAK_AT_S))
     restarts = SimConfig(model_name="mistral-7b", engine=engine, seed=4,
                          workload_params={"rate": 3.0},
                          faults=plan(restart_at=[90.0, 210.0]))
