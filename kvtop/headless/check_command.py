@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +17,8 @@ from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams, LeakVerdict
 from kvtop.derive.tracker import EngineKey, TargetTracker
+from kvtop.headless.lifetime import stop_event
+from kvtop.headless.output import emit
 from kvtop.store.recording import RecordingError, RecordingWriter, read_recording
 
 Verdict = Literal["unknown", "ok", "watch", "leak"]
@@ -106,19 +106,16 @@ class CheckRun:
         return EXIT_NO_DATA if verdict == "unknown" else EXIT_OK
 
 
+def _render_text(document: dict[str, Any]) -> None:
+    print(f"kvtop check: {document['verdict'].upper()}")
+    for target in document["targets"]:
+        for engine in target["engines"]:
+            name = f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}"
+            print(f"  {engine['verdict'].upper():7} {name.strip()}: {engine['reason']}")
+
+
 def print_result(run: CheckRun, as_json: bool | None) -> int:
-    document = run.to_json()
-    if as_json is None:
-        as_json = not sys.stdout.isatty()
-    if as_json:
-        json.dump(document, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(f"kvtop check: {document['verdict'].upper()}")
-        for target in document["targets"]:
-            for engine in target["engines"]:
-                name = f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}"
-                print(f"  {engine['verdict'].upper():7} {name.strip()}: {engine['reason']}")
+    emit(run.to_json(), as_json, _render_text)
     return run.exit_code()
 
 
@@ -141,12 +138,7 @@ def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | N
 async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
                  interval_s: float, timeout_s: float | None, insecure: bool,
                  until_leak: bool, writer: RecordingWriter | None) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, stop.set)
-    loop.call_later(duration_s, stop.set)
+    stop = stop_event(duration_s)
 
     def on_scrape(scrape: Scrape) -> None:
         if writer is not None:

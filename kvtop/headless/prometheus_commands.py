@@ -4,8 +4,6 @@ detector and output as the direct commands, fed by :class:`PrometheusSource`."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import sys
 
 from kvtop.collect.prometheus import PrometheusError, PrometheusSettings, PrometheusSource
@@ -13,6 +11,7 @@ from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import TargetState, TargetTracker
 from kvtop.headless.check_command import EXIT_NO_DATA, CheckRun, print_result
+from kvtop.headless.lifetime import stop_event
 from kvtop.headless.snapshot_command import EXIT_UNREADABLE, print_snapshot
 
 SNAPSHOT_SCRAPES = 2  # the newest two scrapes per instance: values and rates
@@ -56,11 +55,7 @@ def run_snapshot_prometheus(settings: PrometheusSettings, *, timeout_s: float | 
 
 async def _watch(run: CheckRun, source: PrometheusSource, *, duration_s: float,
                  until_leak: bool) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, stop.set)
+    stop = stop_event()
 
     def on_scrape(scrape: Scrape) -> None:
         run.feed(scrape)
@@ -74,7 +69,7 @@ async def _watch(run: CheckRun, source: PrometheusSource, *, duration_s: float,
         for scrape in await source.backfill():
             on_scrape(scrape)
         if not stop.is_set():
-            loop.call_later(duration_s, stop.set)
+            asyncio.get_running_loop().call_later(duration_s, stop.set)
             await source.run(on_scrape, stop=stop, backfill=False)
 
 

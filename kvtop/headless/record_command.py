@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import sys
 from pathlib import Path
 
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
+from kvtop.headless.lifetime import stop_event
 from kvtop.store.recording import RecordingWriter
 
 EXIT_OK, EXIT_USAGE = 0, 2
@@ -18,13 +17,7 @@ EXIT_OK, EXIT_USAGE = 0, 2
 async def record(targets: list[Target], writer: RecordingWriter, *, interval_s: float,
                  duration_s: float | None, timeout_s: float | None, insecure: bool) -> int:
     """Poll until ``duration_s`` passes or SIGINT/SIGTERM; returns the scrapes written."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, stop.set)
-    if duration_s is not None:
-        loop.call_later(duration_s, stop.set)
+    stop = stop_event(duration_s)
     written = 0
 
     def on_scrape(scrape: Scrape) -> None:

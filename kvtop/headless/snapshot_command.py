@@ -6,8 +6,6 @@ Exit codes: 0 every target was read, 3 at least one could not be (2: usage error
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -16,6 +14,7 @@ from kvtop.collect.poller import Poller
 from kvtop.collect.target import Target
 from kvtop.derive.tracker import TargetState, TargetTracker
 from kvtop.headless.gpus import gpus_json
+from kvtop.headless.output import emit
 from kvtop.headless.snapshot import snapshot_document
 from kvtop.headless.table import render_table
 
@@ -53,11 +52,5 @@ def print_snapshot(states: list[TargetState], *, as_json: bool | None, with_gpus
     """Print the snapshot of these states (JSON or a table); the exit code."""
     document: dict[str, Any] = snapshot_document(
         states, gpus_json() if with_gpus else [], taken_at=datetime.now(timezone.utc))
-    if as_json is None:
-        as_json = not sys.stdout.isatty()
-    if as_json:
-        json.dump(document, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        render_table(document)
+    emit(document, as_json, render_table)
     return snapshot_exit_code(states)

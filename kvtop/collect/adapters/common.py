@@ -82,3 +82,13 @@ def assign(readings: dict[EngineKey, EngineReading], field: str,
     for key, value in values.items():
         if key in readings:
             setattr(readings[key], field, value)
+
+
+Reducer = Callable[[Exposition, str, KeyOf], dict[EngineKey, float]]
+
+
+def assign_all(readings: dict[EngineKey, EngineReading], expo: Exposition, key_of: KeyOf,
+               table: Iterable[tuple[str, Reducer, str]]) -> None:
+    """Fill reading fields from (field, summed or maxed, metric name) rows."""
+    for field, reduce, name in table:
+        assign(readings, field, reduce(expo, name, key_of))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from kvtop.collect.adapters.common import (
     EngineKey,
     assign,
+    assign_all,
     engine_readings,
     histogram_names,
     histograms,
@@ -27,6 +28,18 @@ NAMES = frozenset({
 })
 
 
+# every TP/PP rank of one engine reports the same pool: gauges take the max, never add
+SIMPLE_FIELDS = (
+    ("kv_usage", maxed, "sglang:token_usage"),
+    ("tokens_used", maxed, "sglang:num_used_tokens"),
+    ("running", maxed, "sglang:num_running_reqs"),
+    ("waiting", maxed, "sglang:num_queue_reqs"),
+    ("reported_hit_rate", maxed, "sglang:cache_hit_rate"),
+    ("prompt_tokens_total", summed, "sglang:prompt_tokens_total"),
+    ("generation_tokens_total", summed, "sglang:generation_tokens_total"),
+)
+
+
 def key_of(sample: Sample) -> EngineKey:
     return sample.labels.get("model_name"), sample.labels.get("dp_rank")
 
@@ -35,15 +48,7 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     keys = {key_of(s) for name in GAUGES + COUNTERS for s in expo.series(name)
             if "model_name" in s.labels}
     readings = engine_readings(keys)
-    # every TP/PP rank of one engine reports the same pool: take the max, never add
-    assign(readings, "kv_usage", maxed(expo, "sglang:token_usage", key_of))
-    assign(readings, "tokens_used", maxed(expo, "sglang:num_used_tokens", key_of))
-    assign(readings, "running", maxed(expo, "sglang:num_running_reqs", key_of))
-    assign(readings, "waiting", maxed(expo, "sglang:num_queue_reqs", key_of))
-    assign(readings, "reported_hit_rate", maxed(expo, "sglang:cache_hit_rate", key_of))
-    assign(readings, "prompt_tokens_total", summed(expo, "sglang:prompt_tokens_total", key_of))
-    assign(readings, "generation_tokens_total",
-           summed(expo, "sglang:generation_tokens_total", key_of))
+    assign_all(readings, expo, key_of, SIMPLE_FIELDS)
     for key, value in maxed(expo, "sglang:max_total_num_tokens", key_of).items():
         if key in readings:
             readings[key].tokens_total = int(value)

@@ -7,7 +7,7 @@ import re
 
 from kvtop.collect.adapters.common import (
     EngineKey,
-    assign,
+    assign_all,
     engine_readings,
     finite,
     histogram_names,
@@ -34,6 +34,17 @@ NAMES = frozenset({
     *histogram_names(TTFT), *histogram_names(E2E),
     *histogram_names(ITL_NEW), *histogram_names(ITL_OLD),
 })
+
+
+SIMPLE_FIELDS = (
+    ("cpu_kv_usage", maxed, "vllm:cpu_cache_usage_perc"),
+    ("running", summed, "vllm:num_requests_running"),
+    ("waiting", summed, "vllm:num_requests_waiting"),
+    ("swapped", summed, "vllm:num_requests_swapped"),
+    ("preemptions_total", summed, "vllm:num_preemptions_total"),
+    ("prompt_tokens_total", summed, "vllm:prompt_tokens_total"),
+    ("generation_tokens_total", summed, "vllm:generation_tokens_total"),
+)
 
 
 def key_of(sample: Sample) -> EngineKey:
@@ -159,15 +170,7 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     exact = parse_version(version)
     readings = engine_readings(_engine_keys(expo))
     usage_name = USAGE_NEW if expo.series(USAGE_NEW) else USAGE_OLD
-    assign(readings, "kv_usage", maxed(expo, usage_name, key_of))
-    assign(readings, "cpu_kv_usage", maxed(expo, "vllm:cpu_cache_usage_perc", key_of))
-    assign(readings, "running", summed(expo, "vllm:num_requests_running", key_of))
-    assign(readings, "waiting", summed(expo, "vllm:num_requests_waiting", key_of))
-    assign(readings, "swapped", summed(expo, "vllm:num_requests_swapped", key_of))
-    assign(readings, "preemptions_total", summed(expo, "vllm:num_preemptions_total", key_of))
-    assign(readings, "prompt_tokens_total", summed(expo, "vllm:prompt_tokens_total", key_of))
-    assign(readings, "generation_tokens_total",
-           summed(expo, "vllm:generation_tokens_total", key_of))
+    assign_all(readings, expo, key_of, [("kv_usage", maxed, usage_name), *SIMPLE_FIELDS])
     configs = _cache_configs(expo)
     for key, reading in readings.items():
         config = configs.get(key[1], configs.get(None))
