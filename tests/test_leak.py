@@ -387,6 +387,16 @@ def test_leak_under_continuous_load_projects_time_to_full() -> None:
     assert verdicts[-1].hours_to_full is not None and verdicts[-1].hours_to_full < 4
 
 
+def test_estimate_keeps_its_peak_after_the_leak_stops_under_load() -> None:
+    # Leaked blocks are never freed: once the window slides past the rise, the estimate
+    # must not fall back toward 0 while the (held) verdict still says LEAK.
+    w = Workload(minutes=70, leak_at=10 * MIN, leak_until=35 * MIN, leak_hours=2, seed=34)
+    series = simulate(w)
+    verdicts = run(series)
+    assert verdicts[-1].state == "leak"
+    assert verdicts[-1].leaked_blocks == pytest.approx(series.leaked[-1], rel=0.3)
+
+
 def test_missing_fields_are_tolerated() -> None:
     series = simulate(Workload(minutes=40, rate=bursts(4, 2), seed=33))
     rng = random.Random(33)

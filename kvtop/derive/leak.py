@@ -182,6 +182,7 @@ class LeakDetector:
         self._watch_last: float | None = None
         self._clean_t: float | None = None
         self._last_t: float | None = None
+        self._leaked_peak: float | None = None  # largest estimate while WATCH/LEAK
         self._reset_t, self._reset_why = t, why
 
     def update(self, stats: EngineStats) -> LeakVerdict:
@@ -385,6 +386,12 @@ class LeakDetector:
         residual = self._residuals[-1][1] if self._residuals else None
         estimates = [v for v in (residual, self._floor_leaked()) if v is not None]
         leaked = max(estimates) if estimates else (0.0 if self._clean_t is not None else None)
+        # Leaked blocks are never freed: while the evidence stands, the estimate keeps its
+        # peak rather than shrinking when the window slides past the rise or the slope eases.
+        if level in ("watch", "leak") and leaked is not None:
+            self._leaked_peak = leaked = max(leaked, self._leaked_peak or 0.0)
+        else:
+            self._leaked_peak = None
         slope = self._residual_slope() or (trend.slope if trend is not None else None)
         to_full = (total - used) / slope if slope and slope > 0 else None
         evidence = self._evidence(used, residual)

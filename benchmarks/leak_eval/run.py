@@ -1,0 +1,224 @@
+"""KV-leak evaluation: kvtop's detector vs a threshold rule and a trend rule.
+
+Run: ``python benchmarks/leak_eval/run.py [--quick] [--out DIR] [--jobs N] [--only a,b]``.
+
+Generates recordings (kvtop recording format, gzip) from kvtop's simulator over synthetic
+load and the Mooncake and Azure traces, and from vLLM 0.33's real scheduler (the twin, in a
+subprocess), each with ground truth; replays each through the code of `kvtop check --replay`;
+scores detection delay, false alarms and the leaked-block estimate; prints a markdown table
+and the goals of issue 5. Recordings go to DIR (default: a folder under the system temp
+dir), never into the repository. Method and results: docs/leak-evaluation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scenarios import Scenario, generate, read_truth
+from score import Score, score
+from twin import generate_twin, twin_python
+
+CONT = {"rate": 4.0, "output_mean": 300.0}  # ~10 running, never idle at 10 s scrapes
+# 1 min of bursts, then 2 min idle
+BURSTY = {"rate": 2.0, "arrival": "bursty", "burst_len": 60.0, "burst_factor": 3.0}
+ABORTS = {"abort_frac": 0.3, "abort_after": 3.0}
+TWIN_BURSTY = {"rate": 3.0, "burst_len": 40.0, "burst_factor": 3.0, "step_s": 0.02}
+LEAK_RUN_S = {"continuous": 4800.0, "idle gaps": 3600.0}  # 20 min healthy, then 60 / 40 min
+
+
+def leak(name: str, source: str, load: str, fill_h: float, params: dict[str, Any],
+         what: str, **kw: Any) -> Scenario:
+    duration = kw.pop("duration_s", LEAK_RUN_S[load])
+    return Scenario(name, source, load, what, params,  # type: ignore[arg-type]
+                    duration_s=duration, leak_fill_h=fill_h, **kw)
+
+
+SCENARIOS: list[Scenario] = [
+    leak("syn-cont-2h", "synthetic", "continuous", 2, CONT, "finished requests leak", quick=True),
+    leak("syn-cont-6h", "synthetic", "continuous", 6, CONT, "finished requests leak"),
+    leak("syn-cont-12h", "synthetic", "continuous", 12, CONT, "finished requests leak"),
+    leak("syn-abort-cont-6h", "synthetic", "continuous", 6, {**CONT, **ABORTS},
+         "aborted requests leak (30 % abort after 3 s)", leak_on="aborted"),
+    leak("azure-cont-6h", "azure", "continuous", 6, {"rate_scale": 1.0},
+         "Azure conv trace, finished requests leak"),
+    leak("mooncake-cont-12h", "mooncake", "continuous", 12, {"rate_scale": 1.0},
+         "Mooncake trace near full, finished requests leak", blocks=6000),
+    leak("syn-burst-2h", "synthetic", "idle gaps", 2, BURSTY, "finished requests leak", quick=True),
+    leak("syn-burst-6h", "synthetic", "idle gaps", 6, BURSTY, "finished requests leak"),
+    leak("syn-burst-12h", "synthetic", "idle gaps", 12, BURSTY, "finished requests leak"),
+    leak("syn-abort-burst-2h", "synthetic", "idle gaps", 2, {**BURSTY, **ABORTS},
+         "aborted requests leak", leak_on="aborted"),
+    leak("mooncake-idle-6h", "mooncake", "idle gaps", 6, {"rate_scale": 0.5},
+         "Mooncake trace at half rate (idle now and then)"),
+    leak("twin-burst-2h", "twin", "idle gaps", 2, TWIN_BURSTY,
+         "vLLM 0.33 twin, KVCacheManager.free skips finished requests", blocks=2000,
+         max_num_seqs=32, duration_s=1500.0, leak_at_s=300.0, interval_s=5.0, quick=True),
+    Scenario("healthy-ramp", "synthetic", "continuous", "load ramp 1 -> 6 req/s",
+             {"output_mean": 300.0}, ramp=(1.0, 6.0), quick=True),
+    Scenario("healthy-pressure", "synthetic", "continuous",
+             "long contexts near 100 % usage, preemptions",
+             {"rate": 1.5, "prompt_mean": 3000.0, "output_mean": 500.0, "shared_frac": 0.2},
+             blocks=2000, quick=True),
+    Scenario("healthy-burst", "synthetic", "idle gaps", "bursts with idle gaps", BURSTY),
+    Scenario("healthy-restarts", "synthetic", "continuous", "restarts at 20 and 40 min", CONT,
+             restart_at=(1200.0, 2400.0)),
+    Scenario("healthy-prefix", "synthetic", "continuous",
+             "heavy prefix sharing (2 k-token prompts)",
+             {**CONT, "groups": 2, "system_prompt_len": 2048, "shared_frac": 0.95}),
+    Scenario("healthy-mooncake", "mooncake", "continuous", "Mooncake trace, pool near full",
+             {"rate_scale": 1.0}, blocks=6000),
+    Scenario("healthy-azure", "azure", "continuous", "Azure conv trace", {"rate_scale": 1.0}),
+    Scenario("twin-healthy-burst", "twin", "idle gaps", "vLLM 0.33 twin, bursts", TWIN_BURSTY,
+             blocks=2000, max_num_seqs=32, duration_s=1500.0, interval_s=5.0),
+    Scenario("twin-healthy-pressure", "twin", "continuous",
+             "vLLM 0.33 twin, small pool near 100 %, preemptions",
+             {"rate": 6.5, "step_s": 0.02, "shared_frac": 0.3}, blocks=500, max_num_seqs=64,
+             duration_s=900.0, interval_s=5.0),
+]
+
+
+def run_one(scenario: Scenario, out: Path) -> tuple[Scenario, Score, float]:
+    start = time.perf_counter()
+    make = generate_twin if scenario.source == "twin" else generate
+    # A seed per scenario, stable across runs: scenarios that differ only in leak size
+    # must not share one traffic sample.
+    rec, truth = make(scenario, out, zlib.crc32(scenario.name.encode()) % 10_000)
+    return scenario, score(scenario.name, rec, read_truth(truth)), time.perf_counter() - start
+
+
+def minutes(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds / 60:.1f}"
+
+
+def delay_cell(s: Score, times: list[float], scenario: Scenario) -> str:
+    if not scenario.leaking:
+        return "—"
+    delay = s.first_after(times)
+    left = (scenario.duration_s - scenario.leak_at_s) / 60
+    return f"miss (> {left:.0f})" if delay is None else minutes(delay)
+
+
+def error_cell(pair: tuple[float | None, float] | None) -> str:
+    if pair is None or pair[0] is None or not pair[1]:
+        return "—"
+    return f"{(pair[0] - pair[1]) / pair[1] * 100:+.0f} %"
+
+
+def row(scenario: Scenario, s: Score) -> str:
+    size = "none"
+    if scenario.leaking:
+        size = f"{scenario.leak_fill_h:g} h → {s.measured_fill_h or 0:.1f} h"
+    kvtop = f"{delay_cell(s, s.kvtop_leak_t, scenario)} ({s.kvtop_verdict.upper()})"
+    watch = delay_cell(s, s.kvtop_watch_t, scenario)
+    alarms = (f"{s.false_alarms(s.kvtop_leak_t)} / {s.false_alarms(s.kvtop_watch_t)} / "
+              f"{s.false_alarms(s.threshold_t)} / {s.false_alarms(s.trend_t)}")
+    errors = f"{error_cell(s.est_at_detection)} / {error_cell(s.est_at_end)}"
+    return (f"| {scenario.name} | {scenario.what} | {scenario.load} ({s.idle_share:.0%}) | "
+            f"{size} | {kvtop} | {watch} | {delay_cell(s, s.threshold_t, scenario)} | "
+            f"{delay_cell(s, s.trend_t, scenario)} | {alarms} | {errors} | "
+            f"{s.max_usage:.2f} / {s.preemptions:.0f} |")
+
+
+HEADER = (
+    "| scenario | what | load (idle scrapes) | leak: fills pool in (target → measured) "
+    "| kvtop LEAK delay, min (verdict) | kvtop WATCH delay | threshold delay | trend delay "
+    "| false alarms: kvtop LEAK / WATCH / threshold / trend "
+    "| kvtop estimate error at detection / end "
+    "| max usage / preemptions |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table(results: list[tuple[Scenario, Score]]) -> str:
+    return "\n".join([HEADER, *(row(sc, s) for sc, s in results)])
+
+
+def goals(results: list[tuple[Scenario, Score]]) -> list[str]:
+    leaks = [(sc, s) for sc, s in results if sc.leaking]
+    healthy = [(sc, s) for sc, s in results if not sc.leaking]
+    missed = [sc.name for sc, s in leaks if s.first_after(s.kvtop_leak_t) is None]
+    lines = [_goal(not missed, "every leak that fills the pool within 12 h detected (LEAK)",
+                   f"missed: {', '.join(missed)}" if missed else f"{len(leaks)} of {len(leaks)}")]
+    for load, limit in (("idle gaps", 10.0), ("continuous", 30.0)):
+        delays = [s.first_after(s.kvtop_leak_t) for sc, s in leaks if sc.load == load]
+        med = statistics.median([d if d is not None else float("inf") for d in delays]) / 60
+        lines.append(_goal(med < limit, f"median delay under {load} < {limit:.0f} min",
+                           f"median {med:.1f} min over {len(delays)} scenarios"))
+    false_healthy = sum(s.false_alarms(s.kvtop_leak_t) for _, s in healthy)
+    false_pre = sum(s.false_alarms(s.kvtop_leak_t) for _, s in leaks)
+    lines.append(_goal(false_healthy + false_pre == 0, "no false alarm (LEAK) on healthy data",
+                       f"{false_healthy} on {len(healthy)} healthy runs, {false_pre} before a "
+                       "leak started"))
+    for label, attr in (("at detection", "est_at_detection"), ("at the end", "est_at_end")):
+        errs = [_rel(getattr(s, attr)) for _, s in leaks]
+        within = sum(1 for e in errs if e is not None and abs(e) <= 0.2)
+        lines.append(_goal(within == len(errs), f"leaked-block estimate within 20 % {label}",
+                           f"{within} of {len(errs)} within"))
+    return lines
+
+
+def _rel(pair: tuple[float | None, float] | None) -> float | None:
+    if pair is None or pair[0] is None or not pair[1]:
+        return None
+    return (pair[0] - pair[1]) / pair[1]
+
+
+def _goal(met: bool, what: str, detail: str) -> str:
+    return f"- {'MET' if met else 'MISSED'}: {what} ({detail})"
+
+
+def commit() -> str:
+    repo = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--",
+                            "kvtop", "benchmarks/leak_eval"], capture_output=True, text=True)
+    return head + (" (+ uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a subset (about 3 min)")
+    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "kvtop-leak-eval")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", help="comma-separated scenario names")
+    args = ap.parse_args()
+    chosen = [sc for sc in SCENARIOS if (sc.quick or not args.quick)
+              and (not args.only or sc.name in args.only.split(","))]
+    if twin_python() is None:
+        print("no twin interpreter: skipping the twin scenarios", file=sys.stderr)
+        chosen = [sc for sc in chosen if sc.source != "twin"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    done: dict[str, tuple[Scenario, Score]] = {}
+    # Longest first, so the two workers finish together.
+    order = sorted(chosen, key=lambda sc: -sc.duration_s * (2 if sc.load == "continuous" else 1))
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_one, sc, args.out) for sc in order]
+        for future in as_completed(futures):
+            sc, s, seconds = future.result()
+            done[sc.name] = (sc, s)
+            print(f"  {sc.name}: {seconds:.0f} s", file=sys.stderr, flush=True)
+    results = [done[sc.name] for sc in chosen]
+    (args.out / "results.json").write_text(json.dumps([s.to_json() for _, s in results]))
+    print(table(results))
+    print()
+    print("\n".join(goals(results)))
+    print(f"\ncommit {commit()}; {len(results)} scenarios in {time.perf_counter() - start:.0f} s; "
+          f"recordings in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

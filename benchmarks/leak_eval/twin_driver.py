@@ -1,0 +1,134 @@
+"""Leak-evaluation run of vLLM 0.33's real scheduler and stat loggers (the twin, level A).
+
+Runs under the twin interpreter only, with PYTHONPATH=../shared/twin (twin_probe sets the
+CPU/offline environment before importing vllm), and always as a subprocess: vLLM registers
+process-global Prometheus collectors.
+
+    python twin_driver.py SPEC.json OUT.jsonl
+
+Time is step-indexed (`step_s` simulated seconds per engine step). Requests arrive as a
+Poisson process in that time, continuously or in bursts with idle gaps; while nothing is
+running or waiting the engine does not step (like vLLM's idle engine core) and the clock
+jumps to the next arrival. Every `interval_s` one line goes to OUT: the `/metrics` text that
+vLLM's own PrometheusStatLogger exposes, plus the ground truth. The leak is twin_probe's:
+`KVCacheManager.free` skips a fraction of finished requests, calibrated at `leak_at_s` from
+the requests finished so far so that the pool would fill in `leak_fill_h` hours.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from typing import Any
+
+import twin_probe  # sets VLLM_TARGET_DEVICE=cpu etc. before importing vllm
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+
+class Leak:
+    """The patched free path: counts finished requests and their own blocks, leaks some."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.frac = 0.0
+        self.ended_blocks = 0  # blocks of their own that finished requests held
+        self.leaked: list[str] = []
+        original = KVCacheManager.free
+
+        def free(manager: KVCacheManager, request: Any) -> None:
+            if request.is_finished():
+                blocks = manager.coordinator.single_type_managers[0].req_to_blocks.get(
+                    request.request_id, [])
+                self.ended_blocks += sum(b.ref_cnt == 1 for b in blocks)
+                if self.rng.random() < self.frac:
+                    self.leaked.append(request.request_id)
+                    return  # its blocks keep ref_cnt > 0 for ever
+            original(manager, request)
+
+        KVCacheManager.free = free  # type: ignore[method-assign]
+
+    def leaked_blocks(self, twin: twin_probe.Twin) -> int:
+        held = twin.scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+        leaked = {b.block_id for rid in self.leaked for b in held.get(rid, [])}
+        live = {b.block_id for rid in twin.scheduler.requests for b in held.get(rid, [])}
+        return len(leaked - live)
+
+
+def arrivals(spec: dict[str, Any], rng: random.Random) -> list[float]:
+    """Arrival times (s): Poisson at `rate`, or `rate` x factor during bursts."""
+    times, t = [], 0.0
+    rate, burst, factor = spec["rate"], spec.get("burst_len"), spec.get("burst_factor", 3.0)
+    while t < spec["duration_s"]:
+        if burst is None:
+            t += rng.expovariate(rate)
+            times.append(t)
+            continue
+        end = t + burst
+        while (t := t + rng.expovariate(rate * factor)) < end:
+            times.append(t)
+        t = end + burst * (factor - 1)
+    return times
+
+
+def request(rng: random.Random, systems: list[list[int]], shared_frac: float
+            ) -> tuple[list[int], int]:
+    suffix = [rng.randrange(3, twin_probe.VOCAB) for _ in range(rng.randint(16, 400))]
+    prompt = rng.choice(systems) + suffix if rng.random() < shared_frac else suffix
+    return prompt, rng.randint(16, 256)
+
+
+def run(spec: dict[str, Any], out: Any) -> None:
+    rng = random.Random(spec["seed"])
+    twin = twin_probe.Twin(num_blocks=spec["blocks"], max_num_seqs=spec["max_num_seqs"],
+                           seed=spec["seed"])
+    leak = Leak(spec["seed"] + 1)
+    systems = [[rng.randrange(3, twin_probe.VOCAB) for _ in range(256)] for _ in range(2)]
+    pending = arrivals(spec, rng)
+    step_s, interval = spec["step_s"], spec["interval_s"]
+    t = next_scrape = 0.0
+    mark: tuple[float, int] | None = None
+    while t < spec["duration_s"]:
+        while pending and pending[0] <= t:
+            twin.add_request(*request(rng, systems, spec.get("shared_frac", 0.5)))
+            pending.pop(0)
+        if twin.has_work():
+            twin.step()
+            t += step_s
+        else:  # an idle engine does not step; jump to the next arrival or scrape
+            t = max(t, min(pending[0] if pending else math.inf, next_scrape))
+        if mark is None and t >= spec["warmup_s"]:
+            mark = (t, leak.ended_blocks)
+        if spec.get("leak_fill_h") and leak.frac == 0 and t >= spec["leak_at_s"] and mark:
+            leak.frac = _calibrate(spec, leak, mark, t)
+            out.write(json.dumps({"leak_start_s": t, "leak_frac": leak.frac}) + "\n")
+        if t >= next_scrape:
+            if next_scrape >= spec["warmup_s"]:
+                _scrape(twin, leak, next_scrape, out)
+            next_scrape += interval
+
+
+def _calibrate(spec: dict[str, Any], leak: Leak, mark: tuple[float, int], t: float) -> float:
+    t0, blocks0 = mark
+    blocks_per_s = (leak.ended_blocks - blocks0) / (t - t0)
+    return min(1.0, spec["blocks"] / (spec["leak_fill_h"] * 3600) / max(blocks_per_s, 1e-9))
+
+
+def _scrape(twin: twin_probe.Twin, leak: Leak, t: float, out: Any) -> None:
+    running, waiting = twin.scheduler.get_request_counts()
+    pool = twin.scheduler.kv_cache_manager.block_pool
+    used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+    out.write(json.dumps({"t": t, "body": twin.metrics_text(), "leaked": leak.leaked_blocks(twin),
+                          "used": used, "running": running, "waiting": waiting}) + "\n")
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    with open(sys.argv[2], "w") as out:
+        run(spec, out)
+
+
+if __name__ == "__main__":
+    main()
