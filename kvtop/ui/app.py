@@ -26,7 +26,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.events import Resize
-from textual.widgets import DataTable, Footer, Input
+from textual.widgets import Footer, Input
 
 from kvtop.collect.nvml import GpuReader, GpuReading, NvmlReader, NvmlUnavailable, gpu_to_json
 from kvtop.collect.target import Scrape, Target
@@ -35,10 +35,12 @@ from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
 from kvtop.store.recording import RecordingWriter
 from kvtop.ui import format as fmt
 from kvtop.ui.fleet import (
+    LARGE_FLEET,
     SORT_KEYS,
+    WORST_FIRST,
     FleetRow,
     LeakChange,
-    build_rows,
+    RowCache,
     filter_rows,
     leak_changes,
     order_rows,
@@ -58,6 +60,7 @@ GPU_MIN_PERIOD_S = 2.0  # NVML reads are costly (gpustat#54); no need to go fast
 TTY_CHECK_S = 2.0
 RECORD_FLUSH_S = 5.0  # a crash loses at most this much of a recording
 LEAK_NOTIFY_S = {"leak": 30.0, "watch": 15.0}  # how long a leak alert stays up
+FIRST_DATA_S = 0.05  # a host's first numbers show this soon; 500 first scrapes, a few draws
 
 OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 
@@ -127,7 +130,8 @@ class KvtopApp(App[None]):
         super().__init__()
         self.config = config
         self.trackers = self._new_trackers()
-        self.source = config.source_factory(config)
+        self.source: ScrapeSource | None = None  # made in the worker: the poller's HTTP
+        # stack takes a third of a second to import, after the first frame, not before it
         self._recorder = (
             RecordingWriter(config.record, interval_s=config.interval_s, targets=config.targets)
             if config.record is not None
@@ -141,8 +145,11 @@ class KvtopApp(App[None]):
         self._stop = asyncio.Event()
         self._paused = False
         self._sort_index = 0
+        self._sort_chosen = False  # until `o` is pressed, the fleet's size picks the order
+        self._row_cache = RowCache()
         self._filter = ""
         self._draw_timer_armed = False
+        self._soon_armed = False
         self._last_draw = float("-inf")
         self._parent_pid = os.getppid()
 
@@ -168,7 +175,7 @@ class KvtopApp(App[None]):
         self.gpu_pane.display = not self.config.no_gpu
         self.table.focus()
         self._draw()
-        self._collect()
+        self.call_after_refresh(self._collect)  # the first frame (the hosts) is painted first
         self._tick()
         if not self.config.no_gpu:
             self._read_gpus()
@@ -200,7 +207,8 @@ class KvtopApp(App[None]):
 
     @work(group="collect", exit_on_error=False)
     async def _collect(self) -> None:
-        source = self.source
+        source = self.source = self.config.source_factory(self.config)
+        source.interval_s = self.interval_s  # `+`/`-` may have come first
         if hasattr(source, "__aenter__"):
             async with source:  # type: ignore[attr-defined]
                 await source.run(self.on_scrape, stop=self._stop)
@@ -212,12 +220,13 @@ class KvtopApp(App[None]):
         if self._recorder is not None:
             self._recorder.write(scrape)
         tracker = self.trackers.get(scrape.target.url)
-        if tracker is None:
-            return
+        if tracker is None:  # a server the source discovered after start (Prometheus)
+            tracker = self.trackers[scrape.target.url] = self.config.tracker_factory(
+                scrape.target)
         first = tracker.state.status == "pending"
         tracker.update(scrape)  # drops a scrape older than one already folded
         if first and not self._paused:
-            self.call_later(self._draw)  # a host's first data is shown at once
+            self._draw_soon()
         else:
             self._request_draw()
 
@@ -257,6 +266,18 @@ class KvtopApp(App[None]):
         self._draw_timer_armed = True
         self.set_timer(wait, self._timed_draw)
 
+    def _draw_soon(self) -> None:
+        """A host's first data is shown at once, with the other first scrapes that come
+        in the same moment (a big fleet's start would otherwise draw once per host)."""
+        if not self._soon_armed:
+            self._soon_armed = True
+            self.set_timer(FIRST_DATA_S, self._soon_draw)
+
+    def _soon_draw(self) -> None:
+        self._soon_armed = False
+        if not self._paused:
+            self._draw()
+
     def _tick(self) -> None:
         """Redraw each period even without scrapes, so ages ("stale 12s") keep counting."""
         self._request_draw()
@@ -276,7 +297,9 @@ class KvtopApp(App[None]):
             return
         self._last_draw = time.monotonic()
         now = self.config.clock()
-        rows = build_rows(states, now)
+        rows = self._row_cache.rows(states, now)
+        if not self._sort_chosen:
+            self._sort_index = WORST_FIRST if len(rows) > LARGE_FLEET else 0
         rows = filter_rows(order_rows(rows, SORT_KEYS[self._sort_index][0]), self._filter)
         self.table.show(rows)
         self._show_panel(self.table.selected_row, now)
@@ -296,7 +319,7 @@ class KvtopApp(App[None]):
         self.engine_panel.show(row, tracker.state if tracker else None, list(history), now,
                                self.config.history_s)
 
-    @on(DataTable.RowHighlighted, "#fleet")
+    @on(FleetTable.RowHighlighted, "#fleet")
     def _row_highlighted(self) -> None:
         if not self._paused:
             self._show_panel(self.table.selected_row, self.config.clock())
@@ -328,6 +351,7 @@ class KvtopApp(App[None]):
             self.gpu_pane.show_gpus(self.gpus)
 
     def action_sort(self) -> None:
+        self._sort_chosen = True
         self._sort_index = (self._sort_index + 1) % len(SORT_KEYS)
         self._draw(force=True)
 
@@ -364,7 +388,8 @@ class KvtopApp(App[None]):
         position = min(range(len(INTERVALS)), key=lambda i: abs(INTERVALS[i] - self.interval_s))
         new = INTERVALS[min(max(position + step, 0), len(INTERVALS) - 1)]
         self.interval_s = new
-        self.source.interval_s = new
+        if self.source is not None:
+            self.source.interval_s = new
         self.notify(f"polling every {new:g}s", timeout=2)
         self._draw(force=True)
 
@@ -372,7 +397,7 @@ class KvtopApp(App[None]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self.HELP_KEYS))
 
-    @on(DataTable.RowSelected, "#fleet")
+    @on(FleetTable.RowSelected, "#fleet")
     def action_detail(self) -> None:
         row = self.table.selected_row
         if row is None or isinstance(self.screen, DetailScreen):

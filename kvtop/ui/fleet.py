@@ -7,11 +7,13 @@ Pure functions of the states and a clock, so the table widget only draws and the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
 from kvtop.ui import format as fmt
 
 if TYPE_CHECKING:
+    from kvtop.collect.target import Target
     from kvtop.derive.leak import LeakVerdict
     from kvtop.derive.stats import EngineStats
     from kvtop.derive.tracker import EngineKey, TargetState
@@ -49,7 +51,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("gen", "GEN t/s", 7, 2),
     Column("ttft", "TTFT 50/99", 11, 3),
 )
-CELL_PADDING = 2  # DataTable's cell_padding=1 on each side
+CELL_PADDING = 2  # one space on each side of a cell
 
 
 def visible_columns(width: int) -> list[Column]:
@@ -70,7 +72,11 @@ SORT_KEYS: tuple[tuple[str, str], ...] = (
     ("preempt", "preemptions"),
     ("gen", "generation"),
     ("leak", "leak"),
+    ("worst", "worst first"),  # a big fleet's default: what needs a look on the first screen
 )
+WORST_FIRST = len(SORT_KEYS) - 1
+LARGE_FLEET = 32  # rows; past this the default sort is worst first instead of by name
+PROBLEM_STATUSES = frozenset({"down", "timeout", "auth", "bad_payload", "stale"})
 
 # The leak indicator's text and colour level per detector state, in one place.
 LEAK_LABEL: dict[str, str] = {"warmup": "…", "ok": "OK", "watch": "WATCH", "leak": "LEAK"}
@@ -78,15 +84,26 @@ LEAK_LEVEL: dict[str, Level] = {"warmup": "dim", "ok": "ok", "watch": "warn", "l
 LEAK_RANK: dict[str, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class FleetRow:
     key: str  # stable across refreshes: url plus engine
     url: str
     engine: EngineKey | None  # None for a row that stands for the whole target
     name: str
-    cells: dict[str, Cell]
+    state: TargetState = field(repr=False)
+    stats: EngineStats | None = field(repr=False)  # None for a target without engines
+    status: Cell
     sort_values: dict[str, float | None] = field(default_factory=dict)
     search: str = ""  # lower-case text the filter matches
+    _cells: dict[str, Cell] | None = field(default=None, repr=False)
+
+    @property
+    def cells(self) -> dict[str, Cell]:
+        """Column key -> cell; made on first use, so only rows drawn pay for formatting."""
+        if self._cells is None:
+            cells = _empty_cells(self.state) if self.stats is None else engine_cells(self.stats)
+            self._cells = cells | {"name": Cell(self.name), "status": self.status}
+        return self._cells
 
 
 def row_key(url: str, engine: EngineKey | None) -> str:
@@ -152,6 +169,19 @@ def _leak_rank(stats: EngineStats) -> float | None:
     return None if stats.leak is None else LEAK_RANK[stats.leak.state]
 
 
+def _worst(state: TargetState, stats: EngineStats | None) -> float | None:
+    """LEAK, then WATCH, then unreachable or stale; within each, the fullest KV first."""
+    if state.status == "pending":
+        return None
+    verdict = stats.leak if stats is not None else None
+    if verdict is not None and verdict.state in ("leak", "watch"):
+        rank = 2 + LEAK_RANK[verdict.state]
+    else:
+        rank = 1 if state.status in PROBLEM_STATUSES else 0
+    usage = _usage(stats) if stats is not None else None
+    return 2 * rank + min(usage or 0.0, 1.0)  # usage never crosses into the next rank
+
+
 def engine_cells(stats: EngineStats) -> dict[str, Cell]:
     usage = _usage(stats)
     ttft = stats.ttft
@@ -188,47 +218,74 @@ def _empty_cells(state: TargetState) -> dict[str, Cell]:
 
 def build_rows(states: list[TargetState], now: float) -> list[FleetRow]:
     """One row per (target, engine); one row for a target without engines (down, unknown)."""
-    rows: list[FleetRow] = []
-    for state in states:
-        target = state.target
-        status = status_cell(state, now)
-        base_search = " ".join(
-            str(p) for p in (target.label, target.url, target.group, state.kind, status.text) if p
-        )
-        if not state.engines:
-            cells = _empty_cells(state) | {"name": Cell(target.label), "status": status}
-            rows.append(
-                FleetRow(
-                    key=row_key(target.url, None),
-                    url=target.url,
-                    engine=None,
-                    name=target.label,
-                    cells=cells,
-                    search=f"{base_search} {cells['model'].text}".lower(),
-                )
-            )
-            continue
-        for stats in state.engines:
-            name = target.label + _engine_suffix(stats, state.engines)
-            engine: EngineKey = (stats.model, stats.engine)
-            cells = engine_cells(stats) | {"name": Cell(name), "status": status}
-            rows.append(
-                FleetRow(
-                    key=row_key(target.url, engine),
-                    url=target.url,
-                    engine=engine,
-                    name=name,
-                    cells=cells,
-                    sort_values={
-                        "kv": _usage(stats),
-                        "waiting": stats.waiting,
-                        "preempt": stats.preemptions_per_s,
-                        "gen": stats.generation_tps,
-                        "leak": _leak_rank(stats),
-                    },
-                    search=f"{base_search} {name} {stats.model or ''}".lower(),
-                )
-            )
+    return [row for state in states for row in target_rows(state, status_cell(state, now))]
+
+
+@dataclass(slots=True)
+class _Built:
+    engines: list[EngineStats]  # the very list the rows were built from
+    seen: tuple[object, ...]
+    status: Cell
+    rows: list[FleetRow]
+
+
+class RowCache:
+    """:func:`build_rows` that keeps a target's rows while its state and status cell stay
+    the same: with 500 engines a frame then rebuilds only the targets scraped since the
+    last one (and the few whose age is counting)."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, _Built] = {}
+
+    def rows(self, states: list[TargetState], now: float) -> list[FleetRow]:
+        rows: list[FleetRow] = []
+        for state in states:
+            status = status_cell(state, now)
+            seen = (state.target, state.last_good_t, state.status, state.kind, state.error)
+            built = self._built.get(state.target.url)
+            if (built is None or built.engines is not state.engines or built.seen != seen
+                    or built.status != status):
+                built = _Built(state.engines, seen, status, target_rows(state, status))
+                self._built[state.target.url] = built
+            rows += built.rows
+        return rows
+
+
+@lru_cache(maxsize=4096)
+def _label(target: Target) -> str:
+    return target.label  # parses the URL each time it is asked
+
+
+def target_rows(state: TargetState, status: Cell) -> list[FleetRow]:
+    """A target's rows: one per engine, or one that says why there is none."""
+    target = state.target
+    label = _label(target)
+    base_search = " ".join(
+        str(p) for p in (label, target.url, target.group, state.kind, status.text) if p
+    )
+    if not state.engines:
+        row = FleetRow(key=row_key(target.url, None), url=target.url, engine=None, name=label,
+                       state=state, stats=None, status=status,
+                       sort_values={"worst": _worst(state, None)})
+        row.search = f"{base_search} {row.cells['model'].text}".lower()  # the reason it's empty
+        return [row]
+    rows = []
+    for stats in state.engines:
+        name = label + _engine_suffix(stats, state.engines)
+        engine: EngineKey = (stats.model, stats.engine)
+        rows.append(FleetRow(
+            key=row_key(target.url, engine), url=target.url, engine=engine, name=name,
+            state=state, stats=stats, status=status,
+            sort_values={
+                "kv": _usage(stats),
+                "waiting": stats.waiting,
+                "preempt": stats.preemptions_per_s,
+                "gen": stats.generation_tps,
+                "leak": _leak_rank(stats),
+                "worst": _worst(state, stats),
+            },
+            search=f"{base_search} {name} {stats.model or ''}".lower(),
+        ))
     return rows
 
 

@@ -56,11 +56,7 @@ def live_app(
 def table_rows(app: KvtopApp) -> list[dict[str, str]]:
     """Each row shown, in order, as column key -> cell text."""
     table = app.query_one(FleetTable)
-    keys = [column.key.value for column in table.ordered_columns]
-    return [
-        dict(zip(keys, (str(cell) for cell in table.get_row(row.key)), strict=True))
-        for row in table.ordered_rows
-    ]
+    return [{c.key: row.cells[c.key].text for c in table.columns} for row in table.rows]
 
 
 # --- made-up states for the SVG snapshots: no parsing involved, so only the UI can change them

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvtop.collect.target import Scrape
-from kvtop.ui.app import KvtopApp
+from kvtop.collect.target import Scrape, Target
+from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.ui.format import kv_cell
 from kvtop.ui.screens.detail import DetailScreen
 from kvtop.ui.widgets.gpu_pane import GpuPane
 from tests.fakes.fake_nvml import FakeGpuReader
+from tests.fakes.fake_source import FakeSource
 from tests.paths import fixture_text
 from tests.ui.scenario import (
     GATEWAY,
@@ -214,3 +215,38 @@ async def test_lost_terminal_exits(tmp_path: Path, monkeypatch) -> None:
         monkeypatch.setattr("sys.stdin.isatty", lambda: False)
         app._check_terminal()
         assert exits == [True]
+
+
+async def test_a_server_discovered_later_gets_a_row(tmp_path: Path) -> None:
+    app, source = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        await pilot.pause(0.2)
+        late = Target.from_spec("10.0.0.9:8000")  # e.g. Prometheus found a new instance
+        source.push(Scrape(late, T0 + 1, fixture_text(UNDER_LOAD)))
+        await pilot.pause(0.2)
+        assert late.url in app.trackers
+        assert _by_name(app)["10.0.0.9:8000"]["status"] == "up"
+
+
+async def test_a_large_fleet_shows_the_worst_first_and_scrolls(tmp_path: Path) -> None:
+    targets = [Target.from_spec(f"10.1.0.{i}:8000") for i in range(40)]
+    scrapes = [Scrape(t, T0, fixture_text(LEAKING_IDLE if i != 37 else UNDER_LOAD))
+               for i, t in enumerate(targets[:-1])]  # the last one never answers
+    source = FakeSource(scrapes)
+    app = KvtopApp(AppConfig(targets=targets, source_factory=lambda cfg: source, no_gpu=True,
+                             clock=lambda: T0 + 2, snapshot_dir=tmp_path))
+    async with app.run_test(size=(100, 20)) as pilot:
+        while len(source.delivered) < len(scrapes):
+            await pilot.pause(0.05)
+        await pilot.pause(0.2)
+        assert "sort worst first" in str(app.query_one("#summary").render())
+        names = _names(app)
+        assert names[0] == "10.1.0.37:8000"  # the fullest pool: 588/599 blocks beats 0 %
+        assert names[-1] == "10.1.0.39:8000"  # pending: unknown, last
+        await pilot.press("end")
+        assert app.table.selected_row is not None
+        assert app.table.selected_row.name == "10.1.0.39:8000"
+        assert app.table.scroll_y > 0  # the cursor's row was scrolled into view
+        await pilot.press("o")  # a chosen sort sticks: the cycle goes on to name
+        assert _names(app) == sorted(names)
+        assert app.table.selected_row.name == "10.1.0.39:8000"  # the cursor follows its row

@@ -43,24 +43,31 @@ class EnginePanel(Static):
         "panel--key", "panel--spark", "panel--ok", "panel--warn", "panel--bad",
         "panel--alarm", "panel--dim",
     }
+    _shown: Text | None = None
 
     def show(self, row: FleetRow | None, state: TargetState | None,
              history: Sequence[EngineStats], now: float, span_s: float) -> None:
         if row is None or state is None:
             self.border_title = "no engine selected"
-            self.update("")
+            self._set(Text())
             return
         self.border_title = f"{row.name} · {row.cells['model'].text}"
         stats = next((s for s in state.engines if (s.model, s.engine) == row.engine), None)
         if stats is None:
-            self.update(self._line(("status ", "key"), _cell(row.cells["status"]),
-                                   ("  ", ""), _cell(row.cells["model"])))
+            self._set(self._line(("status ", "key"), _cell(row.cells["status"]),
+                                 ("  ", ""), _cell(row.cells["model"])))
             return
-        self.update(Text("\n").join([
+        self._set(Text("\n").join([
             self._spark_line(stats, history, now, span_s),
             self._leak_line(row, stats),
             self._numbers_line(row, stats),
         ]))
+
+    def _set(self, text: Text) -> None:
+        """Repaint only when the text differs; the panel's height is fixed, so no layout."""
+        if text != self._shown:
+            self._shown = text
+            self.update(text, layout=False)
 
     def _line(self, *pieces: tuple[str, str]) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")

@@ -1,142 +1,248 @@
-"""The fleet table: one row per (target, engine), updated cell by cell."""
+"""The fleet table: a header and one line per (target, engine), drawn only where seen.
+
+A Line-API :class:`ScrollView`: Textual asks for the lines on screen and nothing else, so
+500 engines cost what the 20 visible ones cost. Each row's line is cached while its cells
+are equal, and a new frame repaints only the screen lines whose row changed.
+"""
 
 from __future__ import annotations
 
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual import events
 from textual.binding import Binding
-from textual.widgets import DataTable
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
-from kvtop.ui.fleet import Cell, Column, FleetRow, visible_columns
+from kvtop.ui.fleet import CELL_PADDING, Cell, Column, FleetRow, visible_columns
 
-MAX_RENDERED = 4096  # cached cell renderings (a few screens' worth); then start afresh
+SCROLLBAR_W = 2  # the vertical scrollbar's cells, kept free so no column is half drawn
+ELLIPSIS = "…"
+MAX_STRIPS = 1024  # cached row lines (a few screens' worth); then start afresh
 
 
-class FleetTable(DataTable):
-    """Draws the rows it is given; keeps row keys so only changed cells are redrawn."""
+def fit(text: str, width: int) -> str:
+    """``text`` padded or cut (with an ellipsis) to exactly ``width`` cells."""
+    size = len(text) if text.isascii() else cell_len(text)
+    if size <= width:
+        return text + " " * (width - size)
+    return set_cell_size(text, width - 1) + ELLIPSIS
 
-    COMPONENT_CLASSES = DataTable.COMPONENT_CLASSES | {
-        "fleet--ok",
-        "fleet--warn",
-        "fleet--bad",
-        "fleet--alarm",
-        "fleet--dim",
+
+class FleetTable(ScrollView, can_focus=True):
+    """Shows the rows it is given, in that order; keeps the cursor on the same row key."""
+
+    COMPONENT_CLASSES = {  # noqa: RUF012 - Textual's class-level set
+        "fleet--header", "fleet--cursor",
+        "fleet--ok", "fleet--warn", "fleet--bad", "fleet--alarm", "fleet--dim",
     }
     BINDINGS = [  # noqa: RUF012 - Textual's class-level binding list
-        Binding("j", "cursor_down", "Down", show=False),
-        Binding("k", "cursor_up", "Up", show=False),
-        Binding("enter", "select_cursor", "Detail"),  # DataTable's own is hidden from the footer
+        Binding("up,k", "cursor(-1)", "Up", show=False),
+        Binding("down,j", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "cursor_to(0)", "First", show=False),
+        Binding("end", "cursor_to(-1)", "Last", show=False),
+        Binding("enter", "select", "Detail"),
     ]
 
+    class RowHighlighted(Message):
+        """The cursor moved to another row (by key or mouse)."""
+
+        def __init__(self, table: FleetTable) -> None:
+            super().__init__()
+            self.table = table
+
+        @property
+        def control(self) -> FleetTable:  # what @on(..., "#fleet") matches
+            return self.table
+
+    class RowSelected(RowHighlighted):
+        """Enter (or a click) on the cursor's row."""
+
     def __init__(self, **kwargs: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)  # type: ignore[arg-type]
-        self._columns_shown: list[Column] = []
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._columns: list[Column] = []
         self._rows: list[FleetRow] = []
-        self._cells: dict[str, dict[str, Cell]] = {}  # what each row shows now
-        self._name_cells: dict[str, Text] = {}  # for sorting by row key (see _reorder)
-        self._rendered: dict[tuple[object, ...], tuple[object, list[list[Segment]]]] = {}
+        self._cursor = 0
+        self._strips: dict[tuple[str, bool], tuple[dict[str, Cell], Strip]] = {}
+        self._header: Strip | None = None
+        self._styles: dict[str, Style] = {}
+
+    # -- what the app uses ----------------------------------------------------------------
 
     @property
     def selected_row(self) -> FleetRow | None:
-        if not self.row_count:
-            return None
-        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        return next((r for r in self._rows if r.key == key), None)
+        return self._rows[self._cursor] if self._rows else None
+
+    @property
+    def rows(self) -> list[FleetRow]:
+        return self._rows
+
+    @property
+    def columns(self) -> list[Column]:
+        return self._columns
 
     def show(self, rows: list[FleetRow]) -> None:
-        """Make the table show ``rows`` in this order, touching only what changed."""
-        self._rows = rows
-        self._ensure_columns()
+        """Show ``rows`` in this order; repaint only the screen lines that change."""
+        before = self._visible_lines()
         selected = self.selected_row
-        wanted = {r.key for r in rows}
-        for key in [k for k in self._cells if k not in wanted]:
-            self.remove_row(key)
-            del self._cells[key]
-            del self._name_cells[key]
-        for row in rows:
-            if row.key in self._cells:
-                self._update_row(row)
-            else:
-                self._add_row(row)
-        self._reorder(rows, selected.key if selected else None)
+        self._rows = rows
+        self._cursor = self._index_of(selected)
+        if len(self._strips) > MAX_STRIPS:  # rows scrolled past or gone: start afresh
+            self._strips.clear()
+        if self.virtual_size.height != len(rows) + 1:
+            self._set_virtual_size()
+        self._scroll_to_cursor()
+        self._refresh_changed(before)
+
+    # -- geometry -------------------------------------------------------------------------
 
     def on_resize(self, event: events.Resize) -> None:
-        self._ensure_columns()
+        columns = visible_columns(max(self.size.width - SCROLLBAR_W, 0))
+        if columns != self._columns:
+            self._columns = columns
+            self._forget_rendering()
+            self._set_virtual_size()
 
-    def _ensure_columns(self) -> None:
-        # A scrollbar may take two cells; leave room so no column is half drawn.
-        columns = visible_columns(max(self.size.width - 2, 0))
-        if columns == self._columns_shown:
+    def _set_virtual_size(self) -> None:
+        width = sum(c.width + CELL_PADDING for c in self._columns)
+        self.virtual_size = Size(width, len(self._rows) + 1)
+        self.refresh(layout=True)  # height is auto: the table takes the rows it needs
+
+    @property
+    def _page(self) -> int:
+        return max(self.scrollable_content_region.height - 1, 1)  # less the header
+
+    def _scroll_to_cursor(self) -> None:
+        top = round(self.scroll_y)
+        if self._cursor < top:
+            self.scroll_to(y=self._cursor, animate=False, force=True)
+        elif self._cursor >= top + self._page:
+            self.scroll_to(y=self._cursor - self._page + 1, animate=False, force=True)
+
+    def _index_of(self, row: FleetRow | None) -> int:
+        """The selected row's new place; if it is gone, the cursor stays where it was."""
+        if row is not None:
+            for index, candidate in enumerate(self._rows):
+                if candidate.key == row.key:
+                    return index
+        return min(self._cursor, max(len(self._rows) - 1, 0))
+
+    # -- cursor ---------------------------------------------------------------------------
+
+    def _move(self, index: int) -> None:
+        if not self._rows:
             return
-        self._columns_shown = columns
-        self.clear(columns=True)
-        self._cells.clear()
-        self._name_cells.clear()
-        for column in columns:
-            self.add_column(column.label, width=column.width, key=column.key)
-        for row in self._rows:
-            self._add_row(row)
-
-    def _render(self, cell: Cell) -> Text:
-        style = self.get_component_rich_style(f"fleet--{cell.level}") if cell.level else ""
-        return Text(cell.text, style=style, no_wrap=True, overflow="ellipsis")
-
-    def _add_row(self, row: FleetRow) -> None:
-        texts = [self._render(row.cells[c.key]) for c in self._columns_shown]
-        self.add_row(*texts, key=row.key)
-        self._cells[row.key] = dict(row.cells)
-        self._name_cells[row.key] = texts[0]
-
-    def _update_row(self, row: FleetRow) -> None:
-        shown = self._cells[row.key]
-        for column in self._columns_shown:
-            cell = row.cells[column.key]
-            if shown.get(column.key) == cell:
-                continue
-            text = self._render(cell)
-            self.update_cell(row.key, column.key, text)
-            if column.key == "name":
-                self._name_cells[row.key] = text
-            shown[column.key] = cell
-
-    def _reorder(self, rows: list[FleetRow], selected: str | None) -> None:
-        current = [r.key.value for r in self.ordered_rows]
-        order = [r.key for r in rows]
-        if current == order:
+        index = min(max(index, 0), len(self._rows) - 1)
+        if index == self._cursor:
             return
-        # DataTable sorts by cell values; each row's name Text object identifies its row.
-        position = {id(self._name_cells[key]): i for i, key in enumerate(order)}
-        self.sort("name", key=lambda name: position[id(name)])
-        if selected is not None and selected in self._cells:
-            self.move_cursor(row=self.get_row_index(selected), animate=False)
+        old, self._cursor = self._cursor, index
+        self._scroll_to_cursor()
+        for row in (old, index):
+            self.refresh(Region(0, row - round(self.scroll_y) + 1, self.size.width, 1))
+        self.post_message(self.RowHighlighted(self))
 
-    def _render_cell(  # type: ignore[override]
-        self,
-        row_index: int,
-        column_index: int,
-        base_style: Style,
-        width: int,
-        cursor: bool = False,
-        hover: bool = False,
-    ) -> list[list[Segment]]:
-        """DataTable re-renders every cell after any update (its cache keys on an update
-        count); with 16 hosts that was most of the app's CPU. Keep each cell's rendering
-        while the cell holds the very same Text object: only changed cells get new ones."""
-        if row_index < 0 or column_index < 0:  # header and labels: DataTable's own cache
-            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        row_key = self._row_locations.get_key(row_index)
-        column_key = self._column_locations.get_key(column_index)
-        value = self._data[row_key][column_key]
-        key = (row_key, column_key, row_index, base_style, width, cursor, hover,
-               self._show_hover_cursor, self._pseudo_class_state)
-        cached = self._rendered.get(key)
-        if cached is not None and cached[0] is value:
+    def action_cursor(self, step: int) -> None:
+        self._move(self._cursor + step)
+
+    def action_page(self, step: int) -> None:
+        self._move(self._cursor + step * self._page)
+
+    def action_cursor_to(self, index: int) -> None:
+        self._move(index if index >= 0 else len(self._rows) - 1)
+
+    def action_select(self) -> None:
+        if self._rows:
+            self.post_message(self.RowSelected(self))
+
+    def on_click(self, event: events.Click) -> None:
+        index = round(self.scroll_y) + event.y - 1
+        if event.y < 1 or not 0 <= index < len(self._rows):
+            return
+        if index == self._cursor:
+            self.action_select()
+        else:
+            self._move(index)
+
+    # -- drawing --------------------------------------------------------------------------
+
+    def _visible_lines(self) -> list[tuple[str, dict[str, Cell]]]:
+        top = round(self.scroll_y)
+        return [(r.key, r.cells) for r in self._rows[top:top + self._page]]
+
+    def _refresh_changed(self, before: list[tuple[str, dict[str, Cell]]]) -> None:
+        """Repaint the lines whose row (or its cells) differ from what was on screen."""
+        after = self._visible_lines()
+        width = self.size.width
+        for y in range(max(len(before), len(after))):
+            old = before[y] if y < len(before) else None
+            new = after[y] if y < len(after) else None
+            if old is None or new is None or old[0] != new[0] or old[1] != new[1]:
+                self.refresh(Region(0, y + 1, width, 1))
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()  # focus, theme: the cursor and colours change
+        self._forget_rendering()
+
+    def _forget_rendering(self) -> None:
+        self._strips.clear()
+        self._styles.clear()
+        self._header = None
+        self.refresh()
+
+    def _style(self, name: str) -> Style:
+        """The widget's own style ("base") or a component's, computed once per style change."""
+        style = self._styles.get(name)
+        if style is None:
+            style = self.rich_style if name == "base" else self._component_style(name)
+            self._styles[name] = style
+        return style
+
+    def _component_style(self, name: str) -> Style:
+        try:
+            style = self.get_component_rich_style(f"fleet--{name}")
+        except KeyError:  # the app is tearing down: its stylesheet is gone
+            return Style.null()
+        if name in ("header", "cursor"):
+            return style
+        return Style(color=style.color, bold=style.bold, reverse=style.reverse)  # text only
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if y == 0:
+            return self._header_strip(width)
+        index = round(self.scroll_y) + y - 1
+        if not 0 <= index < len(self._rows):
+            return Strip.blank(width, self._style("base"))
+        return self._row_strip(self._rows[index], index == self._cursor, width)
+
+    def _header_strip(self, width: int) -> Strip:
+        if self._header is None or self._header.cell_length != width:
+            style = self._style("header")
+            text = "".join(f" {fit(c.label, c.width)} " for c in self._columns)
+            self._header = Strip([Segment(fit(text, width), style)], width)
+        return self._header
+
+    def _row_strip(self, row: FleetRow, cursor: bool, width: int) -> Strip:
+        cached = self._strips.get((row.key, cursor))
+        if cached is not None and cached[0] == row.cells and cached[1].cell_length == width:
             return cached[1]
-        if len(self._rendered) > MAX_RENDERED:
-            self._rendered.clear()
-        lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        self._rendered[key] = (value, lines)  # holding the value keeps `is` meaningful
-        return lines
-
+        plain = self._style("base")
+        base = plain + self._style("cursor") if cursor else plain
+        segments = []
+        for column in self._columns:
+            cell = row.cells[column.key]
+            if cursor or cell.level is None:  # the cursor's row in one colour, as htop does
+                segments.append(Segment(f" {fit(cell.text, column.width)} ", base))
+                continue
+            text = fit(cell.text, column.width)
+            shown = text.rstrip(" ")  # padding stays plain: a LEAK badge is its text only
+            segments += [Segment(" ", base), Segment(shown, base + self._style(cell.level)),
+                         Segment(text[len(shown):] + " ", base)]
+        strip = Strip(segments).extend_cell_length(width, plain).crop(0, width)
+        self._strips[(row.key, cursor)] = (row.cells, strip)
+        return strip

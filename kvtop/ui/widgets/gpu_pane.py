@@ -13,6 +13,7 @@ class GpuPane(Static, can_focus=True):
     """Per GPU memory used/total, util, temperature, power and processes (vLLM marked)."""
 
     COMPONENT_CLASSES = {"gpu--title", "gpu--vllm", "gpu--dim", "gpu--bad"}  # noqa: RUF012
+    _shown: Text | None = None
 
     def show_gpus(self, gpus: list[GpuReading]) -> None:
         title = self.get_component_rich_style("gpu--title")
@@ -43,7 +44,12 @@ class GpuPane(Static, can_focus=True):
         if not gpus:
             text.append("no GPU found", dim)
         text.rstrip()
-        self.update(text)
+        self._set(text)
 
     def show_unavailable(self, reason: str) -> None:
-        self.update(Text(f"NVML unavailable: {reason}", self.get_component_rich_style("gpu--bad")))
+        self._set(Text(f"NVML unavailable: {reason}", self.get_component_rich_style("gpu--bad")))
+
+    def _set(self, text: Text) -> None:
+        if text != self._shown:  # NVML reads every 2 s mostly repeat themselves
+            self._shown = text
+            self.update(text)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import plotext
 from rich.style import Style
 from rich.text import Span, Text
 from textual.widgets import Static
@@ -30,6 +29,8 @@ def render_plot(title: str, series: list[Series], width: int, height: int, span_
     drawable = [s for s in series if s.points]
     if width < 20 or height < 5 or not drawable:
         return Text(f"{title}: no data yet" if width >= 20 else "")
+    import plotext  # a third of a second to import: paid when a chart is first drawn
+
     figure = plotext.figure
     figure.clear()
     figure.plot_size(width, height)

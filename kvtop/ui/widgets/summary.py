@@ -18,6 +18,7 @@ class SummaryBar(Static):
     COMPONENT_CLASSES = {  # noqa: RUF012
         "summary--key", "summary--bad", "summary--flag", "summary--ok", "summary--warn",
     }
+    _shown: Text | None = None
 
     def show(
         self,
@@ -44,7 +45,10 @@ class SummaryBar(Static):
             parts.append((0, [("filter ", "key"), (repr(filter_text), "")]))
         if paused:
             parts.append((0, [("PAUSED", "flag")]))
-        self.update(self._assemble(_fit(parts, self.content_size.width or 200)))
+        text = self._assemble(_fit(parts, self.content_size.width or 200))
+        if text != self._shown:  # one line, fixed height: repaint, no layout
+            self._shown = text
+            self.update(text, layout=False)
 
     def _assemble(self, parts: list[Part]) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
