@@ -27,6 +27,7 @@ from kvtop.sim.workloads import traces_dir
 
 LEAK_AT_S = 30.0
 START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 15.0
 
 
 def _trace_available(name: str) -> bool:
@@ -90,4 +91,5 @@ def demo_fleet() -> Iterator[list[Target]]:
                for (name, _), server in zip(named, fleet.servers, strict=True)]
     finally:
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
+        # let the servers close before the interpreter exits (a busy machine can be slow)
+        thread.join(timeout=STOP_TIMEOUT_S)
