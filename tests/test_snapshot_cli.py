@@ -62,7 +62,7 @@ async def test_snapshot_reports_every_fault_and_keeps_healthy_targets_right() ->
     # second scrape is the idle file: its values, rates between the two files' counters
     assert engine["kv"] == {"usage": 0.0, "blocks_total": 599, "blocks_used": 0.0,
                             "block_size": 16, "tokens_total": 9600, "tokens_used": 0.0,
-                            "idle_floor_blocks": 0}
+                            "idle_floor_blocks": 0, "cpu_usage": None}
     assert engine["requests"] == {"running": 0.0, "waiting": 0.0, "swapped": None}
     window = engine["rates"]["window_s"]
     assert 0.4 < window < 3
@@ -70,7 +70,7 @@ async def test_snapshot_reports_every_fault_and_keeps_healthy_targets_right() ->
                                                                    rel=1e-3)
     hit = engine["prefix_cache"]
     assert hit["hit_rate"] == pytest.approx((24320 - 6400) / (65720 - 17016))
-    assert hit["hit_rate_scope"] == "window"
+    assert hit["hit_rate_scope"] == "window" and hit["unit"] == "tokens"
     assert engine["preemptions_total"] == 68
     assert engine["latency_s"]["ttft"]["scope"] == "window"
 

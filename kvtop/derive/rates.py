@@ -86,6 +86,7 @@ def derive_engine_stats(now: EngineReading, before: EngineReading | None, t: flo
         prefix_queries_total=now.prefix_queries_total,
         prefix_hits_total=now.prefix_hits_total, idle_floor_blocks=now.idle_floor_blocks,
         prefix_caching=now.prefix_caching, cache_config=now.cache_config,
+        prefix_unit=now.prefix_unit, cpu_kv_usage=now.cpu_kv_usage,
     )
     _usage_numbers(stats, now)
     if before is not None and went_backwards(now, before):

@@ -31,6 +31,7 @@ class EngineStats:
     engine: str | None
     t: float  # unix seconds of the scrape these numbers describe
     kv_usage: float | None = None
+    cpu_kv_usage: float | None = None  # vLLM V0 swap space
     blocks_total: int | None = None
     blocks_used: float | None = None
     block_size: int | None = None
@@ -42,6 +43,7 @@ class EngineStats:
     preemptions_total: float | None = None
     prefix_queries_total: float | None = None
     prefix_hits_total: float | None = None
+    prefix_unit: Literal["tokens", "blocks"] | None = None
     hit_rate: float | None = None
     hit_rate_scope: Literal["window", "lifetime", "reported"] | None = None
     prompt_tps: float | None = None
