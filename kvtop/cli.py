@@ -109,8 +109,8 @@ def _check_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="judge a recording instead of live targets")
     parser.add_argument("--duration", type=parse_duration, default=None, metavar="D",
                         help="how long to watch live targets (90s, 30m, 2h; default 30m)")
-    parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
-                        help="seconds between scrapes (default 1)")
+    parser.add_argument("--interval", type=_positive, default=None, metavar="S",
+                        help="seconds between scrapes (default 1; 5 with --prometheus)")
     parser.add_argument("--until-leak", action="store_true",
                         help="stop as soon as an engine is judged LEAK")
     parser.add_argument("--record", type=Path, metavar="FILE",
@@ -135,19 +135,21 @@ def _run_check(args: argparse.Namespace) -> int:
         return _run_check_prometheus(args, prometheus, params)
     targets = resolve_targets(args, config)
     return run_check_live(targets, params=params, duration_s=args.duration or 1800.0,
-                          interval_s=args.interval, timeout_s=args.timeout,
+                          interval_s=args.interval or 1.0, timeout_s=args.timeout,
                           insecure=args.insecure, until_leak=args.until_leak,
                           record=args.record, as_json=args.as_json)
 
 
 def _run_check_prometheus(args: argparse.Namespace, prometheus: PrometheusSettings,
                           params: LeakParams) -> int:
+    from kvtop.collect.prometheus import PROMETHEUS_INTERVAL_S
     from kvtop.headless.prometheus_commands import run_check_prometheus
 
     if args.record:
         raise ConfigError("--record writes direct scrapes; Prometheus keeps its own history")
     return run_check_prometheus(prometheus, params=params,
-                                duration_s=args.duration or 1800.0, interval_s=args.interval,
+                                duration_s=args.duration or 1800.0,
+                                interval_s=args.interval or PROMETHEUS_INTERVAL_S,
                                 timeout_s=args.timeout, insecure=args.insecure,
                                 until_leak=args.until_leak, as_json=args.as_json)
 
@@ -263,7 +265,7 @@ def _run_app(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     interval = args.interval or config.interval_s or 1.0
     if (prometheus := resolve_prometheus(args, config)) is not None:
-        return _run_app_prometheus(prometheus, args, interval)
+        return _run_app_prometheus(prometheus, args, args.interval or config.interval_s)
     if not args.demo:
         return run_app(_app_config(args, resolve_targets(args, config), interval))
     from kvtop.sim.demo import demo_fleet
@@ -273,11 +275,13 @@ def _run_app(args: argparse.Namespace) -> int:
 
 
 def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace,
-                        interval: float) -> int:
+                        interval: float | None) -> int:
     """The app on the instances Prometheus knows now, fed (and backfilled) through it."""
     import asyncio
 
-    from kvtop.collect.prometheus import PrometheusError, PrometheusSource
+    from kvtop.collect.prometheus import PROMETHEUS_INTERVAL_S, PrometheusError, PrometheusSource
+
+    interval = interval or PROMETHEUS_INTERVAL_S
     from kvtop.headless.prometheus_commands import discover_targets
     from kvtop.ui.app import run_app
 

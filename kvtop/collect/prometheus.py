@@ -55,6 +55,9 @@ BACKFILL_NAMES = frozenset({
 _INSTANCE_LABELS = frozenset({"__name__", "job", "instance"})
 MAX_POINTS = 11_000  # Prometheus refuses range queries with more points per series
 DEFAULT_BACKFILL_STEP_S = 15.0
+# Prometheus stores a sample per scrape_interval (15 s by default): re-reading it every
+# second shows nothing new and, with the overlap below, reads each sample three times.
+PROMETHEUS_INTERVAL_S = 5.0
 OVERLAP_S = 2.0  # re-read this much of the previous refresh: a scrape in flight lands late
 TARGETS_CACHE_S = 30.0  # /api/v1/targets (for down instances' errors) at most this often
 
