@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -119,3 +120,27 @@ def test_demo_in_tmux_snapshot_and_quit(tmux: Tmux, tmp_path: Path) -> None:
 
     tmux("kill-server")
     wait_for(lambda: not processes_with(str(tmp_path)), 5, "no process left after kill-server")
+
+
+GREYS = {0, 7, 8, 15, 16, 231, *range(232, 256)}  # black, white and the 256-colour grey ramp
+
+
+def _colours(screen_with_escapes: str) -> set[int]:
+    """Every 256-colour index the pane uses for text or background."""
+    return {int(n) for n in re.findall(r"\x1b\[(?:[0-9;]*;)?[34]8;5;(\d+)", screen_with_escapes)}
+
+
+@pytest.mark.parametrize("no_color", [True, False])
+def test_no_color_gives_a_grey_screen(tmux: Tmux, tmp_path: Path, no_color: bool) -> None:
+    env = "NO_COLOR=1 " if no_color else ""
+    command = f"{env}{sys.executable} -m kvtop --demo --no-gpu --snapshot-dir {tmp_path}"
+    tmux("new-session", "-d", "-x", "80", "-y", "24", "-s", "kv", "-c", os.getcwd(), command)
+    wait_for(lambda: _rows_up(tmux.screen()), 20, "the four demo rows, up")
+    colours = _colours(tmux("capture-pane", "-e", "-p", "-t", "kv"))
+    assert colours  # tmux is a 256-colour terminal: the app speaks 256 colours to it
+    if no_color:
+        assert colours <= GREYS, colours - GREYS
+    else:
+        assert colours - GREYS  # the same screen in colour: the check above can fail
+    tmux("send-keys", "-t", "kv", "q")
+    wait_for(lambda: not processes_with(str(tmp_path), tmux_too=False), 20, "kvtop to exit")
