@@ -302,8 +302,9 @@ def _render_v0(engine: Engine, model_name: str) -> str:
     w.gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", [(base, 0)])
     w.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
             [(base, len(engine.waiting))])
+    # V0 has no null block: its usage divides by num_gpu_blocks, as its cache_config says
     w.gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
-            [(base, engine.pool.usage())])
+            [(base, engine.pool.num_used_blocks / cfg.num_gpu_blocks)])
     w.gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.",
             [(base, 0.0)])
     w.gauge("vllm:cpu_prefix_cache_hit_rate", "CPU prefix cache block hit rate.", [(base, -1.0)])

@@ -99,7 +99,8 @@ def test_v0_names() -> None:
     sim = busy_simulation()
     truth = sim.truth()
     parsed = samples(render(sim.engine, model_name="m", names="v0"))
-    assert value(parsed, "vllm:gpu_cache_usage_perc") == truth.kv_usage
+    # V0 has no null block: usage divides by num_gpu_blocks
+    assert value(parsed, "vllm:gpu_cache_usage_perc") == truth.used_blocks / truth.num_gpu_blocks
     assert value(parsed, "vllm:num_requests_swapped") == 0
     rate = value(parsed, "vllm:gpu_prefix_cache_hit_rate")
     assert 0 < rate < 1

@@ -67,7 +67,9 @@ async def test_fleet_serves_each_name_set_matching_ground_truth() -> None:
         assert truth.generation_tokens > 0 and truth.prefix_hits > 0
         assert_v1_matches(parsed, truth)
         parsed = await scrape(client, v0)
-        assert one(parsed, "vllm:gpu_cache_usage_perc") == v0.last_scrape.kv_usage
+        v0_truth = v0.last_scrape  # V0 has no null block: usage divides by num_gpu_blocks
+        assert one(parsed, "vllm:gpu_cache_usage_perc") == (
+            v0_truth.used_blocks / v0_truth.num_gpu_blocks)
         assert one(parsed, "vllm:num_requests_running") == v0.last_scrape.running
         parsed = await scrape(client, sg)
         assert one(parsed, "sglang:num_queue_reqs") == sg.last_scrape.waiting
