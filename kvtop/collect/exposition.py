@@ -280,16 +280,6 @@ def _unwanted_comment(line: str, plan: _Plan) -> bool:
             and line.startswith(("# HELP ", "# TYPE ")) and line[7:8] not in ('"', " ", "\t"))
 
 
-def _skip_comment(line: str, families: frozenset[str]) -> bool:
-    """Whether a comment surely is not the HELP/TYPE of one of ``families``, decided
-    without parsing it. Only the usual ``# HELP name ...`` form qualifies."""
-    if not line.startswith(("# HELP ", "# TYPE ")):
-        return False
-    end = line.find(" ", 7)
-    name = line[7:end]
-    return end != -1 and name not in families and '"' not in name and "\t" not in name
-
-
 def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
     """Parse an exposition. With ``keep``, only samples with those exact names are kept
     (and the HELP/TYPE lines of their families)."""
@@ -313,8 +303,6 @@ def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
         if not line or line.isspace():
             continue
         if line[0] == "#":
-            if families is not None and _skip_comment(line, families):
-                continue
             if line.rstrip() == "# EOF":  # exactly: '# EOFX' is an ordinary comment
                 break
             _parse_comment(line, line_no, out, families)
