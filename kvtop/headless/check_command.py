@@ -18,7 +18,7 @@ from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams, LeakVerdict
 from kvtop.derive.tracker import EngineKey, TargetTracker
 from kvtop.headless.lifetime import stop_event
-from kvtop.headless.output import emit
+from kvtop.headless.output import emit, json_number
 from kvtop.store.recording import RecordingError, RecordingWriter, read_recording
 
 Verdict = Literal["unknown", "ok", "watch", "leak"]
@@ -51,14 +51,10 @@ class EngineVerdict:
         return {
             "model": self.model, "engine": self.engine, "verdict": self.verdict,
             "leak_first_t": self.leak_first_t, "watch_first_t": self.watch_first_t,
-            "leaked_blocks": _rounded(worst.leaked_blocks if worst else None),
-            "slope_blocks_per_hour": _rounded(worst.slope_blocks_per_hour if worst else None),
+            "leaked_blocks": json_number(worst.leaked_blocks if worst else None, 1),
+            "slope_blocks_per_hour": json_number(worst.slope_blocks_per_hour if worst else None, 1),
             "reason": worst.reason if worst else "not enough data for a verdict",
         }
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
 
 
 @dataclass(slots=True)
