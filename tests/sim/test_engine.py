@@ -170,7 +170,12 @@ def test_invariants_hold_on_random_workloads(
     engine.leak_frac = leak_frac
     prefix = tuple(("p", j) for j in range(4))
     aborts: dict[int, list[int]] = {}
-    for step in range(400):
+    # arrivals end by step 30; then enough steps for every token of every request several
+    # times over (recompute after preemption), so only a leak can leave work undone
+    steps = 400 + 4 * sum(prompt + max_tokens + 2 for prompt, max_tokens, *_ in requests)
+    for step in range(steps):
+        if step >= 400 and not engine.has_work:
+            break
         for prompt, max_tokens, shared, at, abort in requests:
             if at == step:
                 keys = prefix if shared and prompt > 64 else ()
