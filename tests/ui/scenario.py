@@ -6,6 +6,8 @@ import math
 from collections import deque
 from pathlib import Path
 
+from textual.pilot import Pilot
+
 from kvtop.collect.target import Scrape, Secret, Target
 from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
@@ -51,6 +53,15 @@ def live_app(
     }
     app = KvtopApp(AppConfig(**(defaults | config)))  # type: ignore[arg-type]
     return app, source
+
+
+async def screen_shows(pilot: Pilot, text: str, timeout_s: float = 5.0) -> bool:
+    """Whether the painted screen shows text within timeout_s: a slow machine paints late."""
+    for _ in range(int(timeout_s / 0.1)):
+        if text in pilot.app.export_screenshot().replace("&#160;", " "):
+            return True
+        await pilot.pause(0.1)
+    return False
 
 
 def table_rows(app: KvtopApp) -> list[dict[str, str]]:

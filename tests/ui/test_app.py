@@ -22,6 +22,7 @@ from tests.ui.scenario import (
     TOKEN,
     UNDER_LOAD,
     live_app,
+    screen_shows,
     table_rows,
 )
 
@@ -145,7 +146,7 @@ async def test_interval_keys_reach_the_source(tmp_path: Path) -> None:
 async def test_snapshot_writes_json_bodies_and_svg(tmp_path: Path) -> None:
     app, _ = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause(0.2)
+        assert await screen_shows(pilot, "588/599")
         await pilot.press("s")
         for _ in range(50):  # the files are written in a thread
             if list(tmp_path.glob("kvtop-snapshot-*")):
