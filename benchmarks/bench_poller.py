@@ -1,4 +1,4 @@
-"""Poller benchmark: client CPU per scrape, httpx-aiohttp transport vs httpx's own.
+"""Poller benchmark: client CPU per scrape of kvtop's poller (aiohttp).
 
 Run: ``python benchmarks/bench_poller.py [--targets 50,200] [--seconds 10]``. A server in a
 separate process serves the 48.6 KB vLLM 0.33.0 fixture on 127.0.0.1 (so its CPU is not
@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from kvtop.collect.poller import Poller, make_client
+from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 
 FIXTURE = (
@@ -72,23 +72,21 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def measure(port: int, n: int, seconds: float, use_aiohttp: bool) -> tuple[float, int, int]:
+async def measure(port: int, n: int, seconds: float) -> tuple[float, int, int]:
     """(CPU seconds per scrape, scrapes, failures) for n targets at 1 Hz."""
     targets = [Target(f"http://127.0.0.1:{port}/metrics?t={i}") for i in range(n)]
-    client = make_client(use_aiohttp=use_aiohttp)
     counts = {"ok": 0, "failed": 0}
 
     def on_scrape(s: Scrape) -> None:
         counts["ok" if s.ok else "failed"] += 1
 
-    async with Poller(targets, interval_s=1.0, timeout_s=5.0, client=client) as poller:
+    async with Poller(targets, interval_s=1.0, timeout_s=5.0) as poller:
         await poller.poll_once()  # warm: connections open, CA bundle loaded
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(seconds, stop.set)
         before = cpu_s()
         await poller.run(on_scrape, stop=stop)
         spent = cpu_s() - before
-    await client.aclose()
     done = counts["ok"] + counts["failed"]
     return spent / max(done, 1), done, counts["failed"]
 
@@ -102,17 +100,13 @@ def main() -> None:
     process, port = start_server(body)
     try:
         print(f"body {len(body):,} bytes; {args.seconds:g} s at 1 Hz per row; client CPU only\n")
-        print("| transport | targets | scrapes | failed | CPU ms/scrape | 500 targets @1 Hz |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print("| targets | scrapes | failed | CPU ms/scrape | 500 targets @1 Hz |")
+        print("|---:|---:|---:|---:|---:|")
         for n in (int(x) for x in args.targets.split(",")):
-            for name, use_aiohttp in (("httpx-aiohttp", True), ("httpx default", False)):
-                per, done, failed = asyncio.run(measure(port, n, args.seconds, use_aiohttp))
-                cores = per * 500
-                print(
-                    f"| {name} | {n} | {done} | {failed} | {per * 1e3:.2f} | {cores:.2f} core |",
-                    flush=True,
-                )
-                time.sleep(0.5)
+            per, done, failed = asyncio.run(measure(port, n, args.seconds))
+            print(f"| {n} | {done} | {failed} | {per * 1e3:.2f} | {per * 500:.2f} core |",
+                  flush=True)
+            time.sleep(0.5)
     finally:
         process.terminate()
 

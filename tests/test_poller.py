@@ -11,15 +11,15 @@ import time
 import tracemalloc
 from collections.abc import AsyncIterator
 
-import httpx
+import aiohttp
 import pytest
 
+from kvtop.collect.http import make_session
 from kvtop.collect.poller import (
     HINT_401_NO_TOKEN,
     HINT_401_TOKEN,
     Poller,
     backoff_delay,
-    make_client,
     read_version,
     scrape,
     version_url,
@@ -39,14 +39,13 @@ async def _echo500(srv: FaultServer, req, w) -> bool:  # type: ignore[no-untyped
     return await srv.respond(w, 500, body)
 
 
-@pytest.fixture(params=["aiohttp", "httpx"])
-async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
-    """Both transports: classification must not depend on which one maps the exceptions."""
-    async with make_client(use_aiohttp=request.param == "aiohttp") as c:
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with make_session() as c:
         yield c
 
 
-async def timed_scrape(client: httpx.AsyncClient, url: str, **kw: object) -> Scrape:
+async def timed_scrape(client: aiohttp.ClientSession, url: str, **kw: object) -> Scrape:
     started = time.perf_counter()
     result = await scrape(client, Target(url), timeout_s=TIMEOUT, **kw)  # type: ignore[arg-type]
     elapsed = time.perf_counter() - started
@@ -62,7 +61,7 @@ OK_MODES = ["ok", "gzip", "redirect", "slow"]
 
 @pytest.mark.parametrize("name", OK_MODES)
 async def test_healthy_answers_are_read_whole(
-    client: httpx.AsyncClient, fault_server: FaultServer, name: str
+    client: aiohttp.ClientSession, fault_server: FaultServer, name: str
 ) -> None:
     result = await timed_scrape(client, fault_server.url(name, "s=0.1" if name == "slow" else ""))
     assert result.ok, result.error
@@ -98,7 +97,7 @@ FAULTS = [
 
 @pytest.mark.parametrize(("name", "query", "kind", "words"), FAULTS, ids=[f[0] for f in FAULTS])
 async def test_each_fault_is_classified_in_bounded_time(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     fault_server: FaultServer,
     name: str,
     query: str,
@@ -113,26 +112,26 @@ async def test_each_fault_is_classified_in_bounded_time(
 
 
 async def test_auth_error_says_where_the_token_goes(
-    client: httpx.AsyncClient, fault_server: FaultServer
+    client: aiohttp.ClientSession, fault_server: FaultServer
 ) -> None:
     result = await timed_scrape(client, fault_server.url("auth"))
     assert result.error == HINT_401_NO_TOKEN
 
 
-async def test_refused_port_is_down(client: httpx.AsyncClient) -> None:
+async def test_refused_port_is_down(client: aiohttp.ClientSession) -> None:
     result = await timed_scrape(client, f"http://127.0.0.1:{closed_port()}/metrics")
     assert result.failure == "down"
     assert "refused" in (result.error or "")
 
 
-async def test_unknown_host_is_down(client: httpx.AsyncClient) -> None:
+async def test_unknown_host_is_down(client: aiohttp.ClientSession) -> None:
     result = await timed_scrape(client, "http://kvtop-no-such-host.invalid:8000/metrics")
     assert result.failure in ("down", "timeout")  # "timeout" where DNS itself hangs
     if result.failure == "down":
         assert "DNS" in (result.error or "") or "connect" in (result.error or "")
 
 
-async def test_bad_url_never_raises(client: httpx.AsyncClient) -> None:
+async def test_bad_url_never_raises(client: aiohttp.ClientSession) -> None:
     result = await scrape(client, Target("ftp://127.0.0.1:1/metrics"), timeout_s=TIMEOUT)
     assert result.failure == "down" and result.error
 
@@ -145,7 +144,7 @@ async def test_a_huge_body_is_dropped_without_being_buffered(
     fault_server: FaultServer, name: str
 ) -> None:
     cap = 1024 * 1024
-    async with make_client() as c:
+    async with make_session() as c:
         await scrape(c, Target(fault_server.url("ok")), timeout_s=2.0)  # warm the pool
         fault_server.bytes_sent = 0
         tracemalloc.start()
@@ -162,7 +161,7 @@ async def test_a_huge_body_is_dropped_without_being_buffered(
 async def test_content_length_over_the_cap_is_refused_before_reading(
     fault_server: FaultServer,
 ) -> None:
-    async with make_client() as c:
+    async with make_session() as c:
         result = await scrape(c, Target(fault_server.url("big")), timeout_s=2.0)
     assert result.failure == "bad_payload"
     assert "Content-Length 52,428,800" in (result.error or "")
@@ -171,7 +170,7 @@ async def test_content_length_over_the_cap_is_refused_before_reading(
 
 async def test_a_body_just_under_the_cap_is_read(fault_server: FaultServer) -> None:
     size = len(fixture())
-    async with make_client() as c:
+    async with make_session() as c:
         exact = await scrape(c, Target(fault_server.url("gzip")), max_bytes=size)
         under = await scrape(c, Target(fault_server.url("gzip")), max_bytes=size - 1)
     assert exact.ok
@@ -183,7 +182,7 @@ async def test_a_body_just_under_the_cap_is_read(fault_server: FaultServer) -> N
 
 async def test_the_token_goes_in_a_header_and_nowhere_else() -> None:
     secret = "s3cret-t0ken-value"
-    async with FaultServer(mode="auth", token=secret) as srv, make_client() as c:
+    async with FaultServer(mode="auth", token=secret) as srv, make_session() as c:
         good = Target(srv.url(), token=Secret(secret))
         wrong = Target(srv.url(), token=Secret("not-it"))
         echo = Target(srv.url("echo500"), token=Secret(secret))
@@ -207,7 +206,7 @@ async def test_the_token_goes_in_a_header_and_nowhere_else() -> None:
 
 
 async def test_no_token_no_authorization_header(fault_server: FaultServer) -> None:
-    async with make_client() as c:
+    async with make_session() as c:
         await scrape(c, Target(fault_server.url()), timeout_s=2.0)
     assert "authorization" not in fault_server.requests[0].headers
 
@@ -246,12 +245,12 @@ VERSION_ANSWERS = [
 
 @pytest.mark.parametrize(("body", "expected"), VERSION_ANSWERS)
 async def test_version_tolerates_404_and_garbage(body: bytes | None, expected: str | None) -> None:
-    async with FaultServer(version=None, version_body=body) as srv, make_client() as c:
+    async with FaultServer(version=None, version_body=body) as srv, make_session() as c:
         assert await read_version(c, Target(srv.url())) == expected
 
 
 async def test_version_of_a_dead_server_is_none() -> None:
-    async with make_client() as c:
+    async with make_session() as c:
         started = time.perf_counter()
         assert await read_version(c, Target(f"http://127.0.0.1:{closed_port()}")) is None
         async with FaultServer(mode="hang") as srv:
@@ -449,15 +448,12 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
     return context
 
 
-@pytest.mark.parametrize("use_aiohttp", [True, False])
-async def test_tls_is_verified_unless_insecure(
-    self_signed: ssl.SSLContext, use_aiohttp: bool
-) -> None:
+async def test_tls_is_verified_unless_insecure(self_signed: ssl.SSLContext) -> None:
     async with FaultServer(ssl_context=self_signed) as srv:
         url = srv.url().replace("http://", "https://")
-        async with make_client(use_aiohttp=use_aiohttp) as strict:
+        async with make_session() as strict:
             refused = await scrape(strict, Target(url), timeout_s=2.0)
-        async with make_client(insecure=True, use_aiohttp=use_aiohttp) as lax:
+        async with make_session(insecure=True) as lax:
             accepted = await scrape(lax, Target(url), timeout_s=2.0)
     assert refused.failure == "down" and "--insecure" in (refused.error or "")
     assert accepted.ok and accepted.body == FIXTURE_TEXT

@@ -1,4 +1,4 @@
-"""Read many servers' ``/metrics`` at once: one shared httpx client, one task per target.
+"""Read many servers' ``/metrics`` at once: one shared aiohttp session, one task per target.
 
 Every attempt becomes a :class:`~kvtop.collect.target.Scrape`; nothing here raises on a bad
 server. Failures are classified as follows (``Scrape.failure``):
@@ -22,43 +22,38 @@ for one target never overlap. A failing target backs off: the n-th consecutive f
 ``interval * 2**(n-1)`` (±20 % jitter, never under ``interval``, at most ``max_backoff_s``);
 the first success resets it.
 
-The poller belongs to one event loop (the aiohttp session binds to it): create it anywhere,
-use and close it in one loop.
+The poller belongs to one event loop (the aiohttp session binds to it, and is made on first
+use): create it anywhere, use and close it in one loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import json
 import logging
 import random
 import re
-import socket
-import ssl
-import sys
 import time
-import zlib
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
+import aiohttp
 
-from kvtop import __version__
-from kvtop.collect.target import FailureKind, Scrape, Target
-
-try:  # ~5x less CPU per scrape than httpx's own transport (reference/performance-notes.md)
-    import aiohttp
-    from httpx_aiohttp import AiohttpTransport
-except ImportError:  # pragma: no cover - exercised only where the package is missing
-    aiohttp = None  # type: ignore[assignment]
-    AiohttpTransport = None  # type: ignore[assignment,misc]
+from kvtop.collect.http import (
+    MAX_REDIRECTS,
+    Failed,
+    bearer,
+    classify_exception,
+    make_session,
+    over_cap,
+    read_capped,
+    within,
+)
+from kvtop.collect.target import Scrape, Target
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
@@ -90,54 +85,11 @@ _TEXT_START = re.compile(rb"\s*[#A-Za-z_:]")
 _HTML_TITLE = re.compile(r"<title>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 
 
-class _Failed(Exception):
-    """A classified failure raised inside one attempt and turned into a Scrape."""
-
-    def __init__(self, kind: FailureKind, message: str) -> None:
-        super().__init__(message)
-        self.kind: FailureKind = kind
-        self.message = message
-
-
-# ---------------------------------------------------------------------------- client
-
-
-def make_client(*, insecure: bool = False, use_aiohttp: bool = True) -> httpx.AsyncClient:
-    """The shared client: aiohttp transport when available, TLS verified unless ``insecure``.
-
-    Proxies from the environment are ignored (kvtop reads servers directly); SSL_CERT_FILE /
-    SSL_CERT_DIR are honoured for verification.
-    """
-    verify: ssl.SSLContext | bool = False if insecure else _verified_context()
-    # Many targets share the client and a hung one holds a connection until its deadline,
-    # so the pool must not be the bottleneck. Keep-alive expires before uvicorn's 5 s.
-    limits = httpx.Limits(
-        max_connections=4096, max_keepalive_connections=4096, keepalive_expiry=4.0
-    )
-    options: dict[str, Any] = {
-        "headers": {"Accept-Encoding": "gzip", "User-Agent": f"kvtop/{__version__}"},
-        "follow_redirects": True,  # some vLLM builds answered /metrics with 307 /metrics/
-        "max_redirects": 3,
-        "trust_env": False,
-        "limits": limits,
-    }
-    if use_aiohttp and AiohttpTransport is not None:
-        transport = AiohttpTransport(verify=verify, limits=limits, trust_env=False)
-        return httpx.AsyncClient(transport=transport, **options)
-    return httpx.AsyncClient(verify=verify, **options)
-
-
-@functools.lru_cache(maxsize=1)
-def _verified_context() -> ssl.SSLContext:
-    """Loading the CA bundle costs ~0.1 s; one context serves every client."""
-    return httpx.create_ssl_context()
-
-
 # ---------------------------------------------------------------------------- one scrape
 
 
 async def scrape(
-    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     target: Target,
     *,
     timeout_s: float = 5.0,
@@ -147,133 +99,89 @@ async def scrape(
     started_wall, started = time.time(), time.perf_counter()
     result = Scrape(target=target, t=started_wall)
     try:
-        result.body = await _within(timeout_s, _fetch(client, target, timeout_s, max_bytes))
-    except _Failed as failed:
+        result.body = await within(timeout_s, _fetch(session, target, max_bytes))
+    except Failed as failed:
         result.failure, result.error = failed.kind, failed.message
     except Exception as exc:
         result.failure, result.error = classify_exception(exc, timeout_s)
         log.debug("scrape of %s failed", target.label, exc_info=True)
     result.duration_s = time.perf_counter() - started
-    secret = target.token.reveal() if target.token is not None else ""
+    secret = _token(target)
     if result.error and secret:  # a server may echo the header back
         result.error = result.error.replace(secret, "***")
     return result
 
 
-async def _fetch(
-    client: httpx.AsyncClient, target: Target, timeout_s: float, max_bytes: int
-) -> str:
-    async with client.stream(
-        "GET", target.url, headers=_auth_headers(target), timeout=timeout_s
+def _token(target: Target) -> str | None:
+    return target.token.reveal() if target.token is not None else None
+
+
+async def _fetch(session: aiohttp.ClientSession, target: Target, max_bytes: int) -> str:
+    async with session.get(
+        target.url, headers=bearer(_token(target)), max_redirects=MAX_REDIRECTS
     ) as response:
-        if not 200 <= response.status_code < 300:
+        if not 200 <= response.status < 300:
             raise await _status_failure(response, target)
-        declared = _content_length(response)
+        declared = response.content_length
         if declared is not None and declared > max_bytes:
-            raise _Failed("bad_payload", _over_cap(max_bytes, f"Content-Length {declared:,}"))
+            raise Failed("bad_payload", over_cap(max_bytes, f"Content-Length {declared:,}"))
         data = await _read_body(response, max_bytes)
-    return _decode_text(data, response.headers.get("content-type", ""))
+    return _decode_text(data, response.headers.get("Content-Type", ""))
 
 
-def _auth_headers(target: Target) -> dict[str, str] | None:
-    if target.token is None:
-        return None
-    return {"Authorization": f"Bearer {target.token.reveal()}"}
-
-
-async def _read_body(response: httpx.Response, max_bytes: int) -> bytearray:
+async def _read_body(response: aiohttp.ClientResponse, max_bytes: int) -> bytearray:
     """The body within the cap; a connection lost mid-body is a bad payload, not 'down'."""
     try:
         return await read_capped(response, max_bytes)
-    except _Failed:
+    except (Failed, asyncio.TimeoutError, TimeoutError):
         raise
     except Exception as exc:
-        if classify_exception(exc)[0] == "timeout":
-            raise
-        raise _Failed("bad_payload", "response cut short: the connection closed mid-body") from exc
-
-
-async def read_capped(response: httpx.Response, max_bytes: int) -> bytearray:
-    """Stream a response, decoding gzip/deflate here so the cap counts decoded bytes."""
-    decoder = _decoder(response.headers.get("content-encoding", ""))
-    buf = bytearray()
-    async for chunk in response.aiter_raw():
-        if decoder is not None:
-            # max_length bounds the output of one chunk: a bomb never inflates past the cap.
-            chunk = decoder.decompress(chunk, max_bytes - len(buf) + 1)
-        buf += chunk
-        if len(buf) > max_bytes:
-            raise _Failed("bad_payload", _over_cap(max_bytes, "the body"))
-    if decoder is not None and not decoder.eof:
-        raise _Failed("bad_payload", "response cut short: the compressed body ended early")
-    return buf
-
-
-def _decoder(encoding: str) -> Any:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return None
-    if encoding in ("gzip", "x-gzip"):
-        return zlib.decompressobj(16 + zlib.MAX_WBITS)
-    if encoding == "deflate":
-        return zlib.decompressobj()
-    raise _Failed("bad_payload", f"unsupported Content-Encoding {encoding[:40]!r}")
-
-
-def _over_cap(max_bytes: int, what: str) -> str:
-    return f"{what} is over the {max_bytes:,}-byte size cap; dropped (raise the cap if it is real)"
-
-
-def _content_length(response: httpx.Response) -> int | None:
-    try:
-        return int(response.headers["content-length"])
-    except (KeyError, ValueError):
-        return None
+        raise Failed("bad_payload", "response cut short: the connection closed mid-body") from exc
 
 
 def _decode_text(data: bytearray, content_type: str) -> str:
     if not data or data.isspace():
-        raise _Failed("bad_payload", "empty body: the server answered with no metrics")
+        raise Failed("bad_payload", "empty body: the server answered with no metrics")
     if "html" in content_type.lower() or data[:64].lstrip()[:1] == b"<":
-        raise _Failed(
+        raise Failed(
             "bad_payload", "an HTML page, not metrics (a login page, proxy or web UI at this URL?)"
         )
     if b"\x00" in data:
-        raise _Failed("bad_payload", "binary data, not Prometheus text")
+        raise Failed("bad_payload", "binary data, not Prometheus text")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _Failed("bad_payload", f"not UTF-8 text (bad byte at offset {exc.start:,})") from None
+        raise Failed("bad_payload", f"not UTF-8 text (bad byte at offset {exc.start:,})") from None
     if text.startswith("\ufeff"):
         text = text[1:]
     if not _TEXT_START.match(data, 3 if data.startswith(b"\xef\xbb\xbf") else 0):
         first = text.lstrip()[:40]
-        raise _Failed("bad_payload", f"not Prometheus text: it starts with {first!r}")
+        raise Failed("bad_payload", f"not Prometheus text: it starts with {first!r}")
     return text
 
 
 # ---------------------------------------------------------------------------- HTTP status
 
 
-async def _status_failure(response: httpx.Response, target: Target) -> _Failed:
-    status = response.status_code
+async def _status_failure(response: aiohttp.ClientResponse, target: Target) -> Failed:
+    status = response.status
     if status == 401:
-        return _Failed("auth", HINT_401_TOKEN if target.token is not None else HINT_401_NO_TOKEN)
+        return Failed("auth", HINT_401_TOKEN if target.token is not None else HINT_401_NO_TOKEN)
     if status == 403:
-        return _Failed("auth", HINT_403)
+        return Failed("auth", HINT_403)
     if status == 404:
-        return _Failed("bad_payload", HINT_404)
+        return Failed("bad_payload", HINT_404)
     said = await _server_message(response)
     if status == 501:
-        return _Failed("bad_payload", f"{HINT_501}{said}")
+        return Failed("bad_payload", f"{HINT_501}{said}")
     if status >= 500:
-        return _Failed("down", f"HTTP {status}: the server is failing or not ready{said}")
+        return Failed("down", f"HTTP {status}: the server is failing or not ready{said}")
     if 300 <= status < 400:
-        return _Failed("bad_payload", f"HTTP {status}: a redirect kvtop could not follow{said}")
-    return _Failed("bad_payload", f"HTTP {status}: not a metrics answer{said}")
+        return Failed("bad_payload", f"HTTP {status}: a redirect kvtop could not follow{said}")
+    return Failed("bad_payload", f"HTTP {status}: not a metrics answer{said}")
 
 
-async def _server_message(response: httpx.Response) -> str:
+async def _server_message(response: aiohttp.ClientResponse) -> str:
     """A short quote of an error body (JSON message, HTML title or first text), or ''."""
     try:
         raw = await read_capped(response, ERROR_SNIPPET_BYTES)
@@ -297,99 +205,6 @@ async def _server_message(response: httpx.Response) -> str:
     return f" ({text})" if text and text.isprintable() else ""
 
 
-# ---------------------------------------------------------------------------- exceptions
-
-
-def _causes(exc: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and len(chain) < 8:
-        chain.append(current)
-        current = current.__cause__ or (
-            None if current.__suppress_context__ else current.__context__
-        )
-    return chain
-
-
-def classify_exception(
-    exc: BaseException, timeout_s: float | None = None
-) -> tuple[FailureKind, str]:
-    """(kind, readable reason) for an exception from one request; the whole cause chain
-    counts, because httpx-aiohttp maps a server disconnect to ``httpx.ConnectTimeout``."""
-    try:
-        return _classify(_causes(exc), exc, timeout_s)
-    except Exception:  # exception classes with odd attributes must not escape
-        return "down", f"cannot read the server: {type(exc).__name__}"
-
-
-def _classify(
-    chain: list[BaseException], exc: BaseException, timeout_s: float | None
-) -> tuple[FailureKind, str]:
-    if any(isinstance(e, httpx.TooManyRedirects) for e in chain):
-        return "bad_payload", "redirect loop: too many redirects"
-    for e in chain:
-        if isinstance(e, ssl.SSLCertVerificationError):
-            return "down", _untrusted(_text(e))
-        if isinstance(e, ssl.SSLError):
-            return "down", _handshake_failed(getattr(e, "reason", None) or _text(e))
-        if isinstance(e, socket.gaierror):
-            return "down", "DNS lookup failed: unknown host"
-        if isinstance(e, ConnectionRefusedError):
-            return "down", "connection refused: nothing listens on that port"
-    from_aiohttp = aiohttp is not None and any(isinstance(e, aiohttp.ClientError) for e in chain)
-    if any(isinstance(e, (TimeoutError, asyncio.TimeoutError)) for e in chain) or (
-        isinstance(exc, httpx.TimeoutException) and not from_aiohttp
-    ):
-        within = f" within {timeout_s:g} s" if timeout_s else ""
-        return "timeout", f"no complete answer{within}"
-    return "down", _describe(chain)
-
-
-def _untrusted(text: str) -> str:
-    detail = text.split("certificate verify failed:")[-1].split("(_ssl")[0].strip(" ')]")
-    return (
-        f"TLS certificate not trusted ({detail}); pass --insecure to skip verification "
-        "or point SSL_CERT_FILE at your CA"
-    )
-
-
-def _handshake_failed(detail: str) -> str:
-    return f"TLS handshake failed ({detail}); does the server speak https?"
-
-
-def _describe(chain: list[BaseException]) -> str:
-    """The most specific readable message in the chain."""
-    closed = "the server closed the connection without answering"
-    if aiohttp is not None and any(isinstance(e, aiohttp.ServerDisconnectedError) for e in chain):
-        return closed
-    for e in chain:
-        if isinstance(e, httpx.ConnectError):  # httpcore drops the OSError behind it
-            text = _text(e)
-            if "CERTIFICATE_VERIFY_FAILED" in text:
-                return _untrusted(text)
-            if "[SSL" in text:
-                return _handshake_failed(text)
-            if "Name or service not known" in text or "nodename nor servname" in text:
-                return "DNS lookup failed: unknown host"
-            if "All connection attempts failed" in text:
-                return "cannot connect: connection refused or host unreachable"
-            return f"cannot connect: {text}"
-        if isinstance(e, ConnectionResetError):
-            return "connection reset by the server"
-        if isinstance(e, httpx.RemoteProtocolError):
-            text = _text(e)
-            return closed if "without sending a response" in text else f"broken HTTP answer: {text}"
-        if isinstance(e, httpx.UnsupportedProtocol):
-            return f"unsupported URL: {_text(e)}"
-    root = chain[-1]
-    return f"cannot read the server: {_text(root)}"
-
-
-def _text(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())[:200]
-    return text or type(exc).__name__
-
-
 # ---------------------------------------------------------------------------- /version
 
 
@@ -403,12 +218,12 @@ def version_url(target: Target) -> str:
 
 
 async def read_version(
-    client: httpx.AsyncClient, target: Target, *, timeout_s: float = VERSION_TIMEOUT_S
+    session: aiohttp.ClientSession, target: Target, *, timeout_s: float = VERSION_TIMEOUT_S
 ) -> str | None:
     """The server's version from ``GET /version`` (vLLM: ``{"version": "0.x.y"}``), or None
     when it has no such route or answers anything else."""
     try:
-        data = await _within(timeout_s, _fetch_version(client, target, timeout_s))
+        data = await within(timeout_s, _fetch_version(session, target))
         parsed = json.loads(data)
     except Exception:
         return None
@@ -418,10 +233,10 @@ async def read_version(
     return value.strip()[:64]
 
 
-async def _fetch_version(client: httpx.AsyncClient, target: Target, timeout_s: float) -> bytes:
+async def _fetch_version(session: aiohttp.ClientSession, target: Target) -> bytes:
     url = version_url(target)
-    async with client.stream("GET", url, headers=_auth_headers(target), timeout=timeout_s) as r:
-        if r.status_code != 200:
+    async with session.get(url, headers=bearer(_token(target)), max_redirects=MAX_REDIRECTS) as r:
+        if r.status != 200:
             return b""
         return bytes(await read_capped(r, VERSION_MAX_BYTES))
 
@@ -458,7 +273,8 @@ OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 
 
 class Poller:
-    """Polls many targets concurrently through one shared client.
+    """Polls many targets concurrently through one shared aiohttp session (its own, made on
+    first use in the running loop, unless one is given).
 
     ``timeout_s`` defaults to ``clamp(2 × interval, 2 s, 5 s)``, following the interval when
     it changes: a loaded vLLM can take over a second to render /metrics (its GIL is busy),
@@ -475,7 +291,7 @@ class Poller:
         max_bytes: int = DEFAULT_MAX_BYTES,
         insecure: bool = False,
         max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
-        client: httpx.AsyncClient | None = None,
+        session: aiohttp.ClientSession | None = None,
         seed: int | None = None,
     ) -> None:
         # As given, so poll_once answers one Scrape per entry; a duplicate shares its state
@@ -486,8 +302,9 @@ class Poller:
         self._timeout_s = timeout_s
         self.max_bytes = max_bytes
         self.max_backoff_s = max_backoff_s
-        self._owns_client = client is None
-        self.client = client if client is not None else make_client(insecure=insecure)
+        self._insecure = insecure
+        self._owns_session = session is None
+        self._session = session
         self._rng = random.Random(seed)
         self._wake = asyncio.Event()
         self._tasks: dict[Target, asyncio.Task[None]] = {}
@@ -515,6 +332,12 @@ class Poller:
     @timeout_s.setter
     def timeout_s(self, value: float | None) -> None:
         self._timeout_s = value
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = make_session(insecure=self._insecure)
+        return self._session
 
     @property
     def targets(self) -> tuple[Target, ...]:
@@ -580,12 +403,12 @@ class Poller:
         state = self._states.get(target) or PollState()
         async with state.lock:  # poll_once during run never overlaps an attempt
             result = await scrape(
-                self.client, target, timeout_s=self.timeout_s, max_bytes=self.max_bytes
+                self.session, target, timeout_s=self.timeout_s, max_bytes=self.max_bytes
             )
             if result.ok:
                 if state.need_version:  # first success, or first after a failure
                     state.version = await read_version(
-                        self.client, target, timeout_s=min(VERSION_TIMEOUT_S, self.timeout_s)
+                        self.session, target, timeout_s=min(VERSION_TIMEOUT_S, self.timeout_s)
                     )
                     state.need_version = False
                 result.version = state.version
@@ -608,7 +431,7 @@ class Poller:
             if remaining <= 0:
                 return
             try:
-                await _within(remaining, self._wake.wait())
+                await within(remaining, self._wake.wait())
             except (TimeoutError, asyncio.TimeoutError):
                 return
 
@@ -617,8 +440,9 @@ class Poller:
     async def aclose(self) -> None:
         for task in self._tasks.values():
             task.cancel()
-        if self._owns_client:
-            await self.client.aclose()
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def __aenter__(self) -> Poller:
         return self
@@ -641,16 +465,3 @@ def _valid_interval(value: float) -> float:
     if not value > 0:  # also rejects NaN
         raise ValueError(f"interval must be > 0 s, got {value}")
     return max(MIN_INTERVAL_S, value)
-
-
-if sys.version_info >= (3, 11):
-
-    async def _within(seconds: float, coro: Coroutine[Any, Any, T]) -> T:
-        """``coro`` with a total deadline (raises TimeoutError)."""
-        async with asyncio.timeout(seconds):
-            return await coro
-
-else:  # pragma: no cover - Python 3.10
-
-    async def _within(seconds: float, coro: Coroutine[Any, Any, T]) -> T:
-        return await asyncio.wait_for(coro, seconds)

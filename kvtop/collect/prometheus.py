@@ -21,20 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.adapters.sglang import COUNTERS as SGLANG_COUNTERS
 from kvtop.collect.adapters.sglang import GAUGES as SGLANG_GAUGES
 from kvtop.collect.adapters.vllm import ITL_NEW, V0_ONLY
-from kvtop.collect.poller import classify_exception, make_client
+from kvtop.collect.http import Failed, bearer, classify_exception, make_session, read_capped, within
 from kvtop.collect.target import FailureKind, Scrape, Secret, Target
 
 OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
@@ -53,6 +55,8 @@ BACKFILL_NAMES = frozenset({
     *SGLANG_GAUGES, *SGLANG_COUNTERS,
 })
 _INSTANCE_LABELS = frozenset({"__name__", "job", "instance"})
+MAX_ANSWER_BYTES = 1 << 30  # a 500-engine backfill is tens of MB; past this, something is wrong
+BACKFILL_TIMEOUT_FACTOR = 6
 MAX_POINTS = 11_000  # Prometheus refuses range queries with more points per series
 DEFAULT_BACKFILL_STEP_S = 15.0
 # Prometheus stores a sample per scrape_interval (15 s by default): re-reading it every
@@ -155,33 +159,38 @@ class PrometheusAPI:
         self.settings = settings
         self.timeout_s = timeout_s
         self.insecure = insecure
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
         self.requests = 0
 
-    def _headers(self) -> dict[str, str] | None:
-        token = self.settings.token
-        return {"Authorization": f"Bearer {token.reveal()}"} if token is not None else None
-
-    async def call(self, path: str, form: dict[str, str] | None = None) -> Any:
-        """POST (queries: a fleet-wide regex is long) or GET; the ``data`` of the answer."""
-        if self._client is None:
-            self._client = make_client(insecure=self.insecure)
-        url = f"{self.settings.base}/api/v1/{path}"
+    async def call(self, path: str, form: dict[str, str] | None = None, *,
+                   timeout_s: float | None = None) -> Any:
+        """POST (queries: a fleet-wide regex is long) or GET; the ``data`` of the answer,
+        within ``timeout_s`` in all (default: the API's)."""
+        if self._session is None:
+            self._session = make_session(insecure=self.insecure)
         self.requests += 1
+        timeout_s = timeout_s or self.timeout_s
         try:
-            if form is None:
-                response = await self._client.get(url, headers=self._headers(),
-                                                  timeout=self.timeout_s)
-            else:
-                response = await self._client.post(url, data=form, headers=self._headers(),
-                                                   timeout=self.timeout_s)
-            payload = response.json() if response.content else {}
-        except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
-            kind, reason = classify_exception(exc, self.timeout_s)
+            status, body = await within(timeout_s, self._request(self._session, path, form))
+        except Failed as failed:
+            raise PrometheusError(failed.kind, f"Prometheus {self.settings.base}: "
+                                  f"{failed.message}") from None
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            kind, reason = classify_exception(exc, timeout_s)
             raise PrometheusError(kind, f"Prometheus {self.settings.base}: {reason}") from None
+        try:
+            payload = json.loads(body) if body else {}
         except ValueError:
             payload = {}
-        return self._data(response.status_code, payload)
+        return self._data(status, payload)
+
+    async def _request(self, session: aiohttp.ClientSession, path: str,
+                       form: dict[str, str] | None) -> tuple[int, bytes]:
+        token = self.settings.token.reveal() if self.settings.token is not None else None
+        method = "GET" if form is None else "POST"
+        async with session.request(method, f"{self.settings.base}/api/v1/{path}",
+                                   data=form, headers=bearer(token)) as response:
+            return response.status, bytes(await read_capped(response, MAX_ANSWER_BYTES))
 
     def _data(self, status: int, payload: Any) -> Any:
         where = f"Prometheus {self.settings.base}"
@@ -202,14 +211,16 @@ class PrometheusAPI:
 
     async def query_range(self, query: str, start: float, end: float,
                           step: float) -> list[dict[str, Any]]:
+        # A backfill of a large fleet is one big answer: it gets more time than a refresh.
         data = await self.call("query_range", {"query": query, "start": f"{start:.3f}",
-                                               "end": f"{end:.3f}", "step": f"{step:g}"})
+                                               "end": f"{end:.3f}", "step": f"{step:g}"},
+                               timeout_s=BACKFILL_TIMEOUT_FACTOR * self.timeout_s)
         return data.get("result", []) if isinstance(data, dict) else []
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 class PrometheusSource:
@@ -439,10 +450,10 @@ def load_settings(url: str, *, selector: str = "", token: Secret | None = None,
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
-    parsed = httpx.URL(url)
-    if parsed.scheme not in ("http", "https") or not parsed.host:
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"not a Prometheus URL: {url!r}")
-    if parsed.userinfo:
+    if parsed.username is not None or parsed.password is not None:
         raise ValueError("credentials in a URL would show in process listings; "
                          "use token_env / token_file under [prometheus]")
     selector_matchers(selector)
