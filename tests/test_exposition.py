@@ -545,3 +545,9 @@ def test_sample_head_cache_never_misreads_timestamps_or_exemplars() -> None:
         assert [(s.value, s.timestamp) for s in expo.samples] == [
             (1.0, None), (2.0, 1700000000000.0), (3.0, None), (4.0, None), (5.0, None)]
         assert [e.line_no for e in expo.errors] == [6]
+
+
+def test_help_unescaping_survives_any_character() -> None:
+    # found by the round-trip property: a NUL in HELP text once stood in for a backslash
+    expo = parse('# HELP a \x00\\\\ and \\n and \\x\na 1\n')
+    assert expo.helps["a"] == "\x00\\ and \n and \\x"

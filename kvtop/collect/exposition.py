@@ -2,8 +2,9 @@
 
 Built for a monitor that reads a 50 KB scrape every second from many servers:
 
-* ``keep`` names the samples wanted; every other line is dropped with one ``startswith``
-  test, before any label parsing (a monitor needs ~20 of ~500 lines).
+* ``keep`` names the samples wanted; one regex (the names as a trie) finds their lines and
+  those of their HELP/TYPE, so the other lines are never visited in Python (a monitor needs
+  ~100 of ~550 lines). Rare forms (quoted names, ``# EOF``) take the line-by-line path.
 * Label blocks repeat verbatim between scrapes, so parsed label dicts are cached by their
   raw text. The dicts are shared: treat ``Sample.labels`` as read-only.
 * A malformed line is reported in ``Exposition.errors`` and skipped; the rest is kept.
@@ -21,6 +22,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 _NAME_TOKEN_RE = re.compile(r"[^{ \t]*")  # a sample line's name: up to '{' or a blank
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -33,6 +35,7 @@ _COMMENT_RE = re.compile(
 )
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r"\\[\\\"n]")
+_HELP_ESCAPE_RE = re.compile(r"\\[\\n]")
 _MAX_CACHED_LABEL_BLOCKS = 50_000
 _label_cache: dict[str, tuple[str | None, dict[str, str]]] = {}
 _sample_heads: dict[str, tuple[str, dict[str, str]]] = {}  # "name{labels}" -> parsed
@@ -41,8 +44,9 @@ _TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "unkn
                     "info", "stateset", "gaugehistogram"})
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(NamedTuple):
+    """One sample line (a tuple: building one is cheap, and a scrape makes a hundred)."""
+
     name: str
     labels: dict[str, str]
     value: float
@@ -88,7 +92,7 @@ def unescape_help(text: str) -> str:
     """HELP text escapes only backslash and newline."""
     if "\\" not in text:
         return text
-    return text.replace("\\\\", "\x00").replace("\\n", "\n").replace("\x00", "\\")
+    return _HELP_ESCAPE_RE.sub(lambda m: "\n" if m.group(0) == "\\n" else "\\", text)
 
 
 def _parse_label_block(line: str, start: int) -> tuple[int, str | None, dict[str, str]]:
@@ -220,82 +224,139 @@ def _families_of(names: frozenset[str]) -> frozenset[str]:
     return frozenset(families)
 
 
-def _parse_comment(
-    line: str, line_no: int, out: Exposition, families: frozenset[str] | None
-) -> None:
+def _read_comment(line: str, out: Exposition, families: frozenset[str] | None) -> str | None:
+    """Record a HELP/TYPE line in ``out``; what is wrong with it, if anything."""
     match = _COMMENT_RE.match(line)
     if match is None:
-        return
+        return None
     kind, quoted, name, text = match.groups()
     if quoted is not None:
         name = _unescape(quoted)
     if families is not None and name not in families:
-        return
+        return None
     text = text.rstrip(" \t") if text else ""  # blanks and tabs only: U+00A0 is text
     if kind == "TYPE":
         if text.lower() not in _TYPES:
-            out.errors.append(ParseError(line_no, f"unknown type {text!r}", line[:120]))
-        elif name in out.types:
-            out.errors.append(ParseError(line_no, f"duplicate TYPE for {name}", line[:120]))
-        else:
-            out.types[name] = text.lower()
+            return f"unknown type {text!r}"
+        if name in out.types:
+            return f"duplicate TYPE for {name}"
+        out.types[name] = text.lower()
     elif name in out.helps:
-        out.errors.append(ParseError(line_no, f"duplicate HELP for {name}", line[:120]))
+        return f"duplicate HELP for {name}"
     else:
         out.helps[name] = unescape_help(text)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """How to drop unwanted lines of a scrape cheaply for one ``keep`` set."""
+    """How to find the wanted lines of a scrape for one ``keep`` set."""
 
-    head_len: int  # the first head_len characters of a wanted line ...
-    heads: frozenset[str]  # ... are one of these (or the line starts with SPECIAL_STARTS)
     families: frozenset[str]  # families whose HELP/TYPE lines matter
-    comment_len: int  # the same test for "# HELP name" / "# TYPE name" lines
-    comment_heads: frozenset[str]
-
-
-_SPECIAL_STARTS = frozenset("#{ \t")
+    # A line that starts (after blanks) with a wanted sample name or a HELP/TYPE of a wanted
+    # family; group 1 is the line from that name (or '#') on.
+    wanted_line: re.Pattern[str]
 
 
 @functools.lru_cache(maxsize=32)
 def _plan(keep: frozenset[str]) -> _Plan:
-    """Cached: a monitor passes the same set every scrape, and building it costs more than
-    a scan of the scrape. One slice and one set lookup per line beats ``startswith`` over
-    dozens of names."""
-    head_len = min((len(name) for name in keep), default=0)
+    """Cached: a monitor passes the same set every scrape, and compiling costs far more than
+    a scan. The names go in as a trie, so the regex engine rejects an unwanted line after
+    a character or two, and the leading newline lets it jump between lines in C."""
     families = _families_of(keep)
-    family_len = min((len(name) for name in families), default=0)
-    comment_heads = frozenset(f"# {kind} {name[:family_len]}" for kind in ("HELP", "TYPE")
-                              for name in families)
-    return _Plan(head_len, frozenset(name[:head_len] for name in keep), families,
-                 7 + family_len, comment_heads)
+    name_end = r"(?=[{ \t]|\r*(?:\n|\Z))"  # where _NAME_TOKEN_RE's token ends
+    comment_end = r"(?=[ \t]|\r*(?:\n|\Z))"
+    sample = _trie_regex(keep) + name_end if keep else "(?!)"
+    comment = r"#[ \t]*(?:HELP|TYPE)[ \t]+" + _trie_regex(families) + comment_end
+    # Forms this path does not read, sending the scrape down the line-by-line one: a label
+    # block first (a quoted name), a quoted HELP/TYPE name, '# EOF'.
+    careful = r'\{|#[ \t]*(?:HELP|TYPE)[ \t]+"|# EOF'
+    pattern = re.compile(rf"\n[ \t]*(?:((?:{sample}|{comment})[^\n]*)|{careful})")
+    return _Plan(families, pattern)
 
 
-def _unwanted_comment(line: str, plan: _Plan) -> bool:
-    """A plain ``# HELP name`` / ``# TYPE name`` line of a family nobody asked for.
-    Other comment forms (quoted names, extra blanks) take the careful path."""
-    return (line[: plan.comment_len] not in plan.comment_heads
-            and line.startswith(("# HELP ", "# TYPE ")) and line[7:8] not in ('"', " ", "\t"))
+def _trie_regex(words: Iterable[str]) -> str:
+    """A regex matching exactly these words, shared prefixes written once."""
+    trie: dict[str, dict] = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}
+    return _trie_node(trie)
+
+
+def _trie_node(node: dict[str, dict]) -> str:
+    branches = [re.escape(char) + _trie_node(child) for char, child in sorted(node.items()) if char]
+    if not branches:
+        return ""
+    if len(branches) == 1 and "" not in node:
+        return branches[0]
+    group = "(?:" + "|".join(branches) + ")"
+    return group + "?" if "" in node else group
+
+
+def _parse_wanted(text: str, keep: frozenset[str], plan: _Plan) -> Exposition | None:
+    """The fast path for ``keep``: only the wanted lines are visited, in order; None when
+    the scrape needs the careful path. A known head with a plain value (nearly every line
+    of every scrape after the first) costs a split, a lookup and a float()."""
+    lines: list[str] = plan.wanted_line.findall("\n" + text)
+    if "" in lines:  # a form only the careful path reads
+        return None
+    out = Exposition()
+    samples, heads, families = out.samples, _sample_heads, plan.families
+    for index, line in enumerate(lines):
+        if line[-1] == "\r":
+            line = line.rstrip("\r")
+        if line[0] == "#":
+            reason = _read_comment(line, out, families)
+        else:
+            head, _, value = line.rpartition(" ")
+            known = heads.get(head)
+            if known is not None and "_" not in value and value.isascii():
+                try:
+                    samples.append(Sample(known[0], known[1], float(value)))
+                    continue
+                except ValueError:
+                    pass
+            reason = _read_sample(line, keep, samples)
+        if reason is not None:
+            line_no = _line_no(text, plan, index)
+            out.errors.append(ParseError(line_no, reason, line[:120]))
+    return out
+
+
+def _read_sample(line: str, keep: frozenset[str] | None, samples: list[Sample]) -> str | None:
+    """Append the sample on ``line`` when wanted; what is wrong with it, if anything."""
+    try:
+        sample = _parse_sample(line, _name_end(line))
+    except ValueError as exc:
+        return str(exc)
+    if keep is None or sample.name in keep:
+        samples.append(sample)
+    return None
+
+
+def _line_no(text: str, plan: _Plan, index: int) -> int:
+    """The 1-based line number of the index-th wanted line (only malformed lines need it)."""
+    for seen, match in enumerate(plan.wanted_line.finditer("\n" + text)):
+        if seen == index:
+            return text.count("\n", 0, match.start(1) - 1) + 1
+    raise IndexError(index)
 
 
 def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
     """Parse an exposition. With ``keep``, only samples with those exact names are kept
     (and the HELP/TYPE lines of their families)."""
     keep_set = frozenset(keep) if keep is not None else None
-    plan = _plan(keep_set) if keep_set is not None else None
-    families = plan.families if plan is not None else None
+    if keep_set is not None:
+        fast = _parse_wanted(text, keep_set, _plan(keep_set))
+        if fast is not None:
+            return fast
+    families = _families_of(keep_set) if keep_set is not None else None
     out = Exposition()
     for line_no, line in enumerate(text.split("\n"), 1):
-        # With keep, most lines are dropped unread: other samples, CRLF blank lines.
-        if plan is not None and line[: plan.head_len] not in plan.heads:
-            first = line[:1]
-            if first not in _SPECIAL_STARTS:
-                continue
-            if first == "#" and _unwanted_comment(line, plan):
-                continue
-        elif line[:1] != "#" and (known := _known_sample(line)) is not None:
+        if line[:1] != "#" and (known := _known_sample(line)) is not None:
             if keep_set is None or known.name in keep_set:
                 out.samples.append(known)
             continue
@@ -305,16 +366,12 @@ def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
         if line[0] == "#":
             if line.rstrip() == "# EOF":  # exactly: '# EOFX' is an ordinary comment
                 break
-            _parse_comment(line, line_no, out, families)
-            continue
-        name_end = _name_end(line)
-        if keep_set is not None and name_end and line[:name_end] not in keep_set:
-            continue
-        try:
-            sample = _parse_sample(line, name_end)
-        except ValueError as exc:
-            out.errors.append(ParseError(line_no, str(exc), line[:120]))
-            continue
-        if keep_set is None or sample.name in keep_set:
-            out.samples.append(sample)
+            reason = _read_comment(line, out, families)
+        else:
+            name_end = _name_end(line)
+            if keep_set is not None and name_end and line[:name_end] not in keep_set:
+                continue
+            reason = _read_sample(line, keep_set, out.samples)
+        if reason is not None:
+            out.errors.append(ParseError(line_no, reason, line[:120]))
     return out
