@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import certifi
+from yarl import URL  # aiohttp's own URL type
 
 from kvtop import __version__
 from kvtop.collect.target import FailureKind
@@ -68,6 +69,12 @@ def verified_context() -> ssl.SSLContext:
     if cafile or capath:
         return ssl.create_default_context(cafile=cafile or None, capath=capath or None)
     return ssl.create_default_context(cafile=certifi.where())
+
+
+@functools.lru_cache(maxsize=8192)
+def parsed_url(text: str) -> URL:
+    """A target's URL parsed once: aiohttp would parse the string on every request."""
+    return URL(text)
 
 
 def bearer(token: str | None) -> dict[str, str] | None:

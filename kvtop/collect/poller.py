@@ -48,6 +48,7 @@ from kvtop.collect.http import (
     classify_exception,
     make_session,
     over_cap,
+    parsed_url,
     read_capped,
     within,
 )
@@ -118,7 +119,7 @@ def _token(target: Target) -> str | None:
 
 async def _fetch(session: aiohttp.ClientSession, target: Target, max_bytes: int) -> str:
     async with session.get(
-        target.url, headers=bearer(_token(target)), max_redirects=MAX_REDIRECTS
+        parsed_url(target.url), headers=bearer(_token(target)), max_redirects=MAX_REDIRECTS
     ) as response:
         if not 200 <= response.status < 300:
             raise await _status_failure(response, target)

@@ -10,13 +10,18 @@ from kvtop.derive.stats import Quantiles
 
 
 def bucket_delta(now: Histogram, before: Histogram | None) -> list[tuple[float, float]] | None:
-    """Cumulative bucket counts observed between two scrapes (None if they don't line up)."""
+    """Cumulative bucket counts observed between two scrapes (None if they don't line up).
+    Both are sorted by bound, so lining up is pairwise equality of bounds."""
     if before is None:
         return list(now.buckets)
-    previous = dict(before.buckets)
-    if set(previous) != {bound for bound, _ in now.buckets}:
+    if len(now.buckets) != len(before.buckets):
         return None
-    return [(bound, count - previous[bound]) for bound, count in now.buckets]
+    delta = []
+    for (bound, count), (previous, previous_count) in zip(now.buckets, before.buckets, strict=True):
+        if bound != previous:
+            return None
+        delta.append((bound, count - previous_count))
+    return delta
 
 
 def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:

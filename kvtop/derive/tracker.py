@@ -94,7 +94,9 @@ class TargetTracker:
             key = (engine.model, engine.engine)
             current[key] = engine
             stat = derive_engine_stats(engine, self._previous.get(key), scrape.t, dt)
-            detector = self.detectors.setdefault(key, LeakDetector(self.leak_params))
+            detector = self.detectors.get(key)
+            if detector is None:
+                detector = self.detectors[key] = LeakDetector(self.leak_params)
             stat.leak = detector.update(stat)
             restarted |= stat.restarted
             stats.append(stat)

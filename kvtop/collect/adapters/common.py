@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 
@@ -53,11 +54,12 @@ def histograms(expo: Exposition, base: str, key_of: KeyOf) -> dict[EngineKey, Hi
     bucket_name, count_name, sum_name = histogram_names(base)
     buckets: dict[EngineKey, dict[float, float]] = {}
     for sample in expo.series(bucket_name):
-        try:
-            bound = float(sample.labels["le"])
-        except (KeyError, ValueError):
+        bound = _bound(sample.labels.get("le"))
+        if bound is None:
             continue
-        per_key = buckets.setdefault(key_of(sample), {})
+        per_key = buckets.get(key := key_of(sample))
+        if per_key is None:
+            per_key = buckets[key] = {}
         per_key[bound] = per_key.get(bound, 0.0) + sample.value
     counts = summed(expo, count_name, key_of)
     sums = summed(expo, sum_name, key_of)
@@ -65,6 +67,15 @@ def histograms(expo: Exposition, base: str, key_of: KeyOf) -> dict[EngineKey, Hi
         key: Histogram(tuple(sorted(per_key.items())), counts.get(key), sums.get(key))
         for key, per_key in buckets.items()
     }
+
+
+@functools.lru_cache(maxsize=1024)
+def _bound(le: str | None) -> float | None:
+    """A bucket's upper bound; servers repeat the same few dozen every scrape."""
+    try:
+        return float(le)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
 
 
 def engine_readings(keys: Iterable[EngineKey]) -> dict[EngineKey, EngineReading]:
