@@ -55,6 +55,8 @@ BACKFILL_NAMES = frozenset({
     *SGLANG_GAUGES, *SGLANG_COUNTERS,
 })
 _INSTANCE_LABELS = frozenset({"__name__", "job", "instance"})
+MAX_CACHED_HEADS = 200_000
+_heads: dict[tuple[tuple[str, str], ...], str] = {}
 MAX_ANSWER_BYTES = 1 << 30  # a 500-engine backfill is tens of MB; past this, something is wrong
 BACKFILL_TIMEOUT_FACTOR = 6
 MAX_POINTS = 11_000  # Prometheus refuses range queries with more points per series
@@ -124,7 +126,19 @@ def _escape(value: str) -> str:
 
 
 def _series_head(metric: dict[str, str]) -> str:
-    """``name{label="value",...}`` of one series, without the instance's own labels."""
+    """``name{label="value",...}`` of one series, without the instance's own labels.
+    Cached by the label pairs, which Prometheus sends in the same order every time: a
+    500-engine fleet has ~40 k series and every refresh names each again."""
+    key = tuple(metric.items())
+    head = _heads.get(key)
+    if head is None:
+        if len(_heads) >= MAX_CACHED_HEADS:
+            _heads.clear()
+        head = _heads[key] = _render_head(metric)
+    return head
+
+
+def _render_head(metric: dict[str, str]) -> str:
     labels = ",".join(f'{k}="{_escape(v)}"' for k, v in metric.items()
                       if k not in _INSTANCE_LABELS)
     name = metric.get("__name__", "")
