@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Literal
 
+from kvtop.derive.leak_estimate import LeakFit, LoadPoint, fit_leak, leaked_now
 from kvtop.derive.stats import EngineStats
 
 State = Literal["warmup", "ok", "watch", "leak"]
@@ -53,6 +54,8 @@ class LeakParams:
     watch_hold_s: float = 600.0  # WATCH likewise
     ref_buckets: int = 5  # buckets behind "the level now", "at the start", "lately"
     pinned_frac: float = 0.95  # usage counted as a full pool
+    history_s: float = 3600.0  # buckets kept before the floor evidence: the leak's baseline
+    estimate_buckets: int = 4  # latest buckets averaged into the leaked-block estimate
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,12 @@ class LeakDetector:
         self._clean_t: float | None = None
         self._last_t: float | None = None
         self._leaked_peak: float | None = None  # largest estimate while WATCH/LEAK
+        # Closed buckets for the leaked-block estimate; frozen at the floor evidence's onset
+        # (the anchor: the baseline before the leak) and refitted at each bucket close.
+        self._history: deque[LoadPoint] = deque(maxlen=int(self.params.history_s
+                                                            // self.params.bucket_s))
+        self._anchor: tuple[LoadPoint, ...] | None = None
+        self._fit: LeakFit | None = None
         self._reset_t, self._reset_why = t, why
 
     def update(self, stats: EngineStats) -> LeakVerdict:
@@ -252,17 +261,33 @@ class LeakDetector:
         self._buckets.append(bucket)
 
     def _close_bucket(self, t: float) -> None:
-        """A bucket ended: redo the trend and the floor evidence's age."""
+        """A bucket ended: redo the trend, the floor evidence's age and the leak fit."""
         closed = [b for b in self._buckets if not b.first]
+        if closed:
+            self._history.append(_load_point(closed, self.params))
         self._trend = self._analyse(closed)
-        if self._trend is None:
-            return
-        if self._floor_ok(self._trend):
+        if self._trend is not None:
+            self._update_floor(t, self._trend)
+        self._refit()
+
+    def _update_floor(self, t: float, trend: _Trend) -> None:
+        if self._floor_ok(trend):
             if self._floor_since is None:
-                self._floor_since, self._onset = t, (t, self._trend.rise)
+                self._floor_since, self._onset = t, (t, trend.rise)
+            if self._anchor is None:
+                self._anchor = tuple(self._history)
             self._floor_last = t
         elif self._floor_last is None or t - self._floor_last > self.params.floor_grace_s:
             self._floor_since = self._onset = None
+
+    def _refit(self) -> None:
+        """Separate the leak from the load over the anchor and the buckets since."""
+        self._fit = fit_leak(self._fit_points()) if self._anchor is not None else None
+
+    def _fit_points(self) -> list[LoadPoint]:
+        anchor = list(self._anchor or ())
+        end = anchor[-1].t if anchor else -math.inf
+        return anchor + [p for p in self._history if p.t > end]
 
     def _analyse(self, buckets: list[_Bucket]) -> _Trend | None:
         p = self.params
@@ -386,12 +411,14 @@ class LeakDetector:
         residual = self._residuals[-1][1] if self._residuals else None
         estimates = [v for v in (residual, self._floor_leaked()) if v is not None]
         leaked = max(estimates) if estimates else (0.0 if self._clean_t is not None else None)
-        # Leaked blocks are never freed: while the evidence stands, the estimate keeps its
-        # peak rather than shrinking when the window slides past the rise or the slope eases.
-        if level in ("watch", "leak") and leaked is not None:
+        # The fitted estimate keeps its pre-leak baseline (the anchor), so it neither drifts
+        # with the window nor needs propping up; holding its peak would only keep its noise.
+        # The fallback (a rise in a sliding window) shrinks as the window slides past the
+        # rise, and leaked blocks are never freed: it keeps its peak while the evidence stands.
+        if level not in ("watch", "leak"):
+            self._leaked_peak = self._anchor = self._fit = None
+        elif leaked is not None and self._fit is None:
             self._leaked_peak = leaked = max(leaked, self._leaked_peak or 0.0)
-        else:
-            self._leaked_peak = None
         slope = self._residual_slope() or (trend.slope if trend is not None else None)
         to_full = (total - used) / slope if slope and slope > 0 else None
         evidence = self._evidence(used, residual)
@@ -400,8 +427,11 @@ class LeakDetector:
         return LeakVerdict(level, reason, leaked, slope, to_full, evidence)
 
     def _floor_leaked(self) -> float | None:
-        """Rise at the onset of floor evidence plus the slope since; else the window's rise."""
+        """The load-separated fit once floor evidence began; else the window's rise."""
         trend = self._trend
+        if self._fit is not None and self._last_t is not None:
+            points = self._fit_points()
+            return leaked_now(self._fit, points, self._last_t, self.params.estimate_buckets)
         if trend is None:
             return None
         if self._onset is None or self._last_t is None:
@@ -448,6 +478,22 @@ def _pool(stats: EngineStats) -> tuple[float, float, bool] | None:
     if usage is not None:
         return usage, 1.0, False
     return None
+
+
+def _load_point(buckets: list[_Bucket], p: LeakParams) -> LoadPoint:
+    """The last bucket's level and load: running, and running × tokens per request."""
+    last = buckets[-1]
+    running = _mean(last.running)
+    loads: tuple[float, ...] = ()
+    if running is not None:
+        recent = buckets[-p.ref_buckets:]
+        tokens = [b.tokens for b in recent]
+        finished = [b.finished for b in recent]
+        loads = (running,)
+        if None not in tokens and None not in finished and sum(finished):  # type: ignore[arg-type]
+            loads = (running, running * sum(tokens) / sum(finished))  # type: ignore[arg-type]
+    middle = (last.index + 0.5) * p.bucket_s  # the level is the whole bucket's mean
+    return LoadPoint(middle, last.used_sum / last.scrapes, loads)
 
 
 def _loads(buckets: list[_Bucket], span: int) -> tuple[list[float], str]:
