@@ -1,16 +1,18 @@
 """Poller benchmark: client CPU per scrape of kvtop's poller (aiohttp).
 
 Run: ``python benchmarks/bench_poller.py [--targets 50,200] [--seconds 10]``. A server in a
-separate process serves the 48.6 KB vLLM 0.33.0 fixture on 127.0.0.1 (so its CPU is not
-counted); kvtop's ``Poller`` reads N targets at 1 Hz for the given time, and
-``resource.getrusage`` (user + system, this process only) is divided by the scrapes done.
-Prints a markdown table, with what 500 targets at 1 Hz would cost.
+separate process serves the 48.6 KB vLLM 0.33.0 fixture on 127.0.0.1, gzipped (5 KB) as
+vLLM serves it to a client that accepts gzip (its CPU is not counted); kvtop's ``Poller``
+reads N targets at 1 Hz for the given time, and ``resource.getrusage`` (user + system, this
+process only) is divided by the scrapes done. Prints a markdown table, with what 500
+targets at 1 Hz would cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import multiprocessing
 import resource
 import socket
@@ -30,18 +32,21 @@ FIXTURE = (
 
 
 def _serve(body: bytes, sock: socket.socket) -> None:
-    """A minimal keep-alive HTTP/1.1 server answering every GET with ``body``."""
-    head = (
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    response = head + body
+    """A minimal keep-alive HTTP/1.1 server answering every GET with ``body``, gzipped when
+    the client accepts it, as vLLM's prometheus_client does (compressed once, up front:
+    the client's CPU is what is measured)."""
+    def response(payload: bytes, encoding: str = "") -> bytes:
+        head = ("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                f"{encoding}Content-Length: {len(payload)}\r\n\r\n").encode()
+        return head + payload
+
+    plain, packed = response(body), response(gzip.compress(body), "Content-Encoding: gzip\r\n")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                await reader.readuntil(b"\r\n\r\n")
-                writer.write(response)
+                request = await reader.readuntil(b"\r\n\r\n")
+                writer.write(packed if b"gzip" in request.lower() else plain)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
