@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import re
 import time
@@ -31,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import orjson
 
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.adapters.sglang import COUNTERS as SGLANG_COUNTERS
@@ -126,19 +126,7 @@ def _escape(value: str) -> str:
 
 
 def _series_head(metric: dict[str, str]) -> str:
-    """``name{label="value",...}`` of one series, without the instance's own labels.
-    Cached by the label pairs, which Prometheus sends in the same order every time: a
-    500-engine fleet has ~40 k series and every refresh names each again."""
-    key = tuple(metric.items())
-    head = _heads.get(key)
-    if head is None:
-        if len(_heads) >= MAX_CACHED_HEADS:
-            _heads.clear()
-        head = _heads[key] = _render_head(metric)
-    return head
-
-
-def _render_head(metric: dict[str, str]) -> str:
+    """``name{label="value",...}`` of one series, without the instance's own labels."""
     labels = ",".join(f'{k}="{_escape(v)}"' for k, v in metric.items()
                       if k not in _INSTANCE_LABELS)
     name = metric.get("__name__", "")
@@ -146,15 +134,29 @@ def _render_head(metric: dict[str, str]) -> str:
 
 
 def group_scrapes(result: list[dict[str, Any]]) -> dict[InstanceKey, dict[float, list[str]]]:
-    """Matrix result -> exposition lines per instance per timestamp (one scrape each)."""
+    """Matrix result -> exposition lines per instance per timestamp (one scrape each).
+
+    A 500-engine fleet returns ~20 k series per refresh, naming the same series each time,
+    so heads are cached by the label pairs (Prometheus sends them in a fixed order)."""
     out: dict[InstanceKey, dict[float, list[str]]] = {}
+    heads = _heads
     for series in result:
         metric = series.get("metric", {})
+        pairs = tuple(metric.items())
+        head = heads.get(pairs)
+        if head is None:
+            if len(heads) >= MAX_CACHED_HEADS:
+                heads.clear()
+            head = heads[pairs] = _series_head(metric)
         key = (metric.get("job", ""), metric.get("instance", ""))
-        head = _series_head(metric)
-        per_t = out.setdefault(key, {})
+        per_t = out.get(key)
+        if per_t is None:
+            per_t = out[key] = {}
         for t, value in series.get("values", ()):
-            per_t.setdefault(t, []).append(f"{head} {value}")
+            lines = per_t.get(t)
+            if lines is None:
+                lines = per_t[t] = []
+            lines.append(f"{head} {value}")
     return out
 
 
@@ -193,8 +195,8 @@ class PrometheusAPI:
             kind, reason = classify_exception(exc, timeout_s)
             raise PrometheusError(kind, f"Prometheus {self.settings.base}: {reason}") from None
         try:
-            payload = json.loads(body) if body else {}
-        except ValueError:
+            payload = orjson.loads(body) if body else {}
+        except orjson.JSONDecodeError:
             payload = {}
         return self._data(status, payload)
 
