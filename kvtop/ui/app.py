@@ -244,14 +244,15 @@ class KvtopApp(App[None]):
 
     def _gpus_read(self, gpus: list[GpuReading]) -> None:
         self.gpus = gpus
-        if not self._paused:
+        if not self._paused and self._on_screen():
             self.gpu_pane.show_gpus(gpus)
         # One read at a time, re-armed after each (dolphie's pattern): reads never pile up.
         self.set_timer(max(GPU_MIN_PERIOD_S, self.interval_s), self._read_gpus)
 
     def _gpu_failed(self, reason: str) -> None:
         self.gpu_unavailable = reason
-        self.gpu_pane.show_unavailable(reason)
+        if self._on_screen():
+            self.gpu_pane.show_unavailable(reason)
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -290,7 +291,14 @@ class KvtopApp(App[None]):
     def states(self) -> list[TargetState]:
         return [t.state for t in self.trackers.values()]
 
+    def _on_screen(self) -> bool:
+        """False once the app is shutting down: a scrape or GPU read that lands then must
+        not paint widgets already taken off the screen."""
+        return bool(self.screen_stack) and self.summary.is_attached
+
     def _draw(self, *, force: bool = False) -> None:
+        if not self._on_screen():
+            return
         states = self.states()
         self._tell_leak_changes(states)  # alerts are not display: they come even when paused
         if self._paused and not force:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from textual.pilot import Pilot
@@ -55,13 +57,35 @@ def live_app(
     return app, source
 
 
-async def screen_shows(pilot: Pilot, text: str, timeout_s: float = 5.0) -> bool:
-    """Whether the painted screen shows text within timeout_s: a slow machine paints late."""
-    for _ in range(int(timeout_s / 0.1)):
-        if text in pilot.app.export_screenshot().replace("&#160;", " "):
-            return True
-        await pilot.pause(0.1)
-    return False
+async def until(pilot: Pilot, ready: Callable[[], object], timeout_s: float = 10.0) -> bool:
+    """Whether ``ready()`` turns true within ``timeout_s``, checked between short pauses.
+    A loaded CI machine takes its time to fold a scrape, push a screen or lay out a table:
+    a fixed pause there makes a flaky test. A check that raises (no screen yet) is not ready."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if ready():
+                return True
+        except Exception:  # mid-transition, e.g. no screen on the stack yet
+            pass
+        if time.monotonic() > deadline:
+            return False
+        await pilot.pause(0.05)
+
+
+async def screen_shows(pilot: Pilot, text: str, timeout_s: float = 10.0) -> bool:
+    """Whether the painted screen shows ``text`` within ``timeout_s``."""
+    return await until(
+        pilot, lambda: text in pilot.app.export_screenshot().replace("&#160;", " "), timeout_s
+    )
+
+
+async def live_data_shown(pilot: Pilot) -> bool:
+    """The live scene's first scrapes are folded and drawn: every host's row has a status."""
+    app = pilot.app
+    assert isinstance(app, KvtopApp)
+    return await until(pilot, lambda: {r["name"]: r["status"] for r in table_rows(app)}.get(
+        "10.0.0.5:8000") == "up" and len(table_rows(app)) == len(LIVE_TARGETS))
 
 
 def table_rows(app: KvtopApp) -> list[dict[str, str]]:

@@ -22,8 +22,10 @@ from tests.ui.scenario import (
     TOKEN,
     UNDER_LOAD,
     live_app,
+    live_data_shown,
     screen_shows,
     table_rows,
+    until,
 )
 
 WIDE = (200, 40)  # every column fits beside the GPU pane
@@ -46,7 +48,7 @@ def _names(app: KvtopApp) -> list[str]:
 async def test_rows_show_what_the_servers_serve(tmp_path: Path) -> None:
     app, _ = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause(0.2)
+        assert await live_data_shown(pilot)
         rows = _by_name(app)
         # two hosts on one machine are told apart by port
         assert set(rows) == {"10.0.0.5:8000", "10.0.0.5:8001", "gateway"}
@@ -77,10 +79,9 @@ async def test_compact_layout_keeps_the_key_columns(tmp_path: Path) -> None:
 async def test_selection_and_detail(tmp_path: Path) -> None:
     app, _ = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause(0.2)
+        assert await live_data_shown(pilot)
         await pilot.press("j", "enter")
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, DetailScreen)
+        assert await until(pilot, lambda: isinstance(app.screen, DetailScreen))
         info = str(app.screen.query_one("#detail-info").render())
         assert "10.0.0.5:8001" in info
         assert "num_gpu_blocks 1000" in info
@@ -251,3 +252,14 @@ async def test_a_large_fleet_shows_the_worst_first_and_scrolls(tmp_path: Path) -
         await pilot.press("o")  # a chosen sort sticks: the cycle goes on to name
         assert _names(app) == sorted(names)
         assert app.table.selected_row.name == "10.1.0.39:8000"  # the cursor follows its row
+
+
+async def test_a_scrape_or_gpu_read_landing_at_shutdown_paints_nothing(tmp_path: Path) -> None:
+    # a slow machine once delivered a draw after the widgets were gone: KeyError/ScreenStackError
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        assert await live_data_shown(pilot)
+    app._draw(force=True)
+    app._gpus_read([])
+    app._gpu_failed("NVML gone")
+    assert app.gpu_unavailable == "NVML gone"

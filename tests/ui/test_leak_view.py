@@ -12,7 +12,15 @@ from kvtop.ui import format as fmt
 from kvtop.ui.fleet import build_rows, leak_cell, leak_changes, order_rows, summarise
 from kvtop.ui.screens.detail import DetailScreen
 from kvtop.ui.widgets.engine_panel import kv_points
-from tests.ui.scenario import LEAKING, QUIET, T0, static_app, static_trackers, table_rows
+from tests.ui.scenario import (
+    LEAKING,
+    QUIET,
+    T0,
+    static_app,
+    static_trackers,
+    table_rows,
+    until,
+)
 
 NOW = 1000.0
 WARMUP = LeakVerdict("warmup", "collecting data", None, None, None)
@@ -68,7 +76,7 @@ async def test_fleet_summary_panel_and_single_alert() -> None:
     trackers = static_trackers()
     app = static_app(tracker_factory=lambda t: trackers[t.url])
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
+        assert await until(pilot, lambda: table_rows(app))
         rows = {r["name"]: r for r in table_rows(app)}
         assert rows["llama-70b-a"]["leak"] == "LEAK +4.2k/h"
         assert rows["llama-70b-b"]["leak"] == "OK"
@@ -88,10 +96,9 @@ async def test_fleet_summary_panel_and_single_alert() -> None:
 async def test_detail_shows_verdict_evidence_and_kv_config() -> None:
     app = static_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await pilot.pause(0.3)
+        assert await until(pilot, lambda: table_rows(app))
         await pilot.press("j", "j", "enter")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, DetailScreen)
+        assert await until(pilot, lambda: isinstance(app.screen, DetailScreen))
         info = str(app.screen.query_one("#detail-info").render())
         assert "leak    LEAK  idle floor rose 2100 blocks" in info
         assert "leaked 2140 blocks  slope +4.2k/h  full in 4.3h" in info
