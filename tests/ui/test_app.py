@@ -69,7 +69,7 @@ async def test_rows_show_what_the_servers_serve(tmp_path: Path) -> None:
 async def test_compact_layout_keeps_the_key_columns(tmp_path: Path) -> None:
     app, _ = live_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.2)
+        assert await live_data_shown(pilot)
         assert list(table_rows(app)[0]) == [
             "name", "status", "kv", "leak", "running", "waiting"
         ]
@@ -92,7 +92,7 @@ async def test_selection_and_detail(tmp_path: Path) -> None:
 async def test_pause_freezes_display_while_collection_goes_on(tmp_path: Path) -> None:
     app, source = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause(0.2)
+        assert await live_data_shown(pilot)
         before = table_rows(app)
         await pilot.press("p")
         assert "PAUSED" in str(app.query_one("#summary").render())
@@ -108,7 +108,7 @@ async def test_pause_freezes_display_while_collection_goes_on(tmp_path: Path) ->
 async def test_host_down_while_others_keep_updating(tmp_path: Path) -> None:
     app, source = live_app(tmp_path, clock_at=T0 + 100)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause(0.2)
+        assert await live_data_shown(pilot)
         source.push(
             Scrape(HOST_B, T0 + 99, failure="down", error="connection refused"),
             Scrape(HOST_A, T0 + 99, fixture_text(LEAKING_IDLE)),
@@ -123,7 +123,7 @@ async def test_host_down_while_others_keep_updating(tmp_path: Path) -> None:
 async def test_filter_and_sort(tmp_path: Path) -> None:
     app, _ = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause(0.2)
+        assert await live_data_shown(pilot)
         await pilot.press("slash", *"8001", "enter")
         assert _names(app) == ["10.0.0.5:8001"]
         await pilot.press("slash", "escape")
@@ -176,7 +176,7 @@ async def test_snapshot_to_unwritable_folder_is_a_message(tmp_path: Path) -> Non
     blocker.write_text("")
     app, _ = live_app(tmp_path, snapshot_dir=blocker / "snaps")
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause(0.2)
+        assert await live_data_shown(pilot)
         await pilot.press("s")
         await pilot.pause(0.3)
         messages = [n.message for n in app._notifications]
@@ -222,12 +222,11 @@ async def test_lost_terminal_exits(tmp_path: Path, monkeypatch) -> None:
 async def test_a_server_discovered_later_gets_a_row(tmp_path: Path) -> None:
     app, source = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause(0.2)
+        assert await live_data_shown(pilot)
         late = Target.from_spec("10.0.0.9:8000")  # e.g. Prometheus found a new instance
         source.push(Scrape(late, T0 + 1, fixture_text(UNDER_LOAD)))
-        await pilot.pause(0.2)
+        assert await until(pilot, lambda: _by_name(app)["10.0.0.9:8000"]["status"] == "up")
         assert late.url in app.trackers
-        assert _by_name(app)["10.0.0.9:8000"]["status"] == "up"
 
 
 async def test_a_large_fleet_shows_the_worst_first_and_scrolls(tmp_path: Path) -> None:
@@ -238,9 +237,8 @@ async def test_a_large_fleet_shows_the_worst_first_and_scrolls(tmp_path: Path) -
     app = KvtopApp(AppConfig(targets=targets, source_factory=lambda cfg: source, no_gpu=True,
                              clock=lambda: T0 + 2, snapshot_dir=tmp_path))
     async with app.run_test(size=(100, 20)) as pilot:
-        while len(source.delivered) < len(scrapes):
-            await pilot.pause(0.05)
-        await pilot.pause(0.2)
+        assert await until(pilot, lambda: len(source.delivered) == len(scrapes))
+        assert await until(pilot, lambda: _names(app)[0] == "10.1.0.37:8000")
         assert "sort worst first" in str(app.query_one("#summary").render())
         names = _names(app)
         assert names[0] == "10.1.0.37:8000"  # the fullest pool: 588/599 blocks beats 0 %

@@ -22,7 +22,9 @@ from tests.ui.scenario import (
     TOKEN,
     UNDER_LOAD,
     live_app,
+    live_data_shown,
     table_rows,
+    until,
 )
 
 SIZE = (120, 30)
@@ -32,9 +34,9 @@ async def test_the_app_records_every_scrape_without_tokens(tmp_path: Path) -> No
     path = tmp_path / "live.jsonl.gz"
     app, source = live_app(tmp_path, record=path)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.2)
+        assert await live_data_shown(pilot)
         source.push(Scrape(HOST_B, T0 + 1, failure="down", error="connection refused"))
-        await pilot.pause(0.2)
+        assert await until(pilot, lambda: app.trackers[HOST_B.url].state.last_attempt_t == T0 + 1)
     recording = read_recording(path)
     assert [(s.target.url, s.t) for s in recording.scrapes] == [
         (s.target.url, s.t) for s in source.delivered
@@ -80,30 +82,26 @@ async def test_replay_keys_pause_step_seek_and_speed(tmp_path: Path) -> None:
     app = _replay_app(_recording(tmp_path), tmp_path)
     source = app.replay
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.3)
+        assert await until(pilot, lambda: "0:00/4:55" in _bar(app))
         assert "▶ REPLAY ×1  2026-01-01 00:00:00Z  0:00/4:55  rec.jsonl" in _bar(app)
         await pilot.press("space")
         assert source.paused and "PAUSED" in _bar(app)
         await pilot.press("full_stop")  # the next scrapes, 5 s on
-        await pilot.pause(0.2)
-        assert source.now() == T0 + 5
+        assert await until(pilot, lambda: source.now() == T0 + 5)
         await pilot.press("right")  # → steps too, though the table has focus
-        await pilot.pause(0.2)
-        assert source.now() == T0 + 10
+        assert await until(pilot, lambda: source.now() == T0 + 10)
         await pilot.press("right_square_bracket")  # +1 min: everything up to it folded
-        await pilot.pause(0.3)
+        assert await until(pilot, lambda: app.trackers[HOST_A.url].state.last_good_t == T0 + 70)
         assert source.now() == T0 + 70
         tracker = app.trackers[HOST_A.url]
-        assert tracker.state.last_good_t == T0 + 70
         assert len(tracker.history[next(iter(tracker.history))]) == 15
         await pilot.press("left_square_bracket")  # -1 min: trackers rebuilt from the start
-        await pilot.pause(0.3)
-        assert source.now() == T0 + 10
-        assert app.trackers[HOST_A.url] is not tracker
+        assert await until(pilot, lambda: app.trackers[HOST_A.url] is not tracker
+                           and source.now() == T0 + 10)
         rebuilt = app.trackers[HOST_A.url]
-        assert rebuilt.state.last_good_t == T0 + 10
+        assert await until(pilot, lambda: rebuilt.state.last_good_t == T0 + 10
+                           and "0:10/4:55" in _bar(app))
         assert len(rebuilt.history[next(iter(rebuilt.history))]) == 3
-        assert "0:10/4:55" in _bar(app)
         await pilot.press("greater_than_sign", "greater_than_sign")
         assert source.speed == 4.0
         await pilot.press("less_than_sign")
