@@ -298,27 +298,22 @@ def _trie_node(node: dict[str, dict]) -> str:
 
 def _parse_wanted(text: str, keep: frozenset[str], plan: _Plan) -> Exposition | None:
     """The fast path for ``keep``: only the wanted lines are visited, in order; None when
-    the scrape needs the careful path. A known head with a plain value (nearly every line
-    of every scrape after the first) costs a split, a lookup and a float()."""
+    the scrape needs the careful path. A known head (nearly every line of every scrape
+    after the first) costs a split, a lookup and a float()."""
     lines: list[str] = plan.wanted_line.findall("\n" + text)
     if "" in lines:  # a form only the careful path reads
         return None
     out = Exposition()
-    samples, heads, families = out.samples, _sample_heads, plan.families
+    samples, families = out.samples, plan.families
     for index, line in enumerate(lines):
         if line[-1] == "\r":
             line = line.rstrip("\r")
         if line[0] == "#":
             reason = _read_comment(line, out, families)
+        elif (known := _known_sample(line)) is not None:
+            samples.append(known)
+            continue
         else:
-            head, _, value = line.rpartition(" ")
-            known = heads.get(head)
-            if known is not None and "_" not in value and value.isascii():
-                try:
-                    samples.append(Sample(known[0], known[1], float(value)))
-                    continue
-                except ValueError:
-                    pass
             reason = _read_sample(line, keep, samples)
         if reason is not None:
             line_no = _line_no(text, plan, index)
