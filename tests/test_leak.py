@@ -426,7 +426,7 @@ def test_fit_separates_a_lumpy_leak_from_the_load() -> None:
     fit = fit_leak(points)
     assert fit is not None and 15 * MIN <= fit.change_t <= 25 * MIN  # a line through lumps
     assert all(abs(got - true) < 40 for got, true in zip(fit.leaked, truth, strict=True))
-    assert leaked_now(fit, points, points[-1].t + 30, 4) == pytest.approx(400, abs=40)
+    assert leaked_now(fit, points[-1].t + 30, 4) == pytest.approx(400, abs=40)
     assert fit_leak(points[:5]) is None  # too few buckets to tell load from leak
 
 

@@ -430,8 +430,7 @@ class LeakDetector:
         """The load-separated fit once floor evidence began; else the window's rise."""
         trend = self._trend
         if self._fit is not None and self._last_t is not None:
-            points = self._fit_points()
-            return leaked_now(self._fit, points, self._last_t, self.params.estimate_buckets)
+            return leaked_now(self._fit, self._last_t, self.params.estimate_buckets)
         if trend is None:
             return None
         if self._onset is None or self._last_t is None:
@@ -486,14 +485,20 @@ def _load_point(buckets: list[_Bucket], p: LeakParams) -> LoadPoint:
     running = _mean(last.running)
     loads: tuple[float, ...] = ()
     if running is not None:
-        recent = buckets[-p.ref_buckets:]
-        tokens = [b.tokens for b in recent]
-        finished = [b.finished for b in recent]
-        loads = (running,)
-        if None not in tokens and None not in finished and sum(finished):  # type: ignore[arg-type]
-            loads = (running, running * sum(tokens) / sum(finished))  # type: ignore[arg-type]
+        per_request = _tokens_per_request(buckets[-p.ref_buckets:])
+        loads = (running,) if per_request is None else (running, running * per_request)
     middle = (last.index + 0.5) * p.bucket_s  # the level is the whole bucket's mean
     return LoadPoint(middle, last.used_sum / last.scrapes, loads)
+
+
+def _tokens_per_request(recent: list[_Bucket]) -> float | None:
+    """Tokens per finished request over these buckets; None without both counters or
+    without a finished request."""
+    tokens = [b.tokens for b in recent]
+    finished = [b.finished for b in recent]
+    if None in tokens or None in finished or not sum(finished):  # type: ignore[arg-type]
+        return None
+    return sum(tokens) / sum(finished)  # type: ignore[arg-type]
 
 
 def _loads(buckets: list[_Bucket], span: int) -> tuple[list[float], str]:
@@ -503,12 +508,10 @@ def _loads(buckets: list[_Bucket], span: int) -> tuple[list[float], str]:
         return [0.0] * len(buckets), "none"
     per_request = []
     for i in range(len(buckets)):
-        recent = buckets[max(0, i - span + 1):i + 1]
-        tokens = [b.tokens for b in recent]
-        finished = [b.finished for b in recent]
-        if None in tokens or None in finished or not sum(finished):  # type: ignore[arg-type]
+        tokens_per_request = _tokens_per_request(buckets[max(0, i - span + 1):i + 1])
+        if tokens_per_request is None:
             return [float(r) for r in running], "running"  # type: ignore[arg-type]
-        per_request.append(sum(tokens) / sum(finished))  # type: ignore[arg-type]
+        per_request.append(tokens_per_request)
     return [r * q for r, q in zip(running, per_request, strict=True)], "tokens"  # type: ignore[operator]
 
 

@@ -37,6 +37,7 @@ class LeakFit:
     change_t: float  # τ: where the leak's straight-line part begins
     slope_per_h: float  # s: blocks per hour after τ
     leaked: tuple[float, ...]  # per point: level minus the load's share (the leak + noise)
+    times: tuple[float, ...]  # per point: its time, seconds
 
 
 def fit_leak(points: Sequence[LoadPoint]) -> LeakFit | None:
@@ -72,7 +73,7 @@ def fit_leak(points: Sequence[LoadPoint]) -> LeakFit | None:
         return None
     _, change_t, coef = best
     leaked = tuple(y - _dot(row, coef[:-1]) for row, y in zip(base, ys, strict=True))
-    return LeakFit(change_t, coef[-1], leaked)
+    return LeakFit(change_t, coef[-1], leaked, tuple(p.t for p in points))
 
 
 def _suffix_sums(columns: list[list[float]], hours: list[float]
@@ -90,14 +91,14 @@ def _suffix_sums(columns: list[list[float]], hours: list[float]
     return sums[::-1]
 
 
-def leaked_now(fit: LeakFit, points: Sequence[LoadPoint], t: float, recent: int) -> float:
+def leaked_now(fit: LeakFit, t: float, recent: int) -> float:
     """Mean leak over the last `recent` buckets, carried to `t` at the fitted rate.
 
     One bucket's leak is as noisy as the working set the load does not explain; a few
     buckets average that down, and the slope makes up for their age (leaked blocks only grow).
     """
     last = fit.leaked[-recent:]
-    ages = [(t - p.t) / 3600 for p in points[-recent:]]
+    ages = [(t - point_t) / 3600 for point_t in fit.times[-recent:]]
     lag = sum(ages) / len(ages)
     return max(0.0, sum(last) / len(last) + max(fit.slope_per_h, 0.0) * lag)
 
