@@ -201,12 +201,12 @@ class PrometheusAPI:
         return self._data(status, payload)
 
     async def _request(self, session: aiohttp.ClientSession, path: str,
-                       form: dict[str, str] | None) -> tuple[int, bytes]:
+                       form: dict[str, str] | None) -> tuple[int, bytearray]:
         token = self.settings.token.reveal() if self.settings.token is not None else None
         method = "GET" if form is None else "POST"
         async with session.request(method, f"{self.settings.base}/api/v1/{path}",
                                    data=form, headers=bearer(token)) as response:
-            return response.status, bytes(await read_capped(response, MAX_ANSWER_BYTES))
+            return response.status, await read_capped(response, MAX_ANSWER_BYTES)
 
     def _data(self, status: int, payload: Any) -> Any:
         where = f"Prometheus {self.settings.base}"
