@@ -71,7 +71,8 @@ def _run_snapshot(args: argparse.Namespace) -> int:
     targets = resolve_targets(args, config)
     return run_snapshot(targets, samples=args.samples, interval_s=args.interval,
                         timeout_s=args.timeout, insecure=args.insecure,
-                        as_json=args.as_json, with_gpus=not args.no_gpu)
+                        as_json=args.as_json, with_gpus=not args.no_gpu,
+                        full_metrics=args.full_metrics)
 
 
 def _record_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -94,7 +95,8 @@ def _run_record(args: argparse.Namespace) -> int:
 
     targets = resolve_targets(args, load_config(args.config))
     return run_record(targets, args.output, interval_s=args.interval,
-                      duration_s=args.duration, timeout_s=args.timeout, insecure=args.insecure)
+                      duration_s=args.duration, timeout_s=args.timeout, insecure=args.insecure,
+                      full_metrics=args.full_metrics)
 
 
 def _check_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -137,7 +139,8 @@ def _run_check(args: argparse.Namespace) -> int:
     return run_check_live(targets, params=params, duration_s=args.duration or 1800.0,
                           interval_s=args.interval or 1.0, timeout_s=args.timeout,
                           insecure=args.insecure, until_leak=args.until_leak,
-                          record=args.record, as_json=args.as_json)
+                          record=args.record, as_json=args.as_json,
+                          full_metrics=args.full_metrics)
 
 
 def _run_check_prometheus(args: argparse.Namespace, prometheus: PrometheusSettings,
@@ -256,7 +259,8 @@ def _app_config(args: argparse.Namespace, targets: list[Target], interval: float
 
     return AppConfig(targets=targets, interval_s=interval, no_gpu=args.no_gpu,
                      snapshot_dir=args.snapshot_dir, low_bandwidth=args.low_bandwidth,
-                     insecure=args.insecure, record=args.record, **extra)
+                     insecure=args.insecure, record=args.record,
+                     full_metrics=args.full_metrics, **extra)
 
 
 def _run_app(args: argparse.Namespace) -> int:

@@ -131,6 +131,9 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not verify TLS certificates")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="per-target request deadline (default: 2x interval, 2-5 s)")
+    parser.add_argument("--full-metrics", action="store_true",
+                        help="read every metric family; by default kvtop asks servers that "
+                             "can filter (vLLM) for only the ~20 it reads")
 
 
 def resolve_targets(args: argparse.Namespace, config: Config) -> list[Target]:

@@ -10,6 +10,8 @@ Routes (any path, so ``/version`` next to ``/m/<mode>/metrics`` works too):
 * ``/m/<mode>/metrics``: that mode, whatever the current one; ``?s=0.5`` style query
   arguments reach the handler (``slow`` and ``dribble`` read ``s``).
 * ``.../version``: ``{"version": <version>}``, or 404 when ``version`` is None.
+* a path ending in ``/`` (kvtop's narrowed read, ``/metrics/?name[]=…``): ``slash_mode``
+  when set, so a test can make a server that cannot filter; else as above.
 
 Modes: see ``MODES`` (``ok`` serves ``bodies`` in turn, sticking on the last, which is how a
 counter reset between two scrapes is served). Add one with ``@mode("name")``::
@@ -105,6 +107,7 @@ class FaultServer:
     version: str | None = "0.33.0"
     version_body: bytes | None = None  # served raw by /version instead, when set
     token: str | None = None  # mode "auth" wants "Bearer <token>"
+    slash_mode: str | None = None  # the mode for paths ending in "/", when set
     delay_s: float = 0.5  # default for "slow"
     ssl_context: ssl.SSLContext | None = None  # serve HTTPS
     requests: list[Request] = field(default_factory=list)
@@ -183,6 +186,8 @@ class FaultServer:
             return await self._version(w)
         parts = req.path.strip("/").split("/")
         name = parts[1] if len(parts) == 3 and parts[0] == "m" else self.mode
+        if self.slash_mode is not None and req.path.endswith("/"):
+            name = self.slash_mode
         return await MODES[name](self, req, w)
 
     async def _version(self, w: asyncio.StreamWriter) -> bool:

@@ -133,7 +133,8 @@ def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | N
 
 async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
                  interval_s: float, timeout_s: float | None, insecure: bool,
-                 until_leak: bool, writer: RecordingWriter | None) -> None:
+                 until_leak: bool, writer: RecordingWriter | None,
+                 full_metrics: bool) -> None:
     stop = stop_event(duration_s)
 
     def on_scrape(scrape: Scrape) -> None:
@@ -145,13 +146,14 @@ async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
             stop.set()
 
     async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
-                      insecure=insecure) as poller:
+                      insecure=insecure, narrow=not full_metrics) as poller:
         await poller.run(on_scrape, stop=stop)
 
 
 def run_check_live(targets: list[Target], *, params: LeakParams | None, duration_s: float,
                    interval_s: float, timeout_s: float | None, insecure: bool,
-                   until_leak: bool, record: Path | None, as_json: bool | None) -> int:
+                   until_leak: bool, record: Path | None, as_json: bool | None,
+                   full_metrics: bool = False) -> int:
     run = CheckRun(params)
     for target in targets:
         run.add_target(target)
@@ -167,5 +169,5 @@ def run_check_live(targets: list[Target], *, params: LeakParams | None, duration
                 return EXIT_USAGE
         asyncio.run(_watch(run, targets, duration_s=duration_s, interval_s=interval_s,
                            timeout_s=timeout_s, insecure=insecure, until_leak=until_leak,
-                           writer=writer))
+                           writer=writer, full_metrics=full_metrics))
     return print_result(run, as_json)

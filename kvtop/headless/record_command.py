@@ -15,7 +15,8 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 
 async def record(targets: list[Target], writer: RecordingWriter, *, interval_s: float,
-                 duration_s: float | None, timeout_s: float | None, insecure: bool) -> int:
+                 duration_s: float | None, timeout_s: float | None, insecure: bool,
+                 full_metrics: bool = False) -> int:
     """Poll until ``duration_s`` passes or SIGINT/SIGTERM; returns the scrapes written."""
     stop = stop_event(duration_s)
     written = 0
@@ -27,13 +28,14 @@ async def record(targets: list[Target], writer: RecordingWriter, *, interval_s: 
         written += 1
 
     async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
-                      insecure=insecure) as poller:
+                      insecure=insecure, narrow=not full_metrics) as poller:
         await poller.run(on_scrape, stop=stop)
     return written
 
 
 def run_record(targets: list[Target], output: Path, *, interval_s: float,
-               duration_s: float | None, timeout_s: float | None, insecure: bool) -> int:
+               duration_s: float | None, timeout_s: float | None, insecure: bool,
+               full_metrics: bool = False) -> int:
     try:
         writer = RecordingWriter(output, interval_s=interval_s, targets=targets)
     except OSError as exc:
@@ -44,6 +46,6 @@ def run_record(targets: list[Target], output: Path, *, interval_s: float,
               file=sys.stderr)
         written = asyncio.run(record(targets, writer, interval_s=interval_s,
                                      duration_s=duration_s, timeout_s=timeout_s,
-                                     insecure=insecure))
+                                     insecure=insecure, full_metrics=full_metrics))
     print(f"kvtop record: {written} scrapes written to {output}", file=sys.stderr)
     return EXIT_OK

@@ -22,11 +22,12 @@ EXIT_OK, EXIT_UNREADABLE = 0, 3
 
 
 async def collect_states(targets: list[Target], *, samples: int, interval_s: float,
-                         timeout_s: float | None, insecure: bool) -> list[TargetState]:
+                         timeout_s: float | None, insecure: bool,
+                         full_metrics: bool = False) -> list[TargetState]:
     """Poll every target ``samples`` times, ``interval_s`` apart, through the trackers."""
     trackers = [TargetTracker(target) for target in targets]
     async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
-                      insecure=insecure) as poller:
+                      insecure=insecure, narrow=not full_metrics) as poller:
         for round_number in range(samples):
             started = time.monotonic()
             for tracker, scrape in zip(trackers, await poller.poll_once(), strict=True):
@@ -42,9 +43,10 @@ def snapshot_exit_code(states: list[TargetState]) -> int:
 
 def run_snapshot(targets: list[Target], *, samples: int, interval_s: float,
                  timeout_s: float | None, insecure: bool, as_json: bool | None,
-                 with_gpus: bool) -> int:
+                 with_gpus: bool, full_metrics: bool = False) -> int:
     states = asyncio.run(collect_states(targets, samples=samples, interval_s=interval_s,
-                                        timeout_s=timeout_s, insecure=insecure))
+                                        timeout_s=timeout_s, insecure=insecure,
+                                        full_metrics=full_metrics))
     return print_snapshot(states, as_json=as_json, with_gpus=with_gpus)
 
 

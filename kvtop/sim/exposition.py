@@ -86,11 +86,16 @@ def _escape(value: str) -> str:
 
 
 class _Writer:
-    def __init__(self, created: float | None) -> None:
+    def __init__(self, created: float | None, only: frozenset[str] | None = None) -> None:
         self.lines: list[str] = []
         self.created = created  # None: multiprocess mode, no `_created` series
+        self.only = only
 
     def family(self, name: str, kind: str, help_: str, samples: Iterable[Sample]) -> None:
+        if self.only is not None:  # prometheus_client's restricted registry (`name[]`)
+            samples = [sample for sample in samples if sample[0] in self.only]
+            if not samples:
+                return
         self.lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
         self.lines += [f"{n}{_labels(lab)} {fmt(v)}" for n, lab, v in samples]
 
@@ -118,17 +123,20 @@ class _Writer:
             self.gauge(base + "_created", help_, [(lab, self.created) for lab in label_sets])
 
     def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+        return "\n".join(self.lines) + "\n" if self.lines else ""
 
 
-def render(engine: Engine, *, model_name: str, names: Names = "v1") -> str:
-    """The whole `/metrics` body for `engine` under the chosen name set."""
+def render(engine: Engine, *, model_name: str, names: Names = "v1",
+           only: frozenset[str] | None = None) -> str:
+    """The `/metrics` body for `engine` under the chosen name set: all of it, or only the
+    samples named in ``only`` (and the HELP/TYPE of their families), as prometheus_client
+    renders a request with ``name[]`` arguments."""
     if names == "v1":
-        return _render_v1(engine, model_name)
+        return _render_v1(engine, model_name, only)
     if names == "v0":
-        return _render_v0(engine, model_name)
+        return _render_v0(engine, model_name, only)
     if names == "sglang":
-        return _render_sglang(engine, model_name)
+        return _render_sglang(engine, model_name, only)
     raise ValueError(f"unknown name set {names!r}")
 
 
@@ -178,8 +186,8 @@ def _v1_cache_config(engine: Engine, engine_label: str) -> dict[str, str]:
     }
 
 
-def _render_v1(engine: Engine, model_name: str) -> str:
-    w = _Writer(created=engine.created)
+def _render_v1(engine: Engine, model_name: str, only: frozenset[str] | None) -> str:
+    w = _Writer(created=engine.created, only=only)
     _process_families(w, engine.created)
     st = engine.stats
     base = {"engine": "0", "model_name": model_name}
@@ -289,8 +297,8 @@ def _rebucket(hist: Histogram, bounds: Sequence[float]) -> Histogram:
     return out
 
 
-def _render_v0(engine: Engine, model_name: str) -> str:
-    w = _Writer(created=None)
+def _render_v0(engine: Engine, model_name: str, only: frozenset[str] | None) -> str:
+    w = _Writer(created=None, only=only)
     st, cfg = engine.stats, engine.config
     base = {"model_name": model_name}
     w.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", [({
@@ -349,8 +357,8 @@ def _v0_hit_rate(engine: Engine) -> float:
     return st.prefix_hit_blocks / st.prefix_query_blocks if st.prefix_query_blocks else 0.0
 
 
-def _render_sglang(engine: Engine, model_name: str) -> str:
-    w = _Writer(created=None)
+def _render_sglang(engine: Engine, model_name: str, only: frozenset[str] | None) -> str:
+    w = _Writer(created=None, only=only)
     st, cfg = engine.stats, engine.config
     base = {"engine_type": "unified", "model_name": model_name, "pp_rank": "0", "tp_rank": "0"}
     max_tokens = engine.pool.usable_blocks * cfg.block_size

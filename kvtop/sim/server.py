@@ -3,7 +3,11 @@ background on the event loop.
 
 Each `SimServer` owns a `Simulation` whose clock follows wall time times `speed`; it
 serves `/metrics`, `/health`, `/version` and `/v1/models` like vLLM's OpenAI server
-(SGLang mode: no `/version`). `SimFleet` starts and stops several at once:
+(SGLang mode: no `/version`). Like vLLM 0.33, `/metrics` renders everything uncompressed
+(prometheus-fastapi-instrumentator's route) and `/metrics/` is prometheus_client's own
+handler: gzip when accepted, and only the samples named by `name[]` arguments, or nothing
+at all in the "v0" and "sglang" modes, whose servers use its multiprocess collector.
+`SimFleet` starts and stops several at once:
 
     async with SimFleet([SimConfig(), SimConfig(faults=plan(leak_frac=0.2))]) as fleet:
         fleet.urls                  # ["http://127.0.0.1:41234", ...]
@@ -13,6 +17,7 @@ serves `/metrics`, `/health`, `/version` and `/v1/models` like vLLM's OpenAI ser
 from __future__ import annotations
 
 import asyncio
+import gzip
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +33,8 @@ from kvtop.sim.workloads import make_workload
 
 HOST = "127.0.0.1"  # never reachable from outside the machine
 DEFAULT_VERSIONS = {"v1": "0.33.0", "v0": "0.7.3", "sglang": None}
+# prometheus_client's multiprocess collector knows no names: `name[]` selects nothing.
+MULTIPROCESS_NAMES = frozenset({"v0", "sglang"})
 
 
 @dataclass(frozen=True)
@@ -71,15 +78,19 @@ class SimServer:
     def truth(self) -> Truth:
         return self.simulation.truth()
 
-    def render(self) -> str:
-        """The `/metrics` body now, recording the truth it shows."""
+    def render(self, only: frozenset[str] | None = None) -> str:
+        """The `/metrics` body now (or the samples in ``only``), recording the truth it
+        shows."""
         self.last_scrape = self.simulation.truth()
+        if only is not None and self.config.names in MULTIPROCESS_NAMES:
+            return ""
         return render(self.simulation.engine, model_name=self.config.model_name,
-                      names=self.config.names)
+                      names=self.config.names, only=only)
 
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/metrics/", self._exposition_handler)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         if DEFAULT_VERSIONS[self.config.names]:
@@ -124,6 +135,17 @@ class SimServer:
         return token is None or request.headers.get("Authorization") == f"Bearer {token}"
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's `/metrics`: everything, never compressed."""
+        return await self._serve_metrics(request, only=None, compress=False)
+
+    async def _exposition_handler(self, request: web.Request) -> web.StreamResponse:
+        """prometheus_client's handler at `/metrics/`: `name[]` filter, gzip."""
+        names = request.query.getall("name[]", [])
+        only = frozenset(names) if names else None
+        return await self._serve_metrics(request, only=only, compress=True)
+
+    async def _serve_metrics(self, request: web.Request, *, only: frozenset[str] | None,
+                             compress: bool) -> web.StreamResponse:
         if not self._authorized(request):
             return _unauthorized()
         state = self.simulation.state
@@ -133,10 +155,13 @@ class SimServer:
         if state.metrics_delay > 0:
             await asyncio.sleep(state.metrics_delay)
         self.scrapes += 1
-        body = self.render()
-        if state.malformed:
+        body = self.render(only)
+        if state.malformed and body:
             body = malform(body)
-        return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
+        data, headers = body.encode(), {"Content-Type": CONTENT_TYPE}
+        if compress and "gzip" in request.headers.get("Accept-Encoding", ""):
+            data, headers["Content-Encoding"] = gzip.compress(data, 6), "gzip"
+        return web.Response(body=data, headers=headers)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=200)

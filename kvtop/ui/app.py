@@ -85,7 +85,8 @@ class Tracker(Protocol):
 def _poller(config: AppConfig) -> ScrapeSource:
     from kvtop.collect.poller import Poller
 
-    return Poller(config.targets, interval_s=config.interval_s, insecure=config.insecure)
+    return Poller(config.targets, interval_s=config.interval_s, insecure=config.insecure,
+                  narrow=not config.full_metrics)
 
 
 @dataclass
@@ -96,6 +97,7 @@ class AppConfig:
     snapshot_dir: Path = field(default_factory=Path.cwd)
     low_bandwidth: bool = False  # no charts, slower redraw
     insecure: bool = False  # passed to the default poller (self-signed TLS)
+    full_metrics: bool = False  # the default poller reads every family, not only kvtop's
     history_s: float = 300.0  # span of the detail plots and of the snapshot's history
     source_factory: Callable[[AppConfig], ScrapeSource] = _poller
     tracker_factory: Callable[[Target], Tracker] = TargetTracker

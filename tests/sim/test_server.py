@@ -201,3 +201,31 @@ def test_kvtop_sim_command_serves_until_interrupted() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_routes_as_vllm_033_has_them_and_the_name_filter() -> None:
+    """`/metrics` is everything, uncompressed; `/metrics/` is prometheus_client's handler:
+    gzip, and with `name[]` exactly the named samples (with their families' HELP/TYPE),
+    or nothing from a multiprocess-mode server (v0, SGLang)."""
+    names = ["vllm:num_requests_running", "vllm:e2e_request_latency_seconds_bucket",
+             "vllm:prompt_tokens_total", "vllm:not_a_metric"]
+    configs = [SimConfig(names=n, autostep=False) for n in ("v1", "v0", "sglang")]
+    async with SimFleet(configs) as fleet, httpx.AsyncClient(timeout=5) as client:
+        v1, v0, sg = fleet.servers
+        whole = await client.get(f"{v1.url}/metrics")
+        assert "content-encoding" not in whole.headers
+        slashed = await client.get(f"{v1.url}/metrics/")
+        assert slashed.headers["content-encoding"] == "gzip"
+        named = await client.get(f"{v1.url}/metrics/", params=[("name[]", n) for n in names])
+        assert named.headers["content-encoding"] == "gzip"
+        expected = {name: series for name, series in parse(whole.text).items()
+                    if name in names}
+        assert parse(named.text) == expected
+        assert set(expected) == set(names[:3])
+        helped = {line.split()[2] for line in named.text.splitlines() if line.startswith("#")}
+        assert helped == {"vllm:num_requests_running", "vllm:e2e_request_latency_seconds",
+                          "vllm:prompt_tokens_total"}
+        for server in (v0, sg):
+            answer = await client.get(f"{server.url}/metrics/", params={"name[]": names[0]})
+            assert answer.status_code == 200 and answer.content == b""
+            assert parse((await client.get(f"{server.url}/metrics/")).text)

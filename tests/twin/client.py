@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -183,11 +184,13 @@ def wait_until_busy(base_url: str, timeout_s: float = 60.0) -> Metrics:
 
 # -------------------------------------------------------------------------- the tap
 class MetricsTap:
-    """A 127.0.0.1 proxy to `upstream`: relays each GET verbatim, keeps the `/metrics` bodies."""
+    """A 127.0.0.1 proxy to `upstream`: relays each GET verbatim, keeps the `/metrics` bodies
+    (and the paths asked for, narrowed reads at `/metrics/?name[]=…` included)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.bodies: list[str] = []
+        self.paths: list[str] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -233,9 +236,10 @@ class MetricsTap:
             status, headers, body = error.code, error.headers, error.read()
         kept = [(k, v) for k, v in headers.items() if k.lower() in ("content-type",
                                                                       "content-encoding")]
-        if path.endswith("/metrics") and status == 200:
+        if urlsplit(path).path.rstrip("/").endswith("/metrics") and status == 200:
             gzipped = headers.get("Content-Encoding") == "gzip"
             self.bodies.append((gzip.decompress(body) if gzipped else body).decode("utf-8"))
+            self.paths.append(path)
         return status, kept, body
 
 

@@ -28,6 +28,8 @@ SPECS = {
     "healthy": TwinSpec(num_blocks=600, step_delay_s=0.02),  # load outlasts two snapshots
     "pressure": TwinSpec(num_blocks=120, step_delay_s=0.005, max_model_len=1024),
     "leaking": TwinSpec(num_blocks=1000, step_delay_s=0.0, leak_frac=0.15),
+    # Two API server processes: vLLM's multiprocess metrics, which cannot filter by name.
+    "api_servers": TwinSpec(num_blocks=300, step_delay_s=0.01, api_servers=2),
 }
 STARTED: list[TwinServer] = []  # for the terminal summary
 
@@ -111,6 +113,11 @@ def twin_pressure(twin_fleet: TwinFleet) -> TwinServer:
 @pytest.fixture(scope="package")
 def twin_leaking(twin_fleet: TwinFleet) -> TwinServer:
     return twin_fleet.ready("leaking")
+
+
+@pytest.fixture(scope="package")
+def twin_api_servers(twin_fleet: TwinFleet) -> TwinServer:
+    return twin_fleet.ready("api_servers")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

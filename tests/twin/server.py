@@ -90,6 +90,7 @@ class TwinSpec:
     leak_frac: float = 0.0
     max_num_seqs: int = 32
     max_model_len: int = 4096
+    api_servers: int = 1  # >1: vLLM's multiprocess metrics (PROMETHEUS_MULTIPROC_DIR)
 
     def env(self) -> dict[str, str]:
         return twin_env(TWIN_NUM_BLOCKS=str(self.num_blocks),
@@ -103,7 +104,8 @@ class TwinSpec:
                 "--served-model-name", MODEL_NAME,
                 "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", "1024",
                 "--max-model-len", str(self.max_model_len), "--block-size", "16",
-                "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port)]
+                "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
+                "--api-server-count", str(self.api_servers)]
 
 
 @dataclass

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from kvtop.collect.adapters import WANTED
+from kvtop.collect.poller import narrowed_url
 from tests.twin.client import (
     Load,
     Metrics,
@@ -50,8 +52,11 @@ class HealthyRun:
 
 def tapped_snapshot(tap: MetricsTap) -> Tapped:
     tap.bodies.clear()
+    tap.paths.clear()
     target = kvtop_snapshot(tap.metrics_url, samples=2, interval_s=0.5)
     assert len(tap.bodies) == 2, f"kvtop read /metrics {len(tap.bodies)} times, expected 2"
+    # vLLM filters: kvtop's reads were narrowed ones, never retried at the plain URL.
+    assert all(path.startswith("/metrics/?name%5B%5D=") for path in tap.paths), tap.paths
     return Tapped(target, Metrics.parse(tap.bodies[0]), Metrics.parse(tap.bodies[1]))
 
 
@@ -142,3 +147,19 @@ def test_idle_matches_the_server_and_is_empty(run: HealthyRun) -> None:
     # No queries between the two idle scrapes: kvtop falls back to the lifetime rate.
     assert prefix["hit_rate_scope"] == "lifetime"
     assert prefix["hit_rate"] == json_num(after.hits / after.queries)
+
+
+def test_the_server_renders_only_what_kvtop_asks_for(run: HealthyRun,
+                                                     twin_healthy: TwinServer) -> None:
+    """vLLM's own prometheus_client handler honours `name[]`: at idle the narrowed body holds
+    exactly the full body's samples of the names kvtop reads."""
+    base = twin_healthy.base_url
+    wait_until_idle(base)
+    full_text = http_get(base + "/metrics")
+    narrowed_text = http_get(narrowed_url(twin_healthy.metrics_url, WANTED))
+    full, narrowed = Metrics.parse(full_text), Metrics.parse(narrowed_text)
+    assert narrowed.samples == {name: series for name, series in full.samples.items()
+                                if name in WANTED}
+    assert len(narrowed.samples) >= 15
+    SUMMARY.append(f"healthy: full /metrics {len(full_text):,} bytes, narrowed "
+                   f"{len(narrowed_text):,} bytes ({len(narrowed.samples)} sample names)")
