@@ -1,11 +1,12 @@
 """Poller benchmark: client CPU per scrape of kvtop's poller (aiohttp).
 
 Run: ``python benchmarks/bench_poller.py [--targets 50,200] [--seconds 10]``. A server in a
-separate process serves the 48.6 KB vLLM 0.33.0 fixture on 127.0.0.1, gzipped (5 KB) as
-vLLM serves it to a client that accepts gzip (its CPU is not counted); kvtop's ``Poller``
-reads N targets at 1 Hz for the given time, and ``resource.getrusage`` (user + system, this
-process only) is divided by the scrapes done. Prints a markdown table, with what 500
-targets at 1 Hz would cost.
+separate process serves the 48.6 KB vLLM 0.33.0 fixture on 127.0.0.1 with vLLM 0.33's two
+routes (see ``_serve``; its CPU is not counted). kvtop's ``Poller`` reads N targets at 1 Hz
+for the given time, narrowed (kvtop's default: ``/metrics/?name[]=…``, 10 KB, gzipped) and
+whole (``--full-metrics``: ``/metrics``, 48.6 KB plain), and ``resource.getrusage`` (user +
+system, this process only) is divided by the scrapes done. Prints a markdown table, with
+what 500 targets at 1 Hz would cost.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import resource
 import socket
 import time
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
@@ -31,22 +33,60 @@ FIXTURE = (
 # ---------------------------------------------------------------------------- the server
 
 
+def restricted(text: str, names: frozenset[str]) -> str:
+    """``text`` as prometheus_client renders it for ``name[]`` arguments: the named samples
+    only, each kept family with its HELP/TYPE (a family is a block from its ``# HELP``)."""
+    out: list[str] = []
+    block: list[str] = []
+    kept = False
+
+    def close() -> None:
+        if kept:
+            out.extend(line for line in block
+                       if line.startswith("#") or line.split("{")[0].split(" ")[0] in names)
+
+    for line in text.splitlines():
+        if line.startswith("# HELP"):
+            close()
+            block, kept = [], False
+        block.append(line)
+        kept |= not line.startswith("#") and line.split("{")[0].split(" ")[0] in names
+    close()
+    return "\n".join(out) + "\n" if out else ""
+
+
 def _serve(body: bytes, sock: socket.socket) -> None:
-    """A minimal keep-alive HTTP/1.1 server answering every GET with ``body``, gzipped when
-    the client accepts it, as vLLM's prometheus_client does (compressed once, up front:
-    the client's CPU is what is measured)."""
-    def response(payload: bytes, encoding: str = "") -> bytes:
+    """A minimal keep-alive HTTP/1.1 server with vLLM 0.33's two metrics routes, each
+    answer made once up front (the client's CPU is what is measured): the exact
+    ``/metrics`` renders everything, uncompressed (prometheus-fastapi-instrumentator);
+    ``/metrics/`` is prometheus_client's handler, gzipped for a client that accepts it
+    and restricted to the ``name[]`` arguments when there are any."""
+    def response(payload: bytes, gzipped: bool) -> bytes:
+        encoding = "Content-Encoding: gzip\r\n" if gzipped else ""
+        payload = gzip.compress(payload) if gzipped else payload
         head = ("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
                 f"{encoding}Content-Length: {len(payload)}\r\n\r\n").encode()
         return head + payload
 
-    plain, packed = response(body), response(gzip.compress(body), "Content-Encoding: gzip\r\n")
+    text = body.decode()
+    answers: dict[tuple[str, bool], bytes] = {}
+
+    def answer(target: str, accepts_gzip: bool) -> bytes:
+        parts = urlsplit(target)
+        names = frozenset(parse_qs(parts.query).get("name[]", []))
+        handler = parts.path.endswith("/")
+        key = ("/" + ",".join(sorted(names)) if handler else "", handler and accepts_gzip)
+        if key not in answers:
+            payload = restricted(text, names).encode() if handler and names else body
+            answers[key] = response(payload, key[1])
+        return answers[key]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 request = await reader.readuntil(b"\r\n\r\n")
-                writer.write(packed if b"gzip" in request.lower() else plain)
+                target = request.split(b" ", 2)[1].decode()
+                writer.write(answer(target, b"gzip" in request.lower()))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
@@ -77,7 +117,7 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def measure(port: int, n: int, seconds: float) -> tuple[float, int, int]:
+async def measure(port: int, n: int, seconds: float, narrow: bool) -> tuple[float, int, int]:
     """(CPU seconds per scrape, scrapes, failures) for n targets at 1 Hz."""
     targets = [Target(f"http://127.0.0.1:{port}/metrics?t={i}") for i in range(n)]
     counts = {"ok": 0, "failed": 0}
@@ -85,7 +125,7 @@ async def measure(port: int, n: int, seconds: float) -> tuple[float, int, int]:
     def on_scrape(s: Scrape) -> None:
         counts["ok" if s.ok else "failed"] += 1
 
-    async with Poller(targets, interval_s=1.0, timeout_s=5.0) as poller:
+    async with Poller(targets, interval_s=1.0, timeout_s=5.0, narrow=narrow) as poller:
         await poller.poll_once()  # warm: connections open, CA bundle loaded
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(seconds, stop.set)
@@ -105,13 +145,14 @@ def main() -> None:
     process, port = start_server(body)
     try:
         print(f"body {len(body):,} bytes; {args.seconds:g} s at 1 Hz per row; client CPU only\n")
-        print("| targets | scrapes | failed | CPU ms/scrape | 500 targets @1 Hz |")
-        print("|---:|---:|---:|---:|---:|")
+        print("| read | targets | scrapes | failed | CPU ms/scrape | 500 targets @1 Hz |")
+        print("|---|---:|---:|---:|---:|---:|")
         for n in (int(x) for x in args.targets.split(",")):
-            per, done, failed = asyncio.run(measure(port, n, args.seconds))
-            print(f"| {n} | {done} | {failed} | {per * 1e3:.2f} | {per * 500:.2f} core |",
-                  flush=True)
-            time.sleep(0.5)
+            for narrow, read in ((True, "narrowed"), (False, "--full-metrics")):
+                per, done, failed = asyncio.run(measure(port, n, args.seconds, narrow))
+                print(f"| {read} | {n} | {done} | {failed} | {per * 1e3:.2f} | "
+                      f"{per * 500:.2f} core |", flush=True)
+                time.sleep(0.5)
     finally:
         process.terminate()
 

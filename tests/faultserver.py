@@ -84,8 +84,9 @@ def gzip_bomb() -> bytes:
 class Request:
     method: str
     path: str
-    query: dict[str, str]
+    query: dict[str, str]  # the last value of each argument
     headers: dict[str, str]  # lower-case names
+    target: str = ""  # the request target as sent: path and the whole query
 
 
 Handler = Callable[["FaultServer", Request, asyncio.StreamWriter], Awaitable[bool]]
@@ -253,7 +254,8 @@ async def _read_request(reader: asyncio.StreamReader) -> Request | None:
             headers[name.strip().lower()] = value.strip()
     await _skip_body(reader, headers)  # or its bytes would be read as the next request
     parts = urlsplit(request_line[1])
-    return Request(request_line[0], parts.path, dict(parse_qsl(parts.query)), headers)
+    return Request(request_line[0], parts.path, dict(parse_qsl(parts.query)), headers,
+                   request_line[1])
 
 
 async def _skip_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> None:

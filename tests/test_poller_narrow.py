@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from kvtop.collect.adapters import WANTED, read_exposition
+from kvtop.collect.adapters import WANTED, read_exposition, vllm
 from kvtop.collect.poller import Poller, narrowed_url
 from kvtop.collect.target import Target
 from kvtop.sim.server import SimConfig, SimFleet
@@ -78,6 +78,18 @@ async def test_a_server_without_the_route_is_read_at_its_url(slash_mode: str) ->
     assert first.ok and second.ok
     paths = [r.path for r in server.requests if not r.path.endswith("/version")]
     assert paths == ["/metrics/", "/metrics", "/metrics"]
+
+
+async def test_once_the_server_is_known_only_its_adapters_names_are_asked_for(
+    fault_server: FaultServer,
+) -> None:
+    async with Poller([Target(fault_server.url())], narrow=True, timeout_s=TIMEOUT) as poller:
+        for _ in range(3):
+            await poller.poll_once()
+    asked = [set(parse_qs(urlsplit(r.target).query)["name[]"])
+             for r in fault_server.requests if r.path == "/metrics/"]
+    assert asked == [set(WANTED), set(vllm.NAMES), set(vllm.NAMES)]
+    assert len(vllm.NAMES) < len(WANTED)
 
 
 async def test_a_server_that_ignores_the_names_is_read_whole_without_a_retry(

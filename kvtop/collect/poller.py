@@ -21,11 +21,12 @@ the series named by ``name[]`` query arguments, at its ASGI/WSGI exposition hand
 mounts that handler under ``/metrics/`` (the exact ``/metrics`` is
 prometheus-fastapi-instrumentator's route, which renders everything, uncompressed), so a
 narrowed read asks ``<path>/?name[]=…`` for the samples kvtop's adapters read: ~10 KB
-instead of ~50 KB, half of vLLM's own CPU per scrape. A server that cannot (SGLang and vLLM
-with several API servers use prometheus_client's multiprocess collector, which answers a
-named request with nothing; llama.cpp has no such route) is read at its URL as given from
-then on, after one immediate retry; a failure makes the next attempt ask again, since the
-server behind the URL may have changed.
+instead of ~50 KB, half of vLLM's own CPU per scrape. The first read names every sample
+any adapter reads; once a server answers, only its adapter's. A server that cannot (SGLang
+and vLLM with several API servers use prometheus_client's multiprocess collector, which
+answers a named request with nothing; llama.cpp has no such route) is read at its URL as
+given from then on, after one immediate retry; a failure makes the next attempt ask again,
+since the server behind the URL may have changed.
 
 Schedule (``Poller.run``): each target has its own task; an attempt starts ``interval_s``
 after the previous one *started* (or right after it ended when it ran longer), so attempts
@@ -40,6 +41,7 @@ use): create it anywhere, use and close it in one loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -52,7 +54,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
 
-from kvtop.collect.adapters import WANTED
+from kvtop.collect.adapters import WANTED, names_for
 from kvtop.collect.http import (
     MAX_REDIRECTS,
     Failed,
@@ -287,6 +289,7 @@ class PollState:
     need_version: bool = True
     # Whether the narrowed URL works here: None not known yet, False ask for everything.
     narrows: bool | None = None
+    narrowed_url: str | None = None  # once it works: asking for this server's names only
     jitter: float = 1.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
@@ -341,7 +344,7 @@ class Poller:
         self.max_bytes = max_bytes
         self.max_backoff_s = max_backoff_s
         self._insecure = insecure
-        self._narrowed_urls: dict[str, str] | None = {} if narrow else None
+        self._narrow = narrow
         self._owns_session = session is None
         self._session = session
         self._rng = random.Random(seed)
@@ -458,31 +461,25 @@ class Poller:
 
     async def _read(self, target: Target, state: PollState) -> Scrape:
         """One scrape, narrowed where the server allows it (see the module's notes)."""
-        narrowed = None if state.narrows is False else self._narrowed_url(target)
-        if narrowed is not None:
-            result = await self._scrape(target, narrowed)
+        narrowed = self._narrow and state.narrows is not False
+        if narrowed:
+            result = await self._scrape(target, state.narrowed_url or _first_narrowed(target))
             if result.ok:
-                state.narrows = True
+                if state.narrows is None:
+                    state.narrows = True
+                    state.narrowed_url = narrowed_url(target.url, names_for(result.body or ""))
                 return result
             # A server that answered but not usably may not filter; a timeout is no sign.
             unproven = state.narrows is None and result.failure != "timeout"
             if not (unproven or result.failure == "bad_payload"):
-                state.narrows = None
+                state.narrows = state.narrowed_url = None
                 return result
         result = await self._scrape(target)
         if not result.ok:
-            state.narrows = None
-        elif narrowed is not None:
+            state.narrows = state.narrowed_url = None
+        elif narrowed:
             state.narrows = False
         return result
-
-    def _narrowed_url(self, target: Target) -> str | None:
-        if self._narrowed_urls is None:
-            return None
-        url = self._narrowed_urls.get(target.url)
-        if url is None:
-            url = self._narrowed_urls[target.url] = narrowed_url(target.url, WANTED)
-        return url
 
     async def _scrape(self, target: Target, url: str | None = None) -> Scrape:
         return await scrape(self.session, target, timeout_s=self.timeout_s,
@@ -527,6 +524,12 @@ async def _deliver(on_scrape: OnScrape, result: Scrape) -> None:
             await outcome
     except Exception:  # the consumer's bug must not stop polling
         log.exception("on_scrape failed for %s", result.target.label)
+
+
+@functools.lru_cache(maxsize=8192)
+def _first_narrowed(target: Target) -> str:
+    """The narrowed URL before the server's kind is known: every adapter's names."""
+    return narrowed_url(target.url, WANTED)
 
 
 def _valid_interval(value: float) -> float:

@@ -15,6 +15,15 @@ ADAPTERS = (("vllm:", vllm), ("sglang:", sglang), ("llamacpp:", llamacpp),
 WANTED = frozenset().union(*(module.NAMES for _, module in ADAPTERS))
 
 
+def names_for(text: str) -> frozenset[str]:
+    """The sample names the adapter for this ``/metrics`` body reads (every adapter's when
+    none is recognised): what a narrowed read of that server asks for."""
+    for prefix, module in ADAPTERS:
+        if prefix in text:
+            return module.NAMES
+    return WANTED
+
+
 def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     """Pick the adapter whose names the exposition carries."""
     for prefix, module in ADAPTERS:
