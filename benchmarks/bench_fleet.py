@@ -1,15 +1,16 @@
 """Fleet benchmark: 500 engines read directly at 1 Hz vs through Prometheus, side by side.
 
-Run: ``python benchmarks/bench_fleet.py [--engines 500] [--seconds 30] [--scrape 15]``
-(needs the ``prometheus`` binary). One server process answers every request with the
-48.6 KB vLLM 0.33.0 fixture (gzipped for clients that accept it, as vLLM does);
-Prometheus scrapes N instances of it every ``--scrape`` seconds. Meanwhile two kvtop
-processes run headless, one after the other so that they don't compete for the CPU, each
-with one ``TargetTracker`` (adapters + leak detector) per engine:
-one polls the N targets itself at 1 Hz (``Poller``), the other reads them through
-Prometheus (``PrometheusSource`` at kvtop's default refresh, after its backfill).
-CPU is user + system over each one's window; RSS at its end; Prometheus's CPU over both.
-Prints a markdown table.
+Run: ``python benchmarks/bench_fleet.py [--engines 500] [--seconds 30] [--scrape 15]
+[--static]`` (needs the ``prometheus`` binary). One server process answers for all N
+engines with vLLM 0.33's two routes (``metrics_server.py``): bodies of a simulated vLLM
+0.33 under load that change every scrape (``--static``: the real 48.6 KB twin scrape);
+Prometheus scrapes the N instances' ``/metrics`` every ``--scrape`` seconds. Meanwhile
+three kvtop processes run headless, one after the other so that they don't compete for the
+CPU, each with one ``TargetTracker`` (adapters + leak detector) per engine: two poll the
+N targets themselves at 1 Hz (``Poller``), narrowed as kvtop does by default and whole as
+with ``--full-metrics``; the third reads them through Prometheus (``PrometheusSource`` at
+kvtop's default refresh, after its backfill). CPU is user + system over each one's window;
+RSS at its end; Prometheus's CPU over all three. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_poller import FIXTURE, start_server
+from metrics_server import moving_bodies, start_server, static_body
 
 from kvtop.collect.poller import Poller
 from kvtop.collect.prometheus import PROMETHEUS_INTERVAL_S, PrometheusSource, load_settings
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
+from kvtop.runtime import tune_gc
 
 WARMUP_S = 5.0
 
@@ -91,15 +93,19 @@ async def _measure(source: Any, seconds: float) -> dict[str, float]:
             "requests": getattr(getattr(source, "api", None), "requests", 0)}
 
 
-def _direct(port: int, n: int, seconds: float, out: Any) -> None:
+def _direct(port: int, n: int, seconds: float, out: Any, narrow: bool) -> None:
+    tune_gc()  # as every kvtop command does
+
     async def main() -> dict[str, float]:
         targets = [Target(f"http://127.0.0.1:{port}/metrics?e={i}") for i in range(n)]
-        async with Poller(targets, interval_s=1.0, timeout_s=5.0) as poller:
+        async with Poller(targets, interval_s=1.0, timeout_s=5.0, narrow=narrow) as poller:
             return await _measure(poller, seconds)
-    out.put(("direct", asyncio.run(main())))
+    out.put(("narrowed" if narrow else "full", asyncio.run(main())))
 
 
 def _through(url: str, seconds: float, out: Any, interval_s: float) -> None:
+    tune_gc()
+
     async def main() -> dict[str, float]:
         source = PrometheusSource(load_settings(url), interval_s=interval_s)
         async with source:
@@ -137,11 +143,18 @@ def main() -> None:
                         help="Prometheus scrape interval, seconds (default 15)")
     parser.add_argument("--prom-interval", type=float, default=PROMETHEUS_INTERVAL_S,
                         help="kvtop's refresh through Prometheus, seconds (kvtop's default)")
+    parser.add_argument("--static", action="store_true",
+                        help="serve the real twin scrape, the same every time")
     args = parser.parse_args()
     binary = shutil.which("prometheus")
     if binary is None:
         raise SystemExit("needs the 'prometheus' binary (apt-get install prometheus)")
-    server, port = start_server(FIXTURE.read_bytes())
+    # Requests per engine over the whole run: two direct runs at 1 Hz, and Prometheus's
+    # scrapes from its start to the end of the third run.
+    wall_s = 3 * args.scrape + 30 + 2 * args.scrape + 3 * (WARMUP_S + args.seconds + 20)
+    run_s = int(2 * (WARMUP_S + args.seconds + 10) + wall_s / args.scrape)
+    bodies = static_body() if args.static else moving_bodies(seconds=run_s + 60)
+    server, port = start_server(bodies, run_s=run_s)
     tmp = Path(tempfile.mkdtemp(prefix="kvtop-bench-"))
     (tmp / "prometheus.yml").write_text(_prometheus_yml(port, args.engines, args.scrape))
     sock = socket.socket()
@@ -160,7 +173,8 @@ def main() -> None:
         out = context.Queue()
         results, before, t0 = {}, _proc_cpu(prom.pid), time.monotonic()
         # One after the other: on a small machine the two would slow each other down.
-        runs = ((_direct, (port, args.engines, args.seconds, out)),
+        runs = ((_direct, (port, args.engines, args.seconds, out, True)),
+                (_direct, (port, args.engines, args.seconds, out, False)),
                 (_through, (url, args.seconds, out, args.prom_interval)))
         for work, work_args in runs:
             worker = context.Process(target=work, args=work_args)
@@ -175,18 +189,22 @@ def main() -> None:
         prom.wait(10)
         server.terminate()
         shutil.rmtree(tmp, ignore_errors=True)
-    _print(args, results, prom_cores, prom_rss)
+    _print(args, results, prom_cores, prom_rss, len(bodies[-1]))
 
 
 def _print(args: argparse.Namespace, results: dict[str, dict[str, float]], prom_cores: float,
-           prom_rss: float) -> None:
-    direct, through = results["direct"], results["prometheus"]
-    print(f"{args.engines} engines (48.6 KB vLLM 0.33 bodies, gzipped), Prometheus scrape interval "
-          f"{args.scrape:g} s, {args.seconds:g} s measured\n")
+           prom_rss: float, body_bytes: int) -> None:
+    through = results["prometheus"]
+    bodies = "the same twin scrape" if args.static else "moving simulated vLLM 0.33 bodies"
+    print(f"{args.engines} engines ({bodies}, {body_bytes / 1000:.1f} KB whole), Prometheus "
+          f"scrape interval {args.scrape:g} s, {args.seconds:g} s measured\n")
     print("| process | reads | engine updates/s | CPU (cores) | RSS MB | notes |")
     print("|---|---|---:|---:|---:|---|")
-    print(f"| kvtop, direct | 1 Hz poll of each engine | {direct['scrapes_per_s']:.0f} | "
-          f"{direct['cores']:.3f} | {direct['rss_mb']:.0f} | goal < 0.5 core |")
+    for key, reads in (("narrowed", "1 Hz poll of each engine, narrowed (default)"),
+                       ("full", "1 Hz poll of each engine, `--full-metrics`")):
+        direct = results[key]
+        print(f"| kvtop, direct | {reads} | {direct['scrapes_per_s']:.0f} | "
+              f"{direct['cores']:.3f} | {direct['rss_mb']:.0f} | goal < 0.5 core |")
     print(f"| kvtop, through Prometheus | 2 queries every {args.prom_interval:g} s for the fleet | "
           f"{through['scrapes_per_s']:.0f} | {through['cores']:.3f} | {through['rss_mb']:.0f} | "
           f"goal < 0.05 core; backfill {through['backfill_s']:.1f} s once |")
