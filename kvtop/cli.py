@@ -20,6 +20,7 @@ from kvtop.config import (
     resolve_prometheus,
     resolve_targets,
 )
+from kvtop.runtime import tune_gc
 
 if TYPE_CHECKING:
     from kvtop.collect.prometheus import PrometheusSettings
@@ -301,6 +302,7 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_gc()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         args = build_command_parser().parse_args(argv)
