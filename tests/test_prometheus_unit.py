@@ -1,11 +1,12 @@
-"""Prometheus source pieces that need no Prometheus: selectors, series -> exposition text,
+"""Prometheus source pieces that need no Prometheus: selectors, series -> samples,
 settings, and the rules' thresholds (the real-server tier is tests/prometheus)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtop.collect.adapters import read_exposition
+from kvtop.collect.adapters import adapt, read_exposition
+from kvtop.collect.exposition import Exposition, to_text
 from kvtop.collect.prometheus import (
     group_scrapes,
     load_settings,
@@ -42,9 +43,13 @@ def test_series_become_one_scrape_per_instance_and_timestamp() -> None:
     grouped = group_scrapes(result)
     assert set(grouped) == {("j", "a:1"), ("j", "b:1")}
     assert sorted(grouped["j", "a:1"]) == [100.5, 101.5]
-    reading = read_exposition("\n".join(grouped["j", "a:1"][100.5]) + "\n")
-    (engine,) = reading.engines
+    samples = Exposition(grouped["j", "a:1"][100.5])
+    (engine,) = adapt(samples).engines
     assert (engine.model, engine.kv_usage, engine.running) == ('m"x\\', 0.25, 3.0)
+    # Written out (snapshot files, recordings) they read back the same, escapes and all.
+    assert read_exposition(to_text(samples)).engines == adapt(samples).engines
+    (nan,) = grouped["j", "b:1"][100.7]
+    assert nan.labels == {"model_name": "m", "engine": "0"} and nan.value != nan.value
 
 
 def test_settings_reject_credentials_and_bad_selectors() -> None:

@@ -55,7 +55,7 @@ class Sample(NamedTuple):
 
 # Sample((name, labels, value, None)) without the Python-level __new__ of a NamedTuple:
 # a third of the cost of a known sample line.
-_new_sample = functools.partial(tuple.__new__, Sample)
+new_sample = functools.partial(tuple.__new__, Sample)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,35 @@ class Exposition:
         self.series("")
         assert self._index is not None
         return set(self._index)
+
+
+def escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def format_sample(sample: Sample) -> str:
+    """One sample as an exposition line (no timestamp); a name outside the classic
+    charset is quoted inside the braces, as UTF-8 names are written."""
+    pairs = [f'{k}="{escape_label_value(v)}"' for k, v in sample.labels.items()]
+    name = sample.name
+    if not _NAME_RE.match(name):
+        pairs.insert(0, f'"{escape_label_value(name)}"')
+        name = ""
+    head = f"{name}{{{','.join(pairs)}}}" if pairs else name
+    return f"{head} {_format_value(sample.value)}"
+
+
+def _format_value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def to_text(expo: Exposition) -> str:
+    """The samples as exposition text (HELP/TYPE left out): what a reader made of them."""
+    return "".join(format_sample(sample) + "\n" for sample in expo.samples)
 
 
 def _unescape(value: str) -> str:
@@ -209,7 +238,7 @@ def _known_sample(line: str) -> Sample | None:
     if known is None:
         return None
     try:
-        return _new_sample((known[0], known[1], _parse_value(value), None))
+        return new_sample((known[0], known[1], _parse_value(value), None))
     except ValueError:
         return None
 

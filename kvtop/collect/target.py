@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from kvtop.collect.exposition import Exposition, to_text
+
 FailureKind = Literal["down", "timeout", "auth", "bad_payload"]
 DEFAULT_TARGET = "http://127.0.0.1:8000"
 
@@ -99,7 +101,8 @@ class Target:
 
 @dataclass(slots=True)
 class Scrape:
-    """One attempt to read one target's /metrics."""
+    """One attempt to read one target's /metrics: the text read, or (from a source that
+    has them parsed already, such as Prometheus's API) the samples."""
 
     target: Target
     t: float  # unix seconds when the request started
@@ -108,7 +111,14 @@ class Scrape:
     error: str | None = None  # a readable reason, with a hint where one helps
     duration_s: float = 0.0
     version: str | None = None  # from /version when the server offers it
+    samples: Exposition | None = None  # instead of body: what it would have parsed to
 
     @property
     def ok(self) -> bool:
-        return self.failure is None and self.body is not None
+        return self.failure is None and (self.body is not None or self.samples is not None)
+
+    def text(self) -> str | None:
+        """The body, or the samples written as exposition text (for files, on demand)."""
+        if self.body is None and self.samples is not None:
+            return to_text(self.samples)
+        return self.body

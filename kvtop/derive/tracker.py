@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kvtop.collect.adapters import read_exposition
+from kvtop.collect.adapters import adapt, read_exposition
 from kvtop.collect.reading import EngineReading, ServerKind
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakDetector, LeakParams
@@ -35,9 +35,14 @@ class TargetState:
     engines: list[EngineStats] = field(default_factory=list)  # last good values
     last_attempt_t: float | None = None
     last_good_t: float | None = None
-    last_body: str | None = None  # raw /metrics text of the last good scrape
+    last_good: Scrape | None = None  # the last good scrape itself
     restarted_at: float | None = None  # last time a counter went backwards
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def last_body(self) -> str | None:
+        """The /metrics text of the last good scrape (made on demand from its samples)."""
+        return self.last_good.text() if self.last_good is not None else None
 
     def age_s(self, now: float) -> float | None:
         """Seconds since the last good scrape."""
@@ -80,8 +85,11 @@ class TargetTracker:
 
     def _fold_good(self, scrape: Scrape) -> None:
         state = self.state
-        assert scrape.body is not None
-        reading = read_exposition(scrape.body, version=state.version)
+        if scrape.samples is not None:
+            reading = adapt(scrape.samples, version=state.version)
+        else:
+            assert scrape.body is not None
+            reading = read_exposition(scrape.body, version=state.version)
         state.kind = reading.kind
         if reading.version and not state.version:
             state.version = reading.version
@@ -108,7 +116,7 @@ class TargetTracker:
         state.status = "up"
         state.error = None
         state.last_good_t = scrape.t
-        state.last_body = scrape.body
+        state.last_good = scrape
 
     def _fold_failure(self, scrape: Scrape) -> None:
         state = self.state

@@ -40,7 +40,7 @@ def scrape_line(scrape: Scrape) -> dict[str, Any]:
     """A scrape as a recording line. Only the URL is written: never a token."""
     line: dict[str, Any] = {"t": scrape.t, "target": scrape.target.url}
     if scrape.ok:
-        line["body"] = scrape.body
+        line["body"] = scrape.text()
     else:
         line["error"] = scrape.error or "failed"
         line["failure"] = scrape.failure or "down"
