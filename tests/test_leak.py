@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -413,21 +414,55 @@ def test_estimate_under_a_varying_load_follows_the_true_leak(seed: int) -> None:
     assert verdicts[-1].leaked_blocks == pytest.approx(series.leaked[-1], rel=0.1)  # -22/-24 %
 
 
-def test_fit_separates_a_lumpy_leak_from_the_load() -> None:
-    # level = 200 + 40 blocks per running request + a leak that arrives in two lumps.
-    rng = random.Random(5)
-    points, truth = [], []
-    for i in range(60):
+def _lumpy_points(leak_at: Callable[[int], float], seed: int, noise: float = 10.0,
+                  count: int = 60) -> list[LoadPoint]:
+    """level = 200 + 40 blocks per running request + the leak + noise, one point a minute."""
+    rng = random.Random(seed)
+    points = []
+    for i in range(count):
         running = 10 + 6 * math.sin(i / 3) + rng.uniform(-1, 1)
-        leak = 0.0 if i < 25 else 150.0 if i < 45 else 400.0
-        truth.append(leak)
-        points.append(LoadPoint(60.0 * i, 200 + 40 * running + leak + rng.gauss(0, 10),
+        points.append(LoadPoint(60.0 * i, 200 + 40 * running + leak_at(i) + rng.gauss(0, noise),
                                 (running,)))
+    return points
+
+
+def test_fit_separates_a_lumpy_leak_from_the_load() -> None:
+    # A leak that arrives in two lumps, on top of the load's share.
+    def leak(i: int) -> float:
+        return 0.0 if i < 25 else 150.0 if i < 45 else 400.0
+
+    points = _lumpy_points(leak, seed=5)
+    truth = [leak(i) for i in range(len(points))]
     fit = fit_leak(points)
     assert fit is not None and 15 * MIN <= fit.change_t <= 25 * MIN  # a line through lumps
     assert all(abs(got - true) < 40 for got, true in zip(fit.leaked, truth, strict=True))
     assert leaked_now(fit, points[-1].t + 30, 4) == pytest.approx(400, abs=40)
     assert fit_leak(points[:5]) is None  # too few buckets to tell load from leak
+
+
+def test_a_lump_leaked_lately_counts_at_once() -> None:
+    # 250 blocks leak in one go two buckets before the end (a long request kept whole):
+    # the older buckets of the estimate's window must not pull the level back to 275.
+    points = _lumpy_points(lambda i: 0.0 if i < 25 else 150.0 if i < 58 else 400.0, seed=6)
+    fit = fit_leak(points)
+    assert fit is not None and fit.noise is not None and fit.noise < 20
+    assert leaked_now(fit, points[-1].t + 30, 4) == pytest.approx(400, abs=40)
+
+
+def test_noise_alone_does_not_raise_a_flat_leak() -> None:
+    # Once a leak has stopped, the estimate is the plain mean: the lump rule, which looks
+    # for the newer buckets above the older ones, must not turn noise into extra blocks.
+    estimates, plain = [], []
+    for seed in range(40):
+        points = _lumpy_points(lambda i: 0.0 if i < 25 else 200.0, seed=seed, noise=30.0)
+        fit = fit_leak(points)
+        assert fit is not None
+        now = points[-1].t + 30
+        estimates.append(leaked_now(fit, now, 4))
+        lag_h = statistics.fmean(now - t for t in fit.times[-4:]) / 3600
+        plain.append(statistics.fmean(fit.leaked[-4:]) + max(fit.slope_per_h, 0.0) * lag_h)
+    assert statistics.fmean(estimates) - statistics.fmean(plain) < 3
+    assert statistics.fmean(estimates) == pytest.approx(200, abs=20)  # the hinge's own lag
 
 
 def test_missing_fields_are_tolerated() -> None:

@@ -152,6 +152,8 @@ def goals(results: list[tuple[Scenario, Score]]) -> list[str]:
                    f"missed: {', '.join(missed)}" if missed else f"{len(leaks)} of {len(leaks)}")]
     for load, limit in (("idle gaps", 10.0), ("continuous", 30.0)):
         delays = [s.first_after(s.kvtop_leak_t) for sc, s in leaks if sc.load == load]
+        if not delays:  # --only left none of this kind
+            continue
         med = statistics.median([d if d is not None else float("inf") for d in delays]) / 60
         lines.append(_goal(med < limit, f"median delay under {load} < {limit:.0f} min",
                            f"median {med:.1f} min over {len(delays)} scenarios"))

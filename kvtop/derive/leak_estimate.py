@@ -10,17 +10,24 @@ by least squares, with the change point τ chosen by the smallest residual. The 
 there so that the leak does not leak into the load coefficients (a, b): each bucket's leak
 is then its level minus the load's share, ``level − a − b · load``, which follows a leak of
 any shape (lumpy, stopping), not only a straight line. The estimate now is the mean of the
-last few of those plus ``s`` × their lag. Method and measurements: docs/leak-detector.md.
+last few of those plus ``s`` × their lag, or of the newest half of them when that half sits
+significantly above the rest: a lump leaked lately, and leaked blocks are never given back.
+Method and measurements: docs/leak-detector.md.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_POINTS = 8  # fewer buckets leave the three-to-four coefficients and τ undetermined
 MIN_AFTER = 3  # buckets after τ, so that a single outlier at the end is no "change"
 RIDGE = 1e-6  # keeps a load feature with no variance (a pinned batch) from a singular fit
+MIN_NOISE_POINTS = 5  # buckets before τ needed to measure the noise the load leaves
+LUMP_Z = 3.0  # newer half of the recent buckets above the older by this many σ: a lump
+# (3, not 2: the test runs at every bucket close, and huge requests give the noise long tails)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,7 @@ class LeakFit:
     slope_per_h: float  # s: blocks per hour after τ
     leaked: tuple[float, ...]  # per point: level minus the load's share (the leak + noise)
     times: tuple[float, ...]  # per point: its time, seconds
+    noise: float | None  # σ of one point's leak before τ (None: too few points there)
 
 
 def fit_leak(points: Sequence[LoadPoint]) -> LeakFit | None:
@@ -73,7 +81,9 @@ def fit_leak(points: Sequence[LoadPoint]) -> LeakFit | None:
         return None
     _, change_t, coef = best
     leaked = tuple(y - _dot(row, coef[:-1]) for row, y in zip(base, ys, strict=True))
-    return LeakFit(change_t, coef[-1], leaked, tuple(p.t for p in points))
+    before = [value for value, p in zip(leaked, points, strict=True) if p.t <= change_t]
+    noise = statistics.pstdev(before) if len(before) >= MIN_NOISE_POINTS else None
+    return LeakFit(change_t, coef[-1], leaked, tuple(p.t for p in points), noise)
 
 
 def _suffix_sums(columns: list[list[float]], hours: list[float]
@@ -96,9 +106,18 @@ def leaked_now(fit: LeakFit, t: float, recent: int) -> float:
 
     One bucket's leak is as noisy as the working set the load does not explain; a few
     buckets average that down, and the slope makes up for their age (leaked blocks only grow).
+    When the newer half of them is above the older half by more than the noise explains, a
+    lump leaked in between, and only the newer half tells the level now.
     """
-    last = fit.leaked[-recent:]
-    ages = [(t - point_t) / 3600 for point_t in fit.times[-recent:]]
+    count = min(recent, len(fit.leaked))
+    half = count // 2
+    if fit.noise is not None and half >= 1:
+        newer, older = fit.leaked[-half:], fit.leaked[-count:-half]
+        spread = fit.noise * math.sqrt(1 / len(newer) + 1 / len(older))
+        if statistics.fmean(newer) - statistics.fmean(older) > LUMP_Z * spread:
+            count = half
+    last = fit.leaked[-count:]
+    ages = [(t - point_t) / 3600 for point_t in fit.times[-count:]]
     lag = sum(ages) / len(ages)
     return max(0.0, sum(last) / len(last) + max(fit.slope_per_h, 0.0) * lag)
 
