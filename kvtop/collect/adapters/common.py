@@ -31,7 +31,7 @@ def summed(expo: Exposition, name: str, key_of: KeyOf) -> dict[EngineKey, float]
     totals: dict[EngineKey, float] = {}
     for sample in expo.series(name):
         value = sample.value
-        if value - value == 0.0:  # finite: ±Inf and NaN give NaN
+        if math.isfinite(value):
             key = key_of(sample)
             totals[key] = totals.get(key, 0.0) + value
     return totals
@@ -42,7 +42,7 @@ def maxed(expo: Exposition, name: str, key_of: KeyOf) -> dict[EngineKey, float]:
     out: dict[EngineKey, float] = {}
     for sample in expo.series(name):
         value = sample.value
-        if value - value == 0.0:
+        if math.isfinite(value):
             key = key_of(sample)
             known = out.get(key)
             out[key] = value if known is None or value > known else known
