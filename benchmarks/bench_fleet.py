@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import resource
 import shutil
 import socket
@@ -51,9 +52,10 @@ def _rss_mb_self() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _proc_cpu(pid: int) -> float:
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of another process (/proc/<pid>/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _proc_rss_mb(pid: int) -> float:
@@ -171,7 +173,7 @@ def main() -> None:
         time.sleep(2 * args.scrape)  # a few scrapes stored: what the backfill reads
         context = multiprocessing.get_context("fork")
         out = context.Queue()
-        results, before, t0 = {}, _proc_cpu(prom.pid), time.monotonic()
+        results, before, t0 = {}, proc_cpu_s(prom.pid), time.monotonic()
         # One after the other: on a small machine the two would slow each other down.
         runs = ((_direct, (port, args.engines, args.seconds, out, True)),
                 (_direct, (port, args.engines, args.seconds, out, False)),
@@ -182,7 +184,7 @@ def main() -> None:
             name, result = out.get(timeout=args.seconds + 180)
             results[name] = result
             worker.join()
-        prom_cores = (_proc_cpu(prom.pid) - before) / (time.monotonic() - t0)
+        prom_cores = (proc_cpu_s(prom.pid) - before) / (time.monotonic() - t0)
         prom_rss = _proc_rss_mb(prom.pid)
     finally:
         prom.terminate()

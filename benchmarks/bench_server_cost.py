@@ -21,16 +21,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fleet import proc_cpu_s
+
 from kvtop.collect.adapters import vllm
 from kvtop.collect.poller import narrowed_url
 from tests.twin.server import TwinServer, TwinSpec, import_vllm_error, twin_python
-
-HZ = 100  # /proc/<pid>/stat clock ticks per second on Linux
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / HZ
 
 
 def _batch(url: str, requests: int, gzip: bool) -> tuple[float, int]:
@@ -68,12 +64,12 @@ def main() -> None:
         _batch(server.metrics_url, 20, False)  # warm: imports, first renders
         rows = []
         for name, url, gzip in reads:
-            before = _cpu_s(pid)
+            before = proc_cpu_s(pid)
             wall, size = _batch(url, args.requests, gzip)
-            spent = _cpu_s(pid) - before
-            idle_before = _cpu_s(pid)
+            spent = proc_cpu_s(pid) - before
+            idle_before = proc_cpu_s(pid)
             time.sleep(wall)
-            idle = _cpu_s(pid) - idle_before
+            idle = proc_cpu_s(pid) - idle_before
             rows.append((name, size, max(0.0, spent - idle) / args.requests))
     finally:
         server.stop()
