@@ -51,6 +51,7 @@ EVIL_MODEL = f"evil{OSC52}{CLEAR}{MARKUP}{SPOOF}{BIDI}{C1_CSI}"
 EVIL_ENGINE = "0\x1b[2J[/]"
 EVIL_CONFIG = "\x1b]52;c;Y2FjaGU=\x07[/x]"
 EVIL_ERROR = f"boom{OSC52}{CLEAR}{MARKUP}{SPOOF}"
+EVIL_LEAD = f"boom{OSC52}{CLEAR}{MARKUP}:"  # leads Prometheus's errors (one line, no spaces)
 EVIL_INSTANCE = f"10.9.9.9:8000{OSC52}[/]"
 
 # Controls and format characters that must never reach a terminal from outside text.
@@ -121,6 +122,11 @@ def _series(instance: str, model: str) -> list[tuple[dict[str, str], str]]:
             for s in parse(text, keep=WANTED).samples]
 
 
+# kvtop quotes 200 characters of what Prometheus says: this puts the cut 8 characters into
+# the token of "<EVIL_LEAD>xxx… you sent Bearer <token>".
+PROMETHEUS_PAD = 200 - len(EVIL_LEAD) - len(" you sent Bearer ") - 8
+
+
 @dataclass
 class FakePrometheus:
     """Prometheus's HTTP API as kvtop calls it: a hostile instance, a healthy one and a down
@@ -131,7 +137,7 @@ class FakePrometheus:
     hostile: str = EVIL_INSTANCE
     down: str = "10.0.0.2:8000"
     error_mode: bool = False
-    pad: int = 180  # the token straddles the 200-character quote of Prometheus's words
+    pad: int = PROMETHEUS_PAD  # x characters after EVIL_LEAD
     seen_auth: list[str] = field(default_factory=list)
     _runner: web.AppRunner | None = None
     port: int = 0
@@ -159,11 +165,11 @@ class FakePrometheus:
         self.seen_auth.append(auth)
         if self.error_mode:
             return web.json_response({"status": "error", "errorType": "bad_data",
-                                      "error": echoed(auth, self.pad)}, status=400)
+                                      "error": EVIL_LEAD + echoed(auth, self.pad)}, status=400)
         if request.match_info["call"] == "targets":
             return _success({"activeTargets": [
                 {"labels": {"job": "vllm", "instance": self.down}, "health": "down",
-                 "lastError": echoed(auth, self.pad)}]})
+                 "lastError": EVIL_LEAD + echoed(auth, self.pad)}]})
         query = (await request.post()).get("query", "")
         assert isinstance(query, str)
         return _success({"resultType": "matrix", "result": self._result(query)})
