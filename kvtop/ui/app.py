@@ -449,7 +449,7 @@ class KvtopApp(App[None]):
         document = snapshot_document(
             states, [gpu_to_json(g) for g in self.gpus], taken_at=taken_at, history=history
         )
-        bodies = {s.target.label: s.last_body for s in states if s.last_body is not None}
+        bodies = [(s.target.label, s.last_body) for s in states if s.last_body is not None]
         svg = self.export_screenshot(title=f"kvtop {stamp(taken_at)}")
         self._write_snapshot(SnapshotFiles(taken_at, document, bodies, svg))
 
