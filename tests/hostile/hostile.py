@@ -57,6 +57,7 @@ EVIL_INSTANCE = f"10.9.9.9:8000{OSC52}[/]"
 # Controls and format characters that must never reach a terminal from outside text.
 RAW_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 SGR = re.compile(r"\x1b\[[0-9;:]*m")
+CURSOR_TO = re.compile(r"\x1b\[[0-9]+;[0-9]+H")  # Textual places each line it repaints
 
 
 def _label_value(text: str) -> str:
@@ -77,9 +78,12 @@ def healthy_body() -> bytes:
     return fixture_text(UNDER_LOAD).encode("utf-8")
 
 
-def foreign_controls(text: str) -> list[str]:
-    """Control sequences in ``text`` other than SGR colours (kvtop's own styling)."""
+def foreign_controls(text: str, *, repaint: bool = False) -> list[str]:
+    """Control characters in ``text`` outside SGR colours (kvtop's own styling) and, for a
+    ``repaint`` of the app's screen, Textual's moves to the start of each line."""
     rest = SGR.sub("", text).replace("\r\n", "\n")
+    if repaint:
+        rest = CURSOR_TO.sub("", rest)
     return RAW_CONTROLS.findall(rest)
 
 
