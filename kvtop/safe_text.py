@@ -51,7 +51,7 @@ def display_text(value: object, max_len: int = DISPLAY_MAX) -> str:
     text = value if isinstance(value, str) else str(value)
     if len(text) > max_len:  # each character shows as one or more: the rest can't fit
         text = text[: max_len + 1]
-    if _UNSAFE.search(text):
+    if not (text.isascii() and text.isprintable()) and _UNSAFE.search(text):  # fast path first
         text = _UNSAFE.sub(_visible, text)
     if len(text) > max_len:
         text = text[: max_len - 1] + ELLIPSIS if max_len > 0 else ""
