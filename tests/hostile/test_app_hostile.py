@@ -9,8 +9,10 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from textual.app import App
 
+from kvtop.collect.nvml import GpuProcess, GpuReading
 from kvtop.collect.prometheus import PrometheusSettings, PrometheusSource
 from kvtop.collect.target import Scrape, Secret, Target
 from kvtop.safe_text import display_text
@@ -20,6 +22,7 @@ from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.ui.replay import ReplayApp
 from kvtop.ui.screens.detail import DetailScreen
 from tests.fakes.fake_nvml import FakeGpuReader
+from tests.fakes.fake_source import FakeSource
 from tests.faultserver import FaultServer
 from tests.hostile.hostile import (
     EVIL_CONFIG,
@@ -161,3 +164,23 @@ async def test_a_hostile_prometheus_is_drawn_as_text_and_its_token_never_shown(
         if path.is_file():
             assert TOKEN_HEAD not in path.read_text(errors="replace"), path
     ET.parse(folder / "screen.svg")
+
+
+HOSTILE_GPU = GpuReading(0, f"H100{OSC52}", "GPU-0", 1, 2, 50.0, 60.0, 300.0, processes=(
+    GpuProcess(4242, f"python -m vllm{OSC52}\nFAKE", 1, True),
+    GpuProcess(4243, "[/]oops[/bold]", None, False)))
+
+
+@pytest.mark.parametrize("reader", [
+    FakeGpuReader([HOSTILE_GPU]), FakeGpuReader(unavailable=f"driver{OSC52}[/]"),
+], ids=["names", "nvml-error"])
+async def test_gpu_and_process_names_are_written_out(reader: FakeGpuReader,
+                                                     tmp_path: Path) -> None:
+    """Any local user names their own processes (the GPU pane shows their command lines)."""
+    app = KvtopApp(AppConfig(targets=[], source_factory=lambda _: FakeSource(),
+                             gpu_reader=reader, snapshot_dir=tmp_path))
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: "\\x1b]52" in str(app.gpu_pane.render()))
+        shown = str(app.gpu_pane.render())
+        assert "\x1b" not in shown and "FAKE" not in shown.replace("\\x0aFAKE", "")
+        assert foreign_controls(terminal_output(app), repaint=True) == []
