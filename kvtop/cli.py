@@ -21,6 +21,7 @@ from kvtop.config import (
     resolve_targets,
 )
 from kvtop.runtime import tune_gc
+from kvtop.safe_text import warn
 
 if TYPE_CHECKING:
     from kvtop.collect.prometheus import PrometheusSettings
@@ -295,7 +296,7 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
     try:
         targets = asyncio.run(discover_targets(source))
     except PrometheusError as exc:
-        print(f"kvtop: {exc}", file=sys.stderr)
+        warn(f"kvtop: {exc}")
         return EXIT_UNREADABLE
     return run_app(_app_config(args, targets, interval,
                                source_factory=lambda _config: source))
@@ -313,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command(args)
     except ConfigError as exc:
-        print(f"kvtop: {exc}", file=sys.stderr)
+        warn(f"kvtop: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -39,7 +39,15 @@ from kvtop.collect.adapters.sglang import GAUGES as SGLANG_GAUGES
 from kvtop.collect.adapters.vllm import ITL_NEW, V0_ONLY
 from kvtop.collect.exposition import Exposition, Sample, new_sample
 from kvtop.collect.http import Failed, bearer, classify_exception, make_session, read_capped, within
-from kvtop.collect.target import FailureKind, Scrape, Secret, Target
+from kvtop.collect.target import (
+    FailureKind,
+    Scrape,
+    Secret,
+    Target,
+    check_no_credentials,
+    redact,
+    redact_bytes,
+)
 
 OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 InstanceKey = tuple[str, str]  # (job, instance)
@@ -72,7 +80,15 @@ PROMETHEUS_INTERVAL_S = 5.0
 # an overlap each time cost 40 % more decoding and grouping). Only the first read, which has
 # nothing before it, goes up to now; the next one reads its last seconds again.
 INGEST_LAG_S = 2.0
+QUOTE_CHARS = 200  # of Prometheus's own error messages
 TARGETS_CACHE_S = 30.0  # /api/v1/targets (for down instances' errors) at most this often
+
+
+def quote(said: object, token: Secret | None) -> str:
+    """A short quote of what Prometheus said (an ``error``, a ``lastError``): one line,
+    masked (a header echoed in JSON escapes, or cut by a proxy) and only then cut to
+    ``QUOTE_CHARS``."""
+    return redact(" ".join(str(said).split()), token)[:QUOTE_CHARS]
 
 
 class PrometheusError(Exception):
@@ -216,7 +232,10 @@ class PrometheusAPI:
         method = "GET" if form is None else "POST"
         async with session.request(method, f"{self.settings.base}/api/v1/{path}",
                                    data=form, headers=bearer(token)) as response:
-            return response.status, await read_capped(response, MAX_ANSWER_BYTES)
+            body = await read_capped(response, MAX_ANSWER_BYTES)
+        # A Prometheus or proxy may echo the Authorization header anywhere in its answer
+        # (an error, a label): masked before anything reads or quotes it.
+        return response.status, redact_bytes(body, self.settings.token)
 
     def _data(self, status: int, payload: Any) -> Any:
         where = f"Prometheus {self.settings.base}"
@@ -226,7 +245,7 @@ class PrometheusAPI:
             raise PrometheusError("auth", f"{where}: HTTP {status}: {hint}")
         if not isinstance(payload, dict) or payload.get("status") != "success":
             said = payload.get("error") if isinstance(payload, dict) else None
-            said = said or "not a Prometheus API answer"
+            said = quote(said, self.settings.token) if said else "not a Prometheus API answer"
             raise PrometheusError("bad_payload" if status < 500 else "down",
                                   f"{where}: HTTP {status}: {said}")
         return payload.get("data")
@@ -403,7 +422,7 @@ class PrometheusSource:
             return self._errors
         self._errors = {
             (t.get("labels", {}).get("job", ""), t.get("labels", {}).get("instance", "")):
-                t.get("lastError", "")
+                quote(t.get("lastError", ""), self.settings.token)
             for t in (data or {}).get("activeTargets", []) if t.get("lastError")}
         return self._errors
 
@@ -481,9 +500,7 @@ def load_settings(url: str, *, selector: str = "", token: Secret | None = None,
     parsed = urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"not a Prometheus URL: {url!r}")
-    if parsed.username is not None or parsed.password is not None:
-        raise ValueError("credentials in a URL would show in process listings; "
-                         "use token_env / token_file under [prometheus]")
+    check_no_credentials(url)  # user:pass@ or ?token=: say where the token goes instead
     selector_matchers(selector)
     if backfill_step_s is not None and backfill_step_s <= 0:
         raise ValueError("backfill_step must be > 0 seconds")

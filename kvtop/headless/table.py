@@ -6,6 +6,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from kvtop.safe_text import plain
 
 
 def _pct(value: float | None) -> str:
@@ -37,6 +40,12 @@ def _engine_row(target: dict[str, Any], engine: dict[str, Any]) -> list[str]:
     ]
 
 
+def _cells(values: list[str]) -> list[Text]:
+    """A row's cells made safe, as Text: a str cell would be read as markup (a model named
+    "[/]oops" raised MarkupError, "[link=…]" made a hyperlink)."""
+    return [plain(value) for value in values]
+
+
 def render_table(document: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     table = Table("target", "model", "status", "KV blocks", "run", "wait", "hit", "gen tok/s",
@@ -44,7 +53,7 @@ def render_table(document: dict[str, Any], console: Console | None = None) -> No
     for target in document["targets"]:
         if not target["engines"]:
             reason = target["error"] or "; ".join(target["notes"]) or "no engines"
-            table.add_row(target["label"], "–", target["status"], reason)
+            table.add_row(*_cells([target["label"], "–", target["status"], reason]))
         for engine in target["engines"]:
-            table.add_row(*_engine_row(target, engine))
+            table.add_row(*_cells(_engine_row(target, engine)))
     console.print(table)

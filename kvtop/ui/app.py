@@ -32,6 +32,7 @@ from kvtop.collect.nvml import GpuReader, GpuReading, NvmlReader, NvmlUnavailabl
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
+from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import RecordingWriter
 from kvtop.ui import format as fmt
 from kvtop.ui.fleet import (
@@ -348,9 +349,10 @@ class KvtopApp(App[None]):
             self.notify(f"{change.name}: {verdict.reason}{trend}",
                         title=f"KV {state.upper()}",
                         severity="error" if state == "leak" else "warning",
-                        timeout=LEAK_NOTIFY_S[state])
+                        timeout=LEAK_NOTIFY_S[state], markup=False)
         else:
-            self.notify(f"{change.name}: {verdict.reason}", title="KV leak indicator cleared")
+            self.notify(f"{change.name}: {verdict.reason}", title="KV leak indicator cleared",
+                        markup=False)  # the name is a row's (safe) text, not markup
 
     # -- actions ------------------------------------------------------------------------
 
@@ -447,7 +449,7 @@ class KvtopApp(App[None]):
         document = snapshot_document(
             states, [gpu_to_json(g) for g in self.gpus], taken_at=taken_at, history=history
         )
-        bodies = {s.target.label: s.last_body for s in states if s.last_body is not None}
+        bodies = [(s.target.label, s.last_body) for s in states if s.last_body is not None]
         svg = self.export_screenshot(title=f"kvtop {stamp(taken_at)}")
         self._write_snapshot(SnapshotFiles(taken_at, document, bodies, svg))
 
@@ -460,12 +462,14 @@ class KvtopApp(App[None]):
             reason = exc.strerror or str(exc)
             self.call_from_thread(
                 self.notify,
-                f"Snapshot not written: {folder} ({reason})",
+                display_text(f"Snapshot not written: {folder} ({reason})"),
                 severity="error",
                 timeout=8,
+                markup=False,
             )
             return
-        self.call_from_thread(self.notify, f"Snapshot saved to {path}", timeout=6)
+        self.call_from_thread(self.notify, display_text(f"Snapshot saved to {path}"),
+                              timeout=6, markup=False)
 
     # -- terminal going away --------------------------------------------------------------
 
@@ -498,7 +502,7 @@ def run_app(config: AppConfig) -> int:
     try:
         app = KvtopApp(config)
     except OSError as exc:
-        print(f"kvtop: can't record to {config.record}: {exc.strerror or exc}", file=sys.stderr)
+        warn(f"kvtop: can't record to {config.record}: {exc.strerror or exc}")
         return 2
     app.run()
     return 0

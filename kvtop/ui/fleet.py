@@ -2,6 +2,11 @@
 
 Pure functions of the states and a clock, so the table widget only draws and the rules
 (labels, sort order, what "unknown" looks like) are tested without a terminal.
+
+This is also where the app's text from outside (target labels, model names, engine labels,
+error messages) crosses the display boundary: every such string in a row is made safe by
+:func:`~kvtop.safe_text.display_text` here, once per scrape when the rows are built, and the
+widgets draw the rows' text as it is.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
+from kvtop.safe_text import display_text
 from kvtop.ui import format as fmt
 
 if TYPE_CHECKING:
@@ -149,9 +155,9 @@ def _engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
     if len(engines) < 2:
         return ""
     if len({e.model for e in engines}) == 1:
-        return f" e{stats.engine}" if stats.engine is not None else ""
+        return f" e{display_text(stats.engine)}" if stats.engine is not None else ""
     parts = [p for p in (stats.model, stats.engine) if p]
-    return " " + "/".join(parts)
+    return " " + display_text("/".join(parts))
 
 
 def leak_cell(verdict: LeakVerdict | None) -> Cell:
@@ -188,7 +194,7 @@ def engine_cells(stats: EngineStats) -> dict[str, Cell]:
     waiting = stats.waiting
     preempt = stats.preemptions_per_s
     return {
-        "model": Cell(stats.model or fmt.DASH),
+        "model": Cell(display_text(stats.model) if stats.model else fmt.DASH),
         "leak": leak_cell(stats.leak),
         "kv": Cell(fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total), _kv_level(usage)),
         "running": Cell(fmt.count(stats.running)),
@@ -210,9 +216,10 @@ def _empty_cells(state: TargetState) -> dict[str, Cell]:
         cells["model"] = Cell(NOT_INFERENCE, "warn")
         cells["kv"] = Cell("not LLM server?", "warn")
     elif state.status == "up":
-        cells["model"] = Cell(f"{state.kind or 'server'}: no engine reported", "warn")
+        cells["model"] = Cell(f"{display_text(state.kind or 'server')}: no engine reported",
+                              "warn")
     elif state.error:
-        cells["model"] = Cell(state.error, "dim")
+        cells["model"] = Cell(display_text(state.error), "dim")
     return cells
 
 
@@ -252,14 +259,15 @@ class RowCache:
 
 
 @lru_cache(maxsize=4096)
-def _label(target: Target) -> str:
-    return target.label  # parses the URL each time it is asked
+def shown_label(target: Target) -> str:
+    """The target's label, safe to draw (it parses the URL each time it is asked)."""
+    return display_text(target.label)
 
 
 def target_rows(state: TargetState, status: Cell) -> list[FleetRow]:
     """A target's rows: one per engine, or one that says why there is none."""
     target = state.target
-    label = _label(target)
+    label = shown_label(target)
     base_search = " ".join(
         str(p) for p in (label, target.url, target.group, state.kind, status.text) if p
     )
@@ -387,6 +395,6 @@ def leak_changes(
             before = seen.get(key, "warmup")
             now_seen[key] = verdict.state
             if LEAK_RANK[verdict.state] != LEAK_RANK[before]:
-                name = state.target.label + _engine_suffix(stats, state.engines)
+                name = shown_label(state.target) + _engine_suffix(stats, state.engines)
                 changes.append(LeakChange(key, name, verdict))
     return changes, now_seen

@@ -51,7 +51,8 @@ class EnginePanel(Static):
             self.border_title = "no engine selected"
             self._set(Text())
             return
-        self.border_title = f"{row.name} · {row.cells['model'].text}"
+        # A Text, not a str: Textual would read a str title as markup ("[link=…]" in a name).
+        self.border_title = Text(f"{row.name} · {row.cells['model'].text}")
         stats = next((s for s in state.engines if (s.model, s.engine) == row.engine), None)
         if stats is None:
             self._set(self._line(("status ", "key"), _cell(row.cells["status"]),

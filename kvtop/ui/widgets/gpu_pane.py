@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from kvtop.collect.nvml import GpuReading
+from kvtop.safe_text import display_text
 from kvtop.ui import format as fmt
 
 
@@ -23,7 +24,7 @@ class GpuPane(Static, can_focus=True):
         for gpu in gpus:
             if text:
                 text.append("\n")
-            text.append(f"GPU{gpu.index} {gpu.name}\n", title)
+            text.append(f"GPU{gpu.index} {display_text(gpu.name)}\n", title)
             used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
             share = used / total if used is not None and total else None
             text.append(
@@ -40,14 +41,16 @@ class GpuPane(Static, can_focus=True):
                 mark = "vLLM " if proc.is_vllm else ""
                 text.append(f" {proc.pid:>7} {mem:>6} ")
                 text.append(mark, vllm)
-                text.append(f"{proc.name}\n", vllm if proc.is_vllm else "")
+                # any local user names their own processes
+                text.append(f"{display_text(proc.name)}\n", vllm if proc.is_vllm else "")
         if not gpus:
             text.append("no GPU found", dim)
         text.rstrip()
         self._set(text)
 
     def show_unavailable(self, reason: str) -> None:
-        self._set(Text(f"NVML unavailable: {reason}", self.get_component_rich_style("gpu--bad")))
+        self._set(Text(f"NVML unavailable: {display_text(reason)}",
+                       self.get_component_rich_style("gpu--bad")))
 
     def _set(self, text: Text) -> None:
         if text != self._shown:  # NVML reads every 2 s mostly repeat themselves
