@@ -183,7 +183,8 @@ async def test_a_restart_drops_open_streams_and_requests_after_it_run() -> None:
             await wait_until(lambda: server.truth().generation_tokens > 3)
             server.simulation.inject("restart")
             lost = await streaming
-            assert lost.status == "error" and lost.error == "the server closed the stream mid-answer"
+            assert lost.status == "error"
+            assert lost.error == "the server closed the stream mid-answer"
             assert 3 < lost.completion_tokens < 5000
             path, body = completion_request(server.config.model_name, "a b c", 8)
             after = await stream_completion(session, server.url + "/v1" + path, body,
