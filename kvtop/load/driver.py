@@ -267,12 +267,18 @@ class LoadDriver:
         counts.retries += attempt > 1
         sent_t = self.clock.now()
         record.queued_s = max(0.0, sent_t - planned_t)
+        result = CompletionResult()
         try:
-            result = await stream_completion(
+            await stream_completion(
                 self.session, settings.api_base + path, body, token=self._token,
-                timeout_s=self.clock.wall(settings.request_timeout_s), clock=self.clock.now)
+                timeout_s=self.clock.wall(settings.request_timeout_s), clock=self.clock.now,
+                result=result)
             record.fill(result)
-        finally:  # a cut request (the run ended) is logged too
+        except asyncio.CancelledError:  # cut by the end of the run: what it had got so far
+            record.fill(result)
+            record.status, record.total_s = "cut", self.clock.now() - sent_t
+            raise
+        finally:  # every attempt is logged, a cut one too
             counts.in_flight -= 1
             counts.by_status[record.status] = counts.by_status.get(record.status, 0) + 1
             self.on_record(record)

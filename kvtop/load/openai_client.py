@@ -143,10 +143,11 @@ class CompletionResult:
 async def stream_completion(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], *,
     token: str | None = None, timeout_s: float = 300.0,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = time.perf_counter, result: CompletionResult | None = None,
 ) -> CompletionResult:
-    """POST a streamed request to ``url`` and time it; never raises (but is cancellable)."""
-    result = CompletionResult()
+    """POST a streamed request to ``url`` and time it; never raises. It can be cancelled:
+    pass ``result`` to keep what had arrived by then (the first token's time, tokens)."""
+    result = CompletionResult() if result is None else result
     started = clock()
     try:
         await within(timeout_s, _exchange(session, url, body, token, result, clock, started))
