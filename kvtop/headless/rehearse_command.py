@@ -116,6 +116,7 @@ def settings_from_args(args: argparse.Namespace) -> RehearsalSettings:
         raise ConfigError("--retries and --max-errors must be >= 0")
     if args.token_ids and args.chat:
         raise ConfigError("--token-ids sends completions; a chat takes text")
+    _check_workload(args.workload)
     config = load_config(args.config)
     (target,) = resolve_targets(args, config)
     base = _server_base(target.url)
@@ -130,6 +131,16 @@ def settings_from_args(args: argparse.Namespace) -> RehearsalSettings:
         time_scale=args.time_scale, max_error_rate=args.max_errors / 100,
         insecure=args.insecure, full_metrics=args.full_metrics,
         leak_params=leak_params(config))
+
+
+def _check_workload(spec: str) -> None:
+    """Refuse an unknown workload or a missing trace before anything is sent."""
+    if spec.startswith("trace:"):
+        path = Path(spec[len("trace:"):]).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"--workload {spec}: no such file")
+    elif spec not in WORKLOAD_NAMES.split(", "):
+        raise ConfigError(f"--workload {spec!r}: choose {WORKLOAD_NAMES} or trace:FILE")
 
 
 def _server_base(url: str) -> str:

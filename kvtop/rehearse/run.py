@@ -32,6 +32,7 @@ from kvtop.rehearse.watch import EnginePoint, GpuPoint, Watcher
 from kvtop.store.recording import RecordingWriter
 
 FIRST_SCRAPE_WALL_S = 15.0  # to read /metrics once before giving up
+DEFINITE_FAILURES = ("auth", "bad_payload")  # no point waiting: asking again won't help
 BEFORE_SCRAPES = 3  # idle reads before the load
 AFTER_IDLE_SCRAPES = 3  # idle reads after it
 DRAIN_GRACE_S = 60.0  # target seconds requests in flight may finish in after the duration
@@ -192,9 +193,10 @@ class _Rehearsal:
 
     async def _first_reads(self) -> None:
         watcher, data = self.watcher, self.watcher.data
-        read = await watcher.wait_for(lambda: data.scrapes > 0 or self.interrupted.is_set(),
-                                      FIRST_SCRAPE_WALL_S * self.clock.scale)
-        if not read and not self.interrupted.is_set():
+        await watcher.wait_for(lambda: data.scrapes > 0 or self.interrupted.is_set()
+                               or data.last_failure in DEFINITE_FAILURES,
+                               FIRST_SCRAPE_WALL_S * self.clock.scale)
+        if data.scrapes == 0 and not self.interrupted.is_set():
             raise CannotRun(f"cannot read {self.settings.metrics.url}: "
                             f"{data.last_error or 'no answer'}")
         if data.kind == "unknown":

@@ -78,6 +78,7 @@ class WatchData:
     scrapes: int = 0
     failed_scrapes: int = 0
     last_error: str | None = None
+    last_failure: str | None = None  # its kind: down, timeout, auth, bad_payload
     kind: str | None = None
     version: str | None = None
     cache_config: dict[str, str] = field(default_factory=dict)
@@ -160,7 +161,7 @@ class Watcher:
         data = self.data
         if not scrape.ok or state.last_good_t != scrape.t:
             data.failed_scrapes += 1
-            data.last_error = scrape.error
+            data.last_error, data.last_failure = scrape.error, scrape.failure
         else:
             data.scrapes += 1
             data.kind, data.version = state.kind, state.version
