@@ -59,10 +59,14 @@ def add_rehearse_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
                     "with --watch-only), watch its /metrics and the local GPUs, and judge "
                     "three criteria: GPU memory stable, free KV not falling, slow-request "
                     "share not rising. NO-GO when two fail (--strict: one) or over "
-                    "--max-errors %% of requests fail. Writes a recording, a per-request log "
+                    "--max-errors % of requests fail. Writes a recording, a per-request log "
                     "and the report to --out. Exit 0 GO, 1 NO-GO, 2 usage, 3 could not run. "
                     "docs/rehearse.md has the rules.")
     add_target_arguments(parser)
+    for action in parser._actions:  # the shared positional describes /metrics endpoints
+        if action.dest == "targets":
+            action.help = ("the server: host:port or its URL (its API at /v1 and its "
+                           "/metrics are found from it)")
     parser.add_argument("--duration", type=parse_duration, default=parse_duration(
         DEFAULT_DURATION), metavar="D", help=f"how long to load (default {DEFAULT_DURATION})")
     parser.add_argument("--workload", default="mixed", metavar="W",
