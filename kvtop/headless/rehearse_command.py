@@ -166,6 +166,7 @@ def run_rehearse(args: argparse.Namespace) -> int:
     from kvtop.collect.nvml import NvmlReader
     from kvtop.rehearse.report import render_text
     from kvtop.rehearse.run import BadUsage, CannotRun, rehearse
+    from kvtop.safe_text import display_text
 
     settings = settings_from_args(args)
     reader = None if args.no_gpu else NvmlReader()
@@ -177,10 +178,10 @@ def run_rehearse(args: argparse.Namespace) -> int:
     try:
         doc = asyncio.run(rehearse(settings, gpu_reader=reader, progress=progress))
     except BadUsage as exc:
-        print(f"kvtop rehearse: {exc}", file=sys.stderr)
+        print(f"kvtop rehearse: {display_text(exc)}", file=sys.stderr)
         return EXIT_USAGE
-    except CannotRun as exc:
-        print(f"kvtop rehearse: {exc}", file=sys.stderr)
+    except CannotRun as exc:  # may quote the server: made safe for the terminal
+        print(f"kvtop rehearse: {display_text(exc)}", file=sys.stderr)
         return EXIT_CANNOT_RUN
     emit(doc, args.as_json, lambda d: sys.stdout.write(render_text(d)))
     return EXIT_FOR[doc["verdict"]]

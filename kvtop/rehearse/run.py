@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+import aiohttp
 import orjson
 
 from kvtop.collect.nvml import GpuReader
@@ -170,7 +171,7 @@ class _Rehearsal:
                 await asyncio.gather(watching, return_exceptions=True)
         return self._report()
 
-    async def _identify(self, session: Any) -> None:
+    async def _identify(self, session: aiohttp.ClientSession) -> None:
         settings = self.settings
         assert settings.api_base is not None
         token = settings.metrics.token.reveal() if settings.metrics.token else None
@@ -206,7 +207,7 @@ class _Rehearsal:
             lambda: data.scrapes >= BEFORE_SCRAPES or self.interrupted.is_set(),
             (BEFORE_SCRAPES + 2) * self.settings.interval_s)
 
-    async def _load(self, session: Any) -> None:
+    async def _load(self, session: aiohttp.ClientSession) -> None:
         settings, clock = self.settings, self.clock
         self.watcher.phase = "load"
         self.load_start = clock.now()
@@ -233,7 +234,7 @@ class _Rehearsal:
                     task.cancel()
             await asyncio.gather(*(t for t in (relay, progress) if t), return_exceptions=True)
 
-    def _driver(self, session: Any) -> LoadDriver:
+    def _driver(self, session: aiohttp.ClientSession) -> LoadDriver:
         settings = self.settings
         assert self.model is not None and self.workload is not None and settings.api_base
         driver_settings = DriverSettings(
