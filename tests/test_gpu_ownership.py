@@ -135,3 +135,9 @@ def test_every_process_of_ours_in_a_python_child(server: Server) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_nothing_to_look_for_reads_nothing(tmp_path: Path) -> None:
+    owners = PortOwners(proc_root=tmp_path)  # an empty /proc: any read would find nothing
+    assert owners.owners([os.getpid()], {}) == {} and owners.owners([], {80: "x"}) == {}
+    assert owners.scans == 0

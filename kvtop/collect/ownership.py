@@ -44,6 +44,8 @@ class PortOwners:
         listening on one of ``ports`` on this machine; pids with no such ancestor are left
         out."""
         pids = frozenset(pids)
+        if not pids or not ports:
+            return {}  # nothing to look for: /proc is not read
         question = (pids, tuple(sorted(ports.items())))
         now = self.clock()
         if self._answer is not None:

@@ -220,13 +220,17 @@ def owned_memory(views: Sequence[GpuView]) -> dict[str, tuple[int | None, int | 
     """target URL -> (used, total) bytes over the GPUs it owns; a part nobody reports makes
     the sum unknown, not smaller. A MIG instance is a slice of its GPU's memory: where the
     whole GPU is counted, its instances are not."""
-    whole = {(view.gpu.key[0], view.host, owner.url) for view in views
-             if view.gpu.mig_instance is None for owner in view.owners}
+    whole: dict[tuple[str, str | None], set[str]] = {}  # a whole GPU -> who counts it
+    for view in views:
+        if view.gpu.mig_instance is None and view.owners:
+            whole.setdefault((view.gpu.key[0], view.host), set()).update(
+                owner.url for owner in view.owners)
     sums: dict[str, tuple[int | None, int | None]] = {}
     for view in views:
         gpu = view.gpu
+        counted = whole.get((gpu.key[0], view.host), ()) if gpu.mig_instance else ()
         for owner in view.owners:
-            if gpu.mig_instance is not None and (gpu.key[0], view.host, owner.url) in whole:
+            if owner.url in counted:
                 continue
             used, total = sums.get(owner.url, (0, 0))
             sums[owner.url] = (_add(used, gpu.memory_used_bytes),

@@ -169,6 +169,8 @@ class KvtopApp(App[None]):
         self._pid_owners: dict[int, str] = {}  # local GPU process -> server URL
         self._port_owners = PortOwners()  # used by the GPU worker thread only
         self._gpus_changed = True  # the first frame already shows exporters' GPUs
+        self._servers_changed = True  # a new server or exporter: owners at once
+        self._gpus_refreshed = float("-inf")  # monotonic time of the last refresh
         self._nvml_answered = config.no_gpu  # until then "no GPU found" would be a guess
         self._stop = asyncio.Event()
         self._paused = False
@@ -253,8 +255,10 @@ class KvtopApp(App[None]):
                 scrape.target)
         first = tracker.state.status == "pending"
         tracker.update(scrape)  # drops a scrape older than one already folded
-        if first or tracker.state.kind in GPU_EXPORTER_KINDS:
-            self._gpus_changed = True  # new GPUs, or a new server to own some
+        if first:
+            self._servers_changed = True  # a new server to own GPUs, or new GPUs
+        elif tracker.state.kind in GPU_EXPORTER_KINDS:
+            self._gpus_changed = True
         if first and not self._paused:
             self._draw_soon()
         else:
@@ -300,7 +304,8 @@ class KvtopApp(App[None]):
     def _refresh_gpus(self) -> None:
         """Work out every GPU's owners again (new GPU readings or servers), remember what
         each server's GPUs use, and show it."""
-        self._gpus_changed = False
+        self._gpus_changed = self._servers_changed = False
+        self._gpus_refreshed = time.monotonic()
         if not self._on_screen():
             return
         states = self.states()
@@ -366,8 +371,9 @@ class KvtopApp(App[None]):
             return
         states = self.states()
         self._tell_leak_changes(states)  # alerts are not display: they come even when paused
-        if self._gpus_changed:
-            self._refresh_gpus()  # GPU memory history is collection too
+        gpus_due = time.monotonic() - self._gpus_refreshed >= GPU_MIN_PERIOD_S
+        if self._servers_changed or (self._gpus_changed and gpus_due):
+            self._refresh_gpus()  # GPU memory history is collection too: even when paused
         if self._paused and not force:
             return
         self._last_draw = time.monotonic()
