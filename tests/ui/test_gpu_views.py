@@ -5,6 +5,7 @@ failures. Local ownership is real (a listening socket in this process, a child p
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -69,6 +70,19 @@ async def test_local_gpu_is_named_after_its_server(tmp_path: Path,
         assert await until(pilot, lambda: "70.0/80.0 GiB  what nvidia-smi sees" in _panel(app))
         lines = _panel(app).splitlines()
         assert lines[0].startswith("KV  ") and lines[1].startswith("GPU ")
+        await pilot.press("s")  # the snapshot file says the same
+        assert await until(pilot, lambda: list(tmp_path.glob("kvtop-snapshot-*/*.json")))
+    [path] = tmp_path.glob("kvtop-snapshot-*/*.json")
+    document = json.loads(path.read_text())
+    first, idle = document["gpus"]
+    owner = {"target": target.url, "label": name, "by": "process"}
+    assert first["owners"] == [owner] and idle["owners"] == []
+    assert first["processes"][0] == {"pid": child, "name": first["processes"][0]["name"],
+                                     "used_gpu_memory_bytes": 69 * GIB, "is_vllm": False,
+                                     "owner": owner}
+    assert document["gpu_sources"] == [{"source": "nvml", "target": None,
+                                        "host": first["host"], "status": "ok",
+                                        "error": None, "gpus": 2}]
 
 
 async def test_nobody_s_gpu_gets_no_column(tmp_path: Path) -> None:
