@@ -93,3 +93,10 @@ def test_a_down_exporter_keeps_no_gpus() -> None:
     tracker.update(Scrape(target, 2.0, failure="down", error="connection refused"))
     assert tracker.state.kind == "dcgm" and tracker.state.gpus == []
     assert gpu_views([], {}, [tracker.state]) == []
+
+
+def test_what_is_not_an_inference_server_owns_nothing() -> None:
+    states = [state("gpu-1:9100", "# TYPE node_load1 gauge\nnode_load1 0.5\n"),
+              state("gpu-1:9400", gpu_fixture(DCGM_T4))]
+    assert states[0].kind == "unknown"
+    assert all(view.owners == () for view in gpu_views([], {}, states))

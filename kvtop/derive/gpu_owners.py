@@ -143,8 +143,8 @@ class _Servers:
     def of(cls, states: Iterable[TargetState]) -> _Servers:
         servers = cls()
         for state in states:
-            if state.kind in GPU_EXPORTER_KINDS:
-                continue
+            if state.kind in GPU_EXPORTER_KINDS or state.kind == "unknown":
+                continue  # an exporter, or not an inference server: owns no GPU
             target = state.target
             servers.labels[target.url] = target.label
             host = same_host_key(target_host(target))
@@ -166,8 +166,8 @@ class _Servers:
                 for owner in owners]
 
     def host_owners(self, *hosts: str | None) -> list[Owner]:
-        keys = {same_host_key(host) for host in hosts} - {None}
-        return [owner for key in sorted(keys) for owner in self.by_host.get(key, ())]  # type: ignore[arg-type]
+        keys = sorted({key for host in hosts if (key := same_host_key(host)) is not None})
+        return [owner for key in keys for owner in self.by_host.get(key, ())]
 
 
 def _unique(owners: Iterable[Owner]) -> tuple[Owner, ...]:
@@ -180,9 +180,9 @@ def gpu_views(local: Sequence[GpuReading], pid_owners: Mapping[int, str],
     (owned by pod, else by host), in target order."""
     servers = _Servers.of(states)
     views = []
+    owners = {pid: Owner(url, servers.labels.get(url, url), "process")
+              for pid, url in pid_owners.items()}
     for gpu in local:
-        owners = {pid: Owner(url, servers.labels.get(url, url), "process")
-                  for pid, url in pid_owners.items()}
         mine = {p.pid: owners[p.pid] for p in gpu.processes if p.pid in owners}
         views.append(GpuView(gpu, local_host(), None, _unique(mine.values()), mine))
     for state in states:
@@ -190,9 +190,9 @@ def gpu_views(local: Sequence[GpuReading], pid_owners: Mapping[int, str],
             continue
         exporter_host = target_host(state.target)
         for gpu in state.gpus:
-            owners = servers.pod_owners(gpu) or servers.host_owners(gpu.host, exporter_host)
+            found = servers.pod_owners(gpu) or servers.host_owners(gpu.host, exporter_host)
             views.append(GpuView(gpu, gpu.host or exporter_host, state.target.url,
-                                 _unique(owners)))
+                                 _unique(found)))
     return views
 
 
