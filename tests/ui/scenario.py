@@ -145,7 +145,7 @@ def static_trackers() -> dict[str, StaticTracker]:
     down = Target.from_spec("10.0.0.6:8000")
     stale = Target.from_spec("10.0.0.7:30000", name="sglang-qwen")
     other = Target.from_spec("gw.internal:9090", name="gateway")
-    exporter = Target.from_spec("10.0.0.5:9400")
+    exporter = Target.from_spec("10.0.0.5:9400", name="ub20-a100-k8s")  # sorts last
     now = T0 + 300
     history = deque(_stats("meta-llama/Llama-3.3-70B", T0 + i * 5, i / 9, 20184) for i in range(61))
     history[-1].leak = LEAKING
