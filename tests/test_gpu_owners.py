@@ -4,10 +4,12 @@ pod dcgm-exporter names; what a server's GPUs use sums over them, never twice.""
 
 from __future__ import annotations
 
+import pytest
+
 from kvtop.collect.exposition import parse
 from kvtop.collect.gpu import MIB
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.gpu_owners import gpu_views, owned_memory, view_json
+from kvtop.derive.gpu_owners import gpu_views, owned_memory, target_host, view_json
 from kvtop.derive.tracker import TargetState, TargetTracker
 from tests.gpu_fixtures import DCGM_MIG, DCGM_POD, DCGM_T4, NVIDIA_SMI_H100, gpu_fixture
 from tests.paths import fixture_text
@@ -100,3 +102,13 @@ def test_what_is_not_an_inference_server_owns_nothing() -> None:
               state("gpu-1:9400", gpu_fixture(DCGM_T4))]
     assert states[0].kind == "unknown"
     assert all(view.owners == () for view in gpu_views([], {}, states))
+
+
+
+@pytest.mark.parametrize(("instance", "host"), [
+    ("[", "["), ("[evil]:80", "[evil]:80"), ("[::1", "[::1"), ("gpu-1:8000", "gpu-1"),
+])
+def test_a_hostile_instance_label_gives_a_host_never_an_error(instance: str, host: str) -> None:
+    # urlsplit raises on a bracketed host that isn't an IP; that took the whole app down
+    target = Target(url=f"http://prom:9090/api/v1#vllm/{instance}")
+    assert target_host(target) == host

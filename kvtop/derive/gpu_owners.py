@@ -77,8 +77,14 @@ def target_host(target: Target) -> str | None:
     parts = urlsplit(target.url)
     if parts.fragment and "/" in parts.fragment:
         instance = parts.fragment.split("/", 1)[1]
-        return urlsplit(f"//{instance}").hostname or instance or None
-    return parts.hostname
+        try:  # an instance label is whatever Prometheus was told: "[::1]:80", or hostile
+            return urlsplit(f"//{instance}").hostname or instance or None
+        except ValueError:
+            return instance or None
+    try:
+        return parts.hostname
+    except ValueError:
+        return None
 
 
 @lru_cache(maxsize=4096)
