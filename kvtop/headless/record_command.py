@@ -8,12 +8,12 @@ at ``--max-size``. Exit 0 when every scrape is in the file, 4 when it falls shor
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 from kvtop.headless.lifetime import stop_event
+from kvtop.safe_text import warn
 from kvtop.store.recording import (
     DEFAULT_MAX_BYTES,
     RecordingExists,
@@ -25,7 +25,7 @@ EXIT_OK, EXIT_USAGE, EXIT_INCOMPLETE = 0, 2, 4
 
 
 def _say(text: str) -> None:
-    print(f"kvtop record: {text}", file=sys.stderr, flush=True)
+    warn(f"kvtop record: {text}")
 
 
 class _Reporter:

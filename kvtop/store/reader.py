@@ -108,7 +108,7 @@ def _json_object(raw: bytes) -> dict[str, Any] | str:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return "not valid JSON (cut off?)"
+        return "not JSON" if raw.endswith(b"\n") else "not JSON (cut off?)"
     return value if isinstance(value, dict) else "not a JSON object"
 
 
