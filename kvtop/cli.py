@@ -92,9 +92,11 @@ def _run_snapshot(args: argparse.Namespace) -> int:
 def _record_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "record", help="write every scrape to a recording for replay and check",
-        description="Poll the targets and write every scrape (body or error) to a recording "
-                    "(docs/recording-format.md; gzip when FILE ends in .gz) until --duration "
-                    "passes or Ctrl-C.")
+        description="Poll the targets and write every scrape (body or error) to a new "
+                    "recording (docs/recording-format.md; gzip when FILE ends in .gz) until "
+                    "--duration passes or Ctrl-C. Exit 0 when every scrape is in the file, 2 "
+                    "when FILE can't be created (it exists: see --force), 4 when the "
+                    "recording falls short (write errors such as a full disk, --max-size).")
     add_target_arguments(parser)
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE")
     parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
