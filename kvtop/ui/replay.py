@@ -127,11 +127,15 @@ class ReplayApp(KvtopApp):
 
     def _draw(self, *, force: bool = False) -> None:
         super()._draw(force=force)
-        self.replay_bar.show(self.replay, self.replay_name)
+        self._show_bar()
+
+    def _show_bar(self) -> None:
+        if self._on_screen():  # a timed draw may land while the app shuts down
+            self.replay_bar.show(self.replay, self.replay_name)
 
     def _moved(self) -> None:
         """Show a pause, step or seek at once instead of at the next redraw period."""
-        self.replay_bar.show(self.replay, self.replay_name)
+        self._show_bar()
         self.set_timer(0.05, self._draw)
 
     def action_play_pause(self) -> None:

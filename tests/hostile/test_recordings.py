@@ -576,3 +576,12 @@ async def test_replay_streams_and_rebuilds_on_a_seek_back(tmp_path: Path) -> Non
         await pilot.press("right_curly_bracket")  # 10 min on: to the end
         assert await until(pilot, lambda: app.replay.finished
                            and app.trackers[HOST_A.url].state.last_good_t == T0 + 295)
+
+
+async def test_a_replay_draw_landing_at_shutdown_paints_nothing(tmp_path: Path) -> None:
+    """A redraw timer that fires while the app shuts down (it once raised from the bar)."""
+    path = write_lines(tmp_path / "rec.jsonl", header(), good(0), good(1))
+    app = replay_app(path, snapshot_dir=tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.trackers[URL].state.last_good_t == T0)
+    app._draw()
