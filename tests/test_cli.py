@@ -357,6 +357,16 @@ async def test_snapshot_table_into_a_pipe_is_the_apps_rows_unwrapped(tmp_path: P
     assert "connection refused" in refused and "down" in refused
 
 
+def test_headless_commands_load_no_textual() -> None:
+    # The table shares the app's rows and formatters, not its framework: start-up stays light.
+    code = ("import sys, kvtop.cli, kvtop.headless.snapshot_command, kvtop.headless.table, "
+            "kvtop.headless.check_command; print(sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('textual', 'rich')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 async def test_snapshot_json_says_why_gpus_is_empty() -> None:
     async with FaultServer() as server:
         skipped = await asyncio.to_thread(kvtop, "snapshot", server.url(), "--json",
