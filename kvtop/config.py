@@ -78,9 +78,10 @@ def check_keys(table: Mapping[str, Any], known: Collection[str], where: str) -> 
 
 def finite_number(value: object, what: str, *, positive: bool = True) -> float:
     """``value`` as a float if it is a finite number (> 0, or >= 0 unless ``positive``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and math.isfinite(value) and (value > 0 if positive else value >= 0):  # type: ignore[operator]
-        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+        if math.isfinite(number) and (number > 0 if positive else number >= 0):
+            return number
     bound = "> 0" if positive else ">= 0"
     raise ConfigError(f"{what} must be a finite number {bound} (got {quoted(value)})")
 
