@@ -1,7 +1,6 @@
 """``kvtop --demo``: a small simulated fleet that tells a story in two minutes.
 
-* ``mooncake``: healthy, replaying the real Mooncake trace (the sample shipped in
-  kvtop/sim/traces, or the full trace from $KVTOP_TRACES_DIR);
+* ``mooncake``: healthy, replaying the real Mooncake trace (shipped in kvtop/sim/traces);
 * ``prefix-heavy``: healthy, nearly every request shares a long system prompt;
 * ``leaky``: bursts with ~30 s idle gaps; from t=30 s one in twenty finished requests never
   frees its blocks, so the idle floor ratchets up and the leak indicator goes OK → WATCH

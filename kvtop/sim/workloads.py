@@ -1,5 +1,5 @@
-"""Request streams for the simulator: synthetic, or replayed from real public traces (the
-samples in kvtop/sim/traces/, or the full traces in $KVTOP_TRACES_DIR).
+"""Request streams for the simulator: synthetic, or replayed from real public traces (shipped
+in kvtop/sim/traces/, or others of the same format in $KVTOP_TRACES_DIR).
 
 Every workload is an endless iterator of `RequestSpec` in arrival order (simulated
 seconds). Shared prompt prefixes are expressed as `prefix_keys`, one key per full
@@ -23,24 +23,24 @@ from typing import Literal
 
 from kvtop.sim.engine import RequestSpec
 
-TRACES_ENV = "KVTOP_TRACES_DIR"  # a folder with the full traces, under their original names
-SAMPLES_DIR = Path(__file__).with_name("traces")  # the first 20 min of each (README.md there)
+TRACES_ENV = "KVTOP_TRACES_DIR"  # a folder with traces under their source names, instead
+SHIPPED_DIR = Path(__file__).with_name("traces")  # the whole of each trace (README.md there)
 MOONCAKE_FILE = "mooncake_conversation_trace.jsonl.gz"
-MOONCAKE_SAMPLE = "mooncake_conversation_trace.sample.jsonl.gz"
+MOONCAKE_SHIPPED = MOONCAKE_FILE
 AZURE_FILE = "AzureLLMInferenceTrace_conv.csv"
-AZURE_SAMPLE = "AzureLLMInferenceTrace_conv.sample.csv.gz"
+AZURE_SHIPPED = "AzureLLMInferenceTrace_conv.csv.gz"
 MOONCAKE_BLOCK_TOKENS = 512  # the trace hashes prompts in 512-token blocks
 MOONCAKE_BUCKET_S = 3.0  # its arrivals are quantised to ~3 s buckets
 WORKLOADS = ("synthetic", "mooncake", "azure", "none")
 _AZURE_EPOCH = date(2023, 1, 1)
 
 
-def trace_path(full_name: str, sample_name: str, directory: Path | None = None) -> Path:
-    """The full trace in ``directory`` or $KVTOP_TRACES_DIR when either is given, else the
-    sample shipped inside the package."""
+def trace_path(name: str, shipped_name: str, directory: Path | None = None) -> Path:
+    """The trace ``name`` in ``directory`` or $KVTOP_TRACES_DIR when either is given, else the
+    copy shipped inside the package."""
     env = os.environ.get(TRACES_ENV)
     folder = directory or (Path(env).expanduser() if env else None)
-    path = folder / full_name if folder is not None else SAMPLES_DIR / sample_name
+    path = folder / name if folder is not None else SHIPPED_DIR / shipped_name
     if not path.is_file():
         where = f" (from ${TRACES_ENV})" if directory is None and env else ""
         raise FileNotFoundError(f"trace {path} not found{where}")
@@ -160,7 +160,7 @@ def mooncake(
     `rate_scale` < 1 subsamples requests and > 1 compresses time; `spread` smears each 3 s
     arrival bucket uniformly over its 3 s. Loops for ever with fresh prefixes per pass.
     """
-    rows = load_mooncake(trace_path(MOONCAKE_FILE, MOONCAKE_SAMPLE, directory))
+    rows = load_mooncake(trace_path(MOONCAKE_FILE, MOONCAKE_SHIPPED, directory))
     children = max(1, round(MOONCAKE_BLOCK_TOKENS * token_scale) // block_size)
     replayed = _replay(rows, rate_scale, random.Random(seed))
     if spread:
@@ -196,7 +196,7 @@ def azure(
 ) -> Iterator[RequestSpec]:
     """Replay the Azure 2023 conversation trace: real arrivals and lengths, no sharing
     unless `groups` system prompts of `system_prompt_len` tokens are laid over it."""
-    rows = load_azure(trace_path(AZURE_FILE, AZURE_SAMPLE, directory))
+    rows = load_azure(trace_path(AZURE_FILE, AZURE_SHIPPED, directory))
     rng = random.Random(seed)
     prefixes = [tuple(("az", seed, g, j) for j in range(system_prompt_len // block_size))
                 for g in range(groups)]
