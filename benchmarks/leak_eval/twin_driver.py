@@ -73,9 +73,9 @@ def run(spec: dict[str, Any], out: Any) -> None:
             t = max(t, min(pending[0] if pending else math.inf, next_scrape))
         if mark is None and t >= spec["warmup_s"]:
             mark = (t, leak.ended_blocks)
-        if spec.get("leak_fill_h") and leak.frac == 0 and t >= spec["leak_at_s"] and mark:
-            leak.frac = _calibrate(spec, leak, mark, t)
-            out.write(json.dumps({"leak_start_s": t, "leak_frac": leak.frac}) + "\n")
+        if spec.get("leak_fill_h") and leak.fraction == 0 and t >= spec["leak_at_s"] and mark:
+            leak.fraction = _calibrate(spec, leak, mark, t)
+            out.write(json.dumps({"leak_start_s": t, "leak_frac": leak.fraction}) + "\n")
         if t >= next_scrape:
             if next_scrape >= spec["warmup_s"]:
                 _scrape(twin, leak, next_scrape, out)
