@@ -14,10 +14,11 @@ from kvtop import __version__
 from kvtop.cli import SUMMARIES, build_app_parser, build_reference_parser
 
 EXIT_STATUS = (
-    ("0", "success; for check: no leak"),
-    ("1", "check: a leak was found"),
+    ("0", "success; check: no leak; rehearse: GO"),
+    ("1", "check: a leak was found; rehearse: NO-GO"),
     ("2", "usage error (bad option or config) or unreadable input"),
-    ("3", "snapshot: a target could not be read; check: no usable data"),
+    ("3", "snapshot: a target could not be read; check: no usable data; rehearse: could "
+          "not run"),
     ("70", "internal error, a bug: stderr says where the traceback was written"),
     ("130", "interrupted (Ctrl-C)"),
     ("141", "the reader of stdout went away (a closed pipe), as with SIGPIPE"),
@@ -59,7 +60,9 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
             text = text or ", ".join(map(str, action.choices))
         elif action.choices:
             text = f"{text} (one of: {', '.join(map(str, action.choices))})".lstrip()
-        lines += [".TP", label, roff(text % vars(action) if "%(" in text else text)]
+        if "%" in text:  # argparse's own expansion: %(default)s, %%
+            text = text % {k: v for k, v in vars(action).items() if v is not argparse.SUPPRESS}
+        lines += [".TP", label, roff(text)]
     return lines
 
 

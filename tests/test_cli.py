@@ -361,25 +361,10 @@ def test_headless_commands_load_no_textual() -> None:
     # The table shares the app's rows and formatters, not its framework: start-up stays light.
     code = ("import sys, kvtop.cli, kvtop.headless.snapshot_command, kvtop.headless.table, "
             "kvtop.headless.check_command; print(sorted(m for m in sys.modules "
-            "if m.split('.')[0] in ('textual', 'rich')))")
+            "if m.split('.')[0] == 'textual'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == "[]"
-
-
-async def test_snapshot_json_says_why_gpus_is_empty() -> None:
-    async with FaultServer() as server:
-        skipped = await asyncio.to_thread(kvtop, "snapshot", server.url(), "--json",
-                                          "--samples", "1", "--no-gpu")
-        read = await asyncio.to_thread(kvtop, "snapshot", server.url(), "--json",
-                                       "--samples", "1")
-    document = json.loads(skipped.stdout)
-    assert document["gpus"] == [] and document["gpus_error"] == "not read (--no-gpu)"
-    document = json.loads(read.stdout)
-    if document["gpus"]:  # a machine with NVIDIA GPUs
-        assert document["gpus_error"] is None
-    else:
-        assert document["gpus_error"].startswith("NVML unavailable: ")
 
 
 # -- check ---------------------------------------------------------------------------------
