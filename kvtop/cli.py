@@ -425,7 +425,9 @@ def _run(argv: list[str]) -> int:
     try:
         args, command = _parse(argv)
     except SystemExit as done:  # --help, --version, or a usage error argparse reported
-        return done.code if isinstance(done.code, int) else EXIT_USAGE * bool(done.code)
+        if isinstance(done.code, int):
+            return done.code
+        return 0 if done.code is None else EXIT_USAGE
     try:
         return command(args)
     except ConfigError as exc:
