@@ -19,6 +19,7 @@ EXIT_STATUS = (
     ("2", "usage error (bad option or config) or unreadable input"),
     ("3", "snapshot: a target could not be read; check: no usable data; rehearse: could "
           "not run"),
+    ("4", "record: the recording fell short (write errors such as a full disk, --max-size)"),
     ("70", "internal error, a bug: stderr says where the traceback was written"),
     ("130", "interrupted (Ctrl-C)"),
     ("141", "the reader of stdout went away (a closed pipe), as with SIGPIPE"),
