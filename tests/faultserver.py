@@ -37,10 +37,10 @@ import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "metrics"
+from tests.paths import FIXTURES
+
 DEFAULT_FIXTURE = "vllm-0.33.0-v1-twin-under-load.txt"
 BIG_BYTES = 50 * 1024 * 1024
 CHUNK = 64 * 1024
@@ -53,7 +53,7 @@ REASONS = {
 
 
 def fixture(name: str = DEFAULT_FIXTURE) -> bytes:
-    """A real /metrics text from shared/fixtures/metrics."""
+    """A real /metrics text from tests/fixtures/metrics."""
     return (FIXTURES / name).read_bytes()
 
 

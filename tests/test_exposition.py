@@ -10,9 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtop.collect import exposition
 from kvtop.collect.exposition import Exposition, parse
+from tests.paths import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "metrics"
-FIXTURE_FILES = sorted(FIXTURES.glob("*.txt")) if FIXTURES.is_dir() else []
+FIXTURE_FILES = sorted(FIXTURES.glob("*.txt"))
 AIBRIX = "vllm-0.7.x-v0-aibrix-runtime-doc.txt"
 
 
@@ -432,7 +432,6 @@ def assert_same_samples(ours, theirs) -> None:
         assert same_value(mine[2], ref[2]), (mine, ref)
 
 
-@pytest.mark.skipif(not FIXTURE_FILES, reason=f"fixtures not found at {FIXTURES}")
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
 def test_fixture_parses_like_prometheus_client(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
@@ -446,7 +445,6 @@ def test_fixture_parses_like_prometheus_client(path: Path) -> None:
     assert_same_samples(normalised_for_prometheus_client(expo), theirs)
 
 
-@pytest.mark.skipif(not FIXTURE_FILES, reason=f"fixtures not found at {FIXTURES}")
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
 def test_fixture_crlf_and_keep_agree_with_full_parse(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
@@ -461,7 +459,6 @@ def test_fixture_crlf_and_keep_agree_with_full_parse(path: Path) -> None:
     assert all(full.types[k] == v for k, v in kept.types.items())
 
 
-@pytest.mark.skipif(not FIXTURE_FILES, reason=f"fixtures not found at {FIXTURES}")
 def test_fixture_values_read_by_hand() -> None:
     expo = parse((FIXTURES / "vllm-0.33.0-v1-twin-under-load.txt").read_text(encoding="utf-8"))
     running = expo.series("vllm:num_requests_running")

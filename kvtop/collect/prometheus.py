@@ -320,15 +320,28 @@ class PrometheusSource:
 
     # -- backfill -----------------------------------------------------------------------
 
-    def backfill_step(self) -> float:
+    def backfill_step(self, span_s: float | None = None) -> float:
         step = self.settings.backfill_step_s or max(self.interval_s, DEFAULT_BACKFILL_STEP_S)
-        return max(step, self.window_s / MAX_POINTS)
+        return max(step, (span_s or self.window_s) / MAX_POINTS)
 
-    async def backfill(self) -> list[Scrape]:
-        """The detector's window, as scrapes in time order (one range query)."""
+    async def retention_s(self) -> float | None:
+        """How far back Prometheus keeps samples (its time-based retention), or None when it
+        does not say (a size-only limit, or an API without ``status/runtimeinfo``)."""
+        try:
+            info = await self.api.call("status/runtimeinfo")
+        except PrometheusError:
+            return None
+        retention = info.get("storageRetention") if isinstance(info, dict) else None
+        return parse_retention(retention) if isinstance(retention, str) else None
+
+    async def backfill(self, span_s: float | None = None) -> list[Scrape]:
+        """The last ``span_s`` (default: the detector's window), as scrapes in time order
+        (one range query)."""
         end = self.clock()
         query = vector_selector(BACKFILL_NAMES, self.settings.selector)
-        result = await self.api.query_range(query, end - self.window_s, end, self.backfill_step())
+        span_s = span_s or self.window_s
+        result = await self.api.query_range(query, end - span_s, end,
+                                            self.backfill_step(span_s))
         scrapes = self._scrapes(group_scrapes(result))
         self._since = end - INGEST_LAG_S
         return scrapes
@@ -490,6 +503,21 @@ async def _deliver(on_scrape: OnScrape, scrape: Scrape) -> None:
     result = on_scrape(scrape)
     if asyncio.iscoroutine(result):
         await result
+
+
+_RETENTION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0,
+                    "w": 7 * 86400.0, "y": 365 * 86400.0}
+_RETENTION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+
+
+def parse_retention(text: str) -> float | None:
+    """Prometheus's ``storageRetention`` ("15d", "1w2d", "15d or 10GiB") -> seconds of its
+    time limit; None when it has none ("10GiB")."""
+    for part in text.split(" or "):
+        part = part.strip()
+        if part and _RETENTION_PART.sub("", part) == "":
+            return sum(int(n) * _RETENTION_UNITS[u] for n, u in _RETENTION_PART.findall(part))
+    return None
 
 
 def load_settings(url: str, *, selector: str = "", token: Secret | None = None,

@@ -47,6 +47,7 @@ from kvtop.derive.gpu_owners import (
 )
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
+from kvtop.exits import EXIT_INTERNAL
 from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingWriter
 from kvtop.ui import format as fmt
@@ -614,7 +615,7 @@ class KvtopApp(App[None]):
 def run_app(config: AppConfig) -> int:
     """Run the terminal app until the user quits or the terminal goes away.
 
-    Returns 0, or 2 when the recording (``config.record``) can't be created.
+    Returns 0, 2 when the recording (``config.record``) can't be created, or 70 after a crash.
     """
     try:
         app = KvtopApp(config)
@@ -622,4 +623,14 @@ def run_app(config: AppConfig) -> int:
         warn(f"kvtop: can't record to {config.record}: {exc.strerror or exc}")
         return 2
     app.run()
+    return app_exit_code(app)
+
+
+def app_exit_code(app: App[object]) -> int:
+    """0 when the user quit; 70 when Textual stopped the app on an unhandled exception (it
+    prints the traceback itself once the terminal is restored)."""
+    if app.return_code:
+        print("kvtop: the app stopped on an internal error, a bug (traceback above)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
     return 0
