@@ -43,6 +43,7 @@ from kvtop.collect.adapters import WANTED
 from kvtop.collect.adapters.sglang import COUNTERS as SGLANG_COUNTERS
 from kvtop.collect.adapters.sglang import GAUGES as SGLANG_GAUGES
 from kvtop.collect.adapters.vllm import ITL_NEW, V0_ONLY
+from kvtop.collect.bounded import BoundedCache
 from kvtop.collect.exposition import Exposition, Sample, new_sample
 from kvtop.collect.http import Failed, bearer, classify_exception, make_session, read_capped, within
 from kvtop.collect.target import FailureKind, Scrape, Secret, Target
@@ -66,8 +67,9 @@ BACKFILL_NAMES = frozenset({
 })
 _INSTANCE_LABELS = frozenset({"__name__", "job", "instance"})
 MAX_CACHED_HEADS = 50_000  # a refresh of 500 engines names ~45,000 series
+MAX_CACHED_HEAD_CHARS = 32 << 20  # ~300 characters each
 # Per series' label pairs: its name and labels without the instance's own (shared dicts).
-_heads: dict[tuple[tuple[str, str], ...], tuple[str, dict[str, str]]] = {}
+_heads = BoundedCache(MAX_CACHED_HEADS, MAX_CACHED_HEAD_CHARS)
 # The largest answer read (docs/prometheus.md, "Answer sizes"): a refresh names ~85 series
 # per vLLM engine, ~22 KB, and the 30-min backfill at a 15-s step ~53 KB per engine, so this
 # holds the refresh of ~2,500 engines and the backfill of ~1,200; decoded, an answer takes
@@ -216,9 +218,8 @@ def group_scrapes(result: Any) -> dict[InstanceKey, dict[float, list[Sample]]]:
             head = None
         if head is None:
             labels, values = series_points(series)
-            if len(heads) >= MAX_CACHED_HEADS:
-                heads.clear()
-            head = heads[pairs] = _series_head(labels)
+            head = _series_head(labels)
+            heads.put(pairs, head, sum(len(k) + len(v) for k, v in pairs))
         else:
             values = series.get("values")
             if type(values) is not list:
