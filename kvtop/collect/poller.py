@@ -21,7 +21,9 @@ A good body is read (parsed and adapted) by the poller, and handed on as
 ``Scrape.reading``: one over ``OFF_LOOP_CHARS`` in a worker thread, so a big or hostile body
 never holds the event loop (the other targets, the keys) while it is read. The parser's
 limits bound that work (~0.5 s of CPU at worst); a normal body (10-50 KB, ~0.1-0.3 ms) is
-read in the loop, where a thread hop would cost more than the reading.
+read in the loop, where a thread hop would cost more than the reading. Reading one target
+may take at most ``1 / READ_SHARE`` of a core: a body that costs 0.5 s to read is read
+every 5 s at most, whatever the interval.
 
 Narrowed reads (``Poller(narrow=...)``): a server built on prometheus_client renders only
 the series named by ``name[]`` query arguments, at its ASGI/WSGI exposition handler. vLLM
@@ -79,6 +81,7 @@ from kvtop.collect.http import (
     read_capped,
     within,
 )
+from kvtop.collect.reading import ServerReading
 from kvtop.collect.target import Scrape, Target
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,7 @@ DEFAULT_MAX_BACKOFF_S = 30.0
 VERSION_TIMEOUT_S = 2.0
 VERSION_MAX_BYTES = 64 * 1024
 OFF_LOOP_CHARS = 64 * 1024  # bodies longer than this are read in a worker thread
+READ_SHARE = 10  # the next read of a target waits at least this many times its last read
 ERROR_SNIPPET_BYTES = 2048
 MIN_INTERVAL_S = 0.05
 MAX_IN_FLIGHT = 256
@@ -313,6 +317,7 @@ class PollState:
     # Whether the narrowed URL works here: None not known yet, False ask for everything.
     narrows: bool | None = None
     narrowed_url: str | None = None  # once it works: asking for this server's names only
+    read_s: float = 0.0  # seconds the last body took to parse and adapt
     jitter: float = 1.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
@@ -477,7 +482,7 @@ class Poller:
                     ) or state.version
                     state.need_version = False
                 result.version = state.version
-                await interpret(result)
+                state.read_s = await interpret(result)
             if result.ok:
                 state.failures, state.last_ok_t = 0, result.t
             else:
@@ -519,9 +524,9 @@ class Poller:
         """Sleep until the next attempt is due, re-planning when the interval changes."""
         loop = asyncio.get_running_loop()
         while (state := self._states.get(target)) is not None:
-            delay = backoff_delay(
+            delay = max(READ_SHARE * state.read_s, backoff_delay(
                 state.failures, self._interval_s, self.max_backoff_s, state.jitter
-            )
+            ))
             state.next_due = started + delay
             remaining = state.next_due - loop.time()
             if remaining <= 0:
@@ -547,18 +552,26 @@ class Poller:
         await self.aclose()
 
 
-async def interpret(result: Scrape) -> None:
+async def interpret(result: Scrape) -> float:
     """Read a good scrape's body into ``result.reading``; a body the adapters refuse makes
-    the scrape a ``bad_payload`` failure with their reason."""
+    the scrape a ``bad_payload`` failure with their reason. Returns the seconds the reading
+    took (in a thread, waits for the GIL count too: a busy process reads big bodies less
+    often)."""
     assert result.body is not None
     if len(result.body) > OFF_LOOP_CHARS:
-        reading = await asyncio.to_thread(read_exposition, result.body, result.version)
+        reading, seconds = await asyncio.to_thread(_timed_read, result.body, result.version)
     else:
-        reading = read_exposition(result.body, result.version)
+        reading, seconds = _timed_read(result.body, result.version)
     if reading.refused is not None:
         result.failure, result.error = "bad_payload", reading.refused
     else:
         result.reading = reading
+    return seconds
+
+
+def _timed_read(body: str, version: str | None) -> tuple[ServerReading, float]:
+    started = time.perf_counter()
+    return read_exposition(body, version), time.perf_counter() - started
 
 
 async def _deliver(on_scrape: OnScrape, result: Scrape) -> None:
