@@ -56,6 +56,7 @@ use): create it anywhere, use and close it in one loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import inspect
 import json
@@ -377,7 +378,7 @@ class Poller:
         self._session = session
         self._rng = random.Random(seed)
         self._wake = asyncio.Event()
-        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._in_flight = Gate(MAX_IN_FLIGHT)
         self._tasks: dict[Target, asyncio.Task[None]] = {}
         self._on_scrape: OnScrape | None = None
 
@@ -552,6 +553,42 @@ class Poller:
         await self.aclose()
 
 
+class Gate:
+    """At most ``size`` holders at once, the others served first come, first served.
+
+    asyncio.Semaphore before Python 3.12 removes a cancelled waiter from the middle of its
+    queue and scans past woken ones: with 10,000 targets waiting, stopping took seconds.
+    Here a waiter that leaves is skipped when its turn comes."""
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def __aenter__(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._waiters.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # the turn came as we left: pass it on
+                self._release()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            turn = self._waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
+
+
 async def interpret(result: Scrape) -> float:
     """Read a good scrape's body into ``result.reading``; a body the adapters refuse makes
     the scrape a ``bad_payload`` failure with their reason. Returns the seconds the reading
@@ -583,7 +620,7 @@ async def _deliver(on_scrape: OnScrape, result: Scrape) -> None:
         log.exception("on_scrape failed for %s", result.target.label)
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=1 << 15)  # a fleet of 10,000 must not evict its own
 def _first_narrowed(target: Target) -> str:
     """The narrowed URL before the server's kind is known: every adapter's names."""
     return narrowed_url(target.url, WANTED)
