@@ -205,14 +205,20 @@ def engine_cells(stats: EngineStats) -> dict[str, Cell]:
 
 def _empty_cells(state: TargetState) -> dict[str, Cell]:
     """Cells for a target with no engine to show: say why instead of drawing zeros."""
+    return _cells_without_engines(state.status, state.kind, state.error)
+
+
+@lru_cache(maxsize=1024)
+def _cells_without_engines(status: str, kind: str | None, error: str | None) -> dict[str, Cell]:
+    """Shared (treat as read-only): 10,000 targets down for one reason are one dict."""
     cells = {c.key: Cell(fmt.DASH, "dim") for c in COLUMNS}
-    if state.status == "up" and state.kind == "unknown":
+    if status == "up" and kind == "unknown":
         cells["model"] = Cell(NOT_INFERENCE, "warn")
         cells["kv"] = Cell("not LLM server?", "warn")
-    elif state.status == "up":
-        cells["model"] = Cell(f"{state.kind or 'server'}: no engine reported", "warn")
-    elif state.error:
-        cells["model"] = Cell(state.error, "dim")
+    elif status == "up":
+        cells["model"] = Cell(f"{kind or 'server'}: no engine reported", "warn")
+    elif error:
+        cells["model"] = Cell(error, "dim")
     return cells
 
 
@@ -251,7 +257,7 @@ class RowCache:
         return rows
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 15)  # a fleet of 10,000 must not evict its own
 def _label(target: Target) -> str:
     return target.label  # parses the URL each time it is asked
 
