@@ -119,6 +119,19 @@ def test_the_whole_block_regex_reads_a_label_block_as_the_loop_does(inner: str) 
         assert read() == fast
 
 
+ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+@SETTINGS
+@given(st.text(st.sampled_from('\\"n\x00ax'), max_size=30))
+def test_escapes_are_read_as_a_left_to_right_scan_reads_them(value: str) -> None:
+    """The reference: one regex scan, each escape replaced where it is found."""
+    scanned = exposition.re.sub(r'\\[\\"n]', lambda m: ESCAPES[m.group(0)], value)
+    assert exposition._unescape(value) == scanned
+    help_scanned = exposition.re.sub(r"\\[\\n]", lambda m: ESCAPES[m.group(0)], value)
+    assert exposition.unescape_help(value) == help_scanned
+
+
 # --- the adapters, and a tracker after them ----------------------------------------------------
 
 sample_values = st.one_of(
