@@ -32,10 +32,12 @@ def series(metric: object, values: object) -> dict[str, object]:
 
 class FakePrometheus:
     """Counts the answers of each kind; ``hostile[kind]`` is sent instead of that kind's
-    real answer while set."""
+    real answer while set; ``config_of[instance]`` changes that instance's
+    cache_config_info labels (``{"num_gpu_blocks": "inf"}``)."""
 
     def __init__(self) -> None:
         self.hostile: dict[str, bytes] = {}
+        self.config_of: dict[str, dict[str, str]] = {}
         self.answered = dict.fromkeys(KINDS, 0)
         self.samples = parse(fixture_text(LOAD), keep=WANTED).samples
         self.server = FaultServer(mode="api", api=self.respond)
@@ -70,9 +72,12 @@ class FakePrometheus:
             return success({"activeTargets": []})
         points = [[at - 0.5, None]] if kind == "metrics" else [[at - 30, None], [at - 15, None]]
         return answer([
-            series({"__name__": s.name, **s.labels, **m},
+            series({"__name__": s.name, **s.labels, **self._odd(s.name, m["instance"]), **m},
                    [[t, repr(s.value)] for t, _ in points])
             for m in instances for s in self.samples])
+
+    def _odd(self, name: str, instance: str) -> dict[str, str]:
+        return self.config_of.get(instance, {}) if name == "vllm:cache_config_info" else {}
 
 
 def _kind(path: str, query: str) -> str:

@@ -5,6 +5,7 @@ quits on q and when its terminal goes away."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import shutil
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtop.collect.poller import Poller
+from kvtop.collect.poller import Gate, Poller
 from kvtop.collect.target import Target
 from tests.faultserver import closed_port
 from tests.ui.test_tmux import Tmux, processes_with, tmux, wait_for  # noqa: F401 - fixture
@@ -56,3 +57,33 @@ def test_the_app_with_thousands_of_targets_quits_and_goes_with_its_terminal(
     else:
         tmux("kill-server")
     wait_for(lambda: not processes_with(str(config), tmux_too=False), 20, "kvtop to exit")
+
+
+async def test_the_gate_lets_through_at_most_its_size_and_skips_those_that_left() -> None:
+    gate = Gate(2)
+    inside, most, release = 0, 0, asyncio.Event()
+
+    async def hold() -> None:
+        nonlocal inside, most
+        async with gate:
+            inside += 1
+            most = max(most, inside)
+            await release.wait()
+            inside -= 1
+
+    tasks = [asyncio.create_task(hold()) for _ in range(6)]
+    while inside < 2:
+        await asyncio.sleep(0)
+    for task in tasks[2:4]:  # two waiters leave before their turn
+        task.cancel()
+    release.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert most == 2 and inside == 0
+    assert [isinstance(r, asyncio.CancelledError) for r in results] == [False] * 2 + [True] * 2 \
+        + [False] * 2
+
+    async def both_places() -> None:
+        async with gate, gate:
+            pass
+
+    await asyncio.wait_for(both_places(), 10)  # every place came back

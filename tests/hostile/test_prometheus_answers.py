@@ -13,8 +13,14 @@ from typing import Any
 
 import pytest
 
-from kvtop.collect.prometheus import MAX_ANSWER_BYTES, PrometheusSource, load_settings
+from kvtop.collect.prometheus import (
+    MAX_ANSWER_BYTES,
+    PrometheusSource,
+    load_settings,
+    target_for,
+)
 from kvtop.collect.target import Scrape
+from kvtop.derive.tracker import TargetTracker
 from tests.hostile.fakeprom import INSTANCES, JOB, FakePrometheus, answer, series, success
 
 METRIC = {"__name__": "vllm:num_requests_running", "job": JOB, "instance": INSTANCES[0],
@@ -128,3 +134,32 @@ async def test_an_answer_over_the_cap_is_refused() -> None:
     assert code == 3, err
     for status, error in statuses(out).values():
         assert status == "bad_payload" and "size cap" in error
+
+
+async def test_a_bad_value_through_prometheus_fails_only_its_instance() -> None:
+    """The tracker's exception once ended the source: the whole fleet stopped updating."""
+    async with FakePrometheus() as prom:
+        bad, good = INSTANCES
+        prom.config_of[bad] = {"num_gpu_blocks": "inf"}
+        code, out, err = await kvtop("snapshot", "--prometheus", prom.url, "--json", "--no-gpu")
+        assert code == 3 and "Traceback" not in err, err
+        shown = statuses(out)
+        assert shown[good] == ("up", "")
+        assert shown[bad][0] == "bad_payload" and "num_gpu_blocks='inf'" in shown[bad][1]
+
+        trackers = {i: TargetTracker(target_for(load_settings(prom.url), JOB, i))
+                    for i in INSTANCES}
+        stop = asyncio.Event()
+        seen: list[Scrape] = []
+
+        def on_scrape(scrape: Scrape) -> None:
+            trackers[scrape.target.name or ""].update(scrape)
+            seen.append(scrape)
+            if sum(s.target.name == good for s in seen) >= 4:
+                stop.set()
+
+        async with PrometheusSource(load_settings(prom.url), interval_s=0.05) as source:
+            await source.discover()
+            await asyncio.wait_for(source.run(on_scrape, stop=stop, backfill=False), 60)
+    assert trackers[good].state.status == "up"
+    assert trackers[bad].state.status == "bad_payload"
