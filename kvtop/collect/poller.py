@@ -21,9 +21,9 @@ A good body is read (parsed and adapted) by the poller, and handed on as
 ``Scrape.reading``: one over ``OFF_LOOP_CHARS`` in a worker thread, so a big or hostile body
 never holds the event loop (the other targets, the keys) while it is read. The parser's
 limits bound that work (~0.5 s of CPU at worst); a normal body (10-50 KB, ~0.1-0.3 ms) is
-read in the loop, where a thread hop would cost more than the reading. Reading one target
-may take at most ``1 / READ_SHARE`` of a core: a body that costs 0.5 s to read is read
-every 5 s at most, whatever the interval.
+read in the loop, where a thread hop would cost more than the reading. Reading one target's
+big bodies may take at most ``1 / READ_SHARE`` of a core: a body that costs 0.5 s to read
+is read every 5 s at most, whatever the interval.
 
 Narrowed reads (``Poller(narrow=...)``): a server built on prometheus_client renders only
 the series named by ``name[]`` query arguments, at its ASGI/WSGI exposition handler. vLLM
@@ -318,7 +318,7 @@ class PollState:
     # Whether the narrowed URL works here: None not known yet, False ask for everything.
     narrows: bool | None = None
     narrowed_url: str | None = None  # once it works: asking for this server's names only
-    read_s: float = 0.0  # seconds the last body took to parse and adapt
+    read_s: float = 0.0  # seconds the last body took to read in a worker thread (else 0)
     jitter: float = 1.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
@@ -591,14 +591,14 @@ class Gate:
 
 async def interpret(result: Scrape) -> float:
     """Read a good scrape's body into ``result.reading``; a body the adapters refuse makes
-    the scrape a ``bad_payload`` failure with their reason. Returns the seconds the reading
-    took (in a thread, waits for the GIL count too: a busy process reads big bodies less
-    often)."""
+    the scrape a ``bad_payload`` failure with their reason. Returns the seconds a big body
+    took to read in a worker thread (waits for the GIL count too: a busy process reads big
+    bodies less often), 0 for a body read in the loop (~0.1-0.3 ms: nothing to pace)."""
     assert result.body is not None
     if len(result.body) > OFF_LOOP_CHARS:
         reading, seconds = await asyncio.to_thread(_timed_read, result.body, result.version)
     else:
-        reading, seconds = _timed_read(result.body, result.version)
+        reading, seconds = read_exposition(result.body, result.version), 0.0
     if reading.refused is not None:
         result.failure, result.error = "bad_payload", reading.refused
     else:
