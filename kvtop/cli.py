@@ -21,6 +21,7 @@ from kvtop.config import (
     resolve_targets,
 )
 from kvtop.runtime import tune_gc
+from kvtop.safe_text import warn
 
 if TYPE_CHECKING:
     from kvtop.collect.prometheus import PrometheusSettings
@@ -209,6 +210,12 @@ def _sim_parser(subparsers: argparse._SubParsersAction) -> None:
     add_sim_parser(subparsers).set_defaults(command=run_sim)
 
 
+def _rehearse_parser(subparsers: argparse._SubParsersAction) -> None:
+    from kvtop.headless.rehearse_command import add_rehearse_parser
+
+    add_rehearse_parser(subparsers)
+
+
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "snapshot": _snapshot_parser,
     "record": _record_parser,
@@ -216,6 +223,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "replay": _replay_parser,
     "rules": _rules_parser,
     "sim": _sim_parser,
+    "rehearse": _rehearse_parser,
 }
 
 
@@ -295,7 +303,7 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
     try:
         targets = asyncio.run(discover_targets(source))
     except PrometheusError as exc:
-        print(f"kvtop: {exc}", file=sys.stderr)
+        warn(f"kvtop: {exc}")
         return EXIT_UNREADABLE
     return run_app(_app_config(args, targets, interval,
                                source_factory=lambda _config: source))
@@ -313,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return command(args)
     except ConfigError as exc:
-        print(f"kvtop: {exc}", file=sys.stderr)
+        warn(f"kvtop: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -83,7 +83,7 @@ from kvtop.collect.http import (
     within,
 )
 from kvtop.collect.reading import ServerReading
-from kvtop.collect.target import Scrape, Target
+from kvtop.collect.target import Scrape, Target, redact, redact_bytes
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +144,8 @@ async def scrape(
         result.connected = not isinstance(exc, aiohttp.ClientConnectorError)
         log.debug("scrape of %s failed", target.label, exc_info=True)
     result.duration_s = time.perf_counter() - started
-    secret = _token(target)
-    if result.error and secret:  # a server may echo the header back
-        result.error = result.error.replace(secret, "***")
+    if result.error:  # answers were masked before quoting; this catches the rest
+        result.error = redact(result.error, target.token)
     return result
 
 
@@ -166,7 +165,9 @@ async def _fetch(
         declared = response.content_length
         if declared is not None and declared > max_bytes:
             raise Failed("bad_payload", over_cap(max_bytes, f"Content-Length {declared:,}"))
-        data = await _read_body(response, max_bytes)
+        # A server or proxy may echo the Authorization header: masked before the body is
+        # quoted, parsed, shown, recorded or written to a snapshot.
+        data = redact_bytes(await _read_body(response, max_bytes), target.token)
     return _decode_text(data, response.headers.get("Content-Type", ""))
 
 
@@ -212,7 +213,7 @@ async def _status_failure(response: aiohttp.ClientResponse, target: Target) -> F
         return Failed("auth", HINT_403)
     if status == 404:
         return Failed("bad_payload", HINT_404)
-    said = await _server_message(response)
+    said = await _server_message(response, target)
     if status == 501:
         return Failed("bad_payload", f"{HINT_501}{said}")
     if status >= 500:
@@ -222,13 +223,14 @@ async def _status_failure(response: aiohttp.ClientResponse, target: Target) -> F
     return Failed("bad_payload", f"HTTP {status}: not a metrics answer{said}")
 
 
-async def _server_message(response: aiohttp.ClientResponse) -> str:
-    """A short quote of an error body (JSON message, HTML title or first text), or ''."""
+async def _server_message(response: aiohttp.ClientResponse, target: Target) -> str:
+    """A short quote of an error body (JSON message, HTML title or first text), or ''.
+    Masked first, cut after: a token that straddled the cut would leak its first part."""
     try:
         raw = await read_capped(response, ERROR_SNIPPET_BYTES)
     except Exception:  # too long or broken: the status alone will do
         return ""
-    text = raw.decode("utf-8", errors="replace").strip()
+    text = redact(raw.decode("utf-8", errors="replace").strip(), target.token)
     try:
         parsed = json.loads(text)
     except ValueError:
@@ -242,7 +244,7 @@ async def _server_message(response: aiohttp.ClientResponse) -> str:
                 break
     elif match := _HTML_TITLE.search(text):
         text = match.group(1)
-    text = " ".join(text.split())[:120]
+    text = redact(" ".join(text.split()), target.token)[:120]
     return f" ({text})" if text and text.isprintable() else ""
 
 
@@ -271,7 +273,7 @@ async def read_version(
     value = parsed.get("version") if isinstance(parsed, dict) else None
     if not isinstance(value, str) or not value.strip() or not value.isprintable():
         return None
-    return value.strip()[:64]
+    return redact(value.strip(), target.token)[:64]  # masked before it is cut
 
 
 async def _fetch_version(session: aiohttp.ClientSession, target: Target) -> bytes:

@@ -1,9 +1,10 @@
 """Prometheus as a data source: the inference servers a Prometheus already scrapes, read
 through its HTTP API and turned into the same :class:`Scrape` objects the poller makes.
 
-Every instance (``job``/``instance`` labels) with a vLLM/SGLang/llama.cpp/TRT-LLM series is
-one :class:`Target` ``<prometheus url>#<job>/<instance>``. Each refresh costs two queries
-for the whole fleet, never one per host:
+Every instance (``job``/``instance`` labels) with a vLLM/SGLang/llama.cpp/TRT-LLM series, or a
+GPU exporter's (dcgm-exporter, nvidia_gpu_exporter), is one :class:`Target`
+``<prometheus url>#<job>/<instance>``; the exporters' GPU series come in the same queries.
+Each refresh costs two queries for the whole fleet, never one per host:
 
 * ``{__name__=~"<adapters' WANTED names>", <selector>}[Δ]``: the raw samples Prometheus
   stored since the last refresh, with their own scrape timestamps. The samples of one
@@ -46,7 +47,15 @@ from kvtop.collect.adapters.vllm import ITL_NEW, V0_ONLY
 from kvtop.collect.bounded import BoundedCache
 from kvtop.collect.exposition import Exposition, Sample, new_sample
 from kvtop.collect.http import Failed, bearer, classify_exception, make_session, read_capped, within
-from kvtop.collect.target import FailureKind, Scrape, Secret, Target
+from kvtop.collect.target import (
+    FailureKind,
+    Scrape,
+    Secret,
+    Target,
+    check_no_credentials,
+    redact,
+    redact_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +99,15 @@ PROMETHEUS_INTERVAL_S = 5.0
 # an overlap each time cost 40 % more decoding and grouping). Only the first read, which has
 # nothing before it, goes up to now; the next one reads its last seconds again.
 INGEST_LAG_S = 2.0
+QUOTE_CHARS = 200  # of Prometheus's own error messages
 TARGETS_CACHE_S = 30.0  # /api/v1/targets (for down instances' errors) at most this often
+
+
+def quote(said: object, token: Secret | None) -> str:
+    """A short quote of what Prometheus said (an ``error``, a ``lastError``): one line,
+    masked (a header echoed in JSON escapes, or cut by a proxy) and only then cut to
+    ``QUOTE_CHARS``."""
+    return redact(" ".join(str(said).split()), token)[:QUOTE_CHARS]
 
 
 class PrometheusError(Exception):
@@ -290,7 +307,10 @@ class PrometheusAPI:
         method = "GET" if form is None else "POST"
         async with session.request(method, f"{self.settings.base}/api/v1/{path}",
                                    data=form, headers=bearer(token)) as response:
-            return response.status, await read_capped(response, MAX_ANSWER_BYTES)
+            body = await read_capped(response, MAX_ANSWER_BYTES)
+        # A Prometheus or proxy may echo the Authorization header anywhere in its answer
+        # (an error, a label): masked before anything reads or quotes it.
+        return response.status, redact_bytes(body, self.settings.token)
 
     def _data(self, status: int, payload: Any) -> Any:
         where = f"Prometheus {self.settings.base}"
@@ -300,7 +320,7 @@ class PrometheusAPI:
             raise PrometheusError("auth", f"{where}: HTTP {status}: {hint}")
         if not isinstance(payload, dict) or payload.get("status") != "success":
             said = payload.get("error") if isinstance(payload, dict) else None
-            said = str(said)[:200] if said else "not a Prometheus API answer"
+            said = quote(said, self.settings.token) if said else "not a Prometheus API answer"
             raise PrometheusError("bad_payload" if status < 500 else "down",
                                   f"{where}: HTTP {status}: {said}")
         return payload.get("data")
@@ -362,7 +382,7 @@ class PrometheusSource:
         if not self._instances:
             where = f" matching {self.settings.selector}" if self.settings.selector else ""
             raise PrometheusError("bad_payload", f"Prometheus {self.settings.base} has no "
-                                  f"vLLM/SGLang/llama.cpp/TRT-LLM series{where}")
+                                  f"vLLM/SGLang/llama.cpp/TRT-LLM or GPU exporter series{where}")
         return self.targets
 
     def _known(self, metric: dict[str, str]) -> _Instance:
@@ -476,7 +496,7 @@ class PrometheusSource:
             data = await self.api.call("targets?state=active")
         except PrometheusError:
             return self._errors
-        self._errors = _last_errors(data)
+        self._errors = _last_errors(data, self.settings.token)
         return self._errors
 
     def _down_reason(self, entry: _Instance, errors: dict[InstanceKey, str]) -> str:
@@ -552,9 +572,10 @@ def _internal_error(exc: Exception) -> PrometheusError:
                            f"({type(exc).__name__}); a bug in kvtop, please report it")
 
 
-def _last_errors(data: Any) -> dict[InstanceKey, str]:
-    """Prometheus's own last scrape error per (job, instance) from /api/v1/targets; what is
-    not shaped like it is passed over (these errors only add detail to 'down')."""
+def _last_errors(data: Any, token: Secret | None) -> dict[InstanceKey, str]:
+    """Prometheus's own last scrape error per (job, instance) from /api/v1/targets, quoted
+    (masked, then cut); what is not shaped like it is passed over (these errors only add
+    detail to 'down')."""
     targets = data.get("activeTargets") if isinstance(data, dict) else None
     errors = {}
     for target in targets if isinstance(targets, list) else ():
@@ -563,7 +584,7 @@ def _last_errors(data: Any) -> dict[InstanceKey, str]:
         if isinstance(labels, dict) and isinstance(error, str) and error:
             key = (labels.get("job", ""), labels.get("instance", ""))
             if all(isinstance(part, str) for part in key):
-                errors[key] = error
+                errors[key] = quote(error, token)
     return errors
 
 
@@ -585,9 +606,7 @@ def load_settings(url: str, *, selector: str = "", token: Secret | None = None,
     parsed = urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(f"not a Prometheus URL: {url!r}")
-    if parsed.username is not None or parsed.password is not None:
-        raise ValueError("credentials in a URL would show in process listings; "
-                         "use token_env / token_file under [prometheus]")
+    check_no_credentials(url)  # user:pass@ or ?token=: say where the token goes instead
     selector_matchers(selector)
     if backfill_step_s is not None and backfill_step_s <= 0:
         raise ValueError("backfill_step must be > 0 seconds")

@@ -18,6 +18,7 @@ from typing import Literal
 
 from kvtop.collect.adapters import adapt, read_exposition
 from kvtop.collect.adapters.common import MAX_ENGINES
+from kvtop.collect.gpu import GpuReading
 from kvtop.collect.reading import EngineReading, ServerKind, ServerReading
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakDetector, LeakParams
@@ -50,6 +51,7 @@ class TargetState:
     # impossible values left out (each is named in ``notes``).
     engines_over_cap: int = 0
     impossible_values: int = 0
+    gpus: list[GpuReading] = field(default_factory=list)  # a GPU exporter's, last good values
 
     @property
     def last_body(self) -> str | None:
@@ -121,6 +123,7 @@ class TargetTracker:
         state.notes = reading.notes
         state.engines_over_cap = reading.engines_over_cap
         state.impossible_values = reading.impossible_values
+        state.gpus = reading.gpus
         dt = None if self._previous_t is None else scrape.t - self._previous_t
         stats: list[EngineStats] = []
         restarted = False
@@ -155,6 +158,7 @@ class TargetTracker:
             return
         state.status = failure
         state.engines = []
+        state.gpus = []
 
     def _remember(self, key: EngineKey, stat: EngineStats) -> None:
         series = self.history.setdefault(key, deque())

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +18,7 @@ from kvtop.derive.leak import LeakParams, LeakVerdict
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
 from kvtop.headless.lifetime import stop_event
 from kvtop.headless.output import emit, json_number
+from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import RecordingError, RecordingWriter, read_recording
 
 Verdict = Literal["unknown", "ok", "watch", "leak"]
@@ -117,7 +117,8 @@ def _render_text(document: dict[str, Any]) -> None:
     for target in document["targets"]:
         for engine in target["engines"]:
             name = f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}"
-            print(f"  {engine['verdict'].upper():7} {name.strip()}: {engine['reason']}")
+            print(f"  {engine['verdict'].upper():7} {display_text(name.strip())}: "
+                  f"{display_text(engine['reason'])}")
 
 
 def print_result(run: CheckRun, as_json: bool | None) -> int:
@@ -129,10 +130,10 @@ def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | N
     try:
         recording = read_recording(path)
     except RecordingError as exc:
-        print(f"kvtop check: {exc}", file=sys.stderr)
+        warn(f"kvtop check: {exc}")
         return EXIT_USAGE
     for warning in recording.warnings:
-        print(f"kvtop check: {path}: {warning}", file=sys.stderr)
+        warn(f"kvtop check: {path}: {warning}")
     run = CheckRun(params)
     for target in recording.targets():
         run.add_target(target)
@@ -174,8 +175,7 @@ def run_check_live(targets: list[Target], *, params: LeakParams | None, duration
                 writer = stack.enter_context(
                     RecordingWriter(record, interval_s=interval_s, targets=targets))
             except OSError as exc:
-                print(f"kvtop check: cannot write {record}: {exc.strerror or exc}",
-                      file=sys.stderr)
+                warn(f"kvtop check: cannot write {record}: {exc.strerror or exc}")
                 return EXIT_USAGE
         asyncio.run(_watch(run, targets, duration_s=duration_s, interval_s=interval_s,
                            timeout_s=timeout_s, insecure=insecure, until_leak=until_leak,

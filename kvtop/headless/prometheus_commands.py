@@ -4,7 +4,6 @@ detector and output as the direct commands, fed by :class:`PrometheusSource`."""
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from kvtop.collect.prometheus import PrometheusError, PrometheusSettings, PrometheusSource
 from kvtop.collect.target import Scrape, Target
@@ -13,6 +12,7 @@ from kvtop.derive.tracker import TargetState, TargetTracker
 from kvtop.headless.check_command import EXIT_NO_DATA, CheckRun, print_result
 from kvtop.headless.lifetime import stop_event
 from kvtop.headless.snapshot_command import EXIT_UNREADABLE, print_snapshot
+from kvtop.safe_text import warn
 
 SNAPSHOT_SCRAPES = 2  # the newest two scrapes per instance: values and rates
 
@@ -39,7 +39,7 @@ async def collect_prometheus_states(source: PrometheusSource) -> list[TargetStat
 
 
 def _fail(command: str, exc: PrometheusError) -> int:
-    print(f"kvtop {command}: {exc}", file=sys.stderr)
+    warn(f"kvtop {command}: {exc}")  # it may quote what Prometheus said
     return EXIT_UNREADABLE
 
 
@@ -84,7 +84,7 @@ def run_check_prometheus(settings: PrometheusSettings, *, params: LeakParams | N
     try:
         asyncio.run(_watch(run, source, duration_s=duration_s, until_leak=until_leak))
     except PrometheusError as exc:
-        print(f"kvtop check: {exc}", file=sys.stderr)
+        warn(f"kvtop check: {exc}")
         return EXIT_NO_DATA
     return print_result(run, as_json)
 

@@ -8,7 +8,6 @@ live. Seeking backwards rebuilds the trackers from the recording's start (``on_r
 from __future__ import annotations
 
 import asyncio
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from textual.binding import Binding
 from textual.widgets import Input, Static
 
 from kvtop.collect.target import Scrape
+from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import RecordingError, read_recording
 from kvtop.store.replay import ReplaySource
 from kvtop.ui import format as fmt
@@ -95,7 +95,7 @@ class ReplayApp(KvtopApp):
     def __init__(self, config: AppConfig, source: ReplaySource, name: str) -> None:
         super().__init__(config)
         self.replay = source
-        self.replay_name = name
+        self.replay_name = display_text(name)
         source.on_rewind = self.reset_trackers
         self._delivered = 0
 
@@ -160,13 +160,13 @@ def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
     try:
         recording = read_recording(path)
     except RecordingError as exc:
-        print(f"kvtop replay: {exc}", file=sys.stderr)
+        warn(f"kvtop replay: {exc}")
         return EXIT_UNREADABLE
     if not recording.scrapes:
-        print(f"kvtop replay: {path} holds no scrapes", file=sys.stderr)
+        warn(f"kvtop replay: {path} holds no scrapes")
         return EXIT_NO_DATA
     for warning in recording.warnings:
-        print(f"kvtop replay: {path}: {warning}", file=sys.stderr)
+        warn(f"kvtop replay: {path}: {warning}")
     source = ReplaySource(recording, speed=speed)
     config = AppConfig(
         targets=recording.targets(),

@@ -262,5 +262,5 @@ def test_any_api_payload_is_data_or_an_error(payload: Any, status: int) -> None:
         api._data(status, payload)
     except PrometheusError as exc:
         assert exc.kind in ("auth", "bad_payload", "down")
-    _last_errors(payload)
-    _last_errors({"activeTargets": payload})
+    _last_errors(payload, None)
+    _last_errors({"activeTargets": payload}, None)

@@ -1,7 +1,8 @@
 """Engine adapters: a parsed ``/metrics`` exposition -> :class:`ServerReading`.
 
 One cheap pass keeps only the samples some adapter wants (the union of their names), then
-the engine is recognised by which names are present.
+the engine is recognised by which names are present. GPU exporters (dcgm-exporter,
+nvidia_gpu_exporter) are recognised the same way and give GPUs instead of engines.
 
 :func:`adapt` is total: whatever a server sends, it answers a reading. One whose values
 can't be a KV pool (``num_gpu_blocks="inf"``), that is over the parser's limits, or that
@@ -15,7 +16,14 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
-from kvtop.collect.adapters import llamacpp, sglang, trtllm, vllm
+from kvtop.collect.adapters import (
+    dcgm,
+    llamacpp,
+    nvidia_gpu_exporter,
+    sglang,
+    trtllm,
+    vllm,
+)
 from kvtop.collect.adapters.common import MAX_ENGINES, BadValue
 from kvtop.collect.adapters.plausible import drop_impossible
 from kvtop.collect.exposition import MAX_WANTED_LINES, Exposition, parse
@@ -25,7 +33,8 @@ log = logging.getLogger(__name__)
 
 ADAPTERS: tuple[tuple[str, ServerKind, ModuleType], ...] = (
     ("vllm:", "vllm", vllm), ("sglang:", "sglang", sglang),
-    ("llamacpp:", "llamacpp", llamacpp), ("nv_trt_llm_", "trtllm", trtllm))
+    ("llamacpp:", "llamacpp", llamacpp), ("nv_trt_llm_", "trtllm", trtllm),
+    ("DCGM_FI_", "dcgm", dcgm), ("nvidia_smi_", "nvidia_gpu_exporter", nvidia_gpu_exporter))
 WANTED = frozenset().union(*(module.NAMES for _, _, module in ADAPTERS))
 NOTED_VALUES = 3  # impossible values named in the note; the rest are counted
 
