@@ -40,8 +40,9 @@ since the server behind the URL may have changed.
 At most ``MAX_IN_FLIGHT`` requests are in flight at once; the others wait their turn
 before their deadline starts. With thousands of targets, the event loop's own work (~0.5 ms
 of CPU per connection) would otherwise run every deadline out: 10,000 refused ports read
-as thousands of "timeouts". A hung server holds its place until its deadline, so it takes
-``MAX_IN_FLIGHT`` of them at once to slow the rest.
+as thousands of "timeouts" (256 at once still let a loaded machine run some out). A hung
+server holds its place until its deadline, but failing targets back off (to one attempt
+in 30 s): it takes several hundred hung servers to slow the rest.
 
 Schedule (``Poller.run``): each target has its own task; an attempt starts ``interval_s``
 after the previous one *started* (or right after it ended when it ran longer), so attempts
@@ -96,7 +97,7 @@ OFF_LOOP_CHARS = 64 * 1024  # bodies longer than this are read in a worker threa
 READ_SHARE = 10  # the next read of a target waits at least this many times its last read
 ERROR_SNIPPET_BYTES = 2048
 MIN_INTERVAL_S = 0.05
-MAX_IN_FLIGHT = 256
+MAX_IN_FLIGHT = 128
 
 HINT_401_NO_TOKEN = (
     "HTTP 401: the server wants a bearer token; set it with token_env/token_file in the "
