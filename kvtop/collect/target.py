@@ -11,6 +11,7 @@ from typing import Literal
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from kvtop.collect.exposition import Exposition, to_text
+from kvtop.collect.reading import ServerReading
 
 FailureKind = Literal["down", "timeout", "auth", "bad_payload"]
 DEFAULT_TARGET = "http://127.0.0.1:8000"
@@ -209,6 +210,8 @@ class Scrape:
     duration_s: float = 0.0
     version: str | None = None  # from /version when the server offers it
     samples: Exposition | None = None  # instead of body: what it would have parsed to
+    reading: ServerReading | None = None  # the body read already (by the poller, off the loop)
+    connected: bool = True  # False: no connection was made (refused, DNS, TLS handshake)
 
     @property
     def ok(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Literal, TextIO
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams, LeakVerdict
-from kvtop.derive.tracker import EngineKey, TargetTracker
+from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
 from kvtop.headless.lifetime import stop_event
 from kvtop.headless.output import emit, json_number
 from kvtop.safe_text import display_text, warn
@@ -96,6 +96,8 @@ class CheckRun:
             entry = verdicts.setdefault(key, EngineVerdict(stats.model, stats.engine))
             if stats.leak is not None:
                 entry.observe(scrape.t, stats.leak)
+        if len(verdicts) > MAX_TRACKED_ENGINES:
+            _forget_unjudged(verdicts, {(s.model, s.engine) for s in state.engines})
 
     @property
     def leak_found(self) -> bool:
@@ -127,6 +129,14 @@ def _iso(t: float | None) -> str | None:
     if t is None:
         return None
     return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _forget_unjudged(verdicts: dict[EngineKey, EngineVerdict], current: set[EngineKey]) -> None:
+    """Drop engines gone from the target that never got a verdict (a server inventing model
+    names every scrape would otherwise grow the report without bound); a verdict, once
+    reached, is the report and stays."""
+    for key in [k for k, v in verdicts.items() if v.verdict == "unknown" and k not in current]:
+        del verdicts[key]
 
 
 def _render_text(document: dict[str, Any]) -> None:
