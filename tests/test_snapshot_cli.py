@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.derived_fixtures import vllm_08_idle
 from tests.faultserver import FaultServer, closed_port, fixture
 
 TOKEN = "s3cret-token-for-tests"
@@ -57,7 +58,8 @@ async def test_snapshot_reports_every_fault_and_keeps_healthy_targets_right() ->
 
     first = targets[urls[0]]
     assert first["status"] == "up" and first["error"] is None
-    assert first["server"] == {"kind": "vllm", "version": "0.33.0"}  # from /version
+    assert first["server"] == {"kind": "vllm", "version": "0.33.0",  # from /version
+                               "version_inferred": False}
     (engine,) = first["engines"]
     # second scrape is the idle file: its values, rates between the two files' counters
     assert engine["kv"] == {"usage": 0.0, "blocks_total": 599, "blocks_used": 0.0,
@@ -78,6 +80,19 @@ async def test_snapshot_reports_every_fault_and_keeps_healthy_targets_right() ->
     assert reset["status"] == "up" and reset["restarted_at"] is not None
     (engine,) = reset["engines"]
     assert engine["restarted"] and engine["rates"]["prompt_tokens_per_s"] is None
+
+
+async def test_a_server_without_version_keeps_its_inferred_version_inferred() -> None:
+    # no /version route (a 404): the names say "0.7+", and every scrape is read that way
+    async with FaultServer(bodies=[vllm_08_idle().encode()], version=None) as server:
+        code, out, err, _ = await run_kvtop("snapshot", server.url(), "--json", "--no-gpu",
+                                            "--interval", "0.2")
+        assert sum(r.path.endswith("/version") for r in server.requests) == 1
+    assert code == 0, err
+    (target,) = json.loads(out)["targets"]
+    assert target["server"] == {"kind": "vllm", "version": "0.7+", "version_inferred": True}
+    (engine,) = target["engines"]
+    assert (engine["kv"]["blocks_total"], engine["kv"]["idle_floor_blocks"]) == (600, 1)
 
 
 async def test_token_from_env_is_sent_and_never_printed() -> None:

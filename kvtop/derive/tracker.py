@@ -32,7 +32,8 @@ class TargetState:
     status: TargetStatus = "pending"
     error: str | None = None  # why the last scrape failed, if it did
     kind: ServerKind | None = None
-    version: str | None = None
+    version: str | None = None  # from /version, else the adapter's inference ("0.7+")
+    version_inferred: bool = False  # version is the inference, never to be read as exact
     engines: list[EngineStats] = field(default_factory=list)  # last good values
     last_attempt_t: float | None = None
     last_good_t: float | None = None
@@ -70,6 +71,7 @@ class TargetTracker:
         self.detectors: dict[EngineKey, LeakDetector] = {}
         self._previous: dict[EngineKey, EngineReading] = {}
         self._previous_t: float | None = None
+        self._exact_version: str | None = None  # the server's own /version answer, if any
 
     def update(self, scrape: Scrape) -> TargetState:
         """Fold one scrape in. A scrape older than the newest one seen is ignored."""
@@ -78,7 +80,8 @@ class TargetTracker:
             return state
         state.last_attempt_t = scrape.t
         if scrape.version:
-            state.version = scrape.version
+            self._exact_version = scrape.version
+            state.version, state.version_inferred = scrape.version, False
         if scrape.ok:
             self._fold_good(scrape)
         else:
@@ -87,14 +90,17 @@ class TargetTracker:
 
     def _fold_good(self, scrape: Scrape) -> None:
         state = self.state
+        # Only an exact version goes back in: an inferred "0.7+" read as 0.7.0 would drop
+        # the null block that the names' release range counts.
+        exact = self._exact_version
         if scrape.samples is not None:
-            reading = adapt(scrape.samples, version=state.version)
+            reading = adapt(scrape.samples, version=exact)
         else:
             assert scrape.body is not None
-            reading = read_exposition(scrape.body, version=state.version)
+            reading = read_exposition(scrape.body, version=exact)
         state.kind = reading.kind
-        if reading.version and not state.version:
-            state.version = reading.version
+        if exact is None:  # inferred from each scrape's names: a restart may change them
+            state.version, state.version_inferred = reading.version, reading.version is not None
         state.notes = reading.notes
         state.gpus = reading.gpus
         dt = None if self._previous_t is None else scrape.t - self._previous_t
