@@ -216,6 +216,18 @@ def _rehearse_parser(subparsers: argparse._SubParsersAction) -> None:
     add_rehearse_parser(subparsers)
 
 
+def _baseline_parser(subparsers: argparse._SubParsersAction) -> None:
+    from kvtop.headless.baseline_command import add_baseline_parser
+
+    add_baseline_parser(subparsers)
+
+
+def _compare_parser(subparsers: argparse._SubParsersAction) -> None:
+    from kvtop.headless.baseline_command import add_compare_parser
+
+    add_compare_parser(subparsers)
+
+
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "snapshot": _snapshot_parser,
     "record": _record_parser,
@@ -224,6 +236,8 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "rules": _rules_parser,
     "sim": _sim_parser,
     "rehearse": _rehearse_parser,
+    "baseline": _baseline_parser,
+    "compare": _compare_parser,
 }
 
 

@@ -69,6 +69,11 @@ class TargetTracker:
         self._previous: dict[EngineKey, EngineReading] = {}
         self._previous_t: float | None = None
 
+    @property
+    def readings(self) -> dict[EngineKey, EngineReading]:
+        """Each engine's reading at the last good scrape (raw counters and histograms)."""
+        return self._previous
+
     def update(self, scrape: Scrape) -> TargetState:
         """Fold one scrape in. A scrape older than the newest one seen is ignored."""
         state = self.state
