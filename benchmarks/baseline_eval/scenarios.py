@@ -26,20 +26,20 @@ from kvtop.store.recording import RecordingWriter
 
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: simulated second 0 as unix time
 MODEL = "sim-llama-3-8b"
-WARMUP_S = 180.0  # simulated before the run starts: a baseline is taken of a busy server
-COST = StepCost(base_ms=25.0, prefill_token_ms=0.08, decode_seq_ms=0.3)
+WARMUP_S = 120.0  # simulated before the run starts: a baseline is taken of a busy server
+COST = StepCost(base_ms=50.0, prefill_token_ms=0.08, decode_seq_ms=0.5)
 PREFIX_HEAVY = {"groups": 2, "system_prompt_len": 1536, "shared_frac": 0.95}
 
 
 @dataclass(frozen=True)
 class RunSpec:
     seed: int = 0
-    blocks: int = 1000
-    rate: float = 2.0  # requests per simulated second (Poisson)
+    blocks: int = 600
+    rate: float = 1.0  # requests per simulated second (Poisson)
     prefix_heavy: bool = False
     prefix_caching: bool = True
     leak_frac: float = 0.0  # from the start of the run (after the warm-up)
-    minutes: float = 15.0
+    minutes: float = 12.0
     interval_s: float = 10.0
     names: Names = "v1"
     url: str = "sim://server"
@@ -51,9 +51,9 @@ class RunSpec:
 HEALTHY = RunSpec()
 CHANGES: dict[str, RunSpec] = {
     "leak": HEALTHY.but(leak_frac=0.01),
-    "fewer_blocks": HEALTHY.but(blocks=700),
+    "fewer_blocks": HEALTHY.but(blocks=420),
     "prefix_caching_off": HEALTHY.but(prefix_heavy=True, prefix_caching=False),
-    "double_rate": HEALTHY.but(rate=4.0),
+    "double_rate": HEALTHY.but(rate=2.0),
 }
 
 

@@ -345,3 +345,15 @@ class Collector:
         figure = Figure(percentile(used, 0.5), per_minute,
                         {"max": max(used, default=None), "samples": float(len(used))})
         return GpuSummary(index, run.name, run.total_bytes, figure)
+
+
+def summarise(scrapes: Iterable[Scrape], *, targets: Iterable[Target] = (),
+              name: str | None, source: dict[str, ConfigValue], interval_s: float,
+              leak_params: LeakParams | None = None) -> Baseline:
+    """Recorded scrapes (any order) summarised as ``baseline save --from`` does."""
+    collector = Collector(leak_params=leak_params)
+    for target in targets:
+        collector.add_target(target)
+    for scrape in sorted(scrapes, key=lambda s: s.t):
+        collector.feed(scrape)
+    return collector.baseline(name=name, source=source, interval_s=interval_s)

@@ -200,7 +200,8 @@ class _Reader:
     def scalars(self, key: str) -> dict[str, ConfigValue]:
         table = self._get(key, (dict,), "an object", optional=True) or {}
         bad = [k for k, v in table.items()
-               if not isinstance(v, (str, int, float, bool, type(None)))]
+               if not isinstance(v, (str, int, float, bool, type(None)))
+               or (isinstance(v, float) and not math.isfinite(v))]
         if bad:
             raise BaselineError(f"{self._name(key)}.{bad[0]}: expected a plain value")
         return dict(table)

@@ -52,8 +52,15 @@ def _count(text: str) -> int:
     return value
 
 
-def _live_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+def _live_arguments(parser: argparse.ArgumentParser, what: str, first: str) -> None:
+    """Options of a live run. The positionals are one list, ``first`` then the targets:
+    argparse can't place options between two positionals when the second may be empty."""
     add_target_arguments(parser)
+    for action in parser._actions:
+        if action.dest == "targets":
+            action.metavar = f"{first} TARGET"
+            action.help = (f"{first}, then host:port or URL of each /metrics endpoint "
+                           "(default: the config's targets, else http://127.0.0.1:8000)")
     parser.add_argument("--duration", type=parse_duration, metavar="D",
                         help=f"how long to watch live targets (default {DEFAULT_DURATION})")
     parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
@@ -81,11 +88,12 @@ def add_baseline_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     save = actions.add_parser(
         "save", help="watch the targets (or read a recording) and save a baseline",
         description="Watch the targets for --duration (or read a recording with --from) "
-                    "and save what the run looked like. Exit 0 saved, 2 usage error, 3 no "
+                    "and save what the run looked like as NAME: a name (letters, digits, "
+                    ". _ -) or a path ending in .json. Exit 0 saved, 2 usage error, 3 no "
                     "engine could be read (nothing saved).")
-    save.add_argument("name", metavar="NAME", help="a name (letters, digits, . _ -) or a "
-                                                   "path ending in .json")
-    _live_arguments(save, "also")
+    save.usage = ("kvtop baseline save NAME [TARGET ...] [--duration D | --from RECORDING] "
+                  "[--probe] [options]")
+    _live_arguments(save, "also", "NAME")
     save.add_argument("--from", dest="recording", type=Path, metavar="RECORDING",
                       help="summarise a recording instead of watching live targets")
     save.add_argument("--force", action="store_true", help="replace a baseline of that name")
@@ -121,8 +129,9 @@ def add_compare_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
                     "(give its name or path as the only TARGET). JSON: docs/compare-json.md. "
                     "Exit 0 nothing worse, 1 a regression, 2 usage or unreadable input, "
                     "3 no data.")
-    parser.add_argument("baseline", metavar="BASELINE", help="a saved name or a path")
-    _live_arguments(parser, "")
+    parser.usage = ("kvtop compare BASELINE [TARGET ... --duration D | --replay RECORDING | "
+                    "OTHER_BASELINE] [--json] [options]")
+    _live_arguments(parser, "", "BASELINE")
     parser.add_argument("--replay", type=Path, metavar="RECORDING",
                         help="compare a recording instead of live targets")
     parser.add_argument("--json", dest="as_json", action="store_true", default=None,
@@ -135,7 +144,7 @@ def add_compare_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
 
 
 def _from_recording(path: Path, args: argparse.Namespace, name: str | None) -> Baseline:
-    from kvtop.baseline.collect import Collector
+    from kvtop.baseline.collect import summarise
     from kvtop.store.recording import RecordingError, read_recording
 
     try:
@@ -144,13 +153,10 @@ def _from_recording(path: Path, args: argparse.Namespace, name: str | None) -> B
         raise ConfigError(str(exc)) from None
     for warning in recording.warnings:
         warn(f"kvtop: {path}: {warning}")
-    collector = Collector(leak_params=leak_params(load_config(args.config)))
-    for target in recording.targets():
-        collector.add_target(target)
-    for scrape in sorted(recording.scrapes, key=lambda s: s.t):
-        collector.feed(scrape)
-    return collector.baseline(name=name, source={"kind": "recording", "recording": str(path)},
-                              interval_s=recording.interval_s)
+    return summarise(recording.scrapes, targets=recording.targets(), name=name,
+                     source={"kind": "recording", "recording": str(path)},
+                     interval_s=recording.interval_s,
+                     leak_params=leak_params(load_config(args.config)))
 
 
 def _probe_settings(args: argparse.Namespace,
@@ -205,10 +211,19 @@ def _has_data(run: Baseline) -> bool:
 # -- baseline actions ---------------------------------------------------------------------
 
 
+def _first(args: argparse.Namespace, what: str) -> str:
+    """Take the leading name (NAME, BASELINE) off the positionals."""
+    if not args.targets:
+        raise ConfigError(f"give the {what} first")
+    first, args.targets = args.targets[0], args.targets[1:]
+    return str(first)
+
+
 def run_save(args: argparse.Namespace) -> int:
     from kvtop.baseline import store
     from kvtop.baseline.model import BaselineError
 
+    args.name = _first(args, "baseline's NAME")
     if args.recording is not None and (args.targets or args.duration or args.probe):
         raise ConfigError("--from reads a recording: give no targets, --duration or --probe "
                           "with it (a probe needs a live server)")
@@ -308,7 +323,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from kvtop.baseline.compare import ModelMismatch, compare
     from kvtop.headless.baseline_text import render_comparison
 
-    base = _load(args.baseline)
+    base = _load(_first(args, "BASELINE (a saved name or a path)"))
     if args.replay is not None and (args.targets or args.duration or args.probe):
         raise ConfigError("--replay reads a recording: give no targets, --duration or "
                           "--probe with it")
