@@ -26,7 +26,7 @@ from kvtop.baseline.model import (
     TargetSummary,
 )
 from kvtop.baseline.stats import mean, percentile
-from kvtop.collect.nvml import GpuReading
+from kvtop.collect.gpu import GpuReading
 from kvtop.collect.reading import EngineReading
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams
@@ -256,8 +256,7 @@ class _TargetRun:
 
 @dataclass
 class _GpuRun:
-    name: str
-    total_bytes: int | None
+    reading: GpuReading  # the latest: name, total, where it is
     used: _Window = field(default_factory=_Window)
     minutes: dict[int, _Window] = field(default_factory=dict)
 
@@ -270,7 +269,7 @@ class Collector:
         self.leak_params = leak_params
         self.minute_s = minute_s
         self.targets: dict[str, _TargetRun] = {}
-        self.gpus: dict[int, _GpuRun] = {}
+        self.gpus: dict[tuple[str, str | None, str | None], _GpuRun] = {}
         self.first_t: float | None = None
         self.last_t: float | None = None
 
@@ -298,6 +297,8 @@ class Collector:
             return
         run.scrapes += 1
         minute = self._minute(scrape.t)
+        if state.gpus:  # a GPU exporter: its GPUs count like the local ones
+            self.feed_gpus(scrape.t, state.gpus)
         readings = run.tracker.readings
         for stats in state.engines:
             key = (stats.model, stats.engine)
@@ -310,10 +311,11 @@ class Collector:
                 engine.verdict.observe(scrape.t, stats.leak)
 
     def feed_gpus(self, t: float, readings: Iterable[GpuReading]) -> None:
+        """GPU readings (NVML, or an exporter's) at time t."""
         minute = self._minute(t)
         for gpu in readings:
-            run = self.gpus.setdefault(gpu.index, _GpuRun(gpu.name, gpu.memory_total_bytes))
-            run.name, run.total_bytes = gpu.name, gpu.memory_total_bytes
+            run = self.gpus.setdefault(gpu.key, _GpuRun(gpu))
+            run.reading = gpu
             if gpu.memory_used_bytes is not None:
                 for window in (run.used, run.minutes.setdefault(minute, _Window())):
                     window.gauge("used", float(gpu.memory_used_bytes))
@@ -336,15 +338,17 @@ class Collector:
             name=name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             kvtop_version=__version__, source=source, interval_s=interval_s,
             duration_s=duration or 0.0, minute_s=self.minute_s, targets=targets,
-            gpus=[self._gpu_summary(i, g) for i, g in sorted(self.gpus.items())])
+            gpus=[self._gpu_summary(g) for g in self.gpus.values()])
 
-    def _gpu_summary(self, index: int, run: _GpuRun) -> GpuSummary:
+    def _gpu_summary(self, run: _GpuRun) -> GpuSummary:
         used = run.used.gauges.get("used", [])
         per_minute = tuple(v for _, w in sorted(run.minutes.items())
                            if (v := mean(w.gauges.get("used", []))) is not None)
         figure = Figure(percentile(used, 0.5), per_minute,
                         {"max": max(used, default=None), "samples": float(len(used))})
-        return GpuSummary(index, run.name, run.total_bytes, figure)
+        gpu = run.reading
+        return GpuSummary(gpu.index, gpu.name, gpu.memory_total_bytes, figure, uuid=gpu.uuid,
+                          host=gpu.host, source=gpu.source)
 
 
 def summarise(scrapes: Iterable[Scrape], *, targets: Iterable[Target] = (),

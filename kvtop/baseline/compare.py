@@ -176,13 +176,14 @@ class ProbeComparison:
 
 @dataclass(slots=True)
 class GpuComparison:
-    index: int
+    index: int | None
+    host: str | None
     name: str
     config_changes: list[ConfigChange]
     memory: FigureResult
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name,
+        return {"index": self.index, "host": self.host, "name": self.name,
                 "config_changes": [c.to_json() for c in self.config_changes],
                 "figures": [self.memory.to_json()]}
 
@@ -227,7 +228,7 @@ class Comparison:
     def all_config_changes(self) -> list[dict[str, Any]]:
         changes = [{"target": e.target, "model": e.model, "engine": e.engine, **c.to_json()}
                    for e in self.engines for c in e.config_changes]
-        changes += [{"gpu": g.index, **c.to_json()} for g in self.gpus
+        changes += [{"gpu": g.index, "host": g.host, **c.to_json()} for g in self.gpus
                     for c in g.config_changes]
         return changes
 
@@ -342,15 +343,15 @@ def compare(base: Baseline, now: Baseline, *, alpha: float = ALPHA) -> Compariso
         if bt.probe is not None and nt.target not in probed:
             probed.add(nt.target)
             result.probes.append(_compare_probe(bt.probe, nt.probe, nt.target, alpha))
-    now_gpus = {g.index: g for g in now.gpus}
+    now_gpus = {g.place: g for g in now.gpus}
     for gpu in base.gpus:
-        other = now_gpus.get(gpu.index)
+        other = now_gpus.get(gpu.place)
         if other is None:
             continue
         changes = config_changes({"name": gpu.name, "memory_total_bytes": gpu.memory_total_bytes},
                                  {"name": other.name,
                                   "memory_total_bytes": other.memory_total_bytes})
-        result.gpus.append(GpuComparison(gpu.index, other.name, changes,
+        result.gpus.append(GpuComparison(other.index, other.host, other.name, changes,
                                          judge(GPU_MEMORY, gpu.memory_used, other.memory_used,
                                                alpha=alpha)))
     if base.gpus and not now.gpus:

@@ -85,10 +85,20 @@ class TargetSummary:
 
 @dataclass(slots=True)
 class GpuSummary:
-    index: int
+    """One GPU of the run: local (NVML) or from an exporter a target serves."""
+
+    index: int | None
     name: str
     memory_total_bytes: int | None
     memory_used: Figure = MISSING
+    uuid: str = ""
+    host: str | None = None  # an exporter's host label; None: the machine kvtop ran on
+    source: str = "nvml"
+
+    @property
+    def place(self) -> tuple[str | None, str]:
+        """Where the GPU sits (host, slot): what a swap keeps and a new UUID doesn't."""
+        return self.host, f"#{self.index}" if self.index is not None else self.uuid
 
 
 @dataclass(slots=True)
@@ -142,7 +152,8 @@ def _target_json(target: TargetSummary) -> dict[str, Any]:
 
 
 def _gpu_json(gpu: GpuSummary) -> dict[str, Any]:
-    return {"index": gpu.index, "name": gpu.name, "memory_total_bytes": gpu.memory_total_bytes,
+    return {"index": gpu.index, "name": gpu.name, "uuid": gpu.uuid, "host": gpu.host,
+            "source": gpu.source, "memory_total_bytes": gpu.memory_total_bytes,
             "memory_used_bytes": gpu.memory_used.to_json()}
 
 
@@ -259,9 +270,13 @@ def _target(reader: _Reader) -> TargetSummary:
 
 def _gpu(reader: _Reader) -> GpuSummary:
     used = reader.child("memory_used_bytes", optional=True)
-    total = reader.integer("memory_total_bytes", optional=True)
-    return GpuSummary(reader.integer("index") or 0, reader.text("name") or "", total,
-                      _figure(used, "per_minute") if used else MISSING)
+    return GpuSummary(
+        index=reader.integer("index", optional=True), name=reader.text("name") or "",
+        memory_total_bytes=reader.integer("memory_total_bytes", optional=True),
+        memory_used=_figure(used, "per_minute") if used else MISSING,
+        uuid=reader.text("uuid", optional=True) or "",
+        host=reader.text("host", optional=True),
+        source=reader.text("source", optional=True) or "nvml")
 
 
 def baseline_from_json(data: Any) -> Baseline:

@@ -70,6 +70,11 @@ def _engine_name(target: str, model: str | None, engine: str | None) -> str:
     return display_text("  ".join(p for p in parts if p))
 
 
+def _gpu_name(index: int | None, host: str | None) -> str:
+    where = f" on {host}" if host else ""
+    return display_text(f"GPU {index if index is not None else '?'}{where}")
+
+
 def _config_value(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
@@ -105,7 +110,7 @@ def render_comparison(doc: dict[str, Any]) -> str:
     if doc["config_changes"]:
         lines += ["", "Config changes (they explain most differences):"]
         for c in doc["config_changes"]:
-            where = (f"GPU {c['gpu']}" if "gpu" in c
+            where = (_gpu_name(c["gpu"], c["host"]) if "gpu" in c
                      else _engine_name(c["target"], c["model"], c["engine"]))
             lines.append(f"  {where}: {c['label']} {_config_value(c['baseline'])} -> "
                          f"{_config_value(c['now'])}")
@@ -121,7 +126,7 @@ def render_comparison(doc: dict[str, Any]) -> str:
             lines.append(f"  {display_text(probe['note'], 300)}")
         lines += _figure_rows(probe["figures"])
     for gpu in doc["gpus"]:
-        lines += ["", f"GPU {gpu['index']} {display_text(gpu['name'], 80)}"]
+        lines += ["", f"{_gpu_name(gpu['index'], gpu['host'])} {display_text(gpu['name'], 80)}"]
         lines += _figure_rows(gpu["figures"])
     unmatched = doc["unmatched"]
     for side, label in (("baseline", "in the baseline only"), ("now", "in this run only")):
@@ -178,7 +183,7 @@ def render_baseline(baseline: Baseline, path: str) -> str:
                 figure = probe.figures.get(spec.key, Figure(None))
                 lines.append(f"  {spec.label:24} {number(figure.value, spec.unit):>12}")
     for gpu in baseline.gpus:
-        lines.append(display_text(f"GPU {gpu.index} {gpu.name}: "
+        lines.append(display_text(f"{_gpu_name(gpu.index, gpu.host)} {gpu.name}: "
                                   f"{number(gpu.memory_used.value, GPU_MEMORY.unit)} used of "
                                   f"{number(gpu.memory_total_bytes, 'bytes')}"))
     return "\n".join(lines) + "\n"

@@ -19,7 +19,7 @@ from benchmarks.baseline_eval.scenarios import COST
 from kvtop.baseline.compare import compare
 from kvtop.baseline.live import LiveSettings, collect_live
 from kvtop.baseline.probe import PROBE_MAX_TOKENS
-from kvtop.collect.nvml import GpuReading
+from kvtop.collect.gpu import GpuReading
 from kvtop.collect.target import Target
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.server import SimConfig, SimFleet
@@ -150,3 +150,25 @@ async def test_an_api_that_cannot_be_probed_is_refused_before_watching(
                                    "--duration", "10m", "--no-gpu", env=env, timeout=60)
     assert code == 3 and "--probe" in err and "/v1/models" in err
     assert not (tmp_path / "kvtop/baselines/x.json").exists()
+
+
+def test_gpus_from_an_exporter_target_land_in_the_baseline() -> None:
+    """A recording with an nvidia_gpu_exporter target beside the server: its GPU is kept
+    (any GPU source kvtop reads counts, not only NVML)."""
+    from benchmarks.baseline_eval.scenarios import HEALTHY, scrapes
+    from kvtop.baseline.collect import summarise
+    from kvtop.collect.target import Scrape
+    from tests.gpu_fixtures import NVIDIA_SMI_H100, gpu_fixture
+
+    exporter = Target(url="http://gpu-host:9835/metrics")
+    server = list(scrapes(HEALTHY.but(minutes=4)))
+    body = gpu_fixture(NVIDIA_SMI_H100)
+    gpu_scrapes = [Scrape(exporter, s.t + 0.5, body=body) for s in server]
+    run = summarise([*server, *gpu_scrapes], name="x", source={"kind": "recording"},
+                    interval_s=10.0)
+    (gpu_summary,) = run.gpus
+    assert gpu_summary.source == "nvidia_gpu_exporter" and "H100" in gpu_summary.name
+    assert gpu_summary.memory_total_bytes and gpu_summary.memory_used.value
+    assert len(gpu_summary.memory_used.values) == 4
+    exporter_target = next(t for t in run.targets if t.target == exporter.url)
+    assert exporter_target.engines == [] and exporter_target.kind == "nvidia_gpu_exporter"
