@@ -39,7 +39,7 @@ class RunSpec:
     prefix_heavy: bool = False
     prefix_caching: bool = True
     leak_frac: float = 0.0  # from the start of the run (after the warm-up)
-    minutes: float = 12.0
+    minutes: float = 20.0
     interval_s: float = 10.0
     names: Names = "v1"
     url: str = "sim://server"

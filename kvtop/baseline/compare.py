@@ -1,15 +1,25 @@
 """Judge a run against a baseline: config changes first, then each figure better, same or
 worse, beyond run-to-run noise (docs/baseline-format.md, "How compare judges").
 
-A figure is judged from its per-minute values in both runs with the Mann–Whitney rank test:
-it changed when p < ``ALPHA``, the headline values moved the same way as the ranks, and
-the move is at least the figure's smallest change that matters (``FigureSpec.rel`` /
-``floor``). Fewer than ``MIN_VALUES`` values on either side, or a value not exported on one
-side, leaves the figure unknown: never "same", never 0.
+A figure is judged from its per-minute values in both runs. It changed when all three hold:
+
+* the Mann–Whitney rank test says one run's values tend to be higher (p < ``ALPHA``), and
+  the headline values moved the same way;
+* the move is beyond run-to-run noise: at least ``NOISE_Z`` standard errors of the
+  difference of the per-minute means, their variance multiplied by ``DESIGN_EFFECT``
+  because runs of one server differ by more than their minutes suggest (slow swings of the
+  load: healthy reruns of the simulated server vary twice as much, benchmarks/baseline_eval);
+* the move matters: at least the figure's ``FigureSpec.rel`` of the baseline and ``floor``.
+
+Fewer than ``MIN_VALUES`` values on either side, or a value not exported on one side,
+leaves the figure unknown: never "same", never 0.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,6 +37,8 @@ from kvtop.baseline.stats import mann_whitney
 from kvtop.headless.output import json_number
 
 ALPHA = 0.01
+NOISE_Z = 2.576  # two-sided 1 %, as ALPHA
+DESIGN_EFFECT = 2.0
 MIN_VALUES = 3
 COMPARE_VERSION = 1
 Verdict = Literal["better", "same", "worse", "higher", "lower", "unknown"]
@@ -56,6 +68,7 @@ class FigureResult:
     n_baseline: int = 0
     n_now: int = 0
     note: str | None = None
+    threshold: float | None = None  # the smallest change that would have counted
 
     @property
     def delta(self) -> float | None:
@@ -76,7 +89,8 @@ class FigureResult:
                 "now": json_number(self.now), "delta": json_number(self.delta),
                 "delta_pct": json_number(self.delta_pct, 1),
                 "p_value": json_number(self.p_value, 6),
-                "values": [self.n_baseline, self.n_now], "verdict": self.verdict,
+                "values": [self.n_baseline, self.n_now],
+                "threshold": json_number(self.threshold), "verdict": self.verdict,
                 "note": self.note}
 
 
@@ -96,15 +110,24 @@ def judge(spec: FigureSpec, base: Figure, now: Figure, *, alpha: float = ALPHA,
     u, p = mann_whitney(base.values, now.values)
     effect = now.value - base.value
     ranks_up = u > len(base.values) * len(now.values) / 2
-    matters = abs(effect) >= max(spec.floor, spec.rel * abs(base.value))
-    if p >= alpha or not matters or ranks_up != (effect > 0):
-        return FigureResult(spec, base.value, now.value, "same", p, **counts)
+    threshold = max(spec.floor, spec.rel * abs(base.value), noise(base.values, now.values))
+    if p >= alpha or abs(effect) < threshold or ranks_up != (effect > 0):
+        return FigureResult(spec, base.value, now.value, "same", p, threshold=threshold,
+                            **counts)
     direction: Verdict = "higher" if effect > 0 else "lower"
     if spec.worse == "load":
         verdict = direction
     else:
         verdict = "worse" if spec.worse == direction else "better"
-    return FigureResult(spec, base.value, now.value, verdict, p, **counts)
+    return FigureResult(spec, base.value, now.value, verdict, p, threshold=threshold,
+                        **counts)
+
+
+def noise(base: Sequence[float], now: Sequence[float]) -> float:
+    """The change two runs of one server show without a cause: ``NOISE_Z`` standard errors
+    of the difference of their per-minute means, the variance times ``DESIGN_EFFECT``."""
+    variance = (statistics.variance(base) / len(base) + statistics.variance(now) / len(now))
+    return NOISE_Z * math.sqrt(DESIGN_EFFECT * variance)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +260,7 @@ class Comparison:
             "kvtop_compare": COMPARE_VERSION, "verdict": self.verdict,
             "regression": self.verdict == "worse",
             "method": {"test": "mann-whitney-u", "alpha": self.alpha,
+                       "noise_z": NOISE_Z, "design_effect": DESIGN_EFFECT,
                        "minute_s": self.baseline.minute_s, "min_values": MIN_VALUES},
             "baseline": _run_json(self.baseline), "now": _run_json(self.now),
             "config_changes": self.all_config_changes(),
@@ -287,6 +311,16 @@ def _match(base: Baseline, now: Baseline
         free.remove(best)
         pairs.append((*best, target, engine))
     return pairs, unmatched
+
+
+def match_engine(base: Baseline, url: str, model: str | None, engine: str | None
+                 ) -> tuple[TargetSummary, EngineSummary] | None:
+    """The baseline engine that an engine (model, label) of target ``url`` compares with:
+    the closest (:func:`_closeness`), or None when the baseline holds no such model."""
+    probe = TargetSummary(url)
+    wanted = EngineSummary(model, engine)
+    best = max(base.engines(), key=lambda pair: _closeness(pair, probe, wanted), default=None)
+    return best if best is not None and _closeness(best, probe, wanted) else None
 
 
 def _check_models(base: Baseline, now: Baseline) -> None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from kvtop.baseline.probe import ProbeSettings
 
 EXIT_OK, EXIT_WORSE, EXIT_USAGE, EXIT_NO_DATA = 0, 1, 2, 3
-DEFAULT_DURATION = "10m"
+DEFAULT_DURATION = "20m"
 
 
 def _positive(text: str) -> float:

@@ -1,6 +1,9 @@
 """Recordings of the simulated server for the baseline tests, made once per session in
 simulated time (benchmarks/baseline_eval/scenarios.py): the healthy run, one run per
-change, a healthy prefix-heavy run (the baseline for prefix caching off) and the reruns."""
+change, a healthy prefix-heavy run (the baseline for prefix caching off) and the reruns.
+
+The changed runs have another seed than their baseline (other arrivals, lengths and
+prefixes), as a later run of a real server would: the change must show through the noise."""
 
 from __future__ import annotations
 
@@ -14,10 +17,11 @@ from kvtop.baseline.model import Baseline
 from kvtop.store.recording import read_recording
 
 RERUNS = 20
+CHANGED_SEED = 100
 SPECS: dict[str, RunSpec] = {
     "healthy": HEALTHY,
     "prefix_heavy": HEALTHY.but(prefix_heavy=True),
-    **CHANGES,
+    **{name: spec.but(seed=CHANGED_SEED) for name, spec in CHANGES.items()},
 }
 
 
