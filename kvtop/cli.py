@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from kvtop import __version__
 from kvtop.collect.target import Target
 from kvtop.config import (
+    Config,
     ConfigError,
     add_prometheus_arguments,
     add_target_arguments,
@@ -24,6 +25,7 @@ from kvtop.runtime import tune_gc
 from kvtop.safe_text import warn
 
 if TYPE_CHECKING:
+    from kvtop.baseline.overlay import BaselineOverlay
     from kvtop.collect.prometheus import PrometheusSettings
     from kvtop.derive.leak import LeakParams
     from kvtop.ui.app import AppConfig
@@ -195,13 +197,18 @@ def _replay_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--speed", type=_positive, default=1.0,
                         help="recording seconds per second (default 1)")
     parser.add_argument("--snapshot-dir", type=Path, default=Path.cwd(), metavar="DIR")
+    parser.add_argument("--baseline", metavar="NAME",
+                        help="draw this saved baseline against the recording (as kvtop "
+                             "--baseline)")
     parser.set_defaults(command=_run_replay)
 
 
 def _run_replay(args: argparse.Namespace) -> int:
     from kvtop.ui.replay import run_replay
 
-    return run_replay(args.recording, speed=args.speed, snapshot_dir=args.snapshot_dir)
+    baseline = _baseline_overlay(args.baseline, Config()) if args.baseline else None
+    return run_replay(args.recording, speed=args.speed, snapshot_dir=args.snapshot_dir,
+                      baseline=baseline)
 
 
 def _sim_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -272,8 +279,25 @@ def build_app_parser() -> argparse.ArgumentParser:
                         help="no charts and slower redraws, for slow ssh links")
     parser.add_argument("--record", type=Path, metavar="FILE",
                         help="also write every scrape to a recording (for kvtop replay/check)")
+    parser.add_argument("--baseline", metavar="NAME",
+                        help="draw this saved baseline (kvtop baseline save) in the panes and "
+                             "a Δ column of KV p50 and TTFT p99 against it; or per target: "
+                             "baseline = \"NAME\" in the config")
     add_prometheus_arguments(parser)
     return parser
+
+
+def _baseline_overlay(name: str | None, config: Config) -> BaselineOverlay | None:
+    """The baselines the app draws: --baseline for every target, the config's per target."""
+    if name is None and not config.baselines:
+        return None
+    from kvtop.baseline.model import BaselineError
+    from kvtop.baseline.overlay import BaselineOverlay
+
+    try:
+        return BaselineOverlay.load(config.baselines, name)
+    except BaselineError as exc:
+        raise ConfigError(f"baseline: {exc}") from None
 
 
 def _app_config(args: argparse.Namespace, targets: list[Target], interval: float,
@@ -291,18 +315,21 @@ def _run_app(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     interval = args.interval or config.interval_s or 1.0
+    baseline = _baseline_overlay(args.baseline, config)
     if (prometheus := resolve_prometheus(args, config)) is not None:
-        return _run_app_prometheus(prometheus, args, args.interval or config.interval_s)
+        return _run_app_prometheus(prometheus, args, args.interval or config.interval_s,
+                                   baseline)
     if not args.demo:
-        return run_app(_app_config(args, resolve_targets(args, config), interval))
+        return run_app(_app_config(args, resolve_targets(args, config), interval,
+                                   baseline=baseline))
     from kvtop.sim.demo import demo_fleet
 
     with demo_fleet() as targets:
-        return run_app(_app_config(args, targets, interval))
+        return run_app(_app_config(args, targets, interval, baseline=baseline))
 
 
 def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace,
-                        interval: float | None) -> int:
+                        interval: float | None, baseline: BaselineOverlay | None) -> int:
     """The app on the instances Prometheus knows now, fed (and backfilled) through it."""
     import asyncio
 
@@ -319,7 +346,7 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
     except PrometheusError as exc:
         warn(f"kvtop: {exc}")
         return EXIT_UNREADABLE
-    return run_app(_app_config(args, targets, interval,
+    return run_app(_app_config(args, targets, interval, baseline=baseline,
                                source_factory=lambda _config: source))
 
 

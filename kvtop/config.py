@@ -69,6 +69,7 @@ class Config:
     interval_s: float | None = None
     thresholds: dict[str, Any] = field(default_factory=dict)
     prometheus: dict[str, Any] = field(default_factory=dict)  # the [prometheus] table
+    baselines: dict[str, str] = field(default_factory=dict)  # target URL -> baseline name
 
 
 def _target_from_table(entry: dict[str, Any], where: str) -> Target:
@@ -97,13 +98,24 @@ def load_config(path: Path | None) -> Config:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    entries = data.get("targets", [])
     targets = [_target_from_table(entry, f"{path} targets[{i}]")
-               for i, entry in enumerate(data.get("targets", []))]
+               for i, entry in enumerate(entries)]
+    baselines = {target.url: name for target, entry in zip(targets, entries, strict=True)
+                 if (name := _baseline_name(entry, f"{path} targets")) is not None}
     interval = data.get("interval")
     if interval is not None and (not isinstance(interval, (int, float)) or interval <= 0):
         raise ConfigError(f"{path}: interval must be a positive number of seconds")
     return Config(targets, None if interval is None else float(interval),
-                  dict(data.get("thresholds", {})), _prometheus_table(data, path))
+                  dict(data.get("thresholds", {})), _prometheus_table(data, path), baselines)
+
+
+def _baseline_name(entry: dict[str, Any], where: str) -> str | None:
+    """A target's ``baseline = "NAME"`` (kvtop baseline save NAME): drawn in the app."""
+    name = entry.get("baseline")
+    if name is not None and not isinstance(name, str):
+        raise ConfigError(f"{where}: baseline must be a baseline's name or path")
+    return name
 
 
 def _prometheus_table(data: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import work
@@ -24,6 +25,9 @@ from kvtop.store.replay import ReplaySource
 from kvtop.ui import format as fmt
 from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.ui.screens.help import KEYS
+
+if TYPE_CHECKING:
+    from kvtop.baseline.overlay import BaselineOverlay
 
 SEEK_S = 60.0  # [ ]
 SEEK_FAR_S = 600.0  # { }
@@ -155,7 +159,8 @@ class ReplayApp(KvtopApp):
         self._moved()
 
 
-def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None) -> int:
+def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None,
+               baseline: BaselineOverlay | None = None) -> int:
     """Open the app on the recording at ``path``. Returns 0, 2 (unreadable) or 3 (no scrapes)."""
     try:
         recording = read_recording(path)
@@ -175,6 +180,7 @@ def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
         snapshot_dir=snapshot_dir or Path.cwd(),
         source_factory=lambda _: source,
         clock=source.now,
+        baseline=baseline,
     )
     ReplayApp(config, source, path.name).run()
     return 0
