@@ -35,7 +35,8 @@ PREFIX_HEAVY = {"groups": 2, "system_prompt_len": 1536, "shared_frac": 0.95}
 class RunSpec:
     seed: int = 0
     blocks: int = 600
-    rate: float = 1.0  # requests per simulated second (Poisson)
+    rate: float = 1.0  # requests per simulated second, on average
+    arrival: str = "poisson"  # or "bursty": bursts with idle gaps between them
     prefix_heavy: bool = False
     prefix_caching: bool = True
     leak_frac: float = 0.0  # from the start of the run (after the warm-up)
@@ -60,7 +61,8 @@ CHANGES: dict[str, RunSpec] = {
 def simulation(spec: RunSpec) -> Simulation:
     config = EngineConfig(num_gpu_blocks=spec.blocks, enable_prefix_caching=spec.prefix_caching,
                           cost=COST)
-    params: dict[str, object] = {"rate": spec.rate, "output_mean": 100.0}
+    params: dict[str, object] = {"rate": spec.rate, "output_mean": 100.0,
+                                 "arrival": spec.arrival}
     if spec.prefix_heavy:
         params.update(PREFIX_HEAVY)
     sim = Simulation(config, make_workload("synthetic", seed=spec.seed, **params),

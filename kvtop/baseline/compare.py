@@ -8,7 +8,8 @@ A figure is judged from its per-minute values in both runs. It changed when all 
 * the move is beyond run-to-run noise: at least ``NOISE_Z`` standard errors of the
   difference of the per-minute means, their variance multiplied by ``DESIGN_EFFECT``
   because runs of one server differ by more than their minutes suggest (slow swings of the
-  load: healthy reruns of the simulated server vary twice as much, benchmarks/baseline_eval);
+  load: the means of healthy reruns of the simulated server vary 2 to 2.7 times as much as
+  their minutes predict, most for KV usage; benchmarks/baseline_eval);
 * the move matters: at least the figure's ``FigureSpec.rel`` of the baseline and ``floor``.
 
 Fewer than ``MIN_VALUES`` values on either side, or a value not exported on one side,
@@ -38,7 +39,7 @@ from kvtop.headless.output import json_number
 
 ALPHA = 0.01
 NOISE_Z = 2.576  # two-sided 1 %, as ALPHA
-DESIGN_EFFECT = 2.0
+DESIGN_EFFECT = 3.0
 MIN_VALUES = 3
 COMPARE_VERSION = 1
 Verdict = Literal["better", "same", "worse", "higher", "lower", "unknown"]
@@ -110,7 +111,8 @@ def judge(spec: FigureSpec, base: Figure, now: Figure, *, alpha: float = ALPHA,
     u, p = mann_whitney(base.values, now.values)
     effect = now.value - base.value
     ranks_up = u > len(base.values) * len(now.values) / 2
-    threshold = max(spec.floor, spec.rel * abs(base.value), noise(base.values, now.values))
+    spread = noise(base.values, base.values if spec.steady else now.values, len(now.values))
+    threshold = max(spec.floor, spec.rel * abs(base.value), spread)
     if p >= alpha or abs(effect) < threshold or ranks_up != (effect > 0):
         return FigureResult(spec, base.value, now.value, "same", p, threshold=threshold,
                             **counts)
@@ -123,10 +125,11 @@ def judge(spec: FigureSpec, base: Figure, now: Figure, *, alpha: float = ALPHA,
                         **counts)
 
 
-def noise(base: Sequence[float], now: Sequence[float]) -> float:
+def noise(base: Sequence[float], now: Sequence[float], n_now: int) -> float:
     """The change two runs of one server show without a cause: ``NOISE_Z`` standard errors
-    of the difference of their per-minute means, the variance times ``DESIGN_EFFECT``."""
-    variance = (statistics.variance(base) / len(base) + statistics.variance(now) / len(now))
+    of the difference of their per-minute means (``n_now`` of them now, with the spread of
+    ``now``), the variance times ``DESIGN_EFFECT``."""
+    variance = statistics.variance(base) / len(base) + statistics.variance(now) / n_now
     return NOISE_Z * math.sqrt(DESIGN_EFFECT * variance)
 
 

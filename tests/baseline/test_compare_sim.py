@@ -17,7 +17,7 @@ import pytest
 
 from kvtop.baseline.compare import Comparison, compare
 from kvtop.cli import main
-from tests.baseline.conftest import RERUNS, Recordings, summarise
+from tests.baseline.conftest import CHANGED_SEED, RERUNS, Recordings, summarise
 
 
 def verdicts(result: Comparison) -> dict[str, str]:
@@ -45,6 +45,23 @@ def test_a_leak_flags_the_leak_detector(recordings: Recordings, healthy: Any) ->
     kv = next(f for f in engine.figures if f.spec.key == "kv_usage")
     assert kv.now is not None and kv.baseline is not None and kv.now > kv.baseline
     assert result.all_config_changes() == []
+
+
+def test_a_leak_raises_the_idle_floor(recordings: Recordings) -> None:
+    """Bursts with idle gaps: a healthy server's pool empties at every gap (its idle floor is
+    0, the same every time); a leaking one keeps more blocks at each gap."""
+    from benchmarks.baseline_eval.scenarios import HEALTHY
+
+    bursty = HEALTHY.but(arrival="bursty")
+    base = summarise(recordings.path("bursty", bursty))
+    floor = base.targets[0].engines[0].figure("idle_kv_usage")
+    assert floor.value == 0.0 and len(floor.values) >= 10 and floor.summary["samples"]
+    leak = compare(base, summarise(recordings.path("bursty-leak", bursty.but(
+        seed=CHANGED_SEED, leak_frac=0.01))))
+    assert {"idle_kv_usage", "leak"} <= flagged(leak, "worse")
+    rerun = compare(base, summarise(recordings.path("bursty-rerun", bursty.but(
+        seed=CHANGED_SEED))))
+    assert verdicts(rerun)["idle_kv_usage"] == "same" and rerun.verdict == "same"
 
 
 def test_fewer_blocks_is_the_config_change_and_fuller_pool(recordings: Recordings,
@@ -111,6 +128,31 @@ def test_missing_figures_stay_unknown_on_sglang(recordings: Recordings) -> None:
     preemptions = next(f for f in compared.figures if f.spec.key == "preemptions_per_min")
     assert preemptions.verdict == "unknown" and "not known" in (preemptions.note or "")
     assert result.verdict == "same" and result.exit_code() == 0
+
+
+def test_llama_cpp_carries_what_it_exports() -> None:
+    """llama.cpp exports requests and token counters but no KV occupancy and no latency
+    histograms: the baseline has the rates and leaves the rest unknown, never 0."""
+    from kvtop.baseline.collect import summarise as summarise_scrapes
+    from kvtop.collect.target import Scrape, Target
+
+    target = Target(url="http://llama:8080/metrics")
+    bodies = [Scrape(target, 1_767_225_600.0 + 10 * i, body=(
+        f"llamacpp:prompt_tokens_total {1000 * i}\nllamacpp:tokens_predicted_total {200 * i}\n"
+        f"llamacpp:requests_processing {i % 3}\nllamacpp:requests_deferred 0\n"))
+        for i in range(60)]
+    run = summarise_scrapes(bodies, name="llama", source={"kind": "recording"},
+                            interval_s=10.0)
+    (target_summary,) = run.targets
+    (engine,) = target_summary.engines
+    assert target_summary.kind == "llamacpp"
+    assert engine.figure("prompt_tps").value == pytest.approx(100.0)
+    assert len(engine.figure("prompt_tps").values) == 10  # the first minute has 50 s
+    for key in ("kv_usage", "ttft_p99", "preemptions_per_min", "hit_rate"):
+        assert engine.figure(key).value is None and engine.figure(key).values == ()
+    result = compare(run, run)
+    kv = next(f for f in result.engines[0].figures if f.spec.key == "kv_usage")
+    assert kv.verdict == "unknown" and result.verdict == "same"
 
 
 # -- the same through the commands ----------------------------------------------------------
