@@ -6,7 +6,7 @@ any figure is flagged worse (and, separately, any figure flagged at all) and how
 rank test alone fell under alpha. Detection: each change of scenarios.CHANGES run with
 other seeds than the baseline's, counting how often the figures it should move are flagged.
 
-    python benchmarks/baseline_eval/run.py --runs 40 --detect-seeds 5
+    python benchmarks/baseline_eval/run.py --runs 40 --detect-seeds 5 [--minutes 20]
 
 Numbers are quoted in docs/baseline-format.md.
 """
@@ -42,10 +42,10 @@ def flags(base: Baseline, now: Baseline) -> tuple[dict[str, str], dict[str, floa
     return verdicts, pvalues
 
 
-def false_alarms(runs: int) -> None:
+def false_alarms(runs: int, minutes: float) -> None:
     started = time.process_time()
-    summaries = [baseline(HEALTHY.but(seed=seed)) for seed in range(runs)]
-    print(f"{runs} healthy runs of {HEALTHY.minutes:g} min in "
+    summaries = [baseline(HEALTHY.but(seed=seed, minutes=minutes)) for seed in range(runs)]
+    print(f"{runs} healthy runs of {minutes:g} min in "
           f"{time.process_time() - started:.0f} s CPU")
     worse_runs = any_runs = 0
     worse, flagged, significant, judged = Counter(), Counter(), Counter(), Counter()
@@ -69,15 +69,15 @@ def false_alarms(runs: int) -> None:
               f"{100 * worse[key] / n:6.2f}%")
 
 
-def detection(seeds: int) -> None:
+def detection(seeds: int, minutes: float) -> None:
     print(f"\nDetection, baseline seed s vs the change with seed s + 100, {seeds} seeds:")
     prefix_base = HEALTHY.but(prefix_heavy=True)
     for name, spec in CHANGES.items():
         caught, flagged_worse = 0, Counter()
         for seed in range(seeds):
             base = baseline((prefix_base if name == "prefix_caching_off" else HEALTHY)
-                            .but(seed=seed))
-            verdicts, _ = flags(base, baseline(spec.but(seed=seed + 100)))
+                            .but(seed=seed, minutes=minutes))
+            verdicts, _ = flags(base, baseline(spec.but(seed=seed + 100, minutes=minutes)))
             worse = {k for k, v in verdicts.items() if v == "worse"}
             caught += EXPECTED[name] <= worse
             flagged_worse.update(worse)
@@ -89,9 +89,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--detect-seeds", type=int, default=5)
+    parser.add_argument("--minutes", type=float, default=HEALTHY.minutes,
+                        help="length of every run (default 20, kvtop's default duration)")
     args = parser.parse_args()
-    false_alarms(args.runs)
-    detection(args.detect_seeds)
+    false_alarms(args.runs, args.minutes)
+    detection(args.detect_seeds, args.minutes)
 
 
 if __name__ == "__main__":

@@ -108,8 +108,9 @@ async def test_probe_against_the_kvtop_sim_command(tmp_path: Path) -> None:
     probe = saved["targets"][0]["probe"]
     assert probe["requests"] == 3 and probe["failed"] == 0 and probe["prompt_tokens"] == 32
     (engine,) = saved["targets"][0]["engines"]
-    # three 16-token requests in 60 s of server time: the counters saw exactly them
-    assert engine["figures"]["generation_tps"]["value"] * engine["duration_s"] <= 3 * 16
+    # three 16-token requests in 60 s of server time: the counters saw no more than them
+    generated = engine["figures"]["generation_tps"]["value"] * engine["duration_s"]
+    assert 0 < generated <= 3 * 16 + 0.01  # the rate is kept to 6 digits
     assert doc is not None
     (compared,) = doc["probes"]
     assert [f["values"] for f in compared["figures"]] == [[3, 3], [3, 3]]
