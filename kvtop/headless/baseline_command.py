@@ -19,6 +19,7 @@ from kvtop.config import (
     leak_params,
     load_config,
     parse_duration,
+    positive_number,
     resolve_targets,
 )
 from kvtop.headless.output import emit
@@ -30,16 +31,6 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_WORSE, EXIT_USAGE, EXIT_NO_DATA = 0, 1, 2, 3
 DEFAULT_DURATION = "20m"
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
 
 
 def _count(text: str) -> int:
@@ -63,23 +54,24 @@ def _live_arguments(parser: argparse.ArgumentParser, what: str, first: str) -> N
                            "(default: the config's targets, else http://127.0.0.1:8000)")
     parser.add_argument("--duration", type=parse_duration, metavar="D",
                         help=f"how long to watch live targets (default {DEFAULT_DURATION})")
-    parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
+    parser.add_argument("--interval", type=positive_number, default=1.0, metavar="S",
                         help="seconds between scrapes (default 1)")
     parser.add_argument("--probe", action="store_true",
-                        help=f"{what} send a fixed short completion to each server's OpenAI "
+                        help=f"{what}send a fixed short completion to each server's OpenAI "
                              "API --probes times and time it (it sends traffic)")
     parser.add_argument("--probes", type=_count, default=None, metavar="N",
                         help="how many probe requests (default 5)")
-    parser.add_argument("--time-scale", type=_positive, default=1.0, metavar="S",
+    parser.add_argument("--time-scale", type=positive_number, default=1.0, metavar="S",
                         help="the target's clock runs S times wall time (kvtop sim --speed "
                              "S): the duration and timings are in its time")
     parser.add_argument("--no-gpu", action="store_true", help="do not read local GPUs")
 
 
-def add_baseline_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_baseline_parser(subparsers: argparse._SubParsersAction,
+                        summary: str) -> argparse.ArgumentParser:
     """Register ``baseline`` with its actions save, list, show and rm."""
     parser = subparsers.add_parser(
-        "baseline", help="save a server's healthy state to compare later runs against",
+        "baseline", help=summary,
         description="Save, list, show and remove baselines: per engine the cache config, "
                     "KV usage, queues, preemptions, prefix hit rate, throughput, latency and "
                     "GPU memory of a healthy run (docs/baseline-format.md). Saved under "
@@ -93,7 +85,7 @@ def add_baseline_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
                     "engine could be read (nothing saved).")
     save.usage = ("kvtop baseline save NAME [TARGET ...] [--duration D | --from RECORDING] "
                   "[--probe] [options]")
-    _live_arguments(save, "also", "NAME")
+    _live_arguments(save, "also ", "NAME")
     save.add_argument("--from", dest="recording", type=Path, metavar="RECORDING",
                       help="summarise a recording instead of watching live targets")
     save.add_argument("--force", action="store_true", help="replace a baseline of that name")
@@ -118,10 +110,11 @@ def add_baseline_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     return parser
 
 
-def add_compare_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_compare_parser(subparsers: argparse._SubParsersAction,
+                       summary: str) -> argparse.ArgumentParser:
     """Register ``compare``; it dispatches to :func:`run_compare`."""
     parser = subparsers.add_parser(
-        "compare", help="compare live targets, a recording or another baseline with a baseline",
+        "compare", help=summary,
         description="Compare a run with a saved baseline: config changes first, then each "
                     "figure better, same or worse beyond run-to-run noise (a rank test on "
                     "per-minute values; docs/baseline-format.md). The run is live targets "

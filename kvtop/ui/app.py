@@ -13,13 +13,14 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -47,8 +48,9 @@ from kvtop.derive.gpu_owners import (
 )
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
+from kvtop.exits import EXIT_INTERNAL
 from kvtop.safe_text import display_text, warn
-from kvtop.store.recording import RecordingWriter
+from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingWriter
 from kvtop.ui import format as fmt
 from kvtop.ui.fleet import (
     LARGE_FLEET,
@@ -80,6 +82,7 @@ INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 COMPACT_WIDTH = 120  # below this the GPU pane goes under the table
 GPU_MIN_PERIOD_S = 2.0  # NVML reads are costly (gpustat#54); no need to go faster
 TTY_CHECK_S = 2.0
+TERMINAL_GONE_GRACE_S = 3.0  # then the process ends even if shutting down hangs
 RECORD_FLUSH_S = 5.0  # a crash loses at most this much of a recording
 LEAK_NOTIFY_S = {"leak": 30.0, "watch": 15.0}  # how long a leak alert stays up
 FIRST_DATA_S = 0.05  # a host's first numbers show this soon; 500 first scrapes, a few draws
@@ -130,6 +133,7 @@ class AppConfig:
     clock: Callable[[], float] = time.time  # wall clock for ages; fixed in snapshot tests
     watch_tty: bool = True  # exit when the terminal goes away (ignored when headless)
     record: Path | None = None  # write every scrape to this recording while running
+    record_max_bytes: int | None = DEFAULT_MAX_BYTES  # the recording stops there
     baseline: BaselineOverlay | None = None  # drawn in the panes and the Δ column
 
 
@@ -162,10 +166,12 @@ class KvtopApp(App[None]):
         self.source: ScrapeSource | None = None  # made in the worker: the poller's HTTP
         # stack takes a third of a second to import, after the first frame, not before it
         self._recorder = (
-            RecordingWriter(config.record, interval_s=config.interval_s, targets=config.targets)
+            RecordingWriter(config.record, interval_s=config.interval_s, targets=config.targets,
+                            max_bytes=config.record_max_bytes)
             if config.record is not None
             else None
         )  # opened here so an unwritable path fails before the screen is taken over
+        self._record_told = (False, False, False)  # recording trouble already notified
         self._leak_seen: dict[str, str] = {}  # row key -> last leak state told to the user
         self.interval_s = config.interval_s
         self.gpus: list[GpuReading] = []  # local, from NVML
@@ -193,6 +199,7 @@ class KvtopApp(App[None]):
         self._soon_armed = False
         self._last_draw = float("-inf")
         self._parent_pid = os.getppid()
+        self.exit_deadline_s: float | None = None  # set by run_app: see _exit_soon
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -223,7 +230,7 @@ class KvtopApp(App[None]):
         if self.config.watch_tty and not self.is_headless:
             self._watch_terminal()
         if self._recorder is not None:
-            self.set_interval(RECORD_FLUSH_S, self._recorder.flush, name="record-flush")
+            self.set_interval(RECORD_FLUSH_S, self._flush_recording, name="record-flush")
 
     def on_resize(self, event: Resize) -> None:
         self.set_class(event.size.width < COMPACT_WIDTH, "compact")
@@ -260,8 +267,6 @@ class KvtopApp(App[None]):
 
     def on_scrape(self, scrape: Scrape) -> None:
         """Fold a scrape into its tracker now (even when paused); draw later, coalesced."""
-        if self._recorder is not None:
-            self._recorder.write(scrape)
         tracker = self.trackers.get(scrape.target.url)
         if tracker is None:  # a server the source discovered after start (Prometheus)
             tracker = self.trackers[scrape.target.url] = self.config.tracker_factory(
@@ -274,6 +279,9 @@ class KvtopApp(App[None]):
             self._servers_changed = True  # a new server to own GPUs, or new GPUs
         elif tracker.state.kind in GPU_EXPORTER_KINDS:
             self._gpus_changed = True
+        if self._recorder is not None:
+            self._recorder.write(scrape)  # never raises: trouble shows in the status line
+            self._tell_recording_trouble()
         if first and not self._paused:
             self._draw_soon()
         else:
@@ -338,6 +346,31 @@ class KvtopApp(App[None]):
         if self._nvml_answered or self.gpu_views:
             self.gpu_pane.show(pane_lines(self.gpu_views, self.gpu_unavailable,
                                           self._failed_gpu_sources))
+
+    # -- recording ------------------------------------------------------------------------
+
+    def _flush_recording(self) -> None:
+        if self._recorder is not None:
+            self._recorder.flush()
+            self._tell_recording_trouble()
+
+    def _tell_recording_trouble(self) -> None:
+        """A toast when writing starts failing, the size limit is reached or the end is
+        lost; the status line then shows it for as long as the app runs."""
+        recorder = self._recorder
+        assert recorder is not None
+        now = (recorder.failing, recorder.full, recorder.end_lost)
+        if any(new and not old for new, old in zip(now, self._record_told, strict=True)):
+            self.notify(display_text(f"{recorder.path}: {recorder.status()}"),
+                        title="Recording", severity="error", timeout=10, markup=False)
+            self._request_draw()
+        self._record_told = now
+
+    def recording_status(self) -> str | None:
+        """None when not recording, "" while all is well, else what went wrong."""
+        if self._recorder is None:
+            return None
+        return self._recorder.status() or ""
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -407,6 +440,7 @@ class KvtopApp(App[None]):
             sort_label=SORT_KEYS[self._sort_index][1],
             filter_text=self._filter,
             paused=self._paused,
+            recording=self.recording_status(),
         )
         if isinstance(self.screen, DetailScreen):
             self.screen.show(now)
@@ -595,8 +629,16 @@ class KvtopApp(App[None]):
 
     def _watch_terminal(self) -> None:
         """Exit on SIGHUP or a lost TTY instead of spinning as an orphan (dolphie#101)."""
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+        loop = asyncio.get_running_loop()
+
+        def hung_up(signum: int, frame: object) -> None:
+            # a plain handler, not the loop's: it runs at once even when thousands of
+            # targets keep the loop busy, and the exit deadline starts now
+            self._exit_soon()
+            loop.call_soon_threadsafe(self._terminal_gone)
+
+        with contextlib.suppress(ValueError):  # not the main thread (tests)
+            signal.signal(signal.SIGHUP, hung_up)
         self.set_interval(TTY_CHECK_S, self._check_terminal, name="tty-watchdog")
 
     def _check_terminal(self) -> None:
@@ -605,7 +647,29 @@ class KvtopApp(App[None]):
         except (ValueError, OSError):  # stdin closed
             attached = False
         if not attached or os.getppid() != self._parent_pid:
-            self.exit()
+            self._terminal_gone()
+
+    def _terminal_gone(self) -> None:
+        if self._recorder is not None:
+            self._recorder.flush()
+        self._exit_soon()
+        self.exit()
+
+    def _exit_soon(self) -> None:
+        """When this app owns the process (run_app), end it in ``exit_deadline_s`` whatever
+        happens: with the terminal gone, Textual's shutdown writes to it, and that write
+        could block for good (seen with 10,000 targets in tmux). A normal exit before then
+        ends the process as usual."""
+        if self.exit_deadline_s is not None:
+            force = threading.Timer(self.exit_deadline_s, os._exit, (0,))
+            force.daemon = True
+            force.start()
+
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        """Stop collecting first (q, SIGHUP, a lost terminal): with thousands of targets the
+        poller's attempts fill the event loop, and shutting down waited behind them."""
+        self._stop.set()
+        super().exit(*args, **kwargs)
 
     async def on_unmount(self) -> None:
         self._stop.set()
@@ -617,12 +681,23 @@ class KvtopApp(App[None]):
 def run_app(config: AppConfig) -> int:
     """Run the terminal app until the user quits or the terminal goes away.
 
-    Returns 0, or 2 when the recording (``config.record``) can't be created.
+    Returns 0, 2 when the recording (``config.record``) can't be created, or 70 after a crash.
     """
     try:
         app = KvtopApp(config)
     except OSError as exc:
         warn(f"kvtop: can't record to {config.record}: {exc.strerror or exc}")
         return 2
+    app.exit_deadline_s = TERMINAL_GONE_GRACE_S
     app.run()
+    return app_exit_code(app)
+
+
+def app_exit_code(app: App[object]) -> int:
+    """0 when the user quit; 70 when Textual stopped the app on an unhandled exception (it
+    prints the traceback itself once the terminal is restored)."""
+    if app.return_code:
+        print("kvtop: the app stopped on an internal error, a bug (traceback above)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
     return 0

@@ -58,9 +58,10 @@ def test_usage_errors_exit_2_with_a_reason(small: Path, data_home: Path,
     assert code == 2 and "not a kvtop recording" in err
     code, _, err = run(capsys, "baseline", "rm", "ghost")
     assert code == 2 and "no baseline 'ghost'" in err
-    with pytest.raises(SystemExit) as exit_info:
-        main(["baseline", "save", "p", "--probes", "0"])
-    assert exit_info.value.code == 2
+    code, _, err = run(capsys, "baseline", "save", "p", "--probes", "0")
+    assert code == 2 and "--probes: from 1 to 100" in err
+    code, _, err = run(capsys, "compare", "ok", "--interval", "inf")
+    assert code == 2 and "--interval: must be a finite number > 0" in err
 
 
 def test_truncated_or_newer_baseline_is_refused(small: Path, data_home: Path,
