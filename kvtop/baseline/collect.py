@@ -353,11 +353,12 @@ class Collector:
 
 def summarise(scrapes: Iterable[Scrape], *, targets: Iterable[Target] = (),
               name: str | None, source: dict[str, ConfigValue], interval_s: float,
-              leak_params: LeakParams | None = None) -> Baseline:
-    """Recorded scrapes (any order) summarised as ``baseline save --from`` does."""
+              leak_params: LeakParams | None = None, in_time_order: bool = False) -> Baseline:
+    """Recorded scrapes summarised as ``baseline save --from`` does: sorted first unless
+    ``in_time_order`` (a streamed recording, never held whole)."""
     collector = Collector(leak_params=leak_params)
     for target in targets:
         collector.add_target(target)
-    for scrape in sorted(scrapes, key=lambda s: s.t):
+    for scrape in scrapes if in_time_order else sorted(scrapes, key=lambda s: s.t):
         collector.feed(scrape)
     return collector.baseline(name=name, source=source, interval_s=interval_s)

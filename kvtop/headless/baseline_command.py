@@ -23,7 +23,7 @@ from kvtop.config import (
     resolve_targets,
 )
 from kvtop.headless.output import emit
-from kvtop.safe_text import warn
+from kvtop.safe_text import display_text, warn
 
 if TYPE_CHECKING:
     from kvtop.baseline.model import Baseline, ProbeSummary
@@ -138,18 +138,18 @@ def add_compare_parser(subparsers: argparse._SubParsersAction,
 
 def _from_recording(path: Path, args: argparse.Namespace, name: str | None) -> Baseline:
     from kvtop.baseline.collect import summarise
-    from kvtop.store.recording import RecordingError, read_recording
+    from kvtop.store.recording import RecordingError, open_recording
 
     try:
-        recording = read_recording(path)
+        recording = open_recording(path)
     except RecordingError as exc:
         raise ConfigError(str(exc)) from None
     for warning in recording.warnings:
         warn(f"kvtop: {path}: {warning}")
-    return summarise(recording.scrapes, targets=recording.targets(), name=name,
+    return summarise(recording.in_time_order(), targets=recording.targets(), name=name,
                      source={"kind": "recording", "recording": str(path)},
                      interval_s=recording.interval_s,
-                     leak_params=leak_params(load_config(args.config)))
+                     leak_params=leak_params(load_config(args.config)), in_time_order=True)
 
 
 def _probe_settings(args: argparse.Namespace,
@@ -245,8 +245,8 @@ def run_save(args: argparse.Namespace) -> int:
         sys.stdout.write(run.dumps())
     else:
         engines = len(run.engines())
-        print(f"saved baseline {name!r} to {path}: {engines} engine(s), "
-              f"{run.duration_s / 60:.1f} min")
+        print(display_text(f"saved baseline {name!r} to {path}: {engines} engine(s), "
+                           f"{run.duration_s / 60:.1f} min"))
     return EXIT_OK
 
 
@@ -294,7 +294,7 @@ def run_rm(args: argparse.Namespace) -> int:
         path = store.remove(args.name)
     except BaselineError as exc:
         raise ConfigError(str(exc)) from None
-    print(f"removed {path}")
+    print(display_text(f"removed {path}"))
     return EXIT_OK
 
 

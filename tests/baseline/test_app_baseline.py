@@ -84,10 +84,15 @@ async def test_the_app_draws_the_baseline(overlay: BaselineOverlay, tmp_path: Pa
         lines = str(panel.render()).splitlines()
         base = next(line for line in lines if line.startswith("base"))
         assert "p50" in base and "healthy" in base and "now +" in base
+        dim = panel.get_component_rich_style("panel--base")
+        assert dim.dim  # the baseline line is drawn dim, under the live sparkline
         await pilot.press("enter")
         assert await until(pilot, lambda: isinstance(app.screen, DetailScreen))
         assert await until(pilot, lambda: "base    KV p50" in str(
             app.screen.query_one("#detail-info").render()))
+        # the KV plot as drawn: the baseline's levels are in its legend
+        assert await until(pilot, lambda: "base p50" in str(
+            app.screen.query_one("#plot-kv").render()))
     band = overlay.band(target.url, KEY)
     kv_levels = references("plot-kv", band)
     assert [r.label for r in kv_levels] == ["base p50", "base p5-95", None]

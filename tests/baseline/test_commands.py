@@ -154,3 +154,23 @@ def test_outside_strings_are_written_out_in_text(tmp_path: Path, data_home: Path
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     doc = json.loads(run(capsys, "compare", "hostile", "--replay", str(fewer))[1])
     assert doc["engines"][0]["model"] == HOSTILE_MODEL  # JSON keeps the exact value
+
+
+def test_an_upgrade_is_listed_as_a_config_change(small: Path, tmp_path: Path,
+                                                 data_home: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Another baseline as the run: the same server after a vLLM upgrade and a dtype change
+    lists both first; nothing else moved, so nothing is worse."""
+    assert run(capsys, "baseline", "save", "before", "--from", str(small))[0] == 0
+    doc = json.loads((data_home / "before.json").read_text())
+    doc["name"] = "after"
+    doc["targets"][0]["server"]["version"] = "0.34.0"
+    doc["targets"][0]["engines"][0]["config"]["cache_dtype"] = "fp8"
+    after = tmp_path / "after.json"
+    after.write_text(json.dumps(doc))
+    code, out, err = run(capsys, "compare", "before", str(after), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert [(c["key"], c["now"]) for c in result["config_changes"]] == [
+        ("version", "0.34.0"), ("cache_dtype", "fp8")]
+    assert result["verdict"] == "same"

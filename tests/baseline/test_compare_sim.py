@@ -206,3 +206,43 @@ def test_text_output_names_the_change_first(recordings: Recordings, data_home: P
     assert lines[0] == "kvtop compare: WORSE"
     assert change < kv_row and "600 -> 420" in lines[change]
     assert lines[kv_row].endswith("WORSE")
+
+
+@pytest.mark.parametrize(("change", "baseline", "worse"), [
+    ("leak", "healthy", {"leak"}),
+    ("fewer_blocks", "healthy", {"kv_usage"}),
+    ("prefix_caching_off", "prefix_heavy", {"hit_rate", "ttft_p99", "kv_usage"}),
+    ("double_rate", "healthy", {"kv_usage", "waiting", "ttft_p99"}),
+])
+def test_each_change_through_compare_replay(recordings: Recordings, data_home: Path,
+                                            capsys: pytest.CaptureFixture[str], change: str,
+                                            baseline: str, worse: set[str]) -> None:
+    """`kvtop baseline save --from` and `kvtop compare --replay` (recordings streamed from
+    disk) flag what the in-process comparison flags, and exit 1."""
+    code, _, err = run(capsys, "baseline", "save", baseline, "--from",
+                       str(recordings.path(baseline)))
+    assert code == 0, err
+    code, doc, err = run(capsys, "compare", baseline, "--replay",
+                         str(recordings.path(change)), "--json")
+    assert code == 1 and doc["verdict"] == "worse", err
+    (engine,) = doc["engines"]
+    flagged_worse = {f["figure"] for f in engine["figures"] if f["verdict"] == "worse"}
+    if engine["leak"]["verdict"] == "worse":
+        flagged_worse.add("leak")
+    assert worse <= flagged_worse, flagged_worse
+    expected = compare(summarise(recordings.path(baseline), baseline),
+                       summarise(recordings.path(change)))
+    assert flagged_worse == flagged(expected, "worse")
+
+
+def test_reruns_through_compare_replay_flag_nothing(recordings: Recordings, data_home: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "baseline", "save", "healthy", "--from",
+               str(recordings.path("healthy")))[0] == 0
+    verdicts_seen = {}
+    for seed in range(1, RERUNS + 1):
+        code, doc, err = run(capsys, "compare", "healthy", "--replay",
+                             str(recordings.rerun(seed)), "--json")
+        assert code == 0, err
+        verdicts_seen[seed] = doc["verdict"]
+    assert set(verdicts_seen.values()) == {"same"}, verdicts_seen
