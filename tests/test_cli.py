@@ -369,7 +369,9 @@ async def test_snapshot_table_into_a_pipe_is_the_apps_rows_unwrapped(tmp_path: P
 def test_headless_commands_load_no_textual() -> None:
     # The table shares the app's rows and formatters, not its framework: start-up stays light.
     code = ("import sys, kvtop.cli, kvtop.headless.snapshot_command, kvtop.headless.table, "
-            "kvtop.headless.check_command; print(sorted(m for m in sys.modules "
+            "kvtop.headless.check_command, kvtop.headless.baseline_command, "
+            "kvtop.headless.baseline_text, kvtop.baseline.live, kvtop.baseline.compare; "
+            "print(sorted(m for m in sys.modules "
             "if m.split('.')[0] == 'textual'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
