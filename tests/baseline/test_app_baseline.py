@@ -74,12 +74,14 @@ async def test_the_app_draws_the_baseline(overlay: BaselineOverlay, tmp_path: Pa
         assert await until(pilot, lambda: len(app.trackers[target.url].history.get(KEY, ()))
                            == len(run))
         assert await until(pilot, lambda: "delta" in [c.key for c in app.table.columns])
-        await pilot.pause(0.1)
-        app._draw(force=True)
+        app._draw(force=True)  # the last scrape's redraw, without waiting for its timer
+        assert await until(pilot, lambda: [r.cells["delta"].level for r in app.table.rows]
+                           == ["bad"])
         (row,) = app.table.rows
-        assert row.cells["delta"].level == "bad" and row.cells["delta"].text.startswith("+")
-        assert row.cells["delta"].text.endswith("%")
+        assert row.cells["delta"].text.startswith("+") and row.cells["delta"].text.endswith("%")
         panel = app.engine_panel
+        assert await until(pilot, lambda: any(
+            line.startswith("base") for line in str(panel.render()).splitlines()))
         assert panel.has_class("with-baseline")
         lines = str(panel.render()).splitlines()
         base = next(line for line in lines if line.startswith("base"))
