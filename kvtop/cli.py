@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 from kvtop import __version__
 from kvtop.collect.target import Target
 from kvtop.config import (
+    Config,
     ConfigError,
     add_prometheus_arguments,
     add_target_arguments,
@@ -35,6 +36,7 @@ from kvtop.safe_text import warn
 from kvtop.store.writer import DEFAULT_MAX_BYTES, parse_size, size_text
 
 if TYPE_CHECKING:
+    from kvtop.baseline.overlay import BaselineOverlay
     from kvtop.collect.prometheus import PrometheusSettings
     from kvtop.derive.leak import LeakParams
     from kvtop.ui.app import AppConfig
@@ -50,6 +52,8 @@ SUMMARIES: dict[str, str] = {
     "rules": "print Prometheus recording and alerting rules for KV-cache leaks",
     "sim": "serve simulated vLLM servers (KV cache, queues, faults) on 127.0.0.1",
     "rehearse": "go-live rehearsal: drive load for hours, watch, GO / NO-GO verdict",
+    "baseline": "save a server's healthy state to compare later runs against",
+    "compare": "compare live targets, a recording or another baseline with a baseline",
     "completion": "print a shell completion script for bash, zsh or fish",
 }
 SHELLS = ("bash", "zsh", "fish")
@@ -259,13 +263,18 @@ def _replay_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--snapshot-dir", type=Path, default=Path.cwd(), metavar="DIR",
                         help="where the s key writes snapshots of the replayed moment "
                              "(default: current directory)")
+    parser.add_argument("--baseline", metavar="NAME",
+                        help="draw this saved baseline against the recording (as kvtop "
+                             "--baseline)")
     parser.set_defaults(command=_run_replay)
 
 
 def _run_replay(args: argparse.Namespace) -> int:
     from kvtop.ui.replay import run_replay
 
-    return run_replay(args.recording, speed=args.speed, snapshot_dir=args.snapshot_dir)
+    baseline = _baseline_overlay(args.baseline, Config()) if args.baseline else None
+    return run_replay(args.recording, speed=args.speed, snapshot_dir=args.snapshot_dir,
+                      baseline=baseline)
 
 
 def _sim_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -278,6 +287,18 @@ def _rehearse_parser(subparsers: argparse._SubParsersAction) -> None:
     from kvtop.headless.rehearse_command import add_rehearse_parser
 
     add_rehearse_parser(subparsers)
+
+
+def _baseline_parser(subparsers: argparse._SubParsersAction) -> None:
+    from kvtop.headless.baseline_command import add_baseline_parser
+
+    add_baseline_parser(subparsers, SUMMARIES["baseline"])
+
+
+def _compare_parser(subparsers: argparse._SubParsersAction) -> None:
+    from kvtop.headless.baseline_command import add_compare_parser
+
+    add_compare_parser(subparsers, SUMMARIES["compare"])
 
 
 def _completion_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -307,6 +328,8 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "rules": _rules_parser,
     "sim": _sim_parser,
     "rehearse": _rehearse_parser,
+    "baseline": _baseline_parser,
+    "compare": _compare_parser,
     "completion": _completion_parser,
 }
 
@@ -354,6 +377,10 @@ def build_app_parser(*, with_commands: bool = False) -> argparse.ArgumentParser:
                              "replay/check)")
     parser.add_argument("--record-max-size", type=_size, default=DEFAULT_MAX_BYTES,
                         metavar="SIZE", help=_MAX_SIZE_HELP)
+    parser.add_argument("--baseline", metavar="NAME",
+                        help="draw this saved baseline (kvtop baseline save) in the panes and "
+                             "a Δ column of KV p50 and TTFT p99 against it; or per target: "
+                             "baseline = \"NAME\" in the config")
     add_prometheus_arguments(parser)
     if with_commands:
         _add_commands(parser)
@@ -363,6 +390,19 @@ def build_app_parser(*, with_commands: bool = False) -> argparse.ArgumentParser:
 def build_reference_parser() -> argparse.ArgumentParser:
     """Every option of the app and of each command, in one parser."""
     return build_app_parser(with_commands=True)
+
+
+def _baseline_overlay(name: str | None, config: Config) -> BaselineOverlay | None:
+    """The baselines the app draws: --baseline for every target, the config's per target."""
+    if name is None and not config.baselines:
+        return None
+    from kvtop.baseline.model import BaselineError
+    from kvtop.baseline.overlay import BaselineOverlay
+
+    try:
+        return BaselineOverlay.load(config.baselines, name)
+    except BaselineError as exc:
+        raise ConfigError(f"baseline: {exc}") from None
 
 
 def _app_config(args: argparse.Namespace, targets: list[Target], interval: float,
@@ -381,18 +421,21 @@ def _run_app(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     interval = args.interval or config.interval_s or 1.0
+    baseline = _baseline_overlay(args.baseline, config)
     if (prometheus := resolve_prometheus(args, config)) is not None:
-        return _run_app_prometheus(prometheus, args, args.interval or config.interval_s)
+        return _run_app_prometheus(prometheus, args, args.interval or config.interval_s,
+                                   baseline)
     if not args.demo:
-        return run_app(_app_config(args, resolve_targets(args, config), interval))
+        return run_app(_app_config(args, resolve_targets(args, config), interval,
+                                   baseline=baseline))
     from kvtop.sim.demo import demo_fleet
 
     with demo_fleet() as targets:
-        return run_app(_app_config(args, targets, interval))
+        return run_app(_app_config(args, targets, interval, baseline=baseline))
 
 
 def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace,
-                        interval: float | None) -> int:
+                        interval: float | None, baseline: BaselineOverlay | None) -> int:
     """The app on the instances Prometheus knows now, fed (and backfilled) through it."""
     import asyncio
 
@@ -409,7 +452,7 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
     except PrometheusError as exc:
         warn(f"kvtop: {exc}")
         return EXIT_UNREADABLE
-    return run_app(_app_config(args, targets, interval,
+    return run_app(_app_config(args, targets, interval, baseline=baseline,
                                source_factory=lambda _config: source))
 
 

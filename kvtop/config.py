@@ -42,7 +42,7 @@ else:  # pragma: no cover
 
 DEFAULT_TOKEN_ENV = "KVTOP_TOKEN"
 TOP_KEYS = ("interval", "targets", "thresholds", "prometheus")
-TARGET_KEYS = ("url", "name", "group", "token_env", "token_file")
+TARGET_KEYS = ("url", "name", "group", "token_env", "token_file", "baseline")
 PROMETHEUS_KEYS = ("url", "selector", "token_env", "token_file", "backfill_step")
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a huge one is a mistake
 
@@ -154,6 +154,7 @@ class Config:
     interval_s: float | None = None
     thresholds: dict[str, Any] = field(default_factory=dict)
     prometheus: dict[str, Any] = field(default_factory=dict)  # the [prometheus] table
+    baselines: dict[str, str] = field(default_factory=dict)  # target URL -> baseline name
 
 
 def _target_from_table(entry: object, where: str) -> Target:
@@ -197,11 +198,15 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError(f"{where}: targets must be an array of tables ([[targets]])")
     targets = [_target_from_table(entry, f"{where} targets[{i}]")
                for i, entry in enumerate(entries)]
+    baselines = {target.url: name for i, (target, entry) in enumerate(zip(targets, entries,
+                                                                          strict=True))
+                 if (name := _string(entry, "baseline", f"{where} targets[{i}]"))}
     interval = data.get("interval")
     if interval is not None:
         interval = finite_number(interval, f"{where}: interval (seconds)")
     thresholds = _table(data.get("thresholds", {}), f"{where}: [thresholds]")
-    config = Config(targets, interval, dict(thresholds), _prometheus_table(data, where))
+    config = Config(targets, interval, dict(thresholds), _prometheus_table(data, where),
+                    baselines)
     try:
         leak_params(config)
     except ConfigError as exc:

@@ -14,11 +14,12 @@ from kvtop import __version__
 from kvtop.cli import SUMMARIES, build_app_parser, build_reference_parser
 
 EXIT_STATUS = (
-    ("0", "success; check: no leak; rehearse: GO"),
-    ("1", "check: a leak was found; rehearse: NO-GO"),
-    ("2", "usage error (bad option or config) or unreadable input"),
-    ("3", "snapshot: a target could not be read; check: no usable data; rehearse: could "
-          "not run"),
+    ("0", "success; check: no leak; rehearse: GO; compare: nothing worse than the baseline"),
+    ("1", "check: a leak was found; rehearse: NO-GO; compare: a regression"),
+    ("2", "usage error (bad option or config) or unreadable input (a recording, a baseline "
+          "cut off, of a newer format or of another model)"),
+    ("3", "snapshot: a target could not be read; check, compare, baseline save: no usable "
+          "data; rehearse: could not run"),
     ("4", "record: the recording fell short (write errors such as a full disk, --max-size)"),
     ("70", "internal error, a bug: stderr says where the traceback was written"),
     ("130", "interrupted (Ctrl-C)"),
@@ -29,13 +30,17 @@ ENVIRONMENT = (
     ("XDG_CONFIG_HOME", "where the default config lives: $XDG_CONFIG_HOME/kvtop/config.toml"),
     ("KVTOP_TRACES_DIR", "kvtop sim: a folder with the full Mooncake and Azure traces, "
                          "instead of the samples shipped with kvtop"),
+    ("XDG_DATA_HOME", "where baselines are saved: $XDG_DATA_HOME/kvtop/baselines/NAME.json "
+                      "(default ~/.local/share)"),
     ("NO_COLOR", "the app draws without colour"),
 )
 
 
 def roff(text: str) -> str:
-    """Plain text as roff: backslashes and hyphens escaped, no line read as a request."""
+    """Plain text as roff: backslashes, hyphens and non-ASCII characters escaped, no line
+    read as a request."""
     text = text.replace("\\", "\\e").replace("-", "\\-")
+    text = "".join(c if c.isascii() else f"\\[u{ord(c):04X}]" for c in text)  # groff: Δ
     return "\n".join("\\&" + line if line[:1] in (".", "'") else line
                      for line in text.splitlines())
 
@@ -77,13 +82,21 @@ def _synopsis(name: str, parser: argparse.ArgumentParser) -> str:
     return " ".join(words)
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
 def _commands(reference: argparse.ArgumentParser) -> list[str]:
-    subparsers = next(a for a in reference._actions
-                      if isinstance(a, argparse._SubParsersAction))
+    subparsers = _subcommands(reference)
+    assert subparsers is not None
     lines = [".SH COMMANDS"]
     for name, sub in subparsers.choices.items():
         lines += [".SS " + roff(f"{name}: {SUMMARIES[name]}"), _synopsis(name, sub), ".PP",
                   roff(sub.description or ""), *_options(sub)]
+        actions = _subcommands(sub)  # kvtop baseline save|list|show|rm
+        for action_name, action in (actions.choices.items() if actions else ()):
+            lines += [".TP", f"\\fBkvtop {name} {action_name}\\fR",
+                      roff(action.description or ""), ".RS", *_options(action), ".RE"]
     return lines
 
 
@@ -116,10 +129,15 @@ def render() -> str:
         "\\fI~/.config/kvtop/config.toml\\fR",
         roff("targets, names, groups, tokens (token_env / token_file), the interval, "
              "[thresholds] of the leak detector and [prometheus]; an unknown key is a usage "
-             "error that names the closest known one."),
+             "error that names the closest known one; baseline = \"NAME\" per target."),
+        ".TP",
+        "\\fI~/.local/share/kvtop/baselines/NAME.json\\fR",
+        roff("baselines saved by kvtop baseline save, compared against by kvtop compare and "
+             "drawn by the app's --baseline."),
         ".SH SEE ALSO",
         roff("The README and docs/ of the kvtop repository: snapshot-json.md, check-json.md, "
-             "recording-format.md, leak-detector.md, prometheus.md."),
+             "recording-format.md, leak-detector.md, prometheus.md, baseline-format.md, "
+             "compare-json.md."),
     ]
     return "\n".join(lines) + "\n"
 

@@ -89,6 +89,9 @@ async def test_every_command_ends_quietly_when_its_reader_goes_away(tmp_path: Pa
             ["check", "--replay", str(replay), "--text"],
             ["rules"],
             ["completion", "bash"],
+            ["baseline", "save", str(tmp_path / "b.json"), "--from", str(replay), "--json"],
+            ["baseline", "list"],
+            ["compare", str(tmp_path / "b.json"), "--replay", str(replay), "--json"],
             ["sim", "--port", "0"],  # prints its URL, then would serve until Ctrl-C
         ]
         for args in commands:
@@ -169,6 +172,8 @@ def test_config_errors_through_the_real_command(tmp_path: Path) -> None:
     ["replay", "x.jsonl", "--speed", "nan"], ["sim", "--speed", "inf"],
     ["sim", "--leak-frac", "1.5"], ["sim", "--slow-metrics=-1"],
     ["--interval", "nan"], ["--timeout", "0"],
+    ["compare", "b", "--interval", "inf"], ["baseline", "save", "b", "--time-scale", "nan"],
+    ["compare", "b", "--duration", "0"],
 ])
 def test_nan_inf_zero_and_negative_numbers_on_the_command_line_are_usage_errors(
         capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
@@ -307,6 +312,8 @@ def test_bash_completes_commands_and_options() -> None:
     assert "completion" in complete("kvtop", "")
     assert complete("kvtop", "check", "--unt") == ["--until-leak"]
     assert set(complete("kvtop", "completion", "")) == {"bash", "zsh", "fish"}
+    assert set(complete("kvtop", "baseline", "")) == {"save", "list", "show", "rm"}
+    assert "--probe" in complete("kvtop", "compare", "--pro")
 
 
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
@@ -341,6 +348,8 @@ def test_the_man_page_is_current_and_renders() -> None:
     text = re.sub(r".\x08", "", done.stdout)
     for name in SUMMARIES:
         assert f"{name}: {SUMMARIES[name]}"[:40] in " ".join(text.split())
+    for action in ("save", "list", "show", "rm"):  # a command's own actions too
+        assert f"kvtop baseline {action}" in text
 
 
 # -- snapshot ------------------------------------------------------------------------------
@@ -368,7 +377,9 @@ async def test_snapshot_table_into_a_pipe_is_the_apps_rows_unwrapped(tmp_path: P
 def test_headless_commands_load_no_textual() -> None:
     # The table shares the app's rows and formatters, not its framework: start-up stays light.
     code = ("import sys, kvtop.cli, kvtop.headless.snapshot_command, kvtop.headless.table, "
-            "kvtop.headless.check_command; print(sorted(m for m in sys.modules "
+            "kvtop.headless.check_command, kvtop.headless.baseline_command, "
+            "kvtop.headless.baseline_text, kvtop.baseline.live, kvtop.baseline.compare; "
+            "print(sorted(m for m in sys.modules "
             "if m.split('.')[0] == 'textual'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)

@@ -88,6 +88,11 @@ class TargetTracker:
         self._last_seen: dict[EngineKey, float] = {}  # oldest first
         self._server_version: str | None = None  # as /version said (never one inferred)
 
+    @property
+    def readings(self) -> dict[EngineKey, EngineReading]:
+        """Each engine's reading at the last good scrape (raw counters and histograms)."""
+        return self._previous
+
     def update(self, scrape: Scrape) -> TargetState:
         """Fold one scrape in. A scrape older than the newest one seen is ignored."""
         state = self.state

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -60,6 +60,7 @@ from kvtop.ui.fleet import (
     FleetRow,
     LeakChange,
     RowCache,
+    delta_cell,
     filter_rows,
     leak_changes,
     order_rows,
@@ -73,6 +74,10 @@ from kvtop.ui.widgets.engine_panel import EnginePanel
 from kvtop.ui.widgets.fleet_table import FleetTable
 from kvtop.ui.widgets.gpu_pane import GpuPane
 from kvtop.ui.widgets.summary import SummaryBar
+
+if TYPE_CHECKING:
+    from kvtop.baseline.overlay import Band, BaselineOverlay
+    from kvtop.collect.reading import EngineReading
 
 INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 COMPACT_WIDTH = 120  # below this the GPU pane goes under the table
@@ -102,6 +107,9 @@ class Tracker(Protocol):
 
     def update(self, scrape: Scrape) -> TargetState: ...
 
+    @property
+    def readings(self) -> dict[EngineKey, EngineReading]: ...
+
 
 def _poller(config: AppConfig) -> ScrapeSource:
     from kvtop.collect.poller import Poller
@@ -127,6 +135,7 @@ class AppConfig:
     watch_tty: bool = True  # exit when the terminal goes away (ignored when headless)
     record: Path | None = None  # write every scrape to this recording while running
     record_max_bytes: int | None = DEFAULT_MAX_BYTES  # the recording stops there
+    baseline: BaselineOverlay | None = None  # drawn in the panes and the Δ column
 
 
 class KvtopApp(App[None]):
@@ -154,6 +163,7 @@ class KvtopApp(App[None]):
         super().__init__()
         self.config = config
         self.trackers = self._new_trackers()
+        self.overlay = config.baseline if config.baseline else None
         self.source: ScrapeSource | None = None  # made in the worker: the poller's HTTP
         # stack takes a third of a second to import, after the first frame, not before it
         self._recorder = (
@@ -244,6 +254,8 @@ class KvtopApp(App[None]):
         are then rebuilt from the re-delivered scrapes by the same code as live."""
         self.trackers = self._new_trackers()
         self._leak_seen.clear()
+        if self.overlay is not None:
+            self.overlay.clear()
 
     @work(group="collect", exit_on_error=False)
     async def _collect(self) -> None:
@@ -262,7 +274,9 @@ class KvtopApp(App[None]):
             tracker = self.trackers[scrape.target.url] = self.config.tracker_factory(
                 scrape.target)
         first = tracker.state.status == "pending"
-        tracker.update(scrape)  # drops a scrape older than one already folded
+        state = tracker.update(scrape)  # drops a scrape older than one already folded
+        if self.overlay is not None and scrape.ok and state.last_good_t == scrape.t:
+            self.overlay.observe(scrape.target.url, scrape.t, state.engines, tracker.readings)
         if first:
             self._servers_changed = True  # a new server to own GPUs, or new GPUs
         elif tracker.state.kind in GPU_EXPORTER_KINDS:
@@ -419,6 +433,7 @@ class KvtopApp(App[None]):
             self._sort_index = WORST_FIRST if len(rows) > LARGE_FLEET else 0
         rows = filter_rows(order_rows(rows, SORT_KEYS[self._sort_index][0]), self._filter)
         self._set_gpu_cells(rows)
+        self._set_delta_cells(rows)
         self.table.show(rows)
         self._show_panel(self.table.selected_row, now)
         self.summary.show(
@@ -440,13 +455,30 @@ class KvtopApp(App[None]):
                 row.set_gpu(owned_cell(owned.get(row.url)))
         self.table.show_gpu_column(bool(owned))
 
+    def _set_delta_cells(self, rows: list[FleetRow]) -> None:
+        """The Δ column: the last minutes against each engine's baseline (--baseline)."""
+        overlay = self.overlay
+        self.table.show_delta_column(overlay is not None)
+        if overlay is not None:
+            for row in rows:
+                if row.engine is not None:
+                    row.set_delta(delta_cell(overlay.delta(row.url, row.engine)))
+
+    def _band(self, url: str, engine: EngineKey | None) -> Band | None:
+        if self.overlay is None or engine is None:
+            return None
+        return self.overlay.band(url, engine)
+
     def _show_panel(self, row: FleetRow | None, now: float) -> None:
         tracker = self.trackers.get(row.url) if row is not None else None
         history = tracker.history.get(row.engine, ()) if tracker and row and row.engine else ()
         url = row.url if row is not None else ""
+        engine = row.engine if row is not None else None
+        delta = self.overlay.delta(url, engine) if self.overlay and engine else None
         self.engine_panel.show(row, tracker.state if tracker else None, list(history), now,
                                self.config.history_s, gpu_series=self._gpu_history.series(url),
-                               gpu_owned=self.owned_gpu_memory.get(url))
+                               gpu_owned=self.owned_gpu_memory.get(url),
+                               band=self._band(url, engine), delta=delta)
 
     @on(FleetTable.RowHighlighted, "#fleet")
     def _row_highlighted(self) -> None:
@@ -543,7 +575,8 @@ class KvtopApp(App[None]):
             return state, history, key
 
         screen = DetailScreen(
-            source, span_s=self.config.history_s, charts=not self.config.low_bandwidth
+            source, span_s=self.config.history_s, charts=not self.config.low_bandwidth,
+            band=lambda: self._band(row.url, source()[2]),
         )
         self.push_screen(screen)
         self.call_after_refresh(screen.show, self.config.clock())

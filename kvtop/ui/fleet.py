@@ -20,6 +20,7 @@ from kvtop.safe_text import display_text
 from kvtop.ui import format as fmt
 
 if TYPE_CHECKING:
+    from kvtop.baseline.overlay import Delta
     from kvtop.collect.target import Target
     from kvtop.derive.leak import LeakVerdict
     from kvtop.derive.stats import EngineStats
@@ -62,14 +63,20 @@ CELL_PADDING = 2  # one space on each side of a cell
 # GPU memory of the server's GPUs (what nvidia-smi sees), shown once some GPU has an owner
 GPU_COLUMN = Column("gpu", "GPU MEM", 9, 2)
 NO_GPU = Cell(fmt.DASH, "dim")
+# KV p50 (points) and TTFT p99 (%) of the last minutes against the baseline (--baseline)
+DELTA_COLUMN = Column("delta", "Δ KV/TTFT", 11, 2)
+NO_DELTA = Cell(fmt.DASH, "dim")
 
 
-def visible_columns(width: int, *, gpu: bool = False) -> list[Column]:
+def visible_columns(width: int, *, gpu: bool = False, delta: bool = False) -> list[Column]:
     """The columns that fit in ``width`` cells, dropping the least important first; with
-    ``gpu``, the GPU memory column after the KV one."""
+    ``gpu``, the GPU memory column after the KV one; with ``delta``, the baseline column
+    after the leak one."""
     shown = list(COLUMNS)
     if gpu:
         shown.insert(next(i for i, c in enumerate(shown) if c.key == "kv") + 1, GPU_COLUMN)
+    if delta:
+        shown.insert(next(i for i, c in enumerate(shown) if c.key == "leak") + 1, DELTA_COLUMN)
     by_priority = sorted(shown, key=lambda c: -c.priority)
     for column in by_priority:
         if sum(c.width + CELL_PADDING for c in shown) <= width or column.priority == 0:
@@ -109,6 +116,7 @@ class FleetRow:
     sort_values: dict[str, float | None] = field(default_factory=dict)
     search: str = ""  # lower-case text the filter matches
     gpu: Cell = NO_GPU  # the GPU column: changes with GPU reads, not with the server's state
+    delta: Cell = NO_DELTA  # the baseline column: changes with the window, set by the app
     _cells: dict[str, Cell] | None = field(default=None, repr=False)
 
     @property
@@ -117,7 +125,7 @@ class FleetRow:
         if self._cells is None:
             cells = _empty_cells(self.state) if self.stats is None else engine_cells(self.stats)
             self._cells = cells | {"name": Cell(self.name), "status": self.status,
-                                   "gpu": self.gpu}
+                                   "gpu": self.gpu, "delta": self.delta}
         return self._cells
 
     def set_gpu(self, cell: Cell) -> None:
@@ -126,6 +134,13 @@ class FleetRow:
             self.gpu = cell
             if self._cells is not None:
                 self._cells = self._cells | {"gpu": cell}
+
+    def set_delta(self, cell: Cell) -> None:
+        """A new baseline cell (as :meth:`set_gpu`)."""
+        if cell != self.delta:
+            self.delta = cell
+            if self._cells is not None:
+                self._cells = self._cells | {"delta": cell}
 
 
 def row_key(url: str, engine: EngineKey | None) -> str:
@@ -225,6 +240,23 @@ def engine_cells(stats: EngineStats) -> dict[str, Cell]:
     }
 
 
+def delta_cell(delta: Delta | None) -> Cell:
+    """``+12pt +40%``: KV p50 in points and TTFT p99 in percent against the baseline; red
+    when either moved the wrong way by more than ``kvtop compare``'s smallest change that
+    matters, green when one moved the right way and none the wrong way."""
+    if delta is None:
+        return NO_DELTA
+    kv = fmt.DASH if delta.kv_points is None else f"{delta.kv_points * 100:+.0f}pt"
+    ttft = fmt.DASH if delta.ttft_change is None else f"{delta.ttft_change * 100:+.0f}%"
+    if delta.kv_worse or delta.ttft_worse:
+        level: Level | None = "bad"
+    elif delta.kv_better or delta.ttft_better:
+        level = "ok"
+    else:
+        level = None
+    return Cell(f"{kv} {ttft}", level)
+
+
 def _empty_cells(state: TargetState) -> dict[str, Cell]:
     """Cells for a target with no engine to show: say why instead of drawing zeros."""
     gpus = len(state.gpus) if state.kind in GPU_EXPORTER_KINDS else 0
@@ -235,7 +267,7 @@ def _empty_cells(state: TargetState) -> dict[str, Cell]:
 def _cells_without_engines(status: str, kind: str | None, error: str | None,
                            gpus: int) -> dict[str, Cell]:
     """Shared (treat as read-only): 10,000 targets down for one reason are one dict."""
-    cells = {c.key: Cell(fmt.DASH, "dim") for c in (*COLUMNS, GPU_COLUMN)}
+    cells = {c.key: Cell(fmt.DASH, "dim") for c in (*COLUMNS, GPU_COLUMN, DELTA_COLUMN)}
     if kind in GPU_EXPORTER_KINDS and status in ("up", "stale"):
         cells["model"] = Cell(f"{kind}: {gpus} GPU{'' if gpus == 1 else 's'}")
     elif status == "up" and kind == "unknown":

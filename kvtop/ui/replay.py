@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import work
@@ -25,6 +26,9 @@ from kvtop.store.replay import ReplaySource
 from kvtop.ui import format as fmt
 from kvtop.ui.app import INTERVALS, AppConfig, KvtopApp, app_exit_code
 from kvtop.ui.screens.help import KEYS
+
+if TYPE_CHECKING:
+    from kvtop.baseline.overlay import BaselineOverlay
 
 SEEK_S = 60.0  # [ ]
 SEEK_FAR_S = 600.0  # { }
@@ -165,7 +169,8 @@ class NothingToReplay(Exception):
 
 
 def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None,
-               tell: Callable[[str], None] = lambda _: None) -> ReplayApp:
+               tell: Callable[[str], None] = lambda _: None,
+               baseline: BaselineOverlay | None = None) -> ReplayApp:
     """The app on the recording at ``path``, streamed from disk (never held whole).
     Raises RecordingError (unreadable) or NothingToReplay; ``tell`` gets the lines skipped."""
     recording = open_recording(path)
@@ -182,18 +187,21 @@ def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
         snapshot_dir=snapshot_dir or Path.cwd(),
         source_factory=lambda _: source,
         clock=source.now,
+        baseline=baseline,
     )
     return ReplayApp(config, source, path.name)
 
 
-def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None) -> int:
+def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None,
+               baseline: BaselineOverlay | None = None) -> int:
     """Open the app on the recording at ``path``. Returns 0, 2 (unreadable), 3 (no scrapes)
     or 70 (the app crashed)."""
     def tell(text: str) -> None:
         warn(f"kvtop replay: {text}")
 
     try:
-        app = replay_app(path, speed=speed, snapshot_dir=snapshot_dir, tell=tell)
+        app = replay_app(path, speed=speed, snapshot_dir=snapshot_dir, tell=tell,
+                         baseline=baseline)
     except RecordingError as exc:
         tell(str(exc))
         return EXIT_UNREADABLE

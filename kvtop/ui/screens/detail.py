@@ -15,9 +15,10 @@ from textual.widgets import Footer, Static
 from kvtop.safe_text import display_text as shown
 from kvtop.ui import format as fmt
 from kvtop.ui.fleet import LEAK_LABEL, shown_label, status_cell
-from kvtop.ui.widgets.history_plot import HistoryPlot, Series
+from kvtop.ui.widgets.history_plot import HistoryPlot, Reference, Series
 
 if TYPE_CHECKING:
+    from kvtop.baseline.overlay import Band
     from kvtop.derive.leak import LeakVerdict
     from kvtop.derive.stats import EngineStats
     from kvtop.derive.tracker import EngineKey, TargetState
@@ -38,6 +39,35 @@ PLOTS: tuple[tuple[str, str, Getters], ...] = (
 
 # -> (state, history of the engine, the engine shown); called at each redraw
 DetailSource = Callable[[], "tuple[TargetState, list[EngineStats], EngineKey | None]"]
+# -> the engine's baseline (--baseline), or None
+BandSource = Callable[[], "Band | None"]
+
+# The baseline's levels drawn in each plot: (legend label or None, value of the band, given
+# the pool's size now)
+REFERENCES: dict[str, tuple[tuple[str | None, Callable[[Band, int | None], float | None]],
+                            ...]] = {
+    "plot-kv": (("base p50", lambda b, pool: b.blocks(b.kv_p50, pool)),
+                ("base p5-95", lambda b, pool: b.blocks(b.kv_p5, pool)),
+                (None, lambda b, pool: b.blocks(b.kv_p95, pool))),
+    "plot-queue": (("base running", lambda b, _: b.running),
+                   ("base waiting", lambda b, _: b.waiting)),
+    "plot-hit": (("base hit", lambda b, _: _pct(b.hit_rate)),),
+    "plot-tps": (("base prompt", lambda b, _: b.prompt_tps),
+                 ("base generation", lambda b, _: b.generation_tps)),
+    "plot-lat": (("base TTFT p50", lambda b, _: b.ttft_p50),
+                 ("base TTFT p99", lambda b, _: b.ttft_p99),
+                 ("base ITL p50", lambda b, _: b.itl_p50)),
+}
+
+
+def references(plot_id: str, band: Band | None,
+               pool: int | None = None) -> tuple[Reference, ...]:
+    """The baseline's levels for one plot (KV use as the same fullness of the pool now);
+    those it does not know are left out."""
+    if band is None:
+        return ()
+    return tuple(Reference(label, value) for label, get in REFERENCES.get(plot_id, ())
+                 if (value := get(band, pool)) is not None)
 
 
 def _pct(value: float | None) -> float | None:
@@ -59,7 +89,8 @@ def series_for(
     return result
 
 
-def describe(state: TargetState, stats: EngineStats | None, now: float) -> Text:
+def describe(state: TargetState, stats: EngineStats | None, now: float,
+             band: Band | None = None) -> Text:
     """The text beside the plots: identity, status with age, KV capacity and config.
     Every string from outside goes through ``shown`` (the display boundary), so a name with
     a newline can't add a line and the result is one plain Text, never markup."""
@@ -89,6 +120,10 @@ def describe(state: TargetState, stats: EngineStats | None, now: float) -> Text:
             f"TTFT    {_quantiles(stats.ttft)}   ITL {_quantiles(stats.itl)}"
             f"   E2E {_quantiles(stats.e2e)}",
         ]
+    if band is not None:
+        lines.append(f"base    KV p50 {fmt.percent(band.kv_p50)} (p5-95 "
+                     f"{fmt.percent(band.kv_p5)}-{fmt.percent(band.kv_p95)})"
+                     f"  TTFT p99 {fmt.seconds(band.ttft_p99)}  baseline {shown(band.name)}")
     lines += [f"note    {shown(note)}" for note in state.notes]
     return Text("\n".join(lines), no_wrap=True, overflow="ellipsis")
 
@@ -149,9 +184,11 @@ class DetailScreen(Screen[None]):
         Binding("escape", "app.pop_screen", "Back"),
     ]
 
-    def __init__(self, source: DetailSource, *, span_s: float, charts: bool) -> None:
+    def __init__(self, source: DetailSource, *, span_s: float, charts: bool,
+                 band: BandSource | None = None) -> None:
         super().__init__()
         self._source = source
+        self._band = band
         self._span_s = span_s
         self._charts = charts
 
@@ -172,9 +209,11 @@ class DetailScreen(Screen[None]):
             (s for s in state.engines if (s.model, s.engine) == engine),
             history[-1] if history else None,
         )
-        self.query_one("#detail-info", Static).update(describe(state, stats, now))
+        band = self._band() if self._band is not None else None
+        self.query_one("#detail-info", Static).update(describe(state, stats, now, band))
         if not self._charts:
             return
         for plot_id, _, getters in PLOTS:
             plot = self.query_one(f"#{plot_id}", HistoryPlot)
-            plot.show_series(series_for(history, getters, now, self._span_s), self._span_s)
+            plot.show_series(series_for(history, getters, now, self._span_s), self._span_s,
+                             references(plot_id, band, stats.blocks_total if stats else None))

@@ -1,6 +1,7 @@
 """Under the table: the selected engine's key numbers, its KV sparkline over the GPU memory
 sparkline of its GPUs (one time axis: the pool filling while nvidia-smi stays flat), and its
-leak verdict."""
+leak verdict. With a baseline (--baseline), a dim line under the KV sparkline at the
+baseline's median KV use, on the same scale."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
+from kvtop.safe_text import display_text
 from kvtop.ui import format as fmt
 from kvtop.ui.fleet import LEAK_LEVEL, Cell, FleetRow
 from kvtop.ui.gpus import memory_points, memory_tail, memory_top
 
 if TYPE_CHECKING:
+    from kvtop.baseline.overlay import Band, Delta
     from kvtop.derive.stats import EngineStats
     from kvtop.derive.tracker import TargetState
 
@@ -46,14 +49,16 @@ class EnginePanel(Static):
 
     COMPONENT_CLASSES = {  # noqa: RUF012
         "panel--key", "panel--spark", "panel--ok", "panel--warn", "panel--bad",
-        "panel--alarm", "panel--dim",
+        "panel--alarm", "panel--dim", "panel--base",
     }
     _shown: Text | None = None
 
     def show(self, row: FleetRow | None, state: TargetState | None,
              history: Sequence[EngineStats], now: float, span_s: float, *,
              gpu_series: GpuSeries = (),
-             gpu_owned: tuple[int | None, int | None] | None = None) -> None:
+             gpu_owned: tuple[int | None, int | None] | None = None,
+             band: Band | None = None, delta: Delta | None = None) -> None:
+        self.set_class(band is not None, "with-baseline")  # one line more: tcss
         if row is None or state is None:
             self.border_title = "no engine selected"
             self._set(Text())
@@ -66,7 +71,8 @@ class EnginePanel(Static):
                                  ("  ", ""), _cell(row.cells["model"])))
             return
         self._set(Text("\n").join([
-            *self._spark_lines(stats, history, now, span_s, gpu_series, gpu_owned),
+            *self._spark_lines(stats, history, now, span_s, gpu_series, gpu_owned, band,
+                               delta),
             self._leak_line(row, stats),
             self._numbers_line(row, stats),
         ]))
@@ -92,8 +98,10 @@ class EnginePanel(Static):
 
     def _spark_lines(self, stats: EngineStats, history: Sequence[EngineStats], now: float,
                      span_s: float, gpu_series: GpuSeries,
-                     gpu_owned: tuple[int | None, int | None] | None) -> list[Text]:
-        """KV blocks used over GPU memory used, drawn on the same cells of the same span."""
+                     gpu_owned: tuple[int | None, int | None] | None,
+                     band: Band | None, delta: Delta | None) -> list[Text]:
+        """KV blocks used over GPU memory used, drawn on the same cells of the same span;
+        between them the baseline's median KV use, flat, on the KV line's scale."""
         usage = fmt.kv_cell(stats.kv_usage, stats.blocks_used, stats.blocks_total)
         kv_tail = f" {usage} {fmt.percent(stats.kv_usage)}  last {fmt.age(span_s)}"
         gpu_tail = memory_tail(gpu_owned)
@@ -101,11 +109,22 @@ class EnginePanel(Static):
         points = kv_points(history, now, span_s, cells)
         top = float(stats.blocks_total or max((p for p in points if p), default=0.0))
         kv = self._line(("KV  ", "key"), (fmt.sparkline(points, top), "spark"), (kv_tail, ""))
+        base = [] if band is None else [self._base_line(band, delta, cells, top)]
         if gpu_owned is None:
-            return [kv, self._line(("GPU ", "key"), (gpu_tail.lstrip(), "dim"))]
+            return [kv, *base, self._line(("GPU ", "key"), (gpu_tail.lstrip(), "dim"))]
         gpu_points = memory_points(gpu_series, now, span_s, cells)
         spark = fmt.sparkline(gpu_points, memory_top(gpu_series, gpu_owned))
-        return [kv, self._line(("GPU ", "key"), (spark, "spark"), (gpu_tail, ""))]
+        return [kv, *base, self._line(("GPU ", "key"), (spark, "spark"), (gpu_tail, ""))]
+
+    def _base_line(self, band: Band, delta: Delta | None, cells: int, top: float) -> Text:
+        level = None if band.kv_p50 is None else band.kv_p50 * top  # fullness, as KV's line
+        line = fmt.sparkline([level] * cells, top) if level is not None else " " * cells
+        spread = f"{fmt.percent(band.kv_p5)}-{fmt.percent(band.kv_p95)}"
+        now = "" if delta is None or delta.kv_points is None else (
+            f"  now {delta.kv_points * 100:+.0f}pt")
+        return self._line(("base", "key"), (line, "base"),
+                          (f" p50 {fmt.percent(band.kv_p50)} (p5-95 {spread}){now}  "
+                           f"{display_text(band.name, 40)}", "dim"))
 
     def _leak_line(self, row: FleetRow, stats: EngineStats) -> Text:
         verdict = stats.leak

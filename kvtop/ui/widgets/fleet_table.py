@@ -72,6 +72,7 @@ class FleetTable(ScrollView, can_focus=True):
         self._header: Strip | None = None
         self._styles: dict[str, Style] = {}
         self._gpu_column = False
+        self._delta_column = False
 
     # -- what the app uses ----------------------------------------------------------------
 
@@ -110,6 +111,12 @@ class FleetTable(ScrollView, can_focus=True):
             self._gpu_column = shown
             self._fit_columns()
 
+    def show_delta_column(self, shown: bool) -> None:
+        """The optional baseline column: on when a baseline is drawn (--baseline)."""
+        if shown != self._delta_column:
+            self._delta_column = shown
+            self._fit_columns()
+
     # -- geometry -------------------------------------------------------------------------
 
     def on_resize(self, event: events.Resize) -> None:
@@ -117,7 +124,7 @@ class FleetTable(ScrollView, can_focus=True):
 
     def _fit_columns(self) -> None:
         width = max(self.size.width - SCROLLBAR_W, 0)
-        columns = visible_columns(width, gpu=self._gpu_column)
+        columns = visible_columns(width, gpu=self._gpu_column, delta=self._delta_column)
         if columns != self._columns:
             self._columns = columns
             self._forget_rendering()

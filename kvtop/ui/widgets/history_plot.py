@@ -17,6 +17,17 @@ class Series:
     points: tuple[tuple[float, float], ...]  # (seconds relative to now, value); unknowns left out
 
 
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """A level drawn across the whole chart, dim and dotted: a baseline's value."""
+
+    label: str | None  # None: in the legend already (the other edge of a band)
+    value: float
+
+
+REFERENCE_COLOUR = 8  # grey: dim beside the series' colours, whatever the theme
+
+
 def time_ticks(span_s: float) -> tuple[list[float], list[str]]:
     """Tick positions (seconds before now, negative) and labels like -4m, -2m, now."""
     step = next((s for s in (10, 30, 60, 120, 300, 600, 1800) if span_s / s <= 5), 3600)
@@ -24,7 +35,8 @@ def time_ticks(span_s: float) -> tuple[list[float], list[str]]:
     return ticks, [("now" if t == 0 else "-" + fmt.age(-t)) for t in ticks]
 
 
-def render_plot(title: str, series: list[Series], width: int, height: int, span_s: float) -> Text:
+def render_plot(title: str, series: list[Series], width: int, height: int, span_s: float,
+                references: tuple[Reference, ...] = ()) -> Text:
     """The chart as Rich text; backgrounds dropped so it sits on the app's theme."""
     drawable = [s for s in series if s.points]
     if width < 20 or height < 5 or not drawable:
@@ -40,6 +52,14 @@ def render_plot(title: str, series: list[Series], width: int, height: int, span_
         signal.label(item.label)
         signal.lines()
         figure.draw(signal)
+    for reference in references:
+        figure.line(reference.value, style="dotted", pixel=REFERENCE_COLOUR,
+                    label=reference.label)
+    if references:  # a baseline above or below everything drawn stays in sight
+        values = [y for item in drawable for _, y in item.points]
+        values += [r.value for r in references]
+        low, high = min(0.0, *values), max(values)
+        figure.ruler("y").lim(low, high * 1.05 if high > 0 else high + 1)
     ticks, labels = time_ticks(span_s)
     figure.ruler("x").lim(-span_s, 0)
     figure.ruler("x").ticks(ticks, labels)
@@ -67,10 +87,12 @@ class HistoryPlot(Static):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._title = title
         self._series: list[Series] = []
+        self._references: tuple[Reference, ...] = ()
         self._span_s = 300.0
 
-    def show_series(self, series: list[Series], span_s: float) -> None:
-        self._series, self._span_s = series, span_s
+    def show_series(self, series: list[Series], span_s: float,
+                    references: tuple[Reference, ...] = ()) -> None:
+        self._series, self._span_s, self._references = series, span_s, references
         self._draw()
 
     def on_resize(self) -> None:
@@ -78,4 +100,5 @@ class HistoryPlot(Static):
 
     def _draw(self) -> None:
         width, height = self.content_size
-        self.update(render_plot(self._title, self._series, width, height, self._span_s))
+        self.update(render_plot(self._title, self._series, width, height, self._span_s,
+                                self._references))

@@ -1,0 +1,364 @@
+"""From scrapes (live or recorded), GPU readings and probe answers to a :class:`Baseline`.
+
+Scrapes go through the same :class:`TargetTracker` as the app, so KV usage, blocks and the
+leak verdict are computed as everywhere else. Counters and latency histograms are taken as
+deltas between successive good scrapes of an engine (a restart's window is skipped) and
+summed per minute of the run (minute 0 starts at the first scrape), so every figure has a
+value over the whole run and one per minute. A minute counts when scrape windows cover at
+least half of it. A figure the server does not export stays unknown: missing is not 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from kvtop import __version__
+from kvtop.baseline.model import (
+    Baseline,
+    ConfigValue,
+    EngineSummary,
+    Figure,
+    GpuSummary,
+    ProbeSummary,
+    TargetSummary,
+)
+from kvtop.baseline.stats import mean, percentile
+from kvtop.collect.gpu import GpuReading
+from kvtop.collect.reading import EngineReading
+from kvtop.collect.target import Scrape, Target
+from kvtop.derive.leak import LeakParams
+from kvtop.derive.quantiles import bucket_delta, quantile
+from kvtop.derive.stats import EngineStats
+from kvtop.derive.tracker import EngineKey, TargetTracker
+from kvtop.headless.check_command import EngineVerdict
+
+MINUTE_S = 60.0
+MIN_LATENCY_OBSERVATIONS = 5  # fewer requests in a minute say nothing about its p99
+COUNTERS = ("preemptions_total", "prompt_tokens_total", "generation_tokens_total",
+            "prefix_queries_total", "prefix_hits_total")
+HISTOGRAMS = ("ttft", "itl", "e2e")
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+GAUGES = ("usage", "running", "waiting", "idle_usage", "idle_blocks")
+
+
+@dataclass(slots=True)
+class _Window:
+    """Sums over scrape windows: counter deltas with the seconds they cover, gauge samples,
+    and latency histogram deltas (bound -> cumulative count)."""
+
+    seconds: float = 0.0
+    counts: dict[str, float] = field(default_factory=dict)
+    counted_s: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, list[float]] = field(default_factory=dict)
+    histograms: dict[str, dict[float, float]] = field(default_factory=dict)
+
+    def count(self, name: str, delta: float, dt: float) -> None:
+        self.counts[name] = self.counts.get(name, 0.0) + delta
+        self.counted_s[name] = self.counted_s.get(name, 0.0) + dt
+
+    def gauge(self, name: str, value: float) -> None:
+        self.gauges.setdefault(name, []).append(value)
+
+    def histogram(self, name: str, delta: list[tuple[float, float]]) -> None:
+        summed = self.histograms.setdefault(name, {})
+        for bound, count in delta:
+            summed[bound] = summed.get(bound, 0.0) + count
+
+    def rate(self, name: str, per_s: float = 1.0) -> float | None:
+        seconds = self.counted_s.get(name)
+        return self.counts[name] / seconds * per_s if seconds else None
+
+    def hit_rate(self, caching_off: bool) -> float | None:
+        if caching_off:  # the server says it reuses nothing: 0 wherever prompts came in
+            prompts = self.counts.get("prompt_tokens_total", self.counts.get(
+                "prefix_queries_total"))
+            return 0.0 if prompts else None
+        queries = self.counts.get("prefix_queries_total")
+        if not queries:
+            return None
+        return self.counts.get("prefix_hits_total", 0.0) / queries
+
+    def latency(self, name: str, q: float, min_observations: float = 1.0) -> float | None:
+        buckets = sorted(self.histograms.get(name, {}).items())
+        if not buckets or buckets[-1][1] < min_observations:
+            return None
+        return quantile(q, buckets)
+
+
+@dataclass
+class _EngineRun:
+    model: str | None
+    engine: str | None
+    first_t: float
+    last_t: float = 0.0
+    samples: int = 0
+    restarts: int = 0
+    total: _Window = field(default_factory=_Window)
+    minutes: dict[int, _Window] = field(default_factory=dict)
+    previous: EngineReading | None = None
+    previous_t: float | None = None
+    config: dict[str, ConfigValue] = field(default_factory=dict)
+    caching_off: bool = False
+    verdict: EngineVerdict | None = None
+
+    def add(self, t: float, minute: int, stats: EngineStats, reading: EngineReading) -> None:
+        self.samples += 1
+        self.last_t = t
+        self.config = engine_config(stats, reading)
+        self.caching_off = stats.prefix_caching is False
+        windows = (self.total, self.minutes.setdefault(minute, _Window()))
+        _add_gauges(windows, stats)
+        previous, dt = self.previous, (None if self.previous_t is None else t - self.previous_t)
+        self.previous, self.previous_t = reading, t
+        if stats.restarted:
+            self.restarts += 1
+            return
+        if previous is None or dt is None or dt <= 0:
+            return
+        for window in windows:
+            window.seconds += dt
+        _add_deltas(windows, reading, previous, dt)
+
+    def summary(self, minute_s: float) -> EngineSummary:
+        full = [w for _, w in sorted(self.minutes.items()) if w.seconds >= minute_s / 2]
+        figures = _engine_figures(self.total, full, self.caching_off)
+        verdict = self.verdict
+        worst = verdict.at_worst if verdict else None
+        return EngineSummary(
+            model=self.model, engine=self.engine, config=self.config, figures=figures,
+            samples=self.samples, minutes=max((len(f.values) for f in figures.values()),
+                                              default=0),
+            duration_s=self.last_t - self.first_t,
+            leak=verdict.verdict if verdict else "unknown",
+            leak_reason=worst.reason if worst else "not enough data for a verdict",
+            restarts=self.restarts)
+
+
+def _add_gauges(windows: Iterable[_Window], stats: EngineStats) -> None:
+    values = {"usage": stats.kv_usage, "running": stats.running, "waiting": stats.waiting}
+    if stats.running == 0 and stats.waiting == 0:
+        values["idle_usage"] = stats.kv_usage
+        values["idle_blocks"] = stats.blocks_used
+    for window in windows:
+        for name, value in values.items():
+            if value is not None and math.isfinite(value):
+                window.gauge(name, value)
+
+
+def _add_deltas(windows: Iterable[_Window], now: EngineReading, before: EngineReading,
+                dt: float) -> None:
+    deltas = {}
+    for name in COUNTERS:
+        value, previous = getattr(now, name), getattr(before, name)
+        if value is not None and previous is not None:
+            deltas[name] = max(0.0, value - previous)
+    histograms = {}
+    for name in HISTOGRAMS:
+        value, previous = getattr(now, name), getattr(before, name)
+        if value is not None and previous is not None:
+            delta = bucket_delta(value, previous)
+            if delta:
+                histograms[name] = delta
+    for window in windows:
+        for name, delta in deltas.items():
+            window.count(name, delta, dt)
+        for name, buckets in histograms.items():
+            window.histogram(name, buckets)
+
+
+def engine_config(stats: EngineStats, reading: EngineReading) -> dict[str, ConfigValue]:
+    """The cache configuration a baseline keeps: what a change of explains most."""
+    labels = stats.cache_config
+    config: dict[str, ConfigValue] = {
+        "num_gpu_blocks": _int(labels.get("num_gpu_blocks")),
+        "blocks_total": stats.blocks_total, "block_size": stats.block_size,
+        "kv_tokens_total": stats.tokens_total, "prefix_caching": stats.prefix_caching,
+        "cache_dtype": labels.get("cache_dtype"),
+        "gpu_memory_utilization": _float(labels.get("gpu_memory_utilization")),
+    }
+    if reading.tokens_total is not None and config["kv_tokens_total"] is None:
+        config["kv_tokens_total"] = reading.tokens_total
+    return config
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(float(text)) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _distribution(samples: list[float]) -> dict[str, float | None]:
+    return {"p5": percentile(samples, 0.05), "p50": percentile(samples, 0.5),
+            "p95": percentile(samples, 0.95), "max": max(samples, default=None),
+            "mean": mean(samples), "samples": float(len(samples))}
+
+
+def _engine_figures(total: _Window, minutes: list[_Window],
+                    caching_off: bool) -> dict[str, Figure]:
+    def series(value_of: object) -> tuple[float, ...]:
+        values = (value_of(m) for m in minutes)  # type: ignore[operator]
+        return tuple(v for v in values if v is not None)
+
+    usage = total.gauges.get("usage", [])
+    idle = total.gauges.get("idle_usage", [])
+    figures = {
+        "kv_usage": Figure(percentile(usage, 0.5), series(
+            lambda m: mean(m.gauges.get("usage", []))), _distribution(usage)),
+        "idle_kv_usage": Figure(percentile(idle, 0.5), series(
+            lambda m: percentile(m.gauges.get("idle_usage", []), 0.5)),
+            {"max": max(idle, default=None), "samples": float(len(idle)),
+             "blocks": percentile(total.gauges.get("idle_blocks", []), 0.5)}),
+        "preemptions_per_min": Figure(
+            total.rate("preemptions_total", MINUTE_S),
+            series(lambda m: m.rate("preemptions_total", MINUTE_S)),
+            {"total": total.counts.get("preemptions_total")}),
+        "hit_rate": Figure(total.hit_rate(caching_off),
+                           series(lambda m: m.hit_rate(caching_off))),
+        "prompt_tps": Figure(total.rate("prompt_tokens_total"),
+                             series(lambda m: m.rate("prompt_tokens_total"))),
+        "generation_tps": Figure(total.rate("generation_tokens_total"),
+                                 series(lambda m: m.rate("generation_tokens_total"))),
+    }
+    for name in ("running", "waiting"):
+        samples = total.gauges.get(name, [])
+        figures[name] = Figure(mean(samples), series(
+            lambda m, name=name: mean(m.gauges.get(name, []))), _distribution(samples))
+    for name in HISTOGRAMS:
+        observed = total.histograms.get(name)
+        summary = {"observations": max(observed.values(), default=0.0)} if observed else {}
+        for label, q in QUANTILES:
+            figures[f"{name}_{label}"] = Figure(total.latency(name, q), series(
+                lambda m, name=name, q=q: m.latency(name, q, MIN_LATENCY_OBSERVATIONS)),
+                summary)
+    return figures
+
+
+@dataclass
+class _TargetRun:
+    tracker: TargetTracker
+    scrapes: int = 0
+    failed: int = 0
+    engines: dict[EngineKey, _EngineRun] = field(default_factory=dict)
+    probe: ProbeSummary | None = None
+
+
+@dataclass
+class _GpuRun:
+    reading: GpuReading  # the latest: name, total, where it is
+    used: _Window = field(default_factory=_Window)
+    minutes: dict[int, _Window] = field(default_factory=dict)
+
+
+class Collector:
+    """Folds a run into per-engine figures; :meth:`baseline` writes them up."""
+
+    def __init__(self, *, leak_params: LeakParams | None = None,
+                 minute_s: float = MINUTE_S) -> None:
+        self.leak_params = leak_params
+        self.minute_s = minute_s
+        self.targets: dict[str, _TargetRun] = {}
+        self.gpus: dict[tuple[str, str | None, str | None], _GpuRun] = {}
+        self.first_t: float | None = None
+        self.last_t: float | None = None
+
+    def add_target(self, target: Target) -> None:
+        if target.url not in self.targets:
+            self.targets[target.url] = _TargetRun(TargetTracker(target,
+                                                                leak_params=self.leak_params))
+
+    def _minute(self, t: float) -> int:
+        if self.first_t is None:
+            self.first_t = t
+        self.last_t = t if self.last_t is None else max(self.last_t, t)
+        return math.floor((t - self.first_t) / self.minute_s)
+
+    @property
+    def good_scrapes(self) -> int:
+        return sum(run.scrapes for run in self.targets.values())
+
+    def feed(self, scrape: Scrape) -> None:
+        self.add_target(scrape.target)
+        run = self.targets[scrape.target.url]
+        state = run.tracker.update(scrape)
+        if not scrape.ok or state.last_good_t != scrape.t:
+            run.failed += 1
+            return
+        run.scrapes += 1
+        minute = self._minute(scrape.t)
+        if state.gpus:  # a GPU exporter: its GPUs count like the local ones
+            self.feed_gpus(scrape.t, state.gpus)
+        readings = run.tracker.readings
+        for stats in state.engines:
+            key = (stats.model, stats.engine)
+            engine = run.engines.get(key)
+            if engine is None:
+                engine = run.engines[key] = _EngineRun(stats.model, stats.engine, scrape.t)
+                engine.verdict = EngineVerdict(stats.model, stats.engine)
+            engine.add(scrape.t, minute, stats, readings[key])
+            if stats.leak is not None and engine.verdict is not None:
+                engine.verdict.observe(scrape.t, stats.leak)
+
+    def feed_gpus(self, t: float, readings: Iterable[GpuReading]) -> None:
+        """GPU readings (NVML, or an exporter's) at time t."""
+        minute = self._minute(t)
+        for gpu in readings:
+            run = self.gpus.setdefault(gpu.key, _GpuRun(gpu))
+            run.reading = gpu
+            if gpu.memory_used_bytes is not None:
+                for window in (run.used, run.minutes.setdefault(minute, _Window())):
+                    window.gauge("used", float(gpu.memory_used_bytes))
+
+    def set_probe(self, target: Target, probe: ProbeSummary) -> None:
+        self.add_target(target)
+        self.targets[target.url].probe = probe
+
+    def baseline(self, *, name: str | None, source: dict[str, ConfigValue],
+                 interval_s: float) -> Baseline:
+        targets = []
+        for url, run in self.targets.items():
+            state = run.tracker.state
+            targets.append(TargetSummary(
+                target=url, kind=state.kind, version=state.version, scrapes=run.scrapes,
+                failed_scrapes=run.failed, probe=run.probe,
+                engines=[e.summary(self.minute_s) for e in run.engines.values()]))
+        duration = (self.last_t - self.first_t) if self.first_t is not None else 0.0
+        return Baseline(
+            name=name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            kvtop_version=__version__, source=source, interval_s=interval_s,
+            duration_s=duration or 0.0, minute_s=self.minute_s, targets=targets,
+            gpus=[self._gpu_summary(g) for g in self.gpus.values()])
+
+    def _gpu_summary(self, run: _GpuRun) -> GpuSummary:
+        used = run.used.gauges.get("used", [])
+        per_minute = tuple(v for _, w in sorted(run.minutes.items())
+                           if (v := mean(w.gauges.get("used", []))) is not None)
+        figure = Figure(percentile(used, 0.5), per_minute,
+                        {"max": max(used, default=None), "samples": float(len(used))})
+        gpu = run.reading
+        return GpuSummary(gpu.index, gpu.name, gpu.memory_total_bytes, figure, uuid=gpu.uuid,
+                          host=gpu.host, source=gpu.source)
+
+
+def summarise(scrapes: Iterable[Scrape], *, targets: Iterable[Target] = (),
+              name: str | None, source: dict[str, ConfigValue], interval_s: float,
+              leak_params: LeakParams | None = None, in_time_order: bool = False) -> Baseline:
+    """Recorded scrapes summarised as ``baseline save --from`` does: sorted first unless
+    ``in_time_order`` (a streamed recording, never held whole)."""
+    collector = Collector(leak_params=leak_params)
+    for target in targets:
+        collector.add_target(target)
+    for scrape in scrapes if in_time_order else sorted(scrapes, key=lambda s: s.t):
+        collector.feed(scrape)
+    return collector.baseline(name=name, source=source, interval_s=interval_s)
