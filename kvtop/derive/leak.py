@@ -60,6 +60,9 @@ class LeakParams:
 
 @dataclass(frozen=True)
 class LeakVerdict:
+    """The figures (leaked blocks, slope, time to full) are None unless the state is WATCH
+    or LEAK: an OK verdict never carries a leak estimate (docs/check-json.md)."""
+
     state: State
     reason: str  # one line a person understands
     leaked_blocks: float | None  # estimated blocks held by no live request
@@ -185,6 +188,7 @@ class LeakDetector:
         self._watch_last: float | None = None
         self._clean_t: float | None = None
         self._last_t: float | None = None
+        self._evidence_seen: tuple[float, str] | None = None  # last WATCH/LEAK evidence
         self._leaked_peak: float | None = None  # largest estimate while WATCH/LEAK
         # Closed buckets for the leaked-block estimate; frozen at the floor evidence's onset
         # (the anchor: the baseline before the leak) and refitted at each bucket close.
@@ -206,7 +210,12 @@ class LeakDetector:
             if self._total is not None:
                 self._reset(stats.t, "pool size changed: evidence reset")
             self._total, self._in_blocks = total, in_blocks
+        # The floor comes from the server's version (the adapter), never from an idle pool:
+        # an idle period after a leak has begun already holds leaked blocks.
         floor = stats.idle_floor_blocks if in_blocks else 0.0
+        self._floor_note = "" if stats.idle_floor_exact or not in_blocks else (
+            f" (idle floor {floor:.0f} block{'s' if floor != 1 else ''} assumed: "
+            "server version not known exactly)")
         residual = max(0.0, used - floor)
         if residual <= self._threshold():
             self._reset(stats.t, "pool drained to its idle floor: nothing leaked so far")
@@ -364,30 +373,53 @@ class LeakDetector:
             return "leak", f"{rate}, with {trend.consequences[0]}"
         return "watch", f"{rate} (confirming, {age / 60:.0f} min)"
 
-    def _idle_level(self) -> tuple[State, str]:
+    def _held_blocks(self, blocks: float) -> str:
+        return f"{blocks:.0f} {'blocks' if self._in_blocks else 'of the pool'} held"
+
+    def _idle_now(self, t: float) -> tuple[float, float, bool] | None:
+        """The idle run this scrape is in: (its least residual, its span, confirmed)."""
+        if self._idle_start is None or self._last_t != t:
+            return None
+        confirmed = bool(self._residuals) and self._residuals[-1][0] >= self._idle_start
+        return self._idle_min, t - self._idle_start, confirmed
+
+    def _idle_level(self, t: float) -> tuple[State, str]:
+        """The idle evidence, worded for this scrape: what is held now, or at the last idle."""
         if not self._residuals:
             return "ok", ""
-        blocks = self._residuals[-1][1]
-        held = f"{blocks:.0f} {'blocks' if self._in_blocks else 'of the pool'} held"
-        if self._residual_long:
+        level: State = "leak" if self._residual_long else "watch"
+        last_t, blocks = self._residuals[-1]
+        now = self._idle_now(t)
+        if now is not None and now[2]:
+            held = self._held_blocks(blocks) + self._floor_note
+            if level == "watch":
+                return level, f"{held} at idle (confirming)"
             if self._idle_waiting > 0:
-                return "leak", (f"{held} with nothing running; {self._idle_waiting:.0f} "
-                                "waiting requests can't get blocks")
-            return "leak", f"{held} with nothing running or waiting"
-        return "watch", f"{held} at idle (confirming)"
+                return level, (f"{held} with nothing running; {self._idle_waiting:.0f} "
+                               "waiting requests can't get blocks")
+            return level, f"{held} with nothing running or waiting"
+        if now is not None:  # idle again, not confirmed yet: say what the pool holds now
+            return level, (f"{self._held_blocks(now[0])} with nothing running (confirming; "
+                           f"{blocks:.0f} at the last idle){self._floor_note}")
+        return level, f"{self._held_blocks(blocks)} at the last idle, {_ago(t - last_t)} ago"
 
     def _decide(self, t: float, used: float) -> LeakVerdict:
-        level, reason = max(self._idle_level(), self._floor_level(t),
+        level, reason = max(self._idle_level(t), self._floor_level(t),
                             key=lambda pair: _RANK[pair[0]])
         if level == "leak":
             self._leak_last = t
         if level != "ok":
             self._watch_last = t
+            self._evidence_seen = (t, reason)
         held = self._held(t)
         if held is not None and _RANK[held] > _RANK[level]:
-            level, reason = held, self._verdict.reason  # hysteresis: no flapping per scrape
+            # hysteresis: the state does not flap per scrape, but the reason stays true
+            if level == "ok" and self._evidence_seen is not None:
+                seen_t, seen = self._evidence_seen
+                reason = f"{seen}; not seen for {_ago(t - seen_t)}"
+            level = held
         elif level == "ok":
-            level, reason = self._quiet()
+            level, reason = self._quiet(t)
         return self._verdict_for(level, reason, used)
 
     def _held(self, t: float) -> State | None:
@@ -399,29 +431,40 @@ class LeakDetector:
             return "watch"
         return None
 
-    def _quiet(self) -> tuple[State, str]:
+    def _quiet(self, t: float) -> tuple[State, str]:
+        now = self._idle_now(t)
+        if now is not None:  # blocks held at idle, not confirmed yet: no leak figure, but say so
+            judged = self._trend is not None or self._clean_t is not None
+            return "ok" if judged else "warmup", (
+                f"{self._held_blocks(now[0])} with nothing running: confirming they are not "
+                f"in flight ({now[1]:.0f} s){self._floor_note}")
         if self._trend is not None:
             return "ok", "no rising floor under load over the window"
+        if self._clean_t == t:
+            return "ok", "pool drained to its idle floor: nothing leaked so far" + self._floor_note
         if self._clean_t is not None:
-            return "ok", "pool drained to its idle floor: nothing leaked so far"
+            return "ok", (f"nothing leaked when the pool last drained to its idle floor, "
+                          f"{_ago(t - self._clean_t)} ago")
         return "warmup", self._reset_why if self._reset_t is not None else "collecting data"
 
     def _verdict_for(self, level: State, reason: str, used: float) -> LeakVerdict:
-        trend, total = self._trend, self._total or 0.0
         residual = self._residuals[-1][1] if self._residuals else None
+        evidence = self._evidence(used, residual)
+        if level not in ("watch", "leak"):
+            # OK and WARMUP carry no leak figures: a number next to "ok" reads as a leak.
+            self._leaked_peak = self._anchor = self._fit = None
+            return LeakVerdict(level, reason, None, None, None, evidence)
+        trend, total = self._trend, self._total or 0.0
         estimates = [v for v in (residual, self._floor_leaked()) if v is not None]
-        leaked = max(estimates) if estimates else (0.0 if self._clean_t is not None else None)
+        leaked = max(estimates) if estimates else None
         # The fitted estimate keeps its pre-leak baseline (the anchor), so it neither drifts
         # with the window nor needs propping up; holding its peak would only keep its noise.
         # The fallback (a rise in a sliding window) shrinks as the window slides past the
         # rise, and leaked blocks are never freed: it keeps its peak while the evidence stands.
-        if level not in ("watch", "leak"):
-            self._leaked_peak = self._anchor = self._fit = None
-        elif leaked is not None and self._fit is None:
+        if leaked is not None and self._fit is None:
             self._leaked_peak = leaked = max(leaked, self._leaked_peak or 0.0)
         slope = self._residual_slope() or (trend.slope if trend is not None else None)
         to_full = (total - used) / slope if slope and slope > 0 else None
-        evidence = self._evidence(used, residual)
         if not self._in_blocks:  # kv_usage without blocks_total: no block counts to give
             leaked = slope = None
         return LeakVerdict(level, reason, leaked, slope, to_full, evidence)
@@ -464,6 +507,10 @@ class LeakDetector:
         if self._floor_since is not None and self._last_t is not None:
             evidence["floor_evidence_s"] = self._last_t - self._floor_since
         return evidence
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _pool(stats: EngineStats) -> tuple[float, float, bool] | None:
