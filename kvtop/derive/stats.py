@@ -56,6 +56,7 @@ class EngineStats:
     window_s: float | None = None  # seconds between the two scrapes behind the rates
     restarted: bool = False  # a counter went backwards: the server restarted
     idle_floor_blocks: int = 0
+    idle_floor_exact: bool = True  # False: assumed (the larger floor the version may have)
     prefix_caching: bool | None = None  # None: the server does not say
     cache_config: dict[str, str] = field(default_factory=dict)  # vLLM cache_config_info labels
     leak: LeakVerdict | None = None  # the leak detector's verdict after this scrape
