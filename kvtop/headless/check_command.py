@@ -16,6 +16,7 @@ from typing import Any, Literal
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams, LeakVerdict
+from kvtop.derive.stall import STALL_RANK, StallState, StallVerdict
 from kvtop.derive.tracker import EngineKey, TargetTracker
 from kvtop.headless.lifetime import stop_event
 from kvtop.headless.output import emit, json_number
@@ -23,7 +24,7 @@ from kvtop.store.recording import RecordingError, RecordingWriter, read_recordin
 
 Verdict = Literal["unknown", "ok", "watch", "leak"]
 RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
-EXIT_OK, EXIT_LEAK, EXIT_USAGE, EXIT_NO_DATA = 0, 1, 2, 3
+EXIT_OK, EXIT_LEAK, EXIT_USAGE, EXIT_NO_DATA, EXIT_STALLED = 0, 1, 2, 3, 4
 
 
 @dataclass(slots=True)
@@ -36,6 +37,18 @@ class EngineVerdict:
     leak_first_t: float | None = None
     watch_first_t: float | None = None
     at_worst: LeakVerdict | None = None  # the latest verdict while at the worst state
+    stall: StallState = "unknown"  # the worst stall state reached
+    stall_at_worst: StallVerdict | None = None
+    stall_first_t: float | None = None  # first STALLED
+    saturated_first_t: float | None = None  # first SATURATED
+
+    def observe_stall(self, t: float, stall: StallVerdict) -> None:
+        if stall.state == "stalled" and self.stall_first_t is None:
+            self.stall_first_t = t
+        if stall.state == "saturated" and self.saturated_first_t is None:
+            self.saturated_first_t = t
+        if STALL_RANK[stall.state] >= STALL_RANK[self.stall] and stall.state != "unknown":
+            self.stall, self.stall_at_worst = stall.state, stall
 
     def observe(self, t: float, leak: LeakVerdict) -> None:
         state: Verdict = "unknown" if leak.state == "warmup" else leak.state
@@ -54,6 +67,11 @@ class EngineVerdict:
             "leaked_blocks": json_number(worst.leaked_blocks if worst else None, 1),
             "slope_blocks_per_hour": json_number(worst.slope_blocks_per_hour if worst else None, 1),
             "reason": worst.reason if worst else "not enough data for a verdict",
+            "stall": {
+                "verdict": self.stall, "stalled_first_t": self.stall_first_t,
+                "saturated_first_t": self.saturated_first_t,
+                "reason": (self.stall_at_worst.reason if self.stall_at_worst
+                           else "not enough data for a verdict")},
         }
 
 
@@ -81,6 +99,8 @@ class CheckRun:
             entry = verdicts.setdefault(key, EngineVerdict(stats.model, stats.engine))
             if stats.leak is not None:
                 entry.observe(scrape.t, stats.leak)
+            if stats.stall is not None:
+                entry.observe_stall(scrape.t, stats.stall)
 
     @property
     def leak_found(self) -> bool:
@@ -90,8 +110,12 @@ class CheckRun:
         verdicts = [e.verdict for per in self.engines.values() for e in per.values()]
         return max(verdicts, key=RANK.__getitem__, default="unknown")
 
+    def stall_verdict(self) -> StallState:
+        states = [e.stall for per in self.engines.values() for e in per.values()]
+        return max(states, key=STALL_RANK.__getitem__, default="unknown")
+
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict(), "targets": [
+        return {"verdict": self.verdict(), "stall": self.stall_verdict(), "targets": [
             {"target": url, "engines": [e.to_json() for e in per.values()]}
             for url, per in self.engines.items()]}
 
@@ -99,15 +123,22 @@ class CheckRun:
         verdict = self.verdict()
         if verdict == "leak":
             return EXIT_LEAK
+        if self.stall_verdict() == "stalled":
+            return EXIT_STALLED
         return EXIT_NO_DATA if verdict == "unknown" else EXIT_OK
 
 
 def _render_text(document: dict[str, Any]) -> None:
-    print(f"kvtop check: {document['verdict'].upper()}")
+    stall = document["stall"]
+    print(f"kvtop check: {document['verdict'].upper()}"
+          + (f", {stall.upper()}" if stall in ("stalled", "saturated") else ""))
     for target in document["targets"]:
         for engine in target["engines"]:
             name = f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}"
             print(f"  {engine['verdict'].upper():7} {name.strip()}: {engine['reason']}")
+            if engine["stall"]["verdict"] in ("stalled", "saturated"):
+                print(f"  {engine['stall']['verdict'].upper():7} {name.strip()}: "
+                      f"{engine['stall']['reason']}")
 
 
 def print_result(run: CheckRun, as_json: bool | None) -> int:

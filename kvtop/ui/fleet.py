@@ -15,6 +15,7 @@ from kvtop.ui import format as fmt
 if TYPE_CHECKING:
     from kvtop.collect.target import Target
     from kvtop.derive.leak import LeakVerdict
+    from kvtop.derive.stall import StallVerdict
     from kvtop.derive.stats import EngineStats
     from kvtop.derive.tracker import EngineKey, TargetState
 
@@ -154,8 +155,12 @@ def _engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
     return " " + "/".join(parts)
 
 
-def leak_cell(verdict: LeakVerdict | None) -> Cell:
-    """``LEAK +420/h``: the state, and the floor's slope once a rising floor is measured."""
+def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) -> Cell:
+    """``LEAK +420/h``: the state, and the floor's slope once a rising floor is measured;
+    ``STALL`` when the engine makes no progress and no leak explains it."""
+    if stall is not None and stall.state == "stalled" and (
+            verdict is None or verdict.state != "leak"):
+        return Cell("STALL", "alarm")
     if verdict is None:
         return Cell(fmt.DASH, "dim")
     text = LEAK_LABEL[verdict.state]
@@ -189,7 +194,7 @@ def engine_cells(stats: EngineStats) -> dict[str, Cell]:
     preempt = stats.preemptions_per_s
     return {
         "model": Cell(stats.model or fmt.DASH),
-        "leak": leak_cell(stats.leak),
+        "leak": leak_cell(stats.leak, stats.stall),
         "kv": Cell(fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total), _kv_level(usage)),
         "running": Cell(fmt.count(stats.running)),
         "waiting": Cell(fmt.count(waiting), "warn" if waiting else None),
