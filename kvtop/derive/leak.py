@@ -176,6 +176,7 @@ class LeakDetector:
         self._buckets: deque[_Bucket] = deque(maxlen=maxlen)
         self._onset: tuple[float, float] | None = None  # (t, rise) when floor evidence began
         self._trend: _Trend | None = None
+        self._pinned_since: float | None = None  # the window has been pinned full since
         self._floor_since: float | None = None
         self._floor_last: float | None = None
         self._idle_start: float | None = None
@@ -274,9 +275,16 @@ class LeakDetector:
         closed = [b for b in self._buckets if not b.first]
         if closed:
             self._history.append(_load_point(closed, self.params))
-        self._trend = self._analyse(closed)
-        if self._trend is not None:
-            self._update_floor(t, self._trend)
+        trend = self._analyse(closed)
+        if trend is None and self._pinned_since is not None:
+            # A pinned pool's level says nothing either way: evidence found before it
+            # filled stands (a leak ends by filling the pool), none starts while it is full.
+            if self._floor_since is not None:
+                self._floor_last = t
+        else:
+            self._trend = trend
+            if trend is not None:
+                self._update_floor(t, trend)
         self._refit()
 
     def _update_floor(self, t: float, trend: _Trend) -> None:
@@ -298,13 +306,23 @@ class LeakDetector:
         end = anchor[-1].t if anchor else -math.inf
         return anchor + [p for p in self._history if p.t > end]
 
-    def _analyse(self, buckets: list[_Bucket]) -> _Trend | None:
+    def _analyse(self, all_buckets: list[_Bucket]) -> _Trend | None:
         p = self.params
-        if len(buckets) < max(p.trend_min_buckets, 3):
+        if not self._enough(all_buckets):
+            self._pinned_since = None
             return None
-        if buckets[-1].t - buckets[0].t < p.trend_min_span_s:
+        loads, measure = _loads(all_buckets, p.ref_buckets)
+        # A bucket spent pinned full is censored: its level is the pool's size, whatever the
+        # working set and the leak, and "level − k × load" rises whenever the load the
+        # finished requests suggest falls (overload: short requests finish, long ones are
+        # preempted). Such buckets carry no floor evidence either way.
+        cap = p.pinned_frac * (self._total or 1.0)
+        kept = [i for i, b in enumerate(all_buckets) if b.used_sum / b.scrapes < cap]
+        buckets, loads = [all_buckets[i] for i in kept], [loads[i] for i in kept]
+        if not self._enough(buckets):
+            self._pinned_since = self._pinned_since or all_buckets[-1].t
             return None
-        loads, measure = _loads(buckets, p.ref_buckets)
+        self._pinned_since = None
         floors = [b.used_sum / b.scrapes for b in buckets]  # bucket level, see docs
         xs = [(b.t - buckets[0].t) / 3600 for b in buckets]
         per_load = _per_load(floors, loads, p.z)
@@ -321,8 +339,14 @@ class LeakDetector:
         window, recent = _turnover(buckets), _turnover(refs)
         turnover = None if window is None or recent is None else min(window, p.turnover_min
                                                                           * recent)
+        all_xs = [(b.t - all_buckets[0].t) / 3600 for b in all_buckets]
         return _Trend(slope, lower, raw_slope, load_slope, per_load, rise, floor_now,
-                      turnover, measure, self._consequences(buckets, xs))
+                      turnover, measure, self._consequences(all_buckets, all_xs))
+
+    def _enough(self, buckets: list[_Bucket]) -> bool:
+        p = self.params
+        return (len(buckets) >= max(p.trend_min_buckets, 3)
+                and buckets[-1].t - buckets[0].t >= p.trend_min_span_s)
 
     def _consequences(self, buckets: list[_Bucket], xs: list[float]) -> tuple[str, ...]:
         p, total = self.params, self._total or 1.0
@@ -438,6 +462,9 @@ class LeakDetector:
             return "ok" if judged else "warmup", (
                 f"{self._held_blocks(now[0])} with nothing running: confirming they are not "
                 f"in flight ({now[1]:.0f} s){self._floor_note}")
+        if self._pinned_since is not None:
+            return "ok", ("KV pool pinned full under load: its level cannot show a leak "
+                          f"(for {_ago(t - self._pinned_since)})")
         if self._trend is not None:
             return "ok", "no rising floor under load over the window"
         if self._clean_t == t:
