@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scenarios import Scenario, generate, read_truth
-from score import Score, score
+from score import FIGURES, Score, score
 from twin import generate_twin, twin_python
 
 CONT = {"rate": 4.0, "output_mean": 300.0}  # ~10 running, never idle at 10 s scrapes
@@ -36,6 +36,7 @@ BURSTY = {"rate": 2.0, "arrival": "bursty", "burst_len": 60.0, "burst_factor": 3
 ABORTS = {"abort_frac": 0.3, "abort_after": 3.0}
 TWIN_BURSTY = {"rate": 3.0, "burst_len": 40.0, "burst_factor": 3.0, "step_s": 0.02}
 LEAK_RUN_S = {"continuous": 4800.0, "idle gaps": 3600.0}  # 20 min healthy, then 60 / 40 min
+LUMP_WATCH_S, LUMP_LEAK_S = 1800.0, 3600.0  # goals for lumpy leaks, from the first lump
 
 
 def leak(name: str, source: str, load: str, fill_h: float, params: dict[str, Any],
@@ -43,6 +44,14 @@ def leak(name: str, source: str, load: str, fill_h: float, params: dict[str, Any
     duration = kw.pop("duration_s", LEAK_RUN_S[load])
     return Scenario(name, source, load, what, params,  # type: ignore[arg-type]
                     duration_s=duration, leak_fill_h=fill_h, **kw)
+
+
+def lumpy(name: str, source: str, params: dict[str, Any], what: str,
+          lumps: tuple[tuple[float, float], ...], **kw: Any) -> Scenario:
+    """A slow leak in a few lumps under continuous load: 20 min healthy, then 60 min."""
+    first = min(at for at, _ in lumps)
+    return Scenario(name, source, "continuous", what, params, duration_s=first + 3600.0,
+                    leak_at_s=first, lumps=lumps, **kw)
 
 
 SCENARIOS: list[Scenario] = [
@@ -65,13 +74,40 @@ SCENARIOS: list[Scenario] = [
     leak("twin-burst-2h", "twin", "idle gaps", 2, TWIN_BURSTY,
          "vLLM 0.33 twin, KVCacheManager.free skips finished requests", blocks=2000,
          max_num_seqs=32, duration_s=1500.0, leak_at_s=300.0, interval_s=5.0, quick=True),
+    lumpy("azure-lumps-2x3", "azure", {"rate_scale": 1.0},
+          "Azure conv trace, 2 lumps of 3 % 30 min apart", ((1200.0, 0.03), (3000.0, 0.03)),
+          blocks=7000, quick=True),
+    lumpy("mooncake-lumps-2x3", "mooncake", {"rate_scale": 1.0},
+          "Mooncake trace, 2 lumps of 3 % 30 min apart", ((1200.0, 0.03), (3000.0, 0.03)),
+          blocks=7000),
+    lumpy("mooncake-lumps-3x3-full", "mooncake", {"rate_scale": 1.0},
+          "Mooncake trace near full, 3 lumps of 3 % 15 min apart",
+          ((1200.0, 0.03), (2100.0, 0.03), (3000.0, 0.03)), blocks=6000),
+    lumpy("azure-lump-1x5-full", "azure", {"rate_scale": 1.0},
+          "Azure conv trace near full, 1 lump of 5 %", ((1200.0, 0.05),)),
+    lumpy("syn-lumps-2x4", "synthetic", CONT, "2 lumps of 4 % 30 min apart",
+          ((1200.0, 0.04), (3000.0, 0.04))),
+    lumpy("mooncake-lump-1x8", "mooncake", {"rate_scale": 1.0},
+          "Mooncake trace, 1 lump of 8 %", ((1200.0, 0.08),), blocks=7000),
     Scenario("healthy-ramp", "synthetic", "continuous", "load ramp 1 -> 6 req/s",
              {"output_mean": 300.0}, ramp=(1.0, 6.0), quick=True),
+    Scenario("healthy-ramp-3x", "synthetic", "continuous",
+             "load ramp 1x -> 3x (2 -> 6 req/s) over an hour, usage 0.3 -> 0.9, queue at the end",
+             {"output_mean": 300.0}, blocks=1100, ramp=(2.0, 6.0), quick=True),
+    Scenario("healthy-ramp-mooncake", "mooncake", "continuous",
+             "Mooncake trace ramping 1x -> 3x over an hour, to a full pool and a queue",
+             {}, blocks=7000, max_num_seqs=128, ramp=(0.5, 1.5)),
+    Scenario("healthy-overload-mooncake", "mooncake", "continuous",
+             "Mooncake trace ramping to 3x its rate: pool pinned full, queue in the thousands",
+             {}, blocks=7000, max_num_seqs=128, ramp=(1.0, 3.0)),
     Scenario("healthy-pressure", "synthetic", "continuous",
              "long contexts near 100 % usage, preemptions",
              {"rate": 1.5, "prompt_mean": 3000.0, "output_mean": 500.0, "shared_frac": 0.2},
              blocks=2000, quick=True),
     Scenario("healthy-burst", "synthetic", "idle gaps", "bursts with idle gaps", BURSTY),
+    Scenario("healthy-null-block", "synthetic", "idle gaps",
+             "bursts, served as vLLM 0.10.1 (the null block: idle reads 1/N)", BURSTY,
+             null_block=True),
     Scenario("healthy-restarts", "synthetic", "continuous", "restarts at 20 and 40 min", CONT,
              restart_at=(1200.0, 2400.0)),
     Scenario("healthy-prefix", "synthetic", "continuous",
@@ -157,6 +193,15 @@ def goals(results: list[tuple[Scenario, Score]]) -> list[str]:
         med = statistics.median([d if d is not None else float("inf") for d in delays]) / 60
         lines.append(_goal(med < limit, f"median delay under {load} < {limit:.0f} min",
                            f"median {med:.1f} min over {len(delays)} scenarios"))
+    lumps = [(sc, s) for sc, s in leaks if sc.lumps]
+    if lumps:
+        late = [sc.name for sc, s in lumps
+                if not _within(s.first_after(s.kvtop_watch_t), LUMP_WATCH_S)
+                or not _within(s.first_after(s.kvtop_leak_t), LUMP_LEAK_S)]
+        lines.append(_goal(not late, "lumpy slow leaks: WATCH within 30 min and LEAK within "
+                           "60 min of the first lump",
+                           f"late: {', '.join(late)}" if late
+                           else f"{len(lumps)} of {len(lumps)}"))
     false_healthy = sum(s.false_alarms(s.kvtop_leak_t) for _, s in healthy)
     false_pre = sum(s.false_alarms(s.kvtop_leak_t) for _, s in leaks)
     lines.append(_goal(false_healthy + false_pre == 0, "no false alarm (LEAK) on healthy data",
@@ -168,6 +213,25 @@ def goals(results: list[tuple[Scenario, Score]]) -> list[str]:
         lines.append(_goal(within == len(errs), f"leaked-block estimate within 20 % {label}",
                            f"{within} of {len(errs)} within"))
     return lines
+
+
+def _within(delay: float | None, limit: float) -> bool:
+    return delay is not None and delay <= limit
+
+
+def figures_table(results: list[tuple[Scenario, Score]]) -> str:
+    """Leak figures given while OK/WARMUP (must be none), and `check --json`'s at the end."""
+    lines = ["| scenario | OK/WARMUP scrapes | with leaked_blocks / slope / hours_to_full "
+             "| `check --json`: verdict, leaked_blocks, slope_blocks_per_hour |",
+             "|---|---|---|---|"]
+    for sc, s in results:
+        if sc.leaking:
+            continue
+        counts = " / ".join(str(s.ok_figures.get(name, 0)) for name in FIGURES)
+        check = s.check_json
+        lines.append(f"| {sc.name} | {s.ok_scrapes} | {counts} | {check.get('verdict')}, "
+                     f"{check.get('leaked_blocks')}, {check.get('slope_blocks_per_hour')} |")
+    return "\n".join(lines)
 
 
 def _rel(pair: tuple[float | None, float] | None) -> float | None:
@@ -217,6 +281,8 @@ def main() -> int:
     print(table(results))
     print()
     print("\n".join(goals(results)))
+    print()
+    print(figures_table(results))
     print(f"\ncommit {commit()}; {len(results)} scenarios in {time.perf_counter() - start:.0f} s; "
           f"recordings in {args.out}")
     return 0
