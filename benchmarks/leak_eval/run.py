@@ -181,7 +181,10 @@ def table(results: list[tuple[Scenario, Score]]) -> str:
 
 
 def goals(results: list[tuple[Scenario, Score]]) -> list[str]:
-    leaks = [(sc, s) for sc, s in results if sc.leaking]
+    """Issue 5's goals over the steady leaks it defined them on, issue 13's over the lumps;
+    no false alarm over everything."""
+    every_leak = [(sc, s) for sc, s in results if sc.leaking]
+    leaks = [(sc, s) for sc, s in every_leak if not sc.lumps]
     healthy = [(sc, s) for sc, s in results if not sc.leaking]
     missed = [sc.name for sc, s in leaks if s.first_after(s.kvtop_leak_t) is None]
     lines = [_goal(not missed, "every leak that fills the pool within 12 h detected (LEAK)",
@@ -193,17 +196,17 @@ def goals(results: list[tuple[Scenario, Score]]) -> list[str]:
         med = statistics.median([d if d is not None else float("inf") for d in delays]) / 60
         lines.append(_goal(med < limit, f"median delay under {load} < {limit:.0f} min",
                            f"median {med:.1f} min over {len(delays)} scenarios"))
-    lumps = [(sc, s) for sc, s in leaks if sc.lumps]
+    lumps = [(sc, s) for sc, s in every_leak if sc.lumps]
     if lumps:
         late = [sc.name for sc, s in lumps
-                if not _within(s.first_after(s.kvtop_watch_t), LUMP_WATCH_S)
+                if not _within(s.watch_reached, LUMP_WATCH_S)
                 or not _within(s.first_after(s.kvtop_leak_t), LUMP_LEAK_S)]
         lines.append(_goal(not late, "lumpy slow leaks: WATCH within 30 min and LEAK within "
                            "60 min of the first lump",
                            f"late: {', '.join(late)}" if late
                            else f"{len(lumps)} of {len(lumps)}"))
     false_healthy = sum(s.false_alarms(s.kvtop_leak_t) for _, s in healthy)
-    false_pre = sum(s.false_alarms(s.kvtop_leak_t) for _, s in leaks)
+    false_pre = sum(s.false_alarms(s.kvtop_leak_t) for _, s in every_leak)
     lines.append(_goal(false_healthy + false_pre == 0, "no false alarm (LEAK) on healthy data",
                        f"{false_healthy} on {len(healthy)} healthy runs, {false_pre} before a "
                        "leak started"))

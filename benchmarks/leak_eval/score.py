@@ -87,6 +87,7 @@ class Score:
     measured_fill_h: float | None = None  # pool / true leak rate over the run
     max_usage: float = 0.0
     preemptions: float = 0.0
+    watch_reached: float | None = None  # delay (s) to the first WATCH-or-LEAK scrape after start
     ok_scrapes: int = 0  # scrapes whose verdict was OK or WARMUP
     ok_figures: dict[str, int] = field(default_factory=dict)  # ...that still gave a figure
     check_json: dict[str, Any] = field(default_factory=dict)  # `kvtop check --json`'s engine
@@ -130,6 +131,9 @@ def score(name: str, recording: Path, truth: dict[str, Any]) -> Score:
         if verdict.state in ("watch", "leak") and state_before not in ("watch", "leak"):
             result.kvtop_watch_t.append(scrape.t)
         state_before = verdict.state
+        if (result.watch_reached is None and result.leak_start_t is not None
+                and scrape.t >= result.leak_start_t and verdict.state in ("watch", "leak")):
+            result.watch_reached = scrape.t - result.leak_start_t
         if verdict.state in ("ok", "warmup"):
             _count_ok_figures(result, verdict)
         result.est_at_end = (verdict.leaked_blocks, row[1])
