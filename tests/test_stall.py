@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stall import StallDetector, StallVerdict
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetTracker
@@ -16,6 +17,7 @@ from kvtop.sim.exposition import render
 from kvtop.sim.faults import Fault, plan
 from kvtop.sim.simulation import Simulation, Truth
 from kvtop.sim.workloads import make_workload
+from kvtop.ui.fleet import leak_cell
 
 T0 = 1_767_225_600.0
 TARGET = Target.from_spec("http://127.0.0.1:8000")
@@ -140,3 +142,15 @@ def test_a_restart_starts_the_count_again() -> None:
     restarted = replace(points[-1].stats, restarted=True, window_s=None, generation_tps=None)
     assert detector.update(restarted).state == "unknown"
     assert detector.update(replace(points[-1].stats, t=points[-1].stats.t + 1)).state == "ok"
+
+
+def test_the_fleet_table_says_stall_unless_a_leak_explains_it() -> None:
+    stalled = StallVerdict("stalled", "KV pool 100% full with 9 requests waiting", T0)
+    quiet = LeakVerdict("ok", "no rising floor under load over the window", None, None, None)
+    leaking = LeakVerdict("leak", "999 blocks held with nothing running", 999.0, None, None)
+    assert (leak_cell(quiet, stalled).text, leak_cell(quiet, stalled).level) == ("STALL",
+                                                                                  "alarm")
+    assert leak_cell(None, stalled).text == "STALL"
+    assert leak_cell(leaking, stalled).text == "LEAK"
+    saturated = StallVerdict("saturated", "KV pool pinned full", T0)
+    assert leak_cell(quiet, saturated).text == leak_cell(quiet).text == "OK"
