@@ -5,10 +5,11 @@ Run: ``python benchmarks/leak_eval/run.py [--quick] [--out DIR] [--jobs N] [--on
 
 Generates recordings (kvtop recording format, gzip) from kvtop's simulator over synthetic
 load and the Mooncake and Azure traces, and from vLLM 0.33's real scheduler (the twin, in a
-subprocess), each with ground truth; replays each through the code of `kvtop check --replay`;
-scores detection delay, false alarms and the leaked-block estimate; prints a markdown table,
-the goals of issues 5 and 13, and the leak figures given while OK. Recordings go to DIR (default: a folder under the system temp
-dir), never into the repository. Method and results: docs/leak-evaluation.md.
+subprocess), each with ground truth; replays each through the code of `kvtop check
+--replay`; scores detection delay, false alarms and the leaked-block estimate; prints a
+markdown table, the goals of issues 5 and 13, and the leak figures given while OK.
+Recordings go to DIR (default: a folder under the system temp dir), never into the
+repository. Method and results: docs/leak-evaluation.md.
 """
 
 from __future__ import annotations
