@@ -56,6 +56,8 @@ class LeakParams:
     pinned_frac: float = 0.95  # usage counted as a full pool
     history_s: float = 3600.0  # buckets kept before the floor evidence: the leak's baseline
     estimate_buckets: int = 4  # latest buckets averaged into the leaked-block estimate
+    step_z: float = 3.5  # a lump: the level after a split above the level before, this sure
+    step_min_buckets: int = 5  # buckets on each side of the split
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ class _Trend:
     turnover: float | None  # finished / most running (recent part x turnover_min); None: unknown
     load_measure: str  # "tokens", "running" or "none"
     consequences: tuple[str, ...]
+    step: float = 0.0  # a lump: adjusted level after the split minus before, blocks (0: none)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -341,7 +344,24 @@ class LeakDetector:
                                                                           * recent)
         all_xs = [(b.t - all_buckets[0].t) / 3600 for b in all_buckets]
         return _Trend(slope, lower, raw_slope, load_slope, per_load, rise, floor_now,
-                      turnover, measure, self._consequences(all_buckets, all_xs))
+                      turnover, measure, self._consequences(all_buckets, all_xs),
+                      self._step(adjusted, floors))
+
+    def _step(self, adjusted: list[float], levels: list[float]) -> float:
+        """A lump: the adjusted level stepped up and stayed up (leaked blocks never come
+        back). The split that separates the levels best by a rank test, when it is sure at
+        `step_z` (many splits are tried), most of the step is not load, and the latest
+        buckets are still up; 0.0 otherwise."""
+        p = self.params
+        best = _best_split(adjusted, p.step_min_buckets)
+        if best is None or best[1] < p.step_z:
+            return 0.0
+        k = best[0]
+        before = median(adjusted[:k])
+        step = median(adjusted[k:]) - before
+        raw_step = median(levels[k:]) - median(levels[:k])
+        still_up = median(adjusted[-p.ref_buckets:]) - before >= step / 2
+        return step if step >= (1 - p.max_load_share) * max(raw_step, 0.0) and still_up else 0.0
 
     def _enough(self, buckets: list[_Bucket]) -> bool:
         p = self.params
@@ -372,14 +392,16 @@ class LeakDetector:
         return tuple(found)
 
     def _floor_ok(self, trend: _Trend) -> bool:
-        """Watch-level floor evidence: significant, big, fast, not load, batch turned over."""
+        """Watch-level floor evidence: significant, big, fast (or a lump), not load, batch
+        turned over."""
         p, total = self.params, self._total or 1.0
         free = max(total - trend.floor_now, 0.0)
-        return (trend.lower > 0 and trend.slope > 0
-                and trend.rise >= p.watch_rise_frac * total
-                and free / trend.slope <= p.max_hours_to_full
-                and trend.slope >= (1 - p.max_load_share) * max(trend.raw_slope, 0.0)
-                and (trend.turnover is None or trend.turnover >= p.turnover_min))
+        turned = trend.turnover is None or trend.turnover >= p.turnover_min
+        rising = (trend.lower > 0 and trend.slope > 0
+                  and trend.rise >= p.watch_rise_frac * total
+                  and free / trend.slope <= p.max_hours_to_full
+                  and trend.slope >= (1 - p.max_load_share) * max(trend.raw_slope, 0.0))
+        return turned and (rising or trend.step >= p.watch_rise_frac * total)
 
     # -- verdict -------------------------------------------------------------------------
     def _floor_level(self, t: float) -> tuple[State, str]:
@@ -390,8 +412,11 @@ class LeakDetector:
             return "ok", ""
         age = t - self._floor_since
         rate = f"floor rising {trend.slope:.0f} blocks/h under load, not explained by load"
+        if trend.step > max(trend.rise, 0.0):
+            rate = f"floor stepped up {trend.step:.0f} blocks under load, not explained by load"
         trusted = trend.turnover is not None and trend.load_measure != "none"
-        if trusted and trend.rise >= p.leak_rise_frac * total and age >= p.leak_persist_s:
+        rise = max(trend.rise, trend.step)
+        if trusted and rise >= p.leak_rise_frac * total and age >= p.leak_persist_s:
             return "leak", f"{rate}, for {age / 60:.0f} min"
         if trusted and trend.consequences and age >= p.support_persist_s:
             return "leak", f"{rate}, with {trend.consequences[0]}"
@@ -497,10 +522,12 @@ class LeakDetector:
         return LeakVerdict(level, reason, leaked, slope, to_full, evidence)
 
     def _floor_leaked(self) -> float | None:
-        """The load-separated fit once floor evidence began; else the window's rise."""
+        """The load-separated fit once floor evidence began; else the window's rise. A lump
+        the window shows is at least its step: a fit still has few buckets after it."""
         trend = self._trend
         if self._fit is not None and self._last_t is not None:
-            return leaked_now(self._fit, self._last_t, self.params.estimate_buckets)
+            fitted = leaked_now(self._fit, self._last_t, self.params.estimate_buckets)
+            return max(fitted, trend.step) if trend is not None else fitted
         if trend is None:
             return None
         if self._onset is None or self._last_t is None:
@@ -597,6 +624,20 @@ def _per_load(levels: list[float], loads: list[float], z: float) -> float:
     if not any(d_load):
         return 0.0
     return max(theil_sen(d_load, d_level, z)[0], 0.0)
+
+
+def _best_split(values: list[float], side: int) -> tuple[int, float] | None:
+    """(k, z): the split of `values` into [:k] and [k:] whose Mann–Whitney z (later above
+    earlier) is largest, with at least `side` values on each side; None when too short."""
+    n, best = len(values), None
+    for k in range(side, n - side + 1):
+        before, after = values[:k], values[k:]
+        wins = sum((a > b) + 0.5 * (a == b) for a in after for b in before)
+        n1, n2 = len(before), len(after)
+        z = (wins - n1 * n2 / 2) / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
+        if best is None or z > best[1]:
+            best = (k, z)
+    return best
 
 
 def _turnover(buckets: list[_Bucket]) -> float | None:
