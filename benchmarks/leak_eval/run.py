@@ -159,7 +159,10 @@ def error_cell(pair: tuple[float | None, float] | None) -> str:
 
 def row(scenario: Scenario, s: Score) -> str:
     size = "none"
-    if scenario.leaking:
+    if scenario.lumps:
+        lumps = " + ".join(f"{frac:.0%}" for _, frac in scenario.lumps)
+        size = f"lumps {lumps} → {s.measured_fill_h or 0:.1f} h"
+    elif scenario.leaking:
         size = f"{scenario.leak_fill_h:g} h → {s.measured_fill_h or 0:.1f} h"
     kvtop = f"{delay_cell(s, s.kvtop_leak_t, scenario)} ({s.kvtop_verdict.upper()})"
     watch = delay_cell(s, s.kvtop_watch_t, scenario)
