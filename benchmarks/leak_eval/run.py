@@ -240,8 +240,9 @@ def figures_table(results: list[tuple[Scenario, Score]]) -> str:
             continue
         counts = " / ".join(str(s.ok_figures.get(name, 0)) for name in FIGURES)
         check = s.check_json
-        lines.append(f"| {sc.name} | {s.ok_scrapes} | {counts} | {check.get('verdict')}, "
-                     f"{check.get('leaked_blocks')}, {check.get('slope_blocks_per_hour')} |")
+        figures = ", ".join(json.dumps(check.get(key)) for key in
+                            ("verdict", "leaked_blocks", "slope_blocks_per_hour"))
+        lines.append(f"| {sc.name} | {s.ok_scrapes} | {counts} | {figures} |")
     return "\n".join(lines)
 
 
