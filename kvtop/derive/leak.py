@@ -527,7 +527,8 @@ class LeakDetector:
         trend = self._trend
         if self._fit is not None and self._last_t is not None:
             fitted = leaked_now(self._fit, self._last_t, self.params.estimate_buckets)
-            return max(fitted, trend.step) if trend is not None else fitted
+            lump = trend is not None and trend.step > max(trend.rise, 0.0)
+            return max(fitted, trend.step) if lump else fitted
         if trend is None:
             return None
         if self._onset is None or self._last_t is None:
