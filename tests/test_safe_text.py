@@ -6,8 +6,9 @@ import json
 
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.text import Text
 
-from kvtop.safe_text import display_text
+from kvtop.safe_text import DISPLAY_MAX, display_text, plain, warn
 
 OSC52 = "\x1b]52;c;ZXZpbA==\x07"
 
@@ -54,3 +55,27 @@ def test_no_control_or_format_character_survives(text: str) -> None:
         assert not 0x202A <= code <= 0x202E and not 0x2066 <= code <= 0x2069
         assert not 0xD800 <= code <= 0xDFFF
     shown.encode("utf-8")  # always encodable
+
+
+def test_tag_characters_and_invisible_fillers_are_written_out() -> None:
+    hidden = "ok\U000e0041\U000e0042\u3164"  # "AB" in tag characters: invisible on screen
+    assert display_text(hidden) == "ok\\U000e0041\\U000e0042\\u3164"
+
+
+def test_a_huge_value_costs_no_more_than_its_shown_part() -> None:
+    shown = display_text("\x1b" * 5_000_000)  # cut before the escapes are written
+    assert len(shown) == DISPLAY_MAX and shown.endswith("…")
+    assert display_text("m" * 2000) == "m" * (DISPLAY_MAX - 1) + "…"
+
+
+def test_plain_is_rich_text_never_markup() -> None:
+    text = plain("[/]oops[link='http://evil.example/x']x[/link]\x1b[2J", style="bold")
+    assert isinstance(text, Text) and not text.spans
+    assert text.plain == "[/]oops[link='http://evil.example/x']x[/link]\\x1b[2J"
+    assert str(text.style) == "bold"
+
+
+def test_warn_prints_one_safe_line(capsys) -> None:
+    warn(f"kvtop: Prometheus said {OSC52}\nFAKE")
+    err = capsys.readouterr().err
+    assert err == "kvtop: Prometheus said \\x1b]52;c;ZXZpbA==\\x07\\x0aFAKE\n"

@@ -1,9 +1,10 @@
 """Leak-evaluation scenarios and their recordings, made without HTTP in simulated time.
 
-A scenario drives kvtop's simulator (or, in `twin.py`, vLLM 0.33's own scheduler) and every
-`interval_s` simulated seconds writes its `/metrics` text, exactly as served, as one scrape of
-a kvtop recording (`t` = a fixed epoch + simulated seconds). The ground truth of each scrape
-(leaked blocks, used blocks, running, waiting) goes to a JSON file next to it.
+A scenario drives kvtop's simulator (or, in `twin_recordings.py`, vLLM 0.33's own
+scheduler) and every `interval_s` simulated seconds writes its `/metrics` text, exactly as
+served, as one scrape of a kvtop recording (`t` = a fixed epoch + simulated seconds). The
+ground truth of each scrape (leaked blocks, used blocks, running, waiting) goes to a JSON
+file next to it.
 
 Lumpy leaks (`lumps`) are given directly: at each time, the next requests to end keep
 their blocks until that fraction of the pool has leaked, whole requests at once.

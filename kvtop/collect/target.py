@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from kvtop.collect.exposition import Exposition, to_text
+from kvtop.collect.reading import ServerReading
 
 FailureKind = Literal["down", "timeout", "auth", "bad_payload"]
 DEFAULT_TARGET = "http://127.0.0.1:8000"
@@ -37,35 +40,130 @@ class Secret:
         return hash(self._value)
 
 
+MASK = "***"
+# A header echoed by a server or proxy ("Authorization: Bearer abc…"), even one it cut short;
+# case-sensitive "Bearer" alone, so kvtop's own hints ("a bearer token") are left as they are.
+_BEARER = re.compile(r"((?:(?i:authorization)[\s\"':=]{0,6}(?i:bearer)|\bBearer)\s+)"
+                     r"[^\s\"',;)}\]]+")
+
+
+def redact(text: str, token: Secret | None) -> str:
+    """``text`` (a server's or Prometheus's words) with the token and anything quoted after
+    ``Bearer`` masked. Call it before cutting a quote short: a token cut in two would no
+    longer match, and its first characters would leak."""
+    if token is not None and token.reveal() and token.reveal() in text:
+        text = text.replace(token.reveal(), MASK)
+    if "earer" in text or "EARER" in text:  # a cheap test before the regex
+        text = _BEARER.sub(lambda m: m.group(1) + MASK, text)
+    return text
+
+
+def redact_bytes(data: bytearray, token: Secret | None) -> bytearray:
+    """A raw answer with the token masked, before anything quotes or parses it."""
+    if token is not None and token.reveal():
+        raw = token.reveal().encode("utf-8")
+        if raw in data:
+            data = data.replace(raw, MASK.encode())
+    return data
+
+
+MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token is a line; /dev/zero would never end
+
+
+class TokenError(ValueError):
+    """A token file that can't be used; the message says why (never the token)."""
+
+
 def read_token(env: str | None = None, file: str | Path | None = None) -> Secret | None:
-    """A token from an environment variable or a file (first line), never from argv."""
+    """A token from an environment variable or a file (first line), never from argv. The file
+    must be a regular file of at most 64 KiB: a FIFO or a device would block or never end."""
     if env:
         value = os.environ.get(env, "").strip()
         if value:
             return Secret(value)
     if file:
-        value = Path(file).expanduser().read_text(encoding="utf-8").strip().splitlines()
-        if value and value[0].strip():
-            return Secret(value[0].strip())
+        lines = _read_token_file(Path(file).expanduser()).strip().splitlines()
+        if lines and lines[0].strip():
+            return Secret(lines[0].strip())
     return None
 
 
+# Query arguments that carry a secret (?token=, ?access_token=, ?api_key=, ?X-Amz-Signature=).
+_SECRET_ARG_PARTS = ("token", "secret", "passw", "apikey", "api_key", "auth", "credential",
+                     "signature", "session")
+_SECRET_ARGS = frozenset({"key", "sig", "pass", "pwd", "jwt"})
+_USERINFO = re.compile(r"//[^/?#]*@")
+NO_CREDENTIALS = ("credentials in a URL would show in process listings, screens and files; "
+                  "use token_env / token_file (or --token-env / --token-file)")
+
+
+def _secret_arg(name: str) -> bool:
+    name = name.strip().lower().replace("-", "_")
+    return (name in _SECRET_ARGS or name.endswith("_key")
+            or any(part in name for part in _SECRET_ARG_PARTS))
+
+
+class CredentialsInURL(ValueError):
+    """A URL with a secret in it; the message says what to do and never repeats the URL."""
+
+
+def check_no_credentials(url: str) -> None:
+    """Refuse a URL that carries a secret: ``user:pass@`` or a query argument such as
+    ``?token=``. argv is visible to every user of the machine, and URLs are shown on screens
+    and written to snapshots and recordings."""
+    before_query, _, rest = url.partition("?")
+    if _USERINFO.search(before_query.partition("#")[0]):
+        raise CredentialsInURL(NO_CREDENTIALS)
+    for name, _ in parse_qsl(rest.partition("#")[0], keep_blank_values=True):
+        if _secret_arg(name):
+            raise CredentialsInURL(f"the URL's query argument {name[:40]!r} looks like a "
+                                   f"secret: {NO_CREDENTIALS}")
+
+
+def shown_spec(spec: str) -> str:
+    """A URL as an error message may quote it: without user info or query."""
+    return _USERINFO.sub("//***@", spec.partition("?")[0])
+
+
+def _read_token_file(path: Path) -> str:
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise TokenError(f"{getattr(exc, 'strerror', None) or exc}: {path}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TokenError(f"not a regular file: {path}")
+        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise TokenError(f"{exc.strerror or exc}: {path}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise TokenError(f"larger than {MAX_TOKEN_FILE_BYTES // 1024} KiB: {path}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TokenError(f"not UTF-8 text: {path}") from None
+
+
 def normalise_url(spec: str) -> str:
-    """``host:port`` or a URL -> a full URL; ``/metrics`` is appended when no path is given."""
+    """``host:port`` or a URL -> a full URL; ``/metrics`` is appended when no path is given.
+    A URL with credentials in it is refused (:func:`check_no_credentials`)."""
     spec = spec.strip()
     if "://" not in spec:
         spec = "http://" + spec
+    check_no_credentials(spec)
     try:
         parts = urlsplit(spec)
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as exc:
-        raise ValueError(f"not a host:port or URL: {spec!r} ({exc})") from None
+        raise ValueError(f"not a host:port or URL: {shown_spec(spec)!r} ({exc})") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"not an http:// or https:// URL: {shown_spec(spec)!r} (kvtop reads "
+                         "/metrics over HTTP)")
     if not parts.hostname:
-        raise ValueError(f"not a host:port or URL: {spec!r}")
-    if parts.username or parts.password:
-        # argv is visible to every user of the machine, and URLs end up in files
-        raise ValueError("credentials in a URL would show in process listings and files; "
-                         "use token_env / token_file (or --token-env / --token-file)")
+        raise ValueError(f"not a host:port or URL: {shown_spec(spec)!r}")
     path = parts.path if parts.path not in ("", "/") else "/metrics"
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
@@ -112,6 +210,8 @@ class Scrape:
     duration_s: float = 0.0
     version: str | None = None  # from /version when the server offers it
     samples: Exposition | None = None  # instead of body: what it would have parsed to
+    reading: ServerReading | None = None  # the body read already (by the poller, off the loop)
+    connected: bool = True  # False: no connection was made (refused, DNS, TLS handshake)
 
     @property
     def ok(self) -> bool:

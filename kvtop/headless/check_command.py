@@ -8,23 +8,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams, LeakVerdict
 from kvtop.derive.stall import STALL_RANK, StallState, StallVerdict
-from kvtop.derive.tracker import EngineKey, TargetTracker
+from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
 from kvtop.headless.lifetime import stop_event
 from kvtop.headless.output import emit, json_number
-from kvtop.store.recording import RecordingError, RecordingWriter, read_recording
+from kvtop.safe_text import display_text, warn
+from kvtop.store.recording import (
+    DEFAULT_MAX_BYTES,
+    RecordingError,
+    RecordingWriter,
+    open_recording,
+)
 
 Verdict = Literal["unknown", "ok", "watch", "leak"]
 RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
 EXIT_OK, EXIT_LEAK, EXIT_USAGE, EXIT_NO_DATA, EXIT_STALLED = 0, 1, 2, 3, 4
+PROGRESS_PERIOD_S = 1.0
 
 
 @dataclass(slots=True)
@@ -82,6 +93,8 @@ class CheckRun:
     params: LeakParams | None = None
     trackers: dict[str, TargetTracker] = field(default_factory=dict)
     engines: dict[str, dict[EngineKey, EngineVerdict]] = field(default_factory=dict)
+    first_t: float | None = None  # the span judged: first and last scrape fed, read or not
+    last_t: float | None = None
 
     def add_target(self, target: Target) -> None:
         if target.url not in self.trackers:
@@ -90,6 +103,8 @@ class CheckRun:
 
     def feed(self, scrape: Scrape) -> None:
         self.add_target(scrape.target)
+        self.first_t = scrape.t if self.first_t is None else min(self.first_t, scrape.t)
+        self.last_t = scrape.t if self.last_t is None else max(self.last_t, scrape.t)
         state = self.trackers[scrape.target.url].update(scrape)
         if not scrape.ok or state.last_good_t != scrape.t:
             return
@@ -101,6 +116,8 @@ class CheckRun:
                 entry.observe(scrape.t, stats.leak)
             if stats.stall is not None:
                 entry.observe_stall(scrape.t, stats.stall)
+        if len(verdicts) > MAX_TRACKED_ENGINES:
+            _forget_unjudged(verdicts, {(s.model, s.engine) for s in state.engines})
 
     @property
     def leak_found(self) -> bool:
@@ -114,10 +131,16 @@ class CheckRun:
         states = [e.stall for per in self.engines.values() for e in per.values()]
         return max(states, key=STALL_RANK.__getitem__, default="unknown")
 
+    def engines_seen(self) -> int:
+        return sum(len(per) for per in self.engines.values())
+
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict(), "stall": self.stall_verdict(), "targets": [
-            {"target": url, "engines": [e.to_json() for e in per.values()]}
-            for url, per in self.engines.items()]}
+        span = None if self.first_t is None or self.last_t is None else self.last_t - self.first_t
+        return {"verdict": self.verdict(), "stall": self.stall_verdict(),
+                "started_at": _iso(self.first_t), "ended_at": _iso(self.last_t),
+                "duration_s": json_number(span, 3),
+                "targets": [{"target": url, "engines": [e.to_json() for e in per.values()]}
+                            for url, per in self.engines.items()]}
 
     def exit_code(self) -> int:
         verdict = self.verdict()
@@ -128,17 +151,82 @@ class CheckRun:
         return EXIT_NO_DATA if verdict == "unknown" else EXIT_OK
 
 
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _forget_unjudged(verdicts: dict[EngineKey, EngineVerdict], current: set[EngineKey]) -> None:
+    """Drop engines gone from the target that never got a verdict (a server inventing model
+    names every scrape would otherwise grow the report without bound); a verdict, leak or
+    stall, once reached, is the report and stays."""
+    for key in [k for k, v in verdicts.items()
+                if v.verdict == "unknown" and v.stall == "unknown" and k not in current]:
+        del verdicts[key]
+
+
 def _render_text(document: dict[str, Any]) -> None:
+    span = ""
+    if document["started_at"] is not None:
+        span = (f" ({_clock(document['duration_s'])} judged, {document['started_at']} to "
+                f"{document['ended_at']})")
     stall = document["stall"]
-    print(f"kvtop check: {document['verdict'].upper()}"
-          + (f", {stall.upper()}" if stall in ("stalled", "saturated") else ""))
+    stall_text = f", {stall.upper()}" if stall in ("stalled", "saturated") else ""
+    print(f"kvtop check: {document['verdict'].upper()}{stall_text}{span}")
     for target in document["targets"]:
         for engine in target["engines"]:
-            name = f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}"
-            print(f"  {engine['verdict'].upper():7} {name.strip()}: {engine['reason']}")
+            name = display_text(
+                f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}".strip())
+            print(f"  {engine['verdict'].upper():7} {name}: {display_text(engine['reason'])}")
             if engine["stall"]["verdict"] in ("stalled", "saturated"):
-                print(f"  {engine['stall']['verdict'].upper():7} {name.strip()}: "
-                      f"{engine['stall']['reason']}")
+                print(f"  {engine['stall']['verdict'].upper():7} {name}: "
+                      f"{display_text(engine['stall']['reason'])}")
+
+
+def _clock(seconds: float | None) -> str:
+    """12s, 4m05s, 1h02m: a duration at the precision a person reads."""
+    seconds = round(seconds or 0.0)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+class Progress:
+    """One line on stderr while a live check runs, rewritten at most once a second: time
+    watched and left, engines seen, the worst state so far. Only on a terminal (a log file
+    or cron mail gets nothing); cleared before the verdict is printed."""
+
+    def __init__(self, duration_s: float, *, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.duration_s = duration_s
+        self.clock = clock
+        self.started = clock()
+        self._shown_at = -math.inf
+
+    def update(self, run: CheckRun) -> None:
+        now = self.clock()
+        if not self.enabled or now - self._shown_at < PROGRESS_PERIOD_S:
+            return
+        self._shown_at = now
+        elapsed = now - self.started
+        left = max(0.0, self.duration_s - elapsed)
+        line = (f"kvtop check: {_clock(elapsed)} of {_clock(self.duration_s)} "
+                f"({_clock(left)} left) · {run.engines_seen()} engine(s) seen · "
+                f"worst so far: {run.verdict().upper()}")
+        self.stream.write(f"\r{line}\x1b[K")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self._shown_at > -math.inf:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 def print_result(run: CheckRun, as_json: bool | None) -> int:
@@ -147,17 +235,18 @@ def print_result(run: CheckRun, as_json: bool | None) -> int:
 
 
 def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | None) -> int:
+    """Judge a recording, streamed from disk in time order (never held whole)."""
     try:
-        recording = read_recording(path)
+        recording = open_recording(path)
     except RecordingError as exc:
-        print(f"kvtop check: {exc}", file=sys.stderr)
+        warn(f"kvtop check: {exc}")
         return EXIT_USAGE
     for warning in recording.warnings:
-        print(f"kvtop check: {path}: {warning}", file=sys.stderr)
+        warn(f"kvtop check: {path}: {warning}")
     run = CheckRun(params)
     for target in recording.targets():
         run.add_target(target)
-    for scrape in sorted(recording.scrapes, key=lambda s: s.t):
+    for scrape in recording.in_time_order():
         run.feed(scrape)
     return print_result(run, as_json)
 
@@ -167,24 +256,30 @@ async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
                  until_leak: bool, writer: RecordingWriter | None,
                  full_metrics: bool) -> None:
     stop = stop_event(duration_s)
+    progress = Progress(duration_s)
 
     def on_scrape(scrape: Scrape) -> None:
+        run.feed(scrape)
         if writer is not None:
             writer.write(scrape)
             writer.flush()
-        run.feed(scrape)
+        progress.update(run)
         if until_leak and run.leak_found:
             stop.set()
 
-    async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
-                      insecure=insecure, narrow=not full_metrics) as poller:
-        await poller.run(on_scrape, stop=stop)
+    try:
+        async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
+                          insecure=insecure, narrow=not full_metrics) as poller:
+            await poller.run(on_scrape, stop=stop)
+    finally:
+        progress.close()
 
 
 def run_check_live(targets: list[Target], *, params: LeakParams | None, duration_s: float,
                    interval_s: float, timeout_s: float | None, insecure: bool,
                    until_leak: bool, record: Path | None, as_json: bool | None,
-                   full_metrics: bool = False) -> int:
+                   full_metrics: bool = False,
+                   record_max_bytes: int | None = DEFAULT_MAX_BYTES) -> int:
     run = CheckRun(params)
     for target in targets:
         run.add_target(target)
@@ -192,13 +287,15 @@ def run_check_live(targets: list[Target], *, params: LeakParams | None, duration
         writer = None
         if record is not None:
             try:
-                writer = stack.enter_context(
-                    RecordingWriter(record, interval_s=interval_s, targets=targets))
+                writer = stack.enter_context(RecordingWriter(
+                    record, interval_s=interval_s, targets=targets, max_bytes=record_max_bytes))
             except OSError as exc:
-                print(f"kvtop check: cannot write {record}: {exc.strerror or exc}",
-                      file=sys.stderr)
+                warn(f"kvtop check: cannot write {record}: {exc.strerror or exc}")
                 return EXIT_USAGE
         asyncio.run(_watch(run, targets, duration_s=duration_s, interval_s=interval_s,
                            timeout_s=timeout_s, insecure=insecure, until_leak=until_leak,
                            writer=writer, full_metrics=full_metrics))
+    if writer is not None and (problem := writer.status()):
+        # the verdict's exit code stands; the recording's trouble is told, not hidden
+        warn(f"kvtop check: recording {record}: {problem}")
     return print_result(run, as_json)

@@ -93,6 +93,8 @@ def target_json(state: TargetState, now: float) -> dict[str, Any]:
         "last_good_age_s": None if age is None else round(age, 3),
         "restarted_at": state.restarted_at,
         "notes": list(state.notes),
+        "engines_over_cap": state.engines_over_cap,
+        "impossible_values": state.impossible_values,
         "engines": [engine_json(stats) for stats in state.engines],
     }
 
@@ -121,8 +123,10 @@ def snapshot_document(
     *,
     taken_at: datetime,
     history: Mapping[str, Mapping[EngineKey, Iterable[EngineStats]]] | None = None,
+    gpu_sources: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The snapshot JSON; ``history`` (by target URL) is added by the app's ``s`` key."""
+    """The snapshot JSON; ``history`` (by target URL) is added by the app's ``s`` key;
+    ``gpu_sources`` says where ``gpus`` were looked for and what came of it."""
     now = taken_at.timestamp()
     targets = []
     for state in states:
@@ -135,4 +139,5 @@ def snapshot_document(
         "taken_at": taken_at.isoformat(timespec="milliseconds"),
         "targets": targets,
         "gpus": gpus,
+        "gpu_sources": gpu_sources or [],
     }

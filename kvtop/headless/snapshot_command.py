@@ -6,6 +6,7 @@ Exit codes: 0 every target was read, 3 at least one could not be (2: usage error
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -13,10 +14,10 @@ from typing import Any
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Target
 from kvtop.derive.tracker import TargetState, TargetTracker
-from kvtop.headless.gpus import gpus_json
+from kvtop.headless.gpus import gpu_report
 from kvtop.headless.output import emit
 from kvtop.headless.snapshot import snapshot_document
-from kvtop.headless.table import render_table
+from kvtop.headless.table import print_table
 
 EXIT_OK, EXIT_UNREADABLE = 0, 3
 
@@ -52,7 +53,8 @@ def run_snapshot(targets: list[Target], *, samples: int, interval_s: float,
 
 def print_snapshot(states: list[TargetState], *, as_json: bool | None, with_gpus: bool) -> int:
     """Print the snapshot of these states (JSON or a table); the exit code."""
+    gpus, sources = gpu_report(states, with_nvml=with_gpus)
     document: dict[str, Any] = snapshot_document(
-        states, gpus_json() if with_gpus else [], taken_at=datetime.now(timezone.utc))
-    emit(document, as_json, render_table)
+        states, gpus, taken_at=datetime.now(timezone.utc), gpu_sources=sources)
+    emit(document, as_json, lambda doc: print_table(states, doc, sys.stdout))
     return snapshot_exit_code(states)

@@ -13,13 +13,14 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -28,11 +29,28 @@ from textual.containers import Horizontal, Vertical
 from textual.events import Resize
 from textual.widgets import Footer, Input
 
-from kvtop.collect.nvml import GpuReader, GpuReading, NvmlReader, NvmlUnavailable, gpu_to_json
+from kvtop.collect.gpu import GpuReading
+from kvtop.collect.nvml import GpuReader, NvmlReader, NvmlUnavailable
+from kvtop.collect.ownership import PortOwners
+from kvtop.collect.reading import GPU_EXPORTER_KINDS
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive.gpu_owners import (
+    GpuMemoryHistory,
+    GpuSource,
+    GpuView,
+    exporter_sources,
+    gpu_views,
+    local_ports,
+    nvml_source,
+    owned_memory,
+    source_json,
+    view_json,
+)
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
-from kvtop.store.recording import RecordingWriter
+from kvtop.exits import EXIT_INTERNAL
+from kvtop.safe_text import display_text, warn
+from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingWriter
 from kvtop.ui import format as fmt
 from kvtop.ui.fleet import (
     LARGE_FLEET,
@@ -46,6 +64,7 @@ from kvtop.ui.fleet import (
     order_rows,
     summarise,
 )
+from kvtop.ui.gpus import failed_sources, owned_cell, pane_lines
 from kvtop.ui.screens.detail import DetailScreen
 from kvtop.ui.screens.help import KEYS, HelpScreen
 from kvtop.ui.snapshot_files import SnapshotFiles, stamp, write_snapshot
@@ -58,6 +77,7 @@ INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 COMPACT_WIDTH = 120  # below this the GPU pane goes under the table
 GPU_MIN_PERIOD_S = 2.0  # NVML reads are costly (gpustat#54); no need to go faster
 TTY_CHECK_S = 2.0
+TERMINAL_GONE_GRACE_S = 3.0  # then the process ends even if shutting down hangs
 RECORD_FLUSH_S = 5.0  # a crash loses at most this much of a recording
 LEAK_NOTIFY_S = {"leak": 30.0, "watch": 15.0}  # how long a leak alert stays up
 FIRST_DATA_S = 0.05  # a host's first numbers show this soon; 500 first scrapes, a few draws
@@ -105,6 +125,7 @@ class AppConfig:
     clock: Callable[[], float] = time.time  # wall clock for ages; fixed in snapshot tests
     watch_tty: bool = True  # exit when the terminal goes away (ignored when headless)
     record: Path | None = None  # write every scrape to this recording while running
+    record_max_bytes: int | None = DEFAULT_MAX_BYTES  # the recording stops there
 
 
 class KvtopApp(App[None]):
@@ -135,15 +156,29 @@ class KvtopApp(App[None]):
         self.source: ScrapeSource | None = None  # made in the worker: the poller's HTTP
         # stack takes a third of a second to import, after the first frame, not before it
         self._recorder = (
-            RecordingWriter(config.record, interval_s=config.interval_s, targets=config.targets)
+            RecordingWriter(config.record, interval_s=config.interval_s, targets=config.targets,
+                            max_bytes=config.record_max_bytes)
             if config.record is not None
             else None
         )  # opened here so an unwritable path fails before the screen is taken over
+        self._record_told = (False, False, False)  # recording trouble already notified
         self._leak_seen: dict[str, str] = {}  # row key -> last leak state told to the user
         self.interval_s = config.interval_s
-        self.gpus: list[GpuReading] = []
+        self.gpus: list[GpuReading] = []  # local, from NVML
         self.gpu_unavailable: str | None = None
+        self._nvml_failed = False  # NVML there but broken, not merely absent
         self._gpu_reader = config.gpu_reader or NvmlReader()
+        # Every GPU (NVML and exporters) with its owners, and what each server's GPUs use
+        self.gpu_views: list[GpuView] = []
+        self.owned_gpu_memory: dict[str, tuple[int | None, int | None]] = {}
+        self._gpu_history = GpuMemoryHistory(config.history_s)
+        self._failed_gpu_sources: list[GpuSource] = []
+        self._pid_owners: dict[int, str] = {}  # local GPU process -> server URL
+        self._port_owners = PortOwners()  # used by the GPU worker thread only
+        self._gpus_changed = True  # the first frame already shows exporters' GPUs
+        self._servers_changed = True  # a new server or exporter: owners at once
+        self._gpus_refreshed = float("-inf")  # monotonic time of the last refresh
+        self._nvml_answered = config.no_gpu  # until then "no GPU found" would be a guess
         self._stop = asyncio.Event()
         self._paused = False
         self._sort_index = 0
@@ -154,6 +189,7 @@ class KvtopApp(App[None]):
         self._soon_armed = False
         self._last_draw = float("-inf")
         self._parent_pid = os.getppid()
+        self.exit_deadline_s: float | None = None  # set by run_app: see _exit_soon
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -180,11 +216,11 @@ class KvtopApp(App[None]):
         self.call_after_refresh(self._collect)  # the first frame (the hosts) is painted first
         self._tick()
         if not self.config.no_gpu:
-            self._read_gpus()
+            self._read_gpus(self._local_ports())
         if self.config.watch_tty and not self.is_headless:
             self._watch_terminal()
         if self._recorder is not None:
-            self.set_interval(RECORD_FLUSH_S, self._recorder.flush, name="record-flush")
+            self.set_interval(RECORD_FLUSH_S, self._flush_recording, name="record-flush")
 
     def on_resize(self, event: Resize) -> None:
         self.set_class(event.size.width < COMPACT_WIDTH, "compact")
@@ -219,42 +255,108 @@ class KvtopApp(App[None]):
 
     def on_scrape(self, scrape: Scrape) -> None:
         """Fold a scrape into its tracker now (even when paused); draw later, coalesced."""
-        if self._recorder is not None:
-            self._recorder.write(scrape)
         tracker = self.trackers.get(scrape.target.url)
         if tracker is None:  # a server the source discovered after start (Prometheus)
             tracker = self.trackers[scrape.target.url] = self.config.tracker_factory(
                 scrape.target)
         first = tracker.state.status == "pending"
         tracker.update(scrape)  # drops a scrape older than one already folded
+        if first:
+            self._servers_changed = True  # a new server to own GPUs, or new GPUs
+        elif tracker.state.kind in GPU_EXPORTER_KINDS:
+            self._gpus_changed = True
+        if self._recorder is not None:
+            self._recorder.write(scrape)  # never raises: trouble shows in the status line
+            self._tell_recording_trouble()
         if first and not self._paused:
             self._draw_soon()
         else:
             self._request_draw()
 
+    def _local_ports(self) -> dict[int, str]:
+        return local_ports(tracker.state.target for tracker in self.trackers.values())
+
     @work(thread=True, group="gpu", exclusive=True, exit_on_error=False)
-    def _read_gpus(self) -> None:
-        """NVML in a thread: a slow driver call never freezes the screen."""
+    def _read_gpus(self, ports: dict[int, str]) -> None:
+        """NVML, and which server each GPU process belongs to (/proc, cached), in a thread:
+        a slow driver call never freezes the screen."""
         try:
             gpus = self._gpu_reader.read()
         except NvmlUnavailable as exc:
             self.call_from_thread(self._gpu_failed, exc.reason)
+            return
         except Exception as exc:  # a driver error must not take the app down
-            self.call_from_thread(self._gpu_failed, f"{type(exc).__name__}: {exc}")
-        else:
-            self.call_from_thread(self._gpus_read, gpus)
+            self.call_from_thread(self._gpu_failed, f"{type(exc).__name__}: {exc}", True)
+            return
+        pids = [process.pid for gpu in gpus for process in gpu.processes]
+        try:
+            owners = self._port_owners.owners(pids, ports) if pids else {}
+        except Exception:  # /proc surprises cost the owner column, never the GPU pane
+            owners = {}
+        self.call_from_thread(self._gpus_read, gpus, owners)
 
-    def _gpus_read(self, gpus: list[GpuReading]) -> None:
+    def _gpus_read(self, gpus: list[GpuReading], owners: dict[int, str] | None = None) -> None:
         self.gpus = gpus
-        if not self._paused and self._on_screen():
-            self.gpu_pane.show_gpus(gpus)
+        self._pid_owners = owners or {}
+        self._nvml_answered = True
+        self._refresh_gpus()
         # One read at a time, re-armed after each (dolphie's pattern): reads never pile up.
-        self.set_timer(max(GPU_MIN_PERIOD_S, self.interval_s), self._read_gpus)
+        self.set_timer(max(GPU_MIN_PERIOD_S, self.interval_s),
+                       lambda: self._read_gpus(self._local_ports()))
 
-    def _gpu_failed(self, reason: str) -> None:
+    def _gpu_failed(self, reason: str, failed: bool = False) -> None:
         self.gpu_unavailable = reason
-        if self._on_screen():
-            self.gpu_pane.show_unavailable(reason)
+        self._nvml_failed = failed
+        self._nvml_answered = True
+        self._refresh_gpus()
+
+    def _refresh_gpus(self) -> None:
+        """Work out every GPU's owners again (new GPU readings or servers), remember what
+        each server's GPUs use, and show it."""
+        self._gpus_changed = self._servers_changed = False
+        self._gpus_refreshed = time.monotonic()
+        if not self._on_screen():
+            return
+        states = self.states()
+        owners_before = self.owned_gpu_memory.keys()
+        self.gpu_views = gpu_views(self.gpus, self._pid_owners, states)
+        self.owned_gpu_memory = owned_memory(self.gpu_views)
+        self._gpu_history.record(self.config.clock(), self.owned_gpu_memory)
+        self._failed_gpu_sources = failed_sources(exporter_sources(states))
+        if not self._paused:
+            self._show_gpu_pane()
+            if self.owned_gpu_memory.keys() != owners_before:
+                self._draw_soon()  # a server's GPU column and line appear now, not next tick
+
+    def _show_gpu_pane(self) -> None:
+        if self._nvml_answered or self.gpu_views:
+            self.gpu_pane.show(pane_lines(self.gpu_views, self.gpu_unavailable,
+                                          self._failed_gpu_sources))
+
+    # -- recording ------------------------------------------------------------------------
+
+    def _flush_recording(self) -> None:
+        if self._recorder is not None:
+            self._recorder.flush()
+            self._tell_recording_trouble()
+
+    def _tell_recording_trouble(self) -> None:
+        """A toast when writing starts failing, the size limit is reached or the end is
+        lost; the status line then shows it for as long as the app runs."""
+        recorder = self._recorder
+        assert recorder is not None
+        now = (recorder.failing, recorder.full, recorder.end_lost)
+        if any(new and not old for new, old in zip(now, self._record_told, strict=True)):
+            self.notify(display_text(f"{recorder.path}: {recorder.status()}"),
+                        title="Recording", severity="error", timeout=10, markup=False)
+            self._request_draw()
+        self._record_told = now
+
+    def recording_status(self) -> str | None:
+        """None when not recording, "" while all is well, else what went wrong."""
+        if self._recorder is None:
+            return None
+        return self._recorder.status() or ""
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -303,6 +405,9 @@ class KvtopApp(App[None]):
             return
         states = self.states()
         self._tell_leak_changes(states)  # alerts are not display: they come even when paused
+        gpus_due = time.monotonic() - self._gpus_refreshed >= GPU_MIN_PERIOD_S
+        if self._servers_changed or (self._gpus_changed and gpus_due):
+            self._refresh_gpus()  # GPU memory history is collection too: even when paused
         if self._paused and not force:
             return
         self._last_draw = time.monotonic()
@@ -311,6 +416,7 @@ class KvtopApp(App[None]):
         if not self._sort_chosen:
             self._sort_index = WORST_FIRST if len(rows) > LARGE_FLEET else 0
         rows = filter_rows(order_rows(rows, SORT_KEYS[self._sort_index][0]), self._filter)
+        self._set_gpu_cells(rows)
         self.table.show(rows)
         self._show_panel(self.table.selected_row, now)
         self.summary.show(
@@ -319,15 +425,26 @@ class KvtopApp(App[None]):
             sort_label=SORT_KEYS[self._sort_index][1],
             filter_text=self._filter,
             paused=self._paused,
+            recording=self.recording_status(),
         )
         if isinstance(self.screen, DetailScreen):
             self.screen.show(now)
 
+    def _set_gpu_cells(self, rows: list[FleetRow]) -> None:
+        """The GPU column: shown once some server owns a GPU."""
+        owned = self.owned_gpu_memory
+        if owned or self.table.columns_with_gpu:
+            for row in rows:
+                row.set_gpu(owned_cell(owned.get(row.url)))
+        self.table.show_gpu_column(bool(owned))
+
     def _show_panel(self, row: FleetRow | None, now: float) -> None:
         tracker = self.trackers.get(row.url) if row is not None else None
         history = tracker.history.get(row.engine, ()) if tracker and row and row.engine else ()
+        url = row.url if row is not None else ""
         self.engine_panel.show(row, tracker.state if tracker else None, list(history), now,
-                               self.config.history_s)
+                               self.config.history_s, gpu_series=self._gpu_history.series(url),
+                               gpu_owned=self.owned_gpu_memory.get(url))
 
     @on(FleetTable.RowHighlighted, "#fleet")
     def _row_highlighted(self) -> None:
@@ -348,17 +465,18 @@ class KvtopApp(App[None]):
             self.notify(f"{change.name}: {verdict.reason}{trend}",
                         title=f"KV {state.upper()}",
                         severity="error" if state == "leak" else "warning",
-                        timeout=LEAK_NOTIFY_S[state])
+                        timeout=LEAK_NOTIFY_S[state], markup=False)
         else:
-            self.notify(f"{change.name}: {verdict.reason}", title="KV leak indicator cleared")
+            self.notify(f"{change.name}: {verdict.reason}", title="KV leak indicator cleared",
+                        markup=False)  # the name is a row's (safe) text, not markup
 
     # -- actions ------------------------------------------------------------------------
 
     def action_pause(self) -> None:
         self._paused = not self._paused
         self._draw(force=True)  # shows PAUSED, or catches up on resume
-        if not self._paused and self.gpus:
-            self.gpu_pane.show_gpus(self.gpus)
+        if not self._paused:
+            self._show_gpu_pane()
 
     def action_sort(self) -> None:
         self._sort_chosen = True
@@ -444,10 +562,15 @@ class KvtopApp(App[None]):
             }
             for url, tracker in self.trackers.items()
         }
+        sources = exporter_sources(states)
+        if not self.config.no_gpu:
+            sources.insert(0, nvml_source(len(self.gpus), self.gpu_unavailable,
+                                          failed=self._nvml_failed))
         document = snapshot_document(
-            states, [gpu_to_json(g) for g in self.gpus], taken_at=taken_at, history=history
+            states, [view_json(view) for view in self.gpu_views], taken_at=taken_at,
+            history=history, gpu_sources=[source_json(source) for source in sources],
         )
-        bodies = {s.target.label: s.last_body for s in states if s.last_body is not None}
+        bodies = [(s.target.label, s.last_body) for s in states if s.last_body is not None]
         svg = self.export_screenshot(title=f"kvtop {stamp(taken_at)}")
         self._write_snapshot(SnapshotFiles(taken_at, document, bodies, svg))
 
@@ -460,19 +583,29 @@ class KvtopApp(App[None]):
             reason = exc.strerror or str(exc)
             self.call_from_thread(
                 self.notify,
-                f"Snapshot not written: {folder} ({reason})",
+                display_text(f"Snapshot not written: {folder} ({reason})"),
                 severity="error",
                 timeout=8,
+                markup=False,
             )
             return
-        self.call_from_thread(self.notify, f"Snapshot saved to {path}", timeout=6)
+        self.call_from_thread(self.notify, display_text(f"Snapshot saved to {path}"),
+                              timeout=6, markup=False)
 
     # -- terminal going away --------------------------------------------------------------
 
     def _watch_terminal(self) -> None:
         """Exit on SIGHUP or a lost TTY instead of spinning as an orphan (dolphie#101)."""
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+        loop = asyncio.get_running_loop()
+
+        def hung_up(signum: int, frame: object) -> None:
+            # a plain handler, not the loop's: it runs at once even when thousands of
+            # targets keep the loop busy, and the exit deadline starts now
+            self._exit_soon()
+            loop.call_soon_threadsafe(self._terminal_gone)
+
+        with contextlib.suppress(ValueError):  # not the main thread (tests)
+            signal.signal(signal.SIGHUP, hung_up)
         self.set_interval(TTY_CHECK_S, self._check_terminal, name="tty-watchdog")
 
     def _check_terminal(self) -> None:
@@ -481,7 +614,29 @@ class KvtopApp(App[None]):
         except (ValueError, OSError):  # stdin closed
             attached = False
         if not attached or os.getppid() != self._parent_pid:
-            self.exit()
+            self._terminal_gone()
+
+    def _terminal_gone(self) -> None:
+        if self._recorder is not None:
+            self._recorder.flush()
+        self._exit_soon()
+        self.exit()
+
+    def _exit_soon(self) -> None:
+        """When this app owns the process (run_app), end it in ``exit_deadline_s`` whatever
+        happens: with the terminal gone, Textual's shutdown writes to it, and that write
+        could block for good (seen with 10,000 targets in tmux). A normal exit before then
+        ends the process as usual."""
+        if self.exit_deadline_s is not None:
+            force = threading.Timer(self.exit_deadline_s, os._exit, (0,))
+            force.daemon = True
+            force.start()
+
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        """Stop collecting first (q, SIGHUP, a lost terminal): with thousands of targets the
+        poller's attempts fill the event loop, and shutting down waited behind them."""
+        self._stop.set()
+        super().exit(*args, **kwargs)
 
     async def on_unmount(self) -> None:
         self._stop.set()
@@ -493,12 +648,23 @@ class KvtopApp(App[None]):
 def run_app(config: AppConfig) -> int:
     """Run the terminal app until the user quits or the terminal goes away.
 
-    Returns 0, or 2 when the recording (``config.record``) can't be created.
+    Returns 0, 2 when the recording (``config.record``) can't be created, or 70 after a crash.
     """
     try:
         app = KvtopApp(config)
     except OSError as exc:
-        print(f"kvtop: can't record to {config.record}: {exc.strerror or exc}", file=sys.stderr)
+        warn(f"kvtop: can't record to {config.record}: {exc.strerror or exc}")
         return 2
+    app.exit_deadline_s = TERMINAL_GONE_GRACE_S
     app.run()
+    return app_exit_code(app)
+
+
+def app_exit_code(app: App[object]) -> int:
+    """0 when the user quit; 70 when Textual stopped the app on an unhandled exception (it
+    prints the traceback itself once the terminal is restored)."""
+    if app.return_code:
+        print("kvtop: the app stopped on an internal error, a bug (traceback above)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
     return 0

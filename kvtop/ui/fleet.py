@@ -2,6 +2,11 @@
 
 Pure functions of the states and a clock, so the table widget only draws and the rules
 (labels, sort order, what "unknown" looks like) are tested without a terminal.
+
+This is also where the app's text from outside (target labels, model names, engine labels,
+error messages) crosses the display boundary: every such string in a row is made safe by
+:func:`~kvtop.safe_text.display_text` here, once per scrape when the rows are built, and the
+widgets draw the rows' text as it is.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
+from kvtop.collect.reading import GPU_EXPORTER_KINDS
+from kvtop.safe_text import display_text
 from kvtop.ui import format as fmt
 
 if TYPE_CHECKING:
@@ -53,12 +60,18 @@ COLUMNS: tuple[Column, ...] = (
     Column("ttft", "TTFT 50/99", 11, 3),
 )
 CELL_PADDING = 2  # one space on each side of a cell
+# GPU memory of the server's GPUs (what nvidia-smi sees), shown once some GPU has an owner
+GPU_COLUMN = Column("gpu", "GPU MEM", 9, 2)
+NO_GPU = Cell(fmt.DASH, "dim")
 
 
-def visible_columns(width: int) -> list[Column]:
-    """The columns that fit in ``width`` cells, dropping the least important first."""
+def visible_columns(width: int, *, gpu: bool = False) -> list[Column]:
+    """The columns that fit in ``width`` cells, dropping the least important first; with
+    ``gpu``, the GPU memory column after the KV one."""
     shown = list(COLUMNS)
-    by_priority = sorted(COLUMNS, key=lambda c: -c.priority)
+    if gpu:
+        shown.insert(next(i for i, c in enumerate(shown) if c.key == "kv") + 1, GPU_COLUMN)
+    by_priority = sorted(shown, key=lambda c: -c.priority)
     for column in by_priority:
         if sum(c.width + CELL_PADDING for c in shown) <= width or column.priority == 0:
             break
@@ -96,6 +109,7 @@ class FleetRow:
     status: Cell
     sort_values: dict[str, float | None] = field(default_factory=dict)
     search: str = ""  # lower-case text the filter matches
+    gpu: Cell = NO_GPU  # the GPU column: changes with GPU reads, not with the server's state
     _cells: dict[str, Cell] | None = field(default=None, repr=False)
 
     @property
@@ -103,8 +117,16 @@ class FleetRow:
         """Column key -> cell; made on first use, so only rows drawn pay for formatting."""
         if self._cells is None:
             cells = _empty_cells(self.state) if self.stats is None else engine_cells(self.stats)
-            self._cells = cells | {"name": Cell(self.name), "status": self.status}
+            self._cells = cells | {"name": Cell(self.name), "status": self.status,
+                                   "gpu": self.gpu}
         return self._cells
+
+    def set_gpu(self, cell: Cell) -> None:
+        """A new GPU cell; the cells become a new dict, so the table sees the row changed."""
+        if cell != self.gpu:
+            self.gpu = cell
+            if self._cells is not None:
+                self._cells = self._cells | {"gpu": cell}
 
 
 def row_key(url: str, engine: EngineKey | None) -> str:
@@ -150,9 +172,9 @@ def _engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
     if len(engines) < 2:
         return ""
     if len({e.model for e in engines}) == 1:
-        return f" e{stats.engine}" if stats.engine is not None else ""
+        return f" e{display_text(stats.engine)}" if stats.engine is not None else ""
     parts = [p for p in (stats.model, stats.engine) if p]
-    return " " + "/".join(parts)
+    return " " + display_text("/".join(parts))
 
 
 def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) -> Cell:
@@ -193,7 +215,7 @@ def engine_cells(stats: EngineStats) -> dict[str, Cell]:
     waiting = stats.waiting
     preempt = stats.preemptions_per_s
     return {
-        "model": Cell(stats.model or fmt.DASH),
+        "model": Cell(display_text(stats.model) if stats.model else fmt.DASH),
         "leak": leak_cell(stats.leak, stats.stall),
         "kv": Cell(fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total), _kv_level(usage)),
         "running": Cell(fmt.count(stats.running)),
@@ -210,14 +232,24 @@ def engine_cells(stats: EngineStats) -> dict[str, Cell]:
 
 def _empty_cells(state: TargetState) -> dict[str, Cell]:
     """Cells for a target with no engine to show: say why instead of drawing zeros."""
-    cells = {c.key: Cell(fmt.DASH, "dim") for c in COLUMNS}
-    if state.status == "up" and state.kind == "unknown":
+    gpus = len(state.gpus) if state.kind in GPU_EXPORTER_KINDS else 0
+    return _cells_without_engines(state.status, state.kind, state.error, gpus)
+
+
+@lru_cache(maxsize=1024)
+def _cells_without_engines(status: str, kind: str | None, error: str | None,
+                           gpus: int) -> dict[str, Cell]:
+    """Shared (treat as read-only): 10,000 targets down for one reason are one dict."""
+    cells = {c.key: Cell(fmt.DASH, "dim") for c in (*COLUMNS, GPU_COLUMN)}
+    if kind in GPU_EXPORTER_KINDS and status in ("up", "stale"):
+        cells["model"] = Cell(f"{kind}: {gpus} GPU{'' if gpus == 1 else 's'}")
+    elif status == "up" and kind == "unknown":
         cells["model"] = Cell(NOT_INFERENCE, "warn")
         cells["kv"] = Cell("not LLM server?", "warn")
-    elif state.status == "up":
-        cells["model"] = Cell(f"{state.kind or 'server'}: no engine reported", "warn")
-    elif state.error:
-        cells["model"] = Cell(state.error, "dim")
+    elif status == "up":
+        cells["model"] = Cell(f"{display_text(kind or 'server')}: no engine reported", "warn")
+    elif error:
+        cells["model"] = Cell(display_text(error), "dim")
     return cells
 
 
@@ -256,15 +288,16 @@ class RowCache:
         return rows
 
 
-@lru_cache(maxsize=4096)
-def _label(target: Target) -> str:
-    return target.label  # parses the URL each time it is asked
+@lru_cache(maxsize=1 << 15)  # a fleet of 10,000 must not evict its own
+def shown_label(target: Target) -> str:
+    """The target's label, safe to draw (it parses the URL each time it is asked)."""
+    return display_text(target.label)
 
 
 def target_rows(state: TargetState, status: Cell) -> list[FleetRow]:
     """A target's rows: one per engine, or one that says why there is none."""
     target = state.target
-    label = _label(target)
+    label = shown_label(target)
     base_search = " ".join(
         str(p) for p in (label, target.url, target.group, state.kind, status.text) if p
     )
@@ -392,6 +425,6 @@ def leak_changes(
             before = seen.get(key, "warmup")
             now_seen[key] = verdict.state
             if LEAK_RANK[verdict.state] != LEAK_RANK[before]:
-                name = state.target.label + _engine_suffix(stats, state.engines)
+                name = shown_label(state.target) + _engine_suffix(stats, state.engines)
                 changes.append(LeakChange(key, name, verdict))
     return changes, now_seen

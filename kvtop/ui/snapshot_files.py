@@ -1,7 +1,9 @@
 """Writing the `s` snapshot: JSON, raw /metrics bodies and an SVG screenshot, atomically.
 
 Everything goes into a temporary folder that is renamed into place at the end, so a reader
-never sees half a snapshot and a failure leaves nothing behind.
+never sees half a snapshot and a failure leaves nothing behind. Target labels come from
+outside (a recording, Prometheus's instance labels): each becomes a short file name of its
+own, and the SVG is kept valid XML whatever text was on the screen.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class SnapshotFiles:
 
     taken_at: datetime
     document: dict[str, Any]  # the snapshot JSON contract plus history
-    bodies: dict[str, str]  # target label -> last raw /metrics text
+    bodies: list[tuple[str, str]]  # (target label, last raw /metrics text); labels may repeat
     screenshot_svg: str
 
 
@@ -31,9 +33,37 @@ def stamp(taken_at: datetime) -> str:
     return taken_at.strftime("%Y%m%dT%H%M%SZ")
 
 
+MAX_NAME = 80  # characters of a label kept in its file name (a file name has 255 bytes)
+# Characters XML 1.0 forbids (most controls, lone surrogates, U+FFFE/U+FFFF): one in the SVG
+# and no browser opens it.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
 def safe_name(label: str) -> str:
-    """A file-name-safe form of a target label (host:port/path)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "target"
+    """A file-name-safe form of a target label (host:port/path), at most ``MAX_NAME`` long."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_.")[:MAX_NAME] or "target"
+
+
+def body_names(labels: list[str]) -> list[str]:
+    """A file name (``.txt``) per label, all different even when labels repeat (one instance
+    in two Prometheus jobs), make the same safe name (``a/b`` and ``a_b``) or differ only in
+    case (the disk may not tell them apart)."""
+    names = []
+    taken: set[str] = set()
+    for label in labels:
+        stem = base = safe_name(label)
+        n = 1
+        while stem.lower() in taken:
+            n += 1
+            stem = f"{base}-{n}"
+        taken.add(stem.lower())
+        names.append(f"{stem}.txt")
+    return names
+
+
+def xml_safe(svg: str) -> str:
+    """The SVG with any character XML forbids replaced (U+FFFD): it always parses."""
+    return _NOT_XML.sub("\ufffd", svg)
 
 
 def write_snapshot(folder: Path, files: SnapshotFiles) -> Path:
@@ -54,9 +84,11 @@ def write_snapshot(folder: Path, files: SnapshotFiles) -> Path:
         )
         metrics = work / "metrics"
         metrics.mkdir()
-        for label, body in files.bodies.items():
-            (metrics / f"{safe_name(label)}.txt").write_text(body, encoding="utf-8")
-        (work / "screen.svg").write_text(files.screenshot_svg, encoding="utf-8")
+        names = body_names([label for label, _ in files.bodies])
+        for name, (_, body) in zip(names, files.bodies, strict=True):
+            # a body from a recording may hold a lone surrogate: never fail the snapshot
+            (metrics / name).write_text(body, encoding="utf-8", errors="replace")
+        (work / "screen.svg").write_text(xml_safe(files.screenshot_svg), encoding="utf-8")
         os.chmod(work, 0o755)  # mkdtemp makes it private; the snapshot is meant to be shared
         os.replace(work, final)
     except BaseException:

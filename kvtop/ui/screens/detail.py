@@ -12,8 +12,9 @@ from textual.containers import Grid, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from kvtop.safe_text import display_text as shown
 from kvtop.ui import format as fmt
-from kvtop.ui.fleet import LEAK_LABEL, status_cell
+from kvtop.ui.fleet import LEAK_LABEL, shown_label, status_cell
 from kvtop.ui.widgets.history_plot import HistoryPlot, Series
 
 if TYPE_CHECKING:
@@ -59,21 +60,23 @@ def series_for(
 
 
 def describe(state: TargetState, stats: EngineStats | None, now: float) -> Text:
-    """The text beside the plots: identity, status with age, KV capacity and config."""
+    """The text beside the plots: identity, status with age, KV capacity and config.
+    Every string from outside goes through ``shown`` (the display boundary), so a name with
+    a newline can't add a line and the result is one plain Text, never markup."""
     target = state.target
     status = status_cell(state, now)
     lines = [
-        f"{target.label}  {target.url}",
-        f"server  {state.kind or fmt.DASH} {state.version or ''}".rstrip(),
+        f"{shown_label(target)}  {shown(target.url)}",
+        f"server  {shown(state.kind or fmt.DASH)} {shown(state.version or '')}".rstrip(),
         f"status  {status.text}   last good {fmt.age(state.age_s(now))} ago",
     ]
     if state.error:
-        lines.append(f"error   {state.error}")
+        lines.append(f"error   {shown(state.error)}")
     if state.restarted_at is not None:
         lines.append(f"restart {fmt.age(now - state.restarted_at)} ago")
     if stats is not None:
         lines += [
-            f"model   {stats.model or fmt.DASH}   engine {stats.engine or fmt.DASH}",
+            f"model   {shown(stats.model or fmt.DASH)}   engine {shown(stats.engine or fmt.DASH)}",
             f"KV      {fmt.kv_cell(stats.kv_usage, stats.blocks_used, stats.blocks_total)}"
             f"  ({fmt.percent(stats.kv_usage)})",
             *config_lines(stats),
@@ -86,7 +89,7 @@ def describe(state: TargetState, stats: EngineStats | None, now: float) -> Text:
             f"TTFT    {_quantiles(stats.ttft)}   ITL {_quantiles(stats.itl)}"
             f"   E2E {_quantiles(stats.e2e)}",
         ]
-    lines += [f"note    {note}" for note in state.notes]
+    lines += [f"note    {shown(note)}" for note in state.notes]
     return Text("\n".join(lines), no_wrap=True, overflow="ellipsis")
 
 
@@ -103,8 +106,8 @@ def config_lines(stats: EngineStats) -> list[str]:
         "kv_cache_size_tokens": fmt.count(stats.tokens_total),
         "enable_prefix_caching": caching,
     }
-    main = "  ".join(f"{k} {config.get(k, derived[k])}" for k in CONFIG_KEYS)
-    rest = "  ".join(f"{k} {v}" for k, v in sorted(config.items())
+    main = "  ".join(f"{k} {shown(config.get(k, derived[k]))}" for k in CONFIG_KEYS)
+    rest = "  ".join(f"{shown(k)} {shown(v)}" for k, v in sorted(config.items())
                      if k not in CONFIG_KEYS and k != "engine")
     return [f"config  {main}"] + ([f"        {rest}"] if rest else [])
 
