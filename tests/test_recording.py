@@ -91,8 +91,9 @@ def test_a_crash_mid_write_keeps_every_scrape_flushed_before_it(tmp_path: Path,
     (b'{"format": "other", "version": 1}\n', "not a kvtop recording (no 'kvtop-recording' header)"),
     (b'{"version": 1}\n', "not a kvtop recording (no 'kvtop-recording' header)"),
     (b'{"format": "kvtop-recording", "version": 2}\n', "recording version 2 is newer"),
-    (b'{"format": "kvtop-recording", "version": "1"}\n', "recording version '1'"),
-    (b'{"format": "kvtop-recording"}\n', "recording version None"),
+    (b'{"format": "kvtop-recording", "version": "1"}\n',
+     "bad header: version '1' is not a format version"),
+    (b'{"format": "kvtop-recording"}\n', "bad header: version None is not a format version"),
 ], ids=["empty", "not-json", "other-format", "no-format", "version-2", "version-text",
         "no-version"])
 def test_not_a_recording_is_a_clear_error(tmp_path: Path, content: bytes, says: str) -> None:
