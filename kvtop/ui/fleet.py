@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from kvtop.baseline.overlay import Delta
     from kvtop.collect.target import Target
     from kvtop.derive.leak import LeakVerdict
+    from kvtop.derive.stall import StallVerdict
     from kvtop.derive.stats import EngineStats
     from kvtop.derive.tracker import EngineKey, TargetState
 
@@ -191,8 +192,12 @@ def _engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
     return " " + display_text("/".join(parts))
 
 
-def leak_cell(verdict: LeakVerdict | None) -> Cell:
-    """``LEAK +420/h``: the state, and the floor's slope once a rising floor is measured."""
+def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) -> Cell:
+    """``LEAK +420/h``: the state, and the floor's slope once a rising floor is measured;
+    ``STALL`` when the engine makes no progress and no leak explains it."""
+    if stall is not None and stall.state == "stalled" and (
+            verdict is None or verdict.state != "leak"):
+        return Cell("STALL", "alarm")
     if verdict is None:
         return Cell(fmt.DASH, "dim")
     text = LEAK_LABEL[verdict.state]
@@ -226,7 +231,7 @@ def engine_cells(stats: EngineStats) -> dict[str, Cell]:
     preempt = stats.preemptions_per_s
     return {
         "model": Cell(display_text(stats.model) if stats.model else fmt.DASH),
-        "leak": leak_cell(stats.leak),
+        "leak": leak_cell(stats.leak, stats.stall),
         "kv": Cell(fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total), _kv_level(usage)),
         "running": Cell(fmt.count(stats.running)),
         "waiting": Cell(fmt.count(waiting), "warn" if waiting else None),

@@ -55,7 +55,7 @@ def test_promtool_accepts_kvtop_rules(tmp_path: Path) -> None:
         checked = subprocess.run([promtool, "check", "rules", str(rules)],
                                  capture_output=True, text=True)
         assert checked.returncode == 0, checked.stdout + checked.stderr
-        assert "SUCCESS: 11 rules found" in checked.stdout
+        assert "SUCCESS: 17 rules found" in checked.stdout
     assert 'namespace=\\"prod\\"' in out and "for: 90s" in out and "[3600s:60s]" in out
 
 
@@ -157,8 +157,20 @@ async def test_prometheus_fires_the_leak_alert_for_the_leaking_server_only(
     assert {a["labels"]["instance"] for a in leak} == {PromEnv.instance(prom.leaky)}
     assert leak[0]["labels"]["severity"] == "critical"
     assert "held with nothing running" in leak[0]["annotations"]["description"]
-    firing = {a["labels"]["instance"] for a in _firing(prom)}
+    firing = {a["labels"]["instance"] for a in _firing(prom)
+              if a["labels"]["alertname"].startswith("KVCacheLeak")}
     assert firing == {PromEnv.instance(prom.leaky)}
+
+
+async def test_prometheus_fires_the_stall_alert_for_the_frozen_server(prom: PromEnv) -> None:
+    # The paused server stopped mid-load: requests running, no token for good.
+    stalled = await eventually(
+        lambda: [a for a in _firing(prom) if a["labels"]["alertname"] == "KVEngineStalled"],
+        "the stall alert to fire", timeout_s=ALERT_WAIT_S)
+    instances = {a["labels"]["instance"] for a in stalled}
+    assert PromEnv.instance(prom.paused) in instances
+    assert not instances & {PromEnv.instance(u) for u in prom.healthy}
+    assert "no token generated" in stalled[0]["annotations"]["description"]
 
 
 async def test_check_through_prometheus_finds_the_leaking_server_only(prom: PromEnv) -> None:
