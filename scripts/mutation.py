@@ -1,0 +1,300 @@
+"""Mutation testing for kvtop's logic: does each module's test selection catch planted bugs?
+
+Run from the repository root with the `mutation` extra installed (not part of CI: too slow):
+
+    .venv/bin/pip install -e '.[test,mutation]'
+    nice -n 10 .venv/bin/python scripts/mutation.py                    # every module below
+    nice -n 10 .venv/bin/python scripts/mutation.py kvtop/derive/rates.py
+    .venv/bin/python scripts/mutation.py --report kvtop/derive/rates.py  # last results, no run
+    .venv/bin/python scripts/mutation.py --list                          # modules and their tests
+
+The tool is mutmut 3 (pinned in pyproject.toml). It forks a mutant from a process that has
+already imported pytest and runs only the tests that called the mutated function, which is what
+makes this usable on a small shared machine; a tool that starts pytest once per mutant (cosmic-ray)
+costs ~5 CPU-seconds of start-up per mutant here. Two operators mutmut lacks are added below: a
+guard forced true or false (a removed check, a disabled branch) and `return x` -> `return None`.
+
+Each module runs in its own workspace, .mutation/<module>/, with a mutmut config naming that module
+and only the test files in MODULES (mutmut narrows further to the tests that reach each function).
+Its results stay there, so `--report` is free and a rerun retests every mutant of the module.
+
+Score = caught / (mutants - equivalent), caught = killed + timed out. Equivalent mutants (no
+test can tell them apart from the code) are listed with their reason in
+scripts/mutation_equivalents.toml, matched by module, function and the changed lines, so they
+survive renumbering.
+
+mutmut only mutates code inside functions and methods: module constants, dataclass defaults and
+@property bodies are not mutated, and mutants run in subprocesses (`python -m kvtop ...`) do not
+count as covered. docs/testing.md says what this leaves out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = REPO / ".mutation"
+EQUIVALENTS = REPO / "scripts" / "mutation_equivalents.toml"
+
+# Module -> the test files that exercise it. Chosen as: the unit tests that import the module (or
+# drive it through its one public entry, e.g. adapters through `parse_engines`), plus the
+# behaviour tests written for it; never the slow tiers (twin, tmux, real Prometheus, Textual
+# Pilot), which add minutes per mutant and no unit-level checks.
+MODULES: dict[str, tuple[str, ...]] = {
+    "kvtop/collect/exposition.py": ("tests/test_exposition.py",
+                                    "tests/test_exposition_properties.py"),
+    "kvtop/collect/adapters/__init__.py": ("tests/test_adapters.py",),
+    "kvtop/collect/adapters/common.py": ("tests/test_adapters.py",),
+    "kvtop/collect/adapters/vllm.py": ("tests/test_adapters.py",),
+    "kvtop/collect/adapters/sglang.py": ("tests/test_adapters.py",),
+    "kvtop/collect/adapters/llamacpp.py": ("tests/test_adapters.py",),
+    "kvtop/collect/adapters/trtllm.py": ("tests/test_adapters.py",),
+    "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
+    "kvtop/derive/quantiles.py": ("tests/test_derive.py", "tests/behaviour/test_quantiles.py"),
+    "kvtop/derive/stats.py": ("tests/test_derive.py", "tests/test_leak.py"),
+}
+
+
+@dataclass
+class ModuleResult:
+    module: str
+    statuses: dict[str, str] = field(default_factory=dict)  # mutant name -> mutmut status
+    equivalent: dict[str, str] = field(default_factory=dict)  # mutant name -> reason
+    diffs: dict[str, str] = field(default_factory=dict)  # surviving mutant -> its diff
+
+    @property
+    def total(self) -> int:
+        return len(self.statuses)
+
+    @property
+    def caught(self) -> int:
+        return sum(status in ("killed", "timeout") for status in self.statuses.values())
+
+    @property
+    def missed(self) -> list[str]:
+        return sorted(name for name, status in self.statuses.items()
+                      if status not in ("killed", "timeout") and name not in self.equivalent)
+
+    @property
+    def score(self) -> float | None:
+        counted = self.total - len(self.equivalent)
+        return None if counted <= 0 else 100.0 * self.caught / counted
+
+
+def dotted(module: str) -> str:
+    name = module.removesuffix(".py").replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def workspace(module: str) -> Path:
+    return WORK / module.removesuffix(".py").replace("/", "__")
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _config(module: str, tests: Iterable[str]) -> str:
+    """The workspace's pyproject.toml: the repo's pytest settings plus a mutmut section."""
+    pytest_options = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]
+    mutmut = {
+        "source_paths": ["kvtop"],
+        "only_mutate": [module],
+        "pytest_add_cli_args_test_selection": list(tests),
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-p", "no:randomly"],
+        # rerun on demand only; a pyproject change must not silently reset results
+        "use_git_change_detection": False,
+    }
+    lines = ["[tool.pytest.ini_options]"]
+    lines += [f"{key} = {_toml_value(value)}"
+              for key, value in pytest_options["ini_options"].items()]
+    lines += ["", "[tool.mutmut]"]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in mutmut.items()]
+    return "\n".join(lines) + "\n"
+
+
+def prepare(module: str, fresh: bool) -> Path:
+    """A workspace whose kvtop/ and tests/ are the repo's own (mutmut copies them into mutants/)."""
+    ws = workspace(module)
+    if fresh and ws.exists():
+        shutil.rmtree(ws)
+    ws.mkdir(parents=True, exist_ok=True)
+    for name in ("kvtop", "tests"):
+        link = ws / name
+        if not link.is_symlink():
+            link.symlink_to(REPO / name)
+    # tests/paths.py finds shared fixtures beside the checkout; mirror that layout if it exists
+    shared = REPO.parent / "shared"
+    if shared.is_dir() and not (ws / "shared").is_symlink():
+        (ws / "shared").symlink_to(shared)
+    # the test tree is copied afresh so removed or renamed tests cannot linger
+    shutil.rmtree(ws / "mutants" / "tests", ignore_errors=True)
+    (ws / "pyproject.toml").write_text(_config(module, MODULES[module]))
+    return ws
+
+
+def run_mutmut(module: str, jobs: int, fresh: bool) -> int:
+    ws = prepare(module, fresh)
+    command = [sys.executable, str(Path(__file__).resolve()), "--mutmut", "run",
+               "--max-children", str(jobs), f"{dotted(module)}.x*"]
+    env = {**os.environ, "KVTOP_TWIN": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(command, cwd=ws, env=env, check=False).returncode
+
+
+def _changed_lines(diff: str) -> tuple[str, str]:
+    before, after = [], []
+    for line in diff.splitlines():
+        if line.startswith(("---", "+++")):
+            continue
+        if line.startswith("-"):
+            before.append(line[1:].strip())
+        elif line.startswith("+"):
+            after.append(line[1:].strip())
+    return "\n".join(before), "\n".join(after)
+
+
+def _function_of(mutant: str) -> str:
+    mangled = mutant.partition("__mutmut_")[0].rpartition(".")[2]
+    return mangled.removeprefix("x_").split("ǁ")[-1]
+
+
+def load_equivalents() -> list[dict[str, str]]:
+    if not EQUIVALENTS.exists():
+        return []
+    return tomllib.loads(EQUIVALENTS.read_text())["equivalent"]
+
+
+def collect(module: str, equivalents: list[dict[str, str]], used: set[int]) -> ModuleResult | None:
+    """Read a module's last results from its workspace."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+
+    ws = workspace(module)
+    meta = ws / "mutants" / (module + ".meta")
+    if not meta.exists():
+        return None
+    exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
+    result = ModuleResult(module, {name: status_by_exit_code[code]
+                                   for name, code in exit_codes.items()})
+    cwd = Path.cwd()
+    os.chdir(ws)
+    try:
+        for name, status in result.statuses.items():
+            if status in ("killed", "timeout"):
+                continue
+            diff = get_diff_for_mutant(name, path=module)
+            before, after = _changed_lines(diff)
+            for index, entry in enumerate(equivalents):
+                if (entry["module"] == module and entry["function"] == _function_of(name)
+                        and entry["before"].strip() == before and entry["after"].strip() == after):
+                    result.equivalent[name] = entry["reason"]
+                    used.add(index)
+                    break
+            else:
+                result.diffs[name] = diff
+    finally:
+        os.chdir(cwd)
+    return result
+
+
+def report(results: list[ModuleResult], show: bool) -> None:
+    print(f"\n{'module':42} {'mutants':>7} {'equiv':>5} {'caught':>6} {'missed':>6} {'score':>7}")
+    for r in results:
+        score = "-" if r.score is None else f"{r.score:6.1f}%"
+        print(f"{r.module:42} {r.total:7} {len(r.equivalent):5} {r.caught:6} "
+              f"{len(r.missed):6} {score:>7}")
+    if not show:
+        return
+    for r in results:
+        for name in r.missed:
+            print(f"\n# {name}: {r.statuses[name]}\n{r.diffs[name]}")
+
+
+def stale_equivalents(equivalents: list[dict[str, str]], used: set[int],
+                      modules: Iterable[str]) -> Iterator[dict[str, str]]:
+    """Entries for the modules just reported that matched no mutant: the code moved on."""
+    wanted = set(modules)
+    for index, entry in enumerate(equivalents):
+        if entry["module"] in wanted and index not in used:
+            yield entry
+
+
+def mutmut_main(argv: list[str]) -> None:
+    """mutmut's own command line, with kvtop's two extra operators registered first."""
+    import libcst as cst
+    from mutmut.__main__ import cli
+    from mutmut.mutation.mutators import mutation_operators
+
+    def force_guard(node: cst.If) -> Iterator[cst.If]:
+        yield node.with_changes(test=cst.Name("True"))
+        yield node.with_changes(test=cst.Name("False"))
+
+    def return_none(node: cst.Return) -> Iterator[cst.Return]:
+        if node.value is not None and not (isinstance(node.value, cst.Name)
+                                           and node.value.value == "None"):
+            yield node.with_changes(value=cst.Name("None"))
+
+    mutation_operators.extend([(cst.If, force_guard), (cst.Return, return_none)])
+    cli(argv, prog_name="mutmut")
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--mutmut"]:
+        mutmut_main(sys.argv[2:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help="module paths (default: all in MODULES)")
+    parser.add_argument("--report", action="store_true", help="print the last results, run nothing")
+    parser.add_argument("--fresh", action="store_true", help="discard a module's workspace first")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    parser.add_argument("--quiet", action="store_true", help="no diffs of the missed mutants")
+    parser.add_argument("--list", action="store_true", help="print modules and their tests")
+    args = parser.parse_args()
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"not in MODULES: {', '.join(unknown)}")
+    modules = args.modules or list(MODULES)
+    if args.list:
+        for module in modules:
+            print(module, " ".join(MODULES[module]))
+        return 0
+    failed = []
+    if not args.report:
+        for module in modules:
+            print(f"\n=== {module}", flush=True)
+            if run_mutmut(module, args.jobs, args.fresh) != 0:
+                failed.append(module)
+    equivalents, used = load_equivalents(), set()
+    results = [r for m in modules if (r := collect(m, equivalents, used)) is not None]
+    report(results, show=not args.quiet)
+    for entry in stale_equivalents(equivalents, used, [r.module for r in results]):
+        print(f"\nstale equivalent (matches no surviving mutant): {entry['module']} "
+              f"{entry['function']}: {entry['before']!r} -> {entry['after']!r}")
+    if failed:
+        print(f"\nmutmut failed for: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
