@@ -174,6 +174,11 @@ def _changed_lines(diff: str) -> tuple[str, str]:
     return "\n".join(before), "\n".join(after)
 
 
+def _context_lines(diff: str) -> set[str]:
+    """The unchanged lines around a mutation, stripped ("" included: no context asked)."""
+    return {""} | {line.strip() for line in diff.splitlines() if line.startswith(" ")}
+
+
 def _function_of(mutant: str) -> str:
     mangled = mutant.partition("__mutmut_")[0].rpartition(".")[2]
     return mangled.removeprefix("x_").split("ǁ")[-1]
@@ -207,7 +212,8 @@ def collect(module: str, equivalents: list[dict[str, str]], used: set[int]) -> M
             before, after = _changed_lines(diff)
             for index, entry in enumerate(equivalents):
                 if (entry["module"] == module and entry["function"] == _function_of(name)
-                        and entry["before"].strip() == before and entry["after"].strip() == after):
+                        and entry["before"].strip() == before and entry["after"].strip() == after
+                        and entry.get("context", "").strip() in _context_lines(diff)):
                     result.equivalent[name] = entry["reason"]
                     used.add(index)
                     break
