@@ -23,14 +23,19 @@ test can tell them apart from the code) are listed with their reason in
 scripts/mutation_equivalents.toml, matched by module, function and the changed lines, so they
 survive renumbering.
 
-mutmut only mutates code inside functions and methods: module constants, dataclass defaults and
-@property bodies are not mutated, and mutants run in subprocesses (`python -m kvtop ...`) do not
-count as covered. docs/testing.md says what this leaves out.
+mutmut only mutates code inside functions and methods, so `--constants` adds a pass of its own
+over what it cannot see: module constants and class attributes (dataclass defaults) that are
+numbers or booleans, each set to 0 and to ten times itself (a boolean flipped), one pytest run of
+the module's test files per mutant. Not mutated either way: @property bodies and other decorated
+functions; code reached only from a subprocess (`python -m kvtop ...`) counts as not covered.
+docs/testing.md says what this leaves out.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import json
 import os
 import shutil
@@ -64,7 +69,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/adapters/trtllm.py": ("tests/test_adapters.py",),
     "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
     "kvtop/derive/quantiles.py": ("tests/test_derive.py", "tests/behaviour/test_quantiles.py"),
-    "kvtop/derive/stats.py": ("tests/test_derive.py", "tests/test_leak.py"),
+    "kvtop/derive/stats.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
 }
 
 
@@ -74,10 +79,15 @@ class ModuleResult:
     statuses: dict[str, str] = field(default_factory=dict)  # mutant name -> mutmut status
     equivalent: dict[str, str] = field(default_factory=dict)  # mutant name -> reason
     diffs: dict[str, str] = field(default_factory=dict)  # surviving mutant -> its diff
+    notes: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
         return len(self.statuses)
+
+    @property
+    def unchecked(self) -> int:
+        return sum(status == "not checked" for status in self.statuses.values())
 
     @property
     def caught(self) -> int:
@@ -154,12 +164,143 @@ def prepare(module: str, fresh: bool) -> Path:
     return ws
 
 
+def has_functions(module: str) -> bool:
+    tree = ast.parse((REPO / module).read_text())
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in ast.walk(tree))
+
+
 def run_mutmut(module: str, jobs: int, fresh: bool) -> int:
     ws = prepare(module, fresh)
+    if not has_functions(module):
+        return 0
     command = [sys.executable, str(Path(__file__).resolve()), "--mutmut", "run",
                "--max-children", str(jobs), f"{dotted(module)}.x*"]
     env = {**os.environ, "KVTOP_TWIN": "0", "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run(command, cwd=ws, env=env, check=False).returncode
+
+
+# --- the constants pass: what mutmut does not mutate ------------------------------------------
+
+@dataclass(frozen=True)
+class ConstantMutant:
+    owner: str  # "<module>" or the class the attribute belongs to
+    line: int
+    before: str  # the line, stripped
+    after: str
+    source: str  # the whole mutated module
+
+    @property
+    def name(self) -> str:
+        return f"{self.owner}:{self.line}:{self.after}"
+
+
+def _numeric(node: ast.expr) -> bool:
+    """A number written as a literal or arithmetic on literals (15 * 60.0), not a bool."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp):
+        return _numeric(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _numeric(node.left) and _numeric(node.right)
+    return False
+
+
+def _replacements(node: ast.expr, text: str) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        return [str(not node.value)]
+    if not _numeric(node):
+        return []
+    if eval(compile(ast.Expression(node), "<constant>", "eval")) == 0:  # literals only
+        return ["1"]
+    return ["0", f"{text} * 10" if isinstance(node, ast.Constant) else f"({text}) * 10"]
+
+
+def _assignments(tree: ast.Module) -> Iterator[tuple[str, ast.Assign | ast.AnnAssign]]:
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            yield "<module>", node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.Assign, ast.AnnAssign)):
+                    yield node.name, item
+
+
+def _code(line: str, end: int) -> str:
+    """The line without its trailing comment (end: the byte offset where the value ends)."""
+    raw = line.encode()
+    rest = raw[end:].decode()
+    return (raw[:end].decode() + ("" if rest.lstrip().startswith("#") else rest)).strip()
+
+
+def constant_mutants(module: str) -> list[ConstantMutant]:
+    source = (REPO / module).read_text()
+    lines = source.splitlines(keepends=True)
+    mutants = []
+    for owner, node in _assignments(ast.parse(source)):
+        value = node.value
+        if value is None or value.lineno != value.end_lineno:
+            continue
+        line = lines[value.lineno - 1]
+        # col offsets count UTF-8 bytes
+        raw = line.encode()
+        text = raw[value.col_offset:value.end_col_offset].decode()
+        for replacement in _replacements(value, text):
+            mutated = (raw[:value.col_offset] + replacement.encode()
+                       + raw[value.end_col_offset:]).decode()
+            mutants.append(ConstantMutant(
+                owner, value.lineno, _code(line, value.end_col_offset),
+                _code(mutated, value.end_col_offset + len(replacement) - len(text)),
+                "".join(lines[:value.lineno - 1]) + mutated + "".join(lines[value.lineno:])))
+    return mutants
+
+
+def _digest(module: str) -> str:
+    return hashlib.sha256((REPO / module).read_bytes()).hexdigest()[:16]
+
+
+def _pytest(copy: Path, tests: Iterable[str], timeout: float) -> str:
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly",
+               "-p", "no:cacheprovider", *tests]
+    env = {**os.environ, "KVTOP_TWIN": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        done = subprocess.run(command, cwd=copy, env=env, capture_output=True, timeout=timeout,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    return {0: "survived", 1: "killed", 5: "no tests"}.get(done.returncode, "suspicious")
+
+
+def run_constants(module: str) -> int:
+    """Each constant mutant in a copy of kvtop/ and tests/, the module's tests run on it."""
+    import time
+
+    ws = prepare(module, fresh=False)
+    copy = ws / "constants"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(REPO / "kvtop", copy / "kvtop")
+    shutil.copytree(REPO / "tests", copy / "tests")
+    shutil.copy2(ws / "pyproject.toml", copy / "pyproject.toml")
+    tests = MODULES[module]
+    started = time.monotonic()
+    if _pytest(copy, tests, timeout=1800) != "survived":
+        print(f"{module}: the tests fail on the unmutated copy; constants pass skipped")
+        return 1
+    timeout = 5 * (time.monotonic() - started) + 30
+    results = {}
+    target = copy / module
+    original = target.read_text()
+    mutants = constant_mutants(module)
+    for index, mutant in enumerate(mutants, 1):
+        target.write_text(mutant.source)
+        status = _pytest(copy, tests, timeout)
+        target.write_text(original)
+        print(f"  [{index}/{len(mutants)}] {status:9} {mutant.owner}: {mutant.after}", flush=True)
+        results[mutant.name] = {"status": status, "owner": mutant.owner, "line": mutant.line,
+                                "before": mutant.before, "after": mutant.after}
+    (ws / "constants.json").write_text(json.dumps(
+        {"digest": _digest(module), "mutants": results}, indent=1))
+    shutil.rmtree(copy)
+    return 0
 
 
 def _changed_lines(diff: str) -> tuple[str, str]:
@@ -190,38 +331,58 @@ def load_equivalents() -> list[dict[str, str]]:
     return tomllib.loads(EQUIVALENTS.read_text())["equivalent"]
 
 
+def _equivalent(entry: dict[str, str], module: str, function: str, before: str, after: str,
+                context: set[str]) -> bool:
+    return (entry["module"] == module and entry["function"] == function
+            and entry["before"].strip() == before and entry["after"].strip() == after
+            and entry.get("context", "").strip() in context)
+
+
+def _mark(result: ModuleResult, name: str, function: str, diff: str,
+          equivalents: list[dict[str, str]], used: set[int]) -> None:
+    before, after = _changed_lines(diff)
+    context = _context_lines(diff)
+    for index, entry in enumerate(equivalents):
+        if _equivalent(entry, result.module, function, before, after, context):
+            result.equivalent[name] = entry["reason"]
+            used.add(index)
+            return
+    result.diffs[name] = diff
+
+
 def collect(module: str, equivalents: list[dict[str, str]], used: set[int]) -> ModuleResult | None:
-    """Read a module's last results from its workspace."""
+    """Read a module's last results (mutmut's and the constants pass's) from its workspace."""
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
 
     ws = workspace(module)
+    result = ModuleResult(module)
     meta = ws / "mutants" / (module + ".meta")
-    if not meta.exists():
-        return None
-    exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
-    result = ModuleResult(module, {name: status_by_exit_code[code]
-                                   for name, code in exit_codes.items()})
-    cwd = Path.cwd()
-    os.chdir(ws)
-    try:
-        for name, status in result.statuses.items():
-            if status in ("killed", "timeout"):
-                continue
-            diff = get_diff_for_mutant(name, path=module)
-            before, after = _changed_lines(diff)
-            for index, entry in enumerate(equivalents):
-                if (entry["module"] == module and entry["function"] == _function_of(name)
-                        and entry["before"].strip() == before and entry["after"].strip() == after
-                        and entry.get("context", "").strip() in _context_lines(diff)):
-                    result.equivalent[name] = entry["reason"]
-                    used.add(index)
-                    break
-            else:
-                result.diffs[name] = diff
-    finally:
-        os.chdir(cwd)
-    return result
+    if meta.exists():
+        exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
+        result.statuses = {name: status_by_exit_code[code] for name, code in exit_codes.items()}
+        cwd = Path.cwd()
+        os.chdir(ws)
+        try:
+            for name, status in result.statuses.items():
+                if status not in ("killed", "timeout"):
+                    _mark(result, name, _function_of(name),
+                          get_diff_for_mutant(name, path=module), equivalents, used)
+        finally:
+            os.chdir(cwd)
+    constants = ws / "constants.json"
+    if constants.exists():
+        stored = json.loads(constants.read_text())
+        if stored["digest"] != _digest(module):
+            result.notes.append("constants pass is older than the module: rerun --constants")
+        for name, mutant in stored["mutants"].items():
+            result.statuses[name] = mutant["status"]
+            if mutant["status"] not in ("killed", "timeout"):
+                diff = f"line {mutant['line']}\n-{mutant['before']}\n+{mutant['after']}"
+                _mark(result, name, mutant["owner"], diff, equivalents, used)
+    if result.unchecked:
+        result.notes.append(f"{result.unchecked} mutants not checked (the run was cut short)")
+    return result if result.statuses else None
 
 
 def report(results: list[ModuleResult], show: bool) -> None:
@@ -230,6 +391,8 @@ def report(results: list[ModuleResult], show: bool) -> None:
         score = "-" if r.score is None else f"{r.score:6.1f}%"
         print(f"{r.module:42} {r.total:7} {len(r.equivalent):5} {r.caught:6} "
               f"{len(r.missed):6} {score:>7}")
+        for note in r.notes:
+            print(f"    {note}")
     if not show:
         return
     for r in results:
@@ -273,6 +436,10 @@ def main() -> int:
     parser.add_argument("modules", nargs="*", help="module paths (default: all in MODULES)")
     parser.add_argument("--report", action="store_true", help="print the last results, run nothing")
     parser.add_argument("--fresh", action="store_true", help="discard a module's workspace first")
+    parser.add_argument("--constants", action="store_true",
+                        help="also run the constants pass (a pytest run per mutant: slow)")
+    parser.add_argument("--only-constants", action="store_true",
+                        help="run the constants pass alone")
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--quiet", action="store_true", help="no diffs of the missed mutants")
     parser.add_argument("--list", action="store_true", help="print modules and their tests")
@@ -289,7 +456,9 @@ def main() -> int:
     if not args.report:
         for module in modules:
             print(f"\n=== {module}", flush=True)
-            if run_mutmut(module, args.jobs, args.fresh) != 0:
+            if not args.only_constants and run_mutmut(module, args.jobs, args.fresh) != 0:
+                failed.append(module)
+            if (args.constants or args.only_constants) and run_constants(module) != 0:
                 failed.append(module)
     equivalents, used = load_equivalents(), set()
     results = [r for m in modules if (r := collect(m, equivalents, used)) is not None]
