@@ -58,15 +58,13 @@ EQUIVALENTS = REPO / "scripts" / "mutation_equivalents.toml"
 # drive it through its one public entry, e.g. adapters through `parse_engines`), plus the
 # behaviour tests written for it; never the slow tiers (twin, tmux, real Prometheus, Textual
 # Pilot), which add minutes per mutant and no unit-level checks.
+ADAPTER_TESTS = ("tests/test_adapters.py", "tests/behaviour/test_vllm_adapter.py",
+                 "tests/behaviour/test_other_adapters.py")
 MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/exposition.py": ("tests/test_exposition.py",
                                     "tests/test_exposition_properties.py"),
-    "kvtop/collect/adapters/__init__.py": ("tests/test_adapters.py",),
-    "kvtop/collect/adapters/common.py": ("tests/test_adapters.py",),
-    "kvtop/collect/adapters/vllm.py": ("tests/test_adapters.py",),
-    "kvtop/collect/adapters/sglang.py": ("tests/test_adapters.py",),
-    "kvtop/collect/adapters/llamacpp.py": ("tests/test_adapters.py",),
-    "kvtop/collect/adapters/trtllm.py": ("tests/test_adapters.py",),
+    **{f"kvtop/collect/adapters/{name}.py": ADAPTER_TESTS
+       for name in ("__init__", "common", "vllm", "sglang", "llamacpp", "trtllm")},
     "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
     "kvtop/derive/quantiles.py": ("tests/test_derive.py", "tests/behaviour/test_quantiles.py"),
     "kvtop/derive/stats.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
