@@ -10,13 +10,18 @@ size; this script drains the terminal continuously and reports, per run:
 
 Goals (issue 4): <= 5 % of a core, <= 20 KB/s at 80x24, first frame under 1 s.
 
-    .venv/bin/python benchmarks/bench_tui.py [--seconds 60] [--hosts 16]
+With ``--gpu-exporters N`` the app also reads N dcgm-exporters (each serving the real
+Tesla T4 body of tests/fixtures/gpu, two GPUs) on the hosts' machine, so every server owns
+GPUs: the GPU pane (NVML asked too), the GPU column and the engine pane's GPU line are drawn.
+
+    .venv/bin/python benchmarks/bench_tui.py [--seconds 60] [--hosts 16] [--gpu-exporters 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import http.server
 import os
 import pty
 import re
@@ -26,14 +31,17 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 ANSI = re.compile(
     rb"\x1b(?:\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[()][A-Z0-9]|[=>])"
 )
 KV_BAR = "░".encode()  # a KV bar is drawn once some host's numbers have arrived
 HZ = os.sysconf("SC_CLK_TCK")
+DCGM_BODY = Path(__file__).resolve().parents[1] / "tests/fixtures/gpu/dcgm-datadog-t4.txt"
 
 
 @dataclass
@@ -42,6 +50,7 @@ class Run:
     columns: int
     rows: int
     extra: tuple[str, ...] = ()
+    gpu: bool = False  # NVML and the GPU pane on (else --no-gpu)
 
 
 @dataclass
@@ -65,6 +74,31 @@ def start_sim(count: int) -> tuple[subprocess.Popen[str], list[str]]:
     return sim, urls
 
 
+def start_exporters(count: int) -> tuple[list[http.server.ThreadingHTTPServer], list[str]]:
+    """``count`` dcgm-exporters on 127.0.0.1 (threads of this process, not the app's)."""
+    body = DCGM_BODY.read_bytes()
+
+    class Exporter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/metrics":  # dcgm-exporter serves the exact path only
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+               for _ in range(count)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    return servers, [f"127.0.0.1:{s.server_address[1]}" for s in servers]
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", "rb") as file:
         fields = file.read().rsplit(b")", 1)[1].split()
@@ -78,7 +112,8 @@ def spawn(run: Run, urls: list[str]) -> tuple[int, int]:
         fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", run.rows, run.columns, 0, 0))
         env = dict(os.environ, TERM="xterm-256color", COLORTERM="")
         env.pop("NO_COLOR", None)
-        os.execve(sys.executable, [sys.executable, "-m", "kvtop", *urls, "--no-gpu",
+        gpu = [] if run.gpu else ["--no-gpu"]
+        os.execve(sys.executable, [sys.executable, "-m", "kvtop", *urls, *gpu,
                                    "--interval", "1", *run.extra], env)
     return pid, fd
 
@@ -137,12 +172,13 @@ def stop(pid: int, fd: int) -> None:
     os.close(fd)
 
 
-def table(results: list[Result], hosts: int, seconds: float) -> str:
+def table(results: list[Result], hosts: int, seconds: float, exporters: int) -> str:
     def secs(value: float | None) -> str:
         return "–" if value is None else f"{value:.2f} s"
 
+    gpus = f"{exporters} dcgm-exporters, GPU pane on" if exporters else "--no-gpu"
     lines = [
-        f"kvtop TUI, {hosts} simulated hosts at 1 Hz, {seconds:g} s steady state, --no-gpu",
+        f"kvtop TUI, {hosts} simulated hosts at 1 Hz, {seconds:g} s steady state, {gpus}",
         "",
         "| terminal | CPU (% of a core) | output | first frame | first data |",
         "|---|---:|---:|---:|---:|",
@@ -158,16 +194,23 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="steady-state span per run")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
     parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--gpu-exporters", type=int, default=0, metavar="N",
+                        help="also read N dcgm-exporters (the GPU views drawn)")
     args = parser.parse_args()
-    runs = [Run("80×24", 80, 24), Run("160×48", 160, 48),
-            Run("80×24 --low-bandwidth", 80, 24, ("--low-bandwidth",))]
+    gpu = args.gpu_exporters > 0
+    runs = [Run("80×24", 80, 24, gpu=gpu), Run("160×48", 160, 48, gpu=gpu),
+            Run("80×24 --low-bandwidth", 80, 24, ("--low-bandwidth",), gpu)]
     sim, urls = start_sim(args.hosts)
+    exporters, exporter_urls = start_exporters(args.gpu_exporters)
     try:
-        results = [measure(run, urls, args.seconds, args.warmup) for run in runs]
+        results = [measure(run, urls + exporter_urls, args.seconds, args.warmup)
+                   for run in runs]
     finally:
         sim.terminate()
         sim.wait(10)
-    print(table(results, args.hosts, args.seconds))
+        for server in exporters:
+            server.shutdown()
+    print(table(results, args.hosts, args.seconds, args.gpu_exporters))
     return 0
 
 

@@ -210,6 +210,12 @@ def _sim_parser(subparsers: argparse._SubParsersAction) -> None:
     add_sim_parser(subparsers).set_defaults(command=run_sim)
 
 
+def _rehearse_parser(subparsers: argparse._SubParsersAction) -> None:
+    from kvtop.headless.rehearse_command import add_rehearse_parser
+
+    add_rehearse_parser(subparsers)
+
+
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "snapshot": _snapshot_parser,
     "record": _record_parser,
@@ -217,6 +223,7 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "replay": _replay_parser,
     "rules": _rules_parser,
     "sim": _sim_parser,
+    "rehearse": _rehearse_parser,
 }
 
 

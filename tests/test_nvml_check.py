@@ -36,3 +36,19 @@ def test_disagreements_are_named() -> None:
     assert "kvtop sees 1 GPUs, nvidia-smi 2" in text
     assert "used 5000 MiB vs 1010 MiB" in text
     assert "processes [] vs [42]" in text
+
+
+def test_owners_agreeing_with_nvidia_smi() -> None:
+    expected = {100: "check", 101: "check", 300: "vllm"}
+    assert nvml_check.compare_owners(dict(expected), {100, 101, 300, 555}, expected) == []
+
+
+def test_owner_disagreements_are_named() -> None:
+    expected = {100: "check", 101: "check"}
+    problems = nvml_check.compare_owners({100: "check", 555: "check"}, {100, 555}, expected)
+    text = " | ".join(problems)
+    assert "nvidia-smi does not list pid 101 (check)" in text  # no CUDA context there
+    assert "pid 555: kvtop says 'check', it is none of the servers'" in text
+    problems = nvml_check.compare_owners({}, {100, 101}, expected)
+    assert problems == ["pid 100: kvtop says None, the owner is 'check'",
+                        "pid 101: kvtop says None, the owner is 'check'"]

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
+
+from kvtop.collect.gpu import GpuProcess, GpuReading, gpu_to_json
+
+__all__ = ["GpuProcess", "GpuReader", "GpuReading", "NvmlReader", "NvmlUnavailable",
+           "gpu_to_json", "read_gpus"]
 
 
 class NvmlUnavailable(RuntimeError):
@@ -21,27 +25,6 @@ class NvmlUnavailable(RuntimeError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    pid: int
-    name: str  # the command line from /proc/<pid>/cmdline, or "pid N" when unreadable
-    used_bytes: int | None  # GPU memory; None where NVML does not say (e.g. in containers)
-    is_vllm: bool
-
-
-@dataclass(frozen=True, slots=True)
-class GpuReading:
-    index: int
-    name: str
-    uuid: str
-    memory_used_bytes: int | None
-    memory_total_bytes: int | None
-    util_percent: float | None
-    temperature_c: float | None
-    power_w: float | None
-    processes: tuple[GpuProcess, ...] = ()
 
 
 class GpuReader(Protocol):
@@ -157,22 +140,3 @@ _default_reader = NvmlReader()
 def read_gpus() -> list[GpuReading]:
     """Read the local GPUs with the process-wide reader (NVML initialised once)."""
     return _default_reader.read()
-
-
-def gpu_to_json(gpu: GpuReading) -> dict[str, Any]:
-    """A GPU reading for the snapshot JSON (bytes, percent, °C, W; null when unknown)."""
-    return {
-        "index": gpu.index,
-        "name": gpu.name,
-        "uuid": gpu.uuid,
-        "memory_used_bytes": gpu.memory_used_bytes,
-        "memory_total_bytes": gpu.memory_total_bytes,
-        "utilization_percent": gpu.util_percent,
-        "temperature_c": gpu.temperature_c,
-        "power_w": gpu.power_w,
-        "processes": [
-            {"pid": p.pid, "name": p.name, "used_gpu_memory_bytes": p.used_bytes,
-             "is_vllm": p.is_vllm}
-            for p in gpu.processes
-        ],
-    }

@@ -1,9 +1,10 @@
 """Prometheus as a data source: the inference servers a Prometheus already scrapes, read
 through its HTTP API and turned into the same :class:`Scrape` objects the poller makes.
 
-Every instance (``job``/``instance`` labels) with a vLLM/SGLang/llama.cpp/TRT-LLM series is
-one :class:`Target` ``<prometheus url>#<job>/<instance>``. Each refresh costs two queries
-for the whole fleet, never one per host:
+Every instance (``job``/``instance`` labels) with a vLLM/SGLang/llama.cpp/TRT-LLM series, or a
+GPU exporter's (dcgm-exporter, nvidia_gpu_exporter), is one :class:`Target`
+``<prometheus url>#<job>/<instance>``; the exporters' GPU series come in the same queries.
+Each refresh costs two queries for the whole fleet, never one per host:
 
 * ``{__name__=~"<adapters' WANTED names>", <selector>}[Δ]``: the raw samples Prometheus
   stored since the last refresh, with their own scrape timestamps. The samples of one
@@ -306,7 +307,7 @@ class PrometheusSource:
         if not self._instances:
             where = f" matching {self.settings.selector}" if self.settings.selector else ""
             raise PrometheusError("bad_payload", f"Prometheus {self.settings.base} has no "
-                                  f"vLLM/SGLang/llama.cpp/TRT-LLM series{where}")
+                                  f"vLLM/SGLang/llama.cpp/TRT-LLM or GPU exporter series{where}")
         return self.targets
 
     def _known(self, metric: dict[str, str]) -> _Instance:

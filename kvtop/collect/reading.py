@@ -1,7 +1,8 @@
 """What one scrape of one server says, in kvtop's own terms.
 
 An engine adapter turns a parsed ``/metrics`` exposition into a :class:`ServerReading`:
-one :class:`EngineReading` per (model_name, engine) pair. Every field is ``None`` when the
+one :class:`EngineReading` per (model_name, engine) pair; a GPU exporter's adapter fills
+``gpus`` instead. Every field is ``None`` when the
 server does not export the metric behind it ("not exported", never 0). Counters are raw
 cumulative values; rates and windows are derived later (``kvtop.derive``).
 """
@@ -11,7 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-ServerKind = Literal["vllm", "sglang", "llamacpp", "trtllm", "unknown"]
+from kvtop.collect.gpu import GpuReading
+
+ServerKind = Literal["vllm", "sglang", "llamacpp", "trtllm", "dcgm", "nvidia_gpu_exporter",
+                     "unknown"]
+GPU_EXPORTER_KINDS = frozenset({"dcgm", "nvidia_gpu_exporter"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +74,4 @@ class ServerReading:
     version: str | None = None  # from /version, or inferred ("0.10.2+")
     notes: list[str] = field(default_factory=list)  # why something is missing, parse errors
     parse_errors: int = 0
+    gpus: list[GpuReading] = field(default_factory=list)  # what a GPU exporter reports

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvtop.collect.adapters import adapt, read_exposition
+from kvtop.collect.gpu import GpuReading
 from kvtop.collect.reading import EngineReading, ServerKind
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakDetector, LeakParams
@@ -38,6 +39,7 @@ class TargetState:
     last_good: Scrape | None = None  # the last good scrape itself
     restarted_at: float | None = None  # last time a counter went backwards
     notes: list[str] = field(default_factory=list)
+    gpus: list[GpuReading] = field(default_factory=list)  # a GPU exporter's, last good values
 
     @property
     def last_body(self) -> str | None:
@@ -94,6 +96,7 @@ class TargetTracker:
         if reading.version and not state.version:
             state.version = reading.version
         state.notes = reading.notes
+        state.gpus = reading.gpus
         dt = None if self._previous_t is None else scrape.t - self._previous_t
         stats: list[EngineStats] = []
         restarted = False
@@ -127,6 +130,7 @@ class TargetTracker:
             return
         state.status = scrape.failure or "down"
         state.engines = []
+        state.gpus = []
 
     def _remember(self, key: EngineKey, stat: EngineStats) -> None:
         series = self.history.setdefault(key, deque())

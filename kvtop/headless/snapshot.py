@@ -113,8 +113,10 @@ def snapshot_document(
     *,
     taken_at: datetime,
     history: Mapping[str, Mapping[EngineKey, Iterable[EngineStats]]] | None = None,
+    gpu_sources: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The snapshot JSON; ``history`` (by target URL) is added by the app's ``s`` key."""
+    """The snapshot JSON; ``history`` (by target URL) is added by the app's ``s`` key;
+    ``gpu_sources`` says where ``gpus`` were looked for and what came of it."""
     now = taken_at.timestamp()
     targets = []
     for state in states:
@@ -127,4 +129,5 @@ def snapshot_document(
         "taken_at": taken_at.isoformat(timespec="milliseconds"),
         "targets": targets,
         "gpus": gpus,
+        "gpu_sources": gpu_sources or [],
     }

@@ -13,7 +13,7 @@ from typing import Any
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Target
 from kvtop.derive.tracker import TargetState, TargetTracker
-from kvtop.headless.gpus import gpus_json
+from kvtop.headless.gpus import gpu_report
 from kvtop.headless.output import emit
 from kvtop.headless.snapshot import snapshot_document
 from kvtop.headless.table import render_table
@@ -52,7 +52,8 @@ def run_snapshot(targets: list[Target], *, samples: int, interval_s: float,
 
 def print_snapshot(states: list[TargetState], *, as_json: bool | None, with_gpus: bool) -> int:
     """Print the snapshot of these states (JSON or a table); the exit code."""
+    gpus, sources = gpu_report(states, with_nvml=with_gpus)
     document: dict[str, Any] = snapshot_document(
-        states, gpus_json() if with_gpus else [], taken_at=datetime.now(timezone.utc))
+        states, gpus, taken_at=datetime.now(timezone.utc), gpu_sources=sources)
     emit(document, as_json, render_table)
     return snapshot_exit_code(states)

@@ -16,6 +16,10 @@ from kvtop.sim.workloads import WORKLOADS
 if TYPE_CHECKING:
     from kvtop.sim.server import SimConfig, SimFleet
 
+# The servers have this process to themselves: their stepping may take most of each tick
+# (the rest answers HTTP), so a fast --speed keeps up under API load.
+CPU_SHARE = 0.75
+
 
 def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `sim` on the `kvtop` command's subparsers; it dispatches to `run_sim`."""
@@ -25,13 +29,17 @@ def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8001,
                    help="first port; server i listens on port+i (0: ephemeral ports)")
     p.add_argument("--count", type=int, default=1, help="number of servers (default 1)")
-    p.add_argument("--workload", choices=WORKLOADS, default="synthetic")
+    p.add_argument("--workload", choices=WORKLOADS, default="synthetic",
+                   help="requests the server makes up itself (none: only those sent to its "
+                        "OpenAI API, /v1/completions and /v1/chat/completions)")
     p.add_argument("--rate", type=float, default=None,
                    help="synthetic: requests/s; traces: rate scale (<1 subsample, >1 faster)")
     p.add_argument("--blocks", type=int, default=2000, help="num_gpu_blocks (default 2000)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + output (default: what the KV cache holds)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--leak-frac", type=float, default=0.0,
                    help="fraction of finished/aborted requests that never free their blocks")
@@ -73,14 +81,16 @@ def configs_from_args(args: argparse.Namespace) -> list[SimConfig]:
     engine = EngineConfig(num_gpu_blocks=args.blocks, block_size=args.block_size,
                           max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching)
     params: dict[str, Any] = {}
-    if args.rate is not None:
+    if args.rate is not None and args.workload != "none":
         params["rate" if args.workload == "synthetic" else "rate_scale"] = args.rate
     return [
         SimConfig(model_name=args.model_name, port=args.port + i if args.port else 0,
                   engine=engine, workload=args.workload, workload_params=params,
-                  faults=faults, names=args.names, speed=args.speed, seed=args.seed + i)
+                  faults=faults, names=args.names, speed=args.speed, seed=args.seed + i,
+                  cpu_share=CPU_SHARE / args.count)
         for i in range(args.count)
     ]
 

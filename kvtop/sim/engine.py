@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from kvtop.sim.blocks import BlockPool, KVBlock, KVCacheManager, chain_hash
@@ -112,6 +112,9 @@ class Engine:
         self.leak_frac = 0.0
         self.stats = EngineStats(config.model_len)
         self.steps = 0
+        # Told of every token (reason None) and finish (the reason) as it happens: how the
+        # simulator's OpenAI routes stream a request's output with the engine's timing.
+        self.on_output: Callable[[Request, str | None], None] | None = None
         self._rng = random.Random(seed)
         self._next_id = 0
 
@@ -276,6 +279,8 @@ class Engine:
         else:
             self.stats.observe("inter_token_latency_seconds", now - (req.last_token_at or now))
         req.last_token_at = now
+        if self.on_output is not None:
+            self.on_output(req, None)
         if req.num_output >= req.stop_at:
             self._finish(req, "length" if req.num_output >= req.max_tokens else "stop")
 
@@ -293,6 +298,8 @@ class Engine:
             self.kv.free(req.req_id)
         self.stats.finished[reason] += 1
         self._observe_finished(req)
+        if self.on_output is not None:
+            self.on_output(req, reason)
 
     def _observe_finished(self, req: Request) -> None:
         now, observe = self.clock, self.stats.observe

@@ -2,8 +2,10 @@
 background on the event loop.
 
 Each `SimServer` owns a `Simulation` whose clock follows wall time times `speed`; it
-serves `/metrics`, `/health`, `/version` and `/v1/models` like vLLM's OpenAI server
-(SGLang mode: no `/version`). Like vLLM 0.33, `/metrics` renders everything uncompressed
+serves `/metrics`, `/health`, `/version`, `/v1/models`, `/v1/completions` and
+`/v1/chat/completions` like vLLM's OpenAI server (SGLang mode: no `/version`); requests
+sent to the API run in the simulated engine beside the workload (`openai_api.py`).
+Like vLLM 0.33, `/metrics` renders everything uncompressed
 (prometheus-fastapi-instrumentator's route) and `/metrics/` is prometheus_client's own
 handler: gzip when accepted, and only the samples named by `name[]` arguments, or nothing
 at all in the "v0" and "sglang" modes, whose servers use its multiprocess collector.
@@ -28,6 +30,7 @@ from aiohttp import web
 from kvtop.sim.engine import EngineConfig, RequestSpec
 from kvtop.sim.exposition import CONTENT_TYPE, Names, render
 from kvtop.sim.faults import Fault, malform
+from kvtop.sim.openai_api import OpenAIRoutes
 from kvtop.sim.simulation import Simulation, Truth
 from kvtop.sim.workloads import make_workload
 
@@ -69,6 +72,7 @@ class SimServer:
         self.port = config.port
         self._runner: web.AppRunner | None = None
         self._driver: asyncio.Task[None] | None = None
+        self._anchor: tuple[float, float] | None = None  # (loop time, sim time) in step
         self._closing = asyncio.Event()
 
     @property
@@ -93,9 +97,13 @@ class SimServer:
         app.router.add_get("/metrics/", self._exposition_handler)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
-        if DEFAULT_VERSIONS[self.config.names]:
+        version = DEFAULT_VERSIONS[self.config.names]
+        if version:
             app.router.add_get("/version", self._version)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        OpenAIRoutes(self, f"vllm-{version}-kvtopsim" if version else None).register(app)
+        # handler_cancellation: a client that hangs up aborts its request, as in vLLM
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5,
+                                     handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, HOST, self.config.port)
         await site.start()
@@ -119,7 +127,7 @@ class SimServer:
         """
         loop = asyncio.get_running_loop()
         speed, tick = self.config.speed, self.config.tick
-        wall0, sim0 = loop.time(), self.simulation.clock
+        wall0, sim0 = self._anchor = loop.time(), self.simulation.clock
         while True:
             target = sim0 + (loop.time() - wall0) * speed
             deadline = time.perf_counter() + self.config.cpu_share * tick
@@ -127,10 +135,20 @@ class SimServer:
                 if time.perf_counter() > deadline:
                     break
             if target - self.simulation.clock > self.config.max_lag * speed:
-                wall0, sim0 = loop.time(), self.simulation.clock
+                wall0, sim0 = self._anchor = loop.time(), self.simulation.clock
             await asyncio.sleep(tick)
 
-    def _authorized(self, request: web.Request) -> bool:
+    def due_at(self, sim_t: float) -> float:
+        """The loop time at which an output made at simulated time `sim_t` leaves: its
+        wall time plus one tick (the most the stepping runs behind), so the gaps between a
+        stream's tokens keep the engine's timing. Now, when the clock is driven by hand."""
+        loop = asyncio.get_running_loop()
+        if self._anchor is None:
+            return loop.time()
+        wall0, sim0 = self._anchor
+        return wall0 + (sim_t - sim0) / self.config.speed + self.config.tick
+
+    def authorized(self, request: web.Request) -> bool:
         token = self.simulation.state.token
         return token is None or request.headers.get("Authorization") == f"Bearer {token}"
 
@@ -146,7 +164,7 @@ class SimServer:
 
     async def _serve_metrics(self, request: web.Request, *, only: frozenset[str] | None,
                              compress: bool) -> web.StreamResponse:
-        if not self._authorized(request):
+        if not self.authorized(request):
             return _unauthorized()
         state = self.simulation.state
         if state.metrics_hang:
@@ -170,7 +188,7 @@ class SimServer:
         return web.json_response({"version": DEFAULT_VERSIONS[self.config.names]})
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorized(request):
+        if not self.authorized(request):
             return _unauthorized()
         name = self.config.model_name
         return web.json_response({"object": "list", "data": [{

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kvtop.sim.engine import Engine, EngineConfig, RequestSpec
+from kvtop.sim.engine import Engine, EngineConfig, Request, RequestSpec
 from kvtop.sim.faults import Fault, FaultSchedule, FaultState
+
+# Told of each token (reason None) and of the end ("length", "stop", "abort", or "lost"
+# when the server restarted) of a request submitted through `Simulation.submit`.
+Listener = Callable[[Request, "str | None"], None]
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,8 @@ class Simulation:
         self._aborts: list[tuple[float, int]] = []
         self._faults = FaultSchedule(faults)
         self._resume_at = float("inf")
-        self.engine = Engine(config, clock=0.0, created=wall_clock(), seed=seed)
+        self._listeners: dict[int, Listener] = {}
+        self.engine = self._new_engine(0.0)
         self._fire_due()  # faults and arrivals at t=0 are in force from the start
 
     @property
@@ -87,12 +92,50 @@ class Simulation:
         self._apply(Fault(self.clock, kind, value))  # type: ignore[arg-type]
 
     def restart(self) -> None:
-        """A new engine: empty pool, counters at zero, new `_created` timestamps."""
+        """A new engine: empty pool, counters at zero, new `_created` timestamps. Requests
+        submitted through the API are lost (their listeners hear "lost")."""
         self.restarts += 1
         self._aborts.clear()
-        self.engine = Engine(self.config, clock=self.clock, created=self._wall_clock(),
-                             seed=self.seed + self.restarts)
+        lost = [(self.engine.requests.get(req_id), listener)
+                for req_id, listener in self._listeners.items()]
+        self._listeners.clear()
+        self.engine = self._new_engine(self.clock)
         self.engine.leak_frac = self.state.leak_frac
+        for req, listener in lost:
+            if req is not None:
+                listener(req, "lost")
+
+    def submit(self, prompt_len: int, max_tokens: int, prefix_keys: tuple[Hashable, ...],
+               listener: Listener) -> Request | None:
+        """A request arriving now from outside the workload (the OpenAI routes): the
+        engine runs it to `max_tokens`, calling ``listener(req, None)`` per token and
+        ``listener(req, reason)`` when it ends. None when vLLM would reject it."""
+        spec = RequestSpec(self.clock, prompt_len, max_tokens, prefix_keys=prefix_keys)
+        req = self.engine.add_request(spec)
+        if req is None:
+            self.rejected += 1
+            return None
+        self._listeners[req.req_id] = listener
+        return req
+
+    def abort(self, req: Request) -> None:
+        """The client went away: end `req` if it still runs in this engine."""
+        if self.engine.requests.get(req.req_id) is req:
+            self.engine.abort(req.req_id)
+
+    def _new_engine(self, clock: float) -> Engine:
+        engine = Engine(self.config, clock=clock, created=self._wall_clock(),
+                        seed=self.seed + self.restarts)
+        engine.on_output = self._on_output
+        return engine
+
+    def _on_output(self, req: Request, reason: str | None) -> None:
+        listener = self._listeners.get(req.req_id)
+        if listener is None:
+            return
+        if reason is not None:
+            del self._listeners[req.req_id]
+        listener(req, reason)
 
     def advance_to(self, t: float, max_steps: int | None = None) -> bool:
         """Run until the clock reaches `t`; False if `max_steps` steps ran out first."""

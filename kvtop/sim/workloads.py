@@ -27,7 +27,7 @@ MOONCAKE_FILE = "mooncake_conversation_trace.jsonl.gz"
 AZURE_FILE = "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE_BLOCK_TOKENS = 512  # the trace hashes prompts in 512-token blocks
 MOONCAKE_BUCKET_S = 3.0  # its arrivals are quantised to ~3 s buckets
-WORKLOADS = ("synthetic", "mooncake", "azure")
+WORKLOADS = ("synthetic", "mooncake", "azure", "none")
 _AZURE_EPOCH = date(2023, 1, 1)
 
 
@@ -225,7 +225,10 @@ def _replay(rows: Sequence[TraceRow], rate_scale: float, rng: random.Random
 def make_workload(
     kind: str, *, seed: int = 0, block_size: int = 16, **params: object
 ) -> Iterator[RequestSpec]:
-    """A workload by name ("synthetic", "mooncake" or "azure") with its keyword params."""
+    """A workload by name ("synthetic", "mooncake", "azure", or "none": only what the
+    OpenAI routes are sent) with its keyword params."""
+    if kind == "none":
+        return iter(())
     if kind == "synthetic":
         return synthetic(SyntheticSpec(**params), seed=seed,  # type: ignore[arg-type]
                          block_size=block_size)

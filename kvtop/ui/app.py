@@ -28,8 +28,23 @@ from textual.containers import Horizontal, Vertical
 from textual.events import Resize
 from textual.widgets import Footer, Input
 
-from kvtop.collect.nvml import GpuReader, GpuReading, NvmlReader, NvmlUnavailable, gpu_to_json
+from kvtop.collect.gpu import GpuReading
+from kvtop.collect.nvml import GpuReader, NvmlReader, NvmlUnavailable
+from kvtop.collect.ownership import PortOwners
+from kvtop.collect.reading import GPU_EXPORTER_KINDS
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive.gpu_owners import (
+    GpuMemoryHistory,
+    GpuSource,
+    GpuView,
+    exporter_sources,
+    gpu_views,
+    local_ports,
+    nvml_source,
+    owned_memory,
+    source_json,
+    view_json,
+)
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
 from kvtop.safe_text import display_text, warn
@@ -47,6 +62,7 @@ from kvtop.ui.fleet import (
     order_rows,
     summarise,
 )
+from kvtop.ui.gpus import failed_sources, owned_cell, pane_lines
 from kvtop.ui.screens.detail import DetailScreen
 from kvtop.ui.screens.help import KEYS, HelpScreen
 from kvtop.ui.snapshot_files import SnapshotFiles, stamp, write_snapshot
@@ -142,9 +158,21 @@ class KvtopApp(App[None]):
         )  # opened here so an unwritable path fails before the screen is taken over
         self._leak_seen: dict[str, str] = {}  # row key -> last leak state told to the user
         self.interval_s = config.interval_s
-        self.gpus: list[GpuReading] = []
+        self.gpus: list[GpuReading] = []  # local, from NVML
         self.gpu_unavailable: str | None = None
+        self._nvml_failed = False  # NVML there but broken, not merely absent
         self._gpu_reader = config.gpu_reader or NvmlReader()
+        # Every GPU (NVML and exporters) with its owners, and what each server's GPUs use
+        self.gpu_views: list[GpuView] = []
+        self.owned_gpu_memory: dict[str, tuple[int | None, int | None]] = {}
+        self._gpu_history = GpuMemoryHistory(config.history_s)
+        self._failed_gpu_sources: list[GpuSource] = []
+        self._pid_owners: dict[int, str] = {}  # local GPU process -> server URL
+        self._port_owners = PortOwners()  # used by the GPU worker thread only
+        self._gpus_changed = True  # the first frame already shows exporters' GPUs
+        self._servers_changed = True  # a new server or exporter: owners at once
+        self._gpus_refreshed = float("-inf")  # monotonic time of the last refresh
+        self._nvml_answered = config.no_gpu  # until then "no GPU found" would be a guess
         self._stop = asyncio.Event()
         self._paused = False
         self._sort_index = 0
@@ -181,7 +209,7 @@ class KvtopApp(App[None]):
         self.call_after_refresh(self._collect)  # the first frame (the hosts) is painted first
         self._tick()
         if not self.config.no_gpu:
-            self._read_gpus()
+            self._read_gpus(self._local_ports())
         if self.config.watch_tty and not self.is_headless:
             self._watch_terminal()
         if self._recorder is not None:
@@ -228,34 +256,74 @@ class KvtopApp(App[None]):
                 scrape.target)
         first = tracker.state.status == "pending"
         tracker.update(scrape)  # drops a scrape older than one already folded
+        if first:
+            self._servers_changed = True  # a new server to own GPUs, or new GPUs
+        elif tracker.state.kind in GPU_EXPORTER_KINDS:
+            self._gpus_changed = True
         if first and not self._paused:
             self._draw_soon()
         else:
             self._request_draw()
 
+    def _local_ports(self) -> dict[int, str]:
+        return local_ports(tracker.state.target for tracker in self.trackers.values())
+
     @work(thread=True, group="gpu", exclusive=True, exit_on_error=False)
-    def _read_gpus(self) -> None:
-        """NVML in a thread: a slow driver call never freezes the screen."""
+    def _read_gpus(self, ports: dict[int, str]) -> None:
+        """NVML, and which server each GPU process belongs to (/proc, cached), in a thread:
+        a slow driver call never freezes the screen."""
         try:
             gpus = self._gpu_reader.read()
         except NvmlUnavailable as exc:
             self.call_from_thread(self._gpu_failed, exc.reason)
+            return
         except Exception as exc:  # a driver error must not take the app down
-            self.call_from_thread(self._gpu_failed, f"{type(exc).__name__}: {exc}")
-        else:
-            self.call_from_thread(self._gpus_read, gpus)
+            self.call_from_thread(self._gpu_failed, f"{type(exc).__name__}: {exc}", True)
+            return
+        pids = [process.pid for gpu in gpus for process in gpu.processes]
+        try:
+            owners = self._port_owners.owners(pids, ports) if pids else {}
+        except Exception:  # /proc surprises cost the owner column, never the GPU pane
+            owners = {}
+        self.call_from_thread(self._gpus_read, gpus, owners)
 
-    def _gpus_read(self, gpus: list[GpuReading]) -> None:
+    def _gpus_read(self, gpus: list[GpuReading], owners: dict[int, str] | None = None) -> None:
         self.gpus = gpus
-        if not self._paused and self._on_screen():
-            self.gpu_pane.show_gpus(gpus)
+        self._pid_owners = owners or {}
+        self._nvml_answered = True
+        self._refresh_gpus()
         # One read at a time, re-armed after each (dolphie's pattern): reads never pile up.
-        self.set_timer(max(GPU_MIN_PERIOD_S, self.interval_s), self._read_gpus)
+        self.set_timer(max(GPU_MIN_PERIOD_S, self.interval_s),
+                       lambda: self._read_gpus(self._local_ports()))
 
-    def _gpu_failed(self, reason: str) -> None:
+    def _gpu_failed(self, reason: str, failed: bool = False) -> None:
         self.gpu_unavailable = reason
-        if self._on_screen():
-            self.gpu_pane.show_unavailable(reason)
+        self._nvml_failed = failed
+        self._nvml_answered = True
+        self._refresh_gpus()
+
+    def _refresh_gpus(self) -> None:
+        """Work out every GPU's owners again (new GPU readings or servers), remember what
+        each server's GPUs use, and show it."""
+        self._gpus_changed = self._servers_changed = False
+        self._gpus_refreshed = time.monotonic()
+        if not self._on_screen():
+            return
+        states = self.states()
+        owners_before = self.owned_gpu_memory.keys()
+        self.gpu_views = gpu_views(self.gpus, self._pid_owners, states)
+        self.owned_gpu_memory = owned_memory(self.gpu_views)
+        self._gpu_history.record(self.config.clock(), self.owned_gpu_memory)
+        self._failed_gpu_sources = failed_sources(exporter_sources(states))
+        if not self._paused:
+            self._show_gpu_pane()
+            if self.owned_gpu_memory.keys() != owners_before:
+                self._draw_soon()  # a server's GPU column and line appear now, not next tick
+
+    def _show_gpu_pane(self) -> None:
+        if self._nvml_answered or self.gpu_views:
+            self.gpu_pane.show(pane_lines(self.gpu_views, self.gpu_unavailable,
+                                          self._failed_gpu_sources))
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -304,6 +372,9 @@ class KvtopApp(App[None]):
             return
         states = self.states()
         self._tell_leak_changes(states)  # alerts are not display: they come even when paused
+        gpus_due = time.monotonic() - self._gpus_refreshed >= GPU_MIN_PERIOD_S
+        if self._servers_changed or (self._gpus_changed and gpus_due):
+            self._refresh_gpus()  # GPU memory history is collection too: even when paused
         if self._paused and not force:
             return
         self._last_draw = time.monotonic()
@@ -312,6 +383,7 @@ class KvtopApp(App[None]):
         if not self._sort_chosen:
             self._sort_index = WORST_FIRST if len(rows) > LARGE_FLEET else 0
         rows = filter_rows(order_rows(rows, SORT_KEYS[self._sort_index][0]), self._filter)
+        self._set_gpu_cells(rows)
         self.table.show(rows)
         self._show_panel(self.table.selected_row, now)
         self.summary.show(
@@ -324,11 +396,21 @@ class KvtopApp(App[None]):
         if isinstance(self.screen, DetailScreen):
             self.screen.show(now)
 
+    def _set_gpu_cells(self, rows: list[FleetRow]) -> None:
+        """The GPU column: shown once some server owns a GPU."""
+        owned = self.owned_gpu_memory
+        if owned or self.table.columns_with_gpu:
+            for row in rows:
+                row.set_gpu(owned_cell(owned.get(row.url)))
+        self.table.show_gpu_column(bool(owned))
+
     def _show_panel(self, row: FleetRow | None, now: float) -> None:
         tracker = self.trackers.get(row.url) if row is not None else None
         history = tracker.history.get(row.engine, ()) if tracker and row and row.engine else ()
+        url = row.url if row is not None else ""
         self.engine_panel.show(row, tracker.state if tracker else None, list(history), now,
-                               self.config.history_s)
+                               self.config.history_s, gpu_series=self._gpu_history.series(url),
+                               gpu_owned=self.owned_gpu_memory.get(url))
 
     @on(FleetTable.RowHighlighted, "#fleet")
     def _row_highlighted(self) -> None:
@@ -359,8 +441,8 @@ class KvtopApp(App[None]):
     def action_pause(self) -> None:
         self._paused = not self._paused
         self._draw(force=True)  # shows PAUSED, or catches up on resume
-        if not self._paused and self.gpus:
-            self.gpu_pane.show_gpus(self.gpus)
+        if not self._paused:
+            self._show_gpu_pane()
 
     def action_sort(self) -> None:
         self._sort_chosen = True
@@ -446,8 +528,13 @@ class KvtopApp(App[None]):
             }
             for url, tracker in self.trackers.items()
         }
+        sources = exporter_sources(states)
+        if not self.config.no_gpu:
+            sources.insert(0, nvml_source(len(self.gpus), self.gpu_unavailable,
+                                          failed=self._nvml_failed))
         document = snapshot_document(
-            states, [gpu_to_json(g) for g in self.gpus], taken_at=taken_at, history=history
+            states, [view_json(view) for view in self.gpu_views], taken_at=taken_at,
+            history=history, gpu_sources=[source_json(source) for source in sources],
         )
         bodies = [(s.target.label, s.last_body) for s in states if s.last_body is not None]
         svg = self.export_screenshot(title=f"kvtop {stamp(taken_at)}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
+from kvtop.collect.reading import GPU_EXPORTER_KINDS
 from kvtop.safe_text import display_text
 from kvtop.ui import format as fmt
 
@@ -58,12 +59,18 @@ COLUMNS: tuple[Column, ...] = (
     Column("ttft", "TTFT 50/99", 11, 3),
 )
 CELL_PADDING = 2  # one space on each side of a cell
+# GPU memory of the server's GPUs (what nvidia-smi sees), shown once some GPU has an owner
+GPU_COLUMN = Column("gpu", "GPU MEM", 9, 2)
+NO_GPU = Cell(fmt.DASH, "dim")
 
 
-def visible_columns(width: int) -> list[Column]:
-    """The columns that fit in ``width`` cells, dropping the least important first."""
+def visible_columns(width: int, *, gpu: bool = False) -> list[Column]:
+    """The columns that fit in ``width`` cells, dropping the least important first; with
+    ``gpu``, the GPU memory column after the KV one."""
     shown = list(COLUMNS)
-    by_priority = sorted(COLUMNS, key=lambda c: -c.priority)
+    if gpu:
+        shown.insert(next(i for i, c in enumerate(shown) if c.key == "kv") + 1, GPU_COLUMN)
+    by_priority = sorted(shown, key=lambda c: -c.priority)
     for column in by_priority:
         if sum(c.width + CELL_PADDING for c in shown) <= width or column.priority == 0:
             break
@@ -101,6 +108,7 @@ class FleetRow:
     status: Cell
     sort_values: dict[str, float | None] = field(default_factory=dict)
     search: str = ""  # lower-case text the filter matches
+    gpu: Cell = NO_GPU  # the GPU column: changes with GPU reads, not with the server's state
     _cells: dict[str, Cell] | None = field(default=None, repr=False)
 
     @property
@@ -108,8 +116,16 @@ class FleetRow:
         """Column key -> cell; made on first use, so only rows drawn pay for formatting."""
         if self._cells is None:
             cells = _empty_cells(self.state) if self.stats is None else engine_cells(self.stats)
-            self._cells = cells | {"name": Cell(self.name), "status": self.status}
+            self._cells = cells | {"name": Cell(self.name), "status": self.status,
+                                   "gpu": self.gpu}
         return self._cells
+
+    def set_gpu(self, cell: Cell) -> None:
+        """A new GPU cell; the cells become a new dict, so the table sees the row changed."""
+        if cell != self.gpu:
+            self.gpu = cell
+            if self._cells is not None:
+                self._cells = self._cells | {"gpu": cell}
 
 
 def row_key(url: str, engine: EngineKey | None) -> str:
@@ -211,8 +227,11 @@ def engine_cells(stats: EngineStats) -> dict[str, Cell]:
 
 def _empty_cells(state: TargetState) -> dict[str, Cell]:
     """Cells for a target with no engine to show: say why instead of drawing zeros."""
-    cells = {c.key: Cell(fmt.DASH, "dim") for c in COLUMNS}
-    if state.status == "up" and state.kind == "unknown":
+    cells = {c.key: Cell(fmt.DASH, "dim") for c in (*COLUMNS, GPU_COLUMN)}
+    if state.kind in GPU_EXPORTER_KINDS and state.status in ("up", "stale"):
+        count = len(state.gpus)
+        cells["model"] = Cell(f"{state.kind}: {count} GPU{'' if count == 1 else 's'}")
+    elif state.status == "up" and state.kind == "unknown":
         cells["model"] = Cell(NOT_INFERENCE, "warn")
         cells["kv"] = Cell("not LLM server?", "warn")
     elif state.status == "up":

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 
+from kvtop.collect.adapters import read_exposition
 from kvtop.collect.target import Scrape, Secret, Target
 from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
@@ -18,6 +19,7 @@ from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.ui.widgets.fleet_table import FleetTable
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_source import FakeSource
+from tests.gpu_fixtures import DCGM_MIG, gpu_fixture
 from tests.paths import fixture_text
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
@@ -136,12 +138,14 @@ CACHE_CONFIG = {"block_size": "16", "num_gpu_blocks": "20184", "enable_prefix_ca
 
 
 def static_trackers() -> dict[str, StaticTracker]:
-    """Five targets: loaded, idle, down, stale, not an inference server; 5 min of history."""
+    """Six targets: loaded, idle, down, stale, not an inference server, and the
+    dcgm-exporter on the host of the first two (so they own its GPUs); 5 min of history."""
     loaded = Target.from_spec("10.0.0.5:8000", name="llama-70b-a")
     second = Target.from_spec("10.0.0.5:8001", name="llama-70b-b")
     down = Target.from_spec("10.0.0.6:8000")
     stale = Target.from_spec("10.0.0.7:30000", name="sglang-qwen")
     other = Target.from_spec("gw.internal:9090", name="gateway")
+    exporter = Target.from_spec("10.0.0.5:9400", name="ub20-a100-k8s")  # sorts last
     now = T0 + 300
     history = deque(_stats("meta-llama/Llama-3.3-70B", T0 + i * 5, i / 9, 20184) for i in range(61))
     history[-1].leak = LEAKING
@@ -178,6 +182,11 @@ def static_trackers() -> dict[str, StaticTracker]:
         ),
         other.url: StaticTracker(
             TargetState(other, "up", kind="unknown", last_attempt_t=now, last_good_t=now),
+            {},
+        ),
+        exporter.url: StaticTracker(
+            TargetState(exporter, "up", kind="dcgm", last_attempt_t=now, last_good_t=now,
+                        gpus=read_exposition(gpu_fixture(DCGM_MIG)).gpus),
             {},
         ),
     }

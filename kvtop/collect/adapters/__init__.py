@@ -1,17 +1,18 @@
 """Engine adapters: a parsed ``/metrics`` exposition -> :class:`ServerReading`.
 
 One cheap pass keeps only the samples some adapter wants (the union of their names), then
-the engine is recognised by which names are present.
+the engine is recognised by which names are present. GPU exporters (dcgm-exporter,
+nvidia_gpu_exporter) are recognised the same way and give GPUs instead of engines.
 """
 
 from __future__ import annotations
 
-from kvtop.collect.adapters import llamacpp, sglang, trtllm, vllm
+from kvtop.collect.adapters import dcgm, llamacpp, nvidia_gpu_exporter, sglang, trtllm, vllm
 from kvtop.collect.exposition import Exposition, parse
 from kvtop.collect.reading import ServerReading
 
 ADAPTERS = (("vllm:", vllm), ("sglang:", sglang), ("llamacpp:", llamacpp),
-            ("nv_trt_llm_", trtllm))
+            ("nv_trt_llm_", trtllm), ("DCGM_FI_", dcgm), ("nvidia_smi_", nvidia_gpu_exporter))
 WANTED = frozenset().union(*(module.NAMES for _, module in ADAPTERS))
 
 

@@ -1,4 +1,6 @@
-"""Under the table: the selected engine's key numbers, its KV sparkline and leak verdict."""
+"""Under the table: the selected engine's key numbers, its KV sparkline over the GPU memory
+sparkline of its GPUs (one time axis: the pool filling while nvidia-smi stays flat), and its
+leak verdict."""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ from textual.widgets import Static
 
 from kvtop.ui import format as fmt
 from kvtop.ui.fleet import LEAK_LEVEL, Cell, FleetRow
+from kvtop.ui.gpus import memory_points, memory_tail, memory_top
 
 if TYPE_CHECKING:
     from kvtop.derive.stats import EngineStats
     from kvtop.derive.tracker import TargetState
+
+GpuSeries = Sequence[tuple[float, "int | None", "int | None"]]  # (t, used, total) bytes
 
 
 def kv_points(
@@ -46,7 +51,9 @@ class EnginePanel(Static):
     _shown: Text | None = None
 
     def show(self, row: FleetRow | None, state: TargetState | None,
-             history: Sequence[EngineStats], now: float, span_s: float) -> None:
+             history: Sequence[EngineStats], now: float, span_s: float, *,
+             gpu_series: GpuSeries = (),
+             gpu_owned: tuple[int | None, int | None] | None = None) -> None:
         if row is None or state is None:
             self.border_title = "no engine selected"
             self._set(Text())
@@ -59,7 +66,7 @@ class EnginePanel(Static):
                                  ("  ", ""), _cell(row.cells["model"])))
             return
         self._set(Text("\n").join([
-            self._spark_line(stats, history, now, span_s),
+            *self._spark_lines(stats, history, now, span_s, gpu_series, gpu_owned),
             self._leak_line(row, stats),
             self._numbers_line(row, stats),
         ]))
@@ -83,14 +90,22 @@ class EnginePanel(Static):
         except KeyError:
             return ""
 
-    def _spark_line(self, stats: EngineStats, history: Sequence[EngineStats],
-                    now: float, span_s: float) -> Text:
+    def _spark_lines(self, stats: EngineStats, history: Sequence[EngineStats], now: float,
+                     span_s: float, gpu_series: GpuSeries,
+                     gpu_owned: tuple[int | None, int | None] | None) -> list[Text]:
+        """KV blocks used over GPU memory used, drawn on the same cells of the same span."""
         usage = fmt.kv_cell(stats.kv_usage, stats.blocks_used, stats.blocks_total)
-        tail = f" {usage} {fmt.percent(stats.kv_usage)}  last {fmt.age(span_s)}"
-        cells = max(self.content_size.width - 3 - len(tail), 0)
+        kv_tail = f" {usage} {fmt.percent(stats.kv_usage)}  last {fmt.age(span_s)}"
+        gpu_tail = memory_tail(gpu_owned)
+        cells = max(self.content_size.width - 4 - max(len(kv_tail), len(gpu_tail)), 0)
         points = kv_points(history, now, span_s, cells)
         top = float(stats.blocks_total or max((p for p in points if p), default=0.0))
-        return self._line(("KV ", "key"), (fmt.sparkline(points, top), "spark"), (tail, ""))
+        kv = self._line(("KV  ", "key"), (fmt.sparkline(points, top), "spark"), (kv_tail, ""))
+        if gpu_owned is None:
+            return [kv, self._line(("GPU ", "key"), (gpu_tail.lstrip(), "dim"))]
+        gpu_points = memory_points(gpu_series, now, span_s, cells)
+        spark = fmt.sparkline(gpu_points, memory_top(gpu_series, gpu_owned))
+        return [kv, self._line(("GPU ", "key"), (spark, "spark"), (gpu_tail, ""))]
 
     def _leak_line(self, row: FleetRow, stats: EngineStats) -> Text:
         verdict = stats.leak

@@ -71,6 +71,7 @@ class FleetTable(ScrollView, can_focus=True):
         self._strips: dict[tuple[str, bool], tuple[dict[str, Cell], Strip]] = {}
         self._header: Strip | None = None
         self._styles: dict[str, Style] = {}
+        self._gpu_column = False
 
     # -- what the app uses ----------------------------------------------------------------
 
@@ -99,10 +100,24 @@ class FleetTable(ScrollView, can_focus=True):
         self._scroll_to_cursor()
         self._refresh_changed(before)
 
+    @property
+    def columns_with_gpu(self) -> bool:
+        return self._gpu_column
+
+    def show_gpu_column(self, shown: bool) -> None:
+        """The optional GPU memory column: on once some server has a GPU of its own."""
+        if shown != self._gpu_column:
+            self._gpu_column = shown
+            self._fit_columns()
+
     # -- geometry -------------------------------------------------------------------------
 
     def on_resize(self, event: events.Resize) -> None:
-        columns = visible_columns(max(self.size.width - SCROLLBAR_W, 0))
+        self._fit_columns()
+
+    def _fit_columns(self) -> None:
+        width = max(self.size.width - SCROLLBAR_W, 0)
+        columns = visible_columns(width, gpu=self._gpu_column)
         if columns != self._columns:
             self._columns = columns
             self._forget_rendering()

@@ -1,0 +1,86 @@
+"""Progress while a rehearsal runs: one line kept up to date on a terminal (every second),
+a plain line a minute otherwise (logs, CI). Written to stderr; the report goes to stdout."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import TextIO
+
+from kvtop.load.driver import RequestRecord, RunClock
+from kvtop.rehearse.report import clock as hms
+from kvtop.rehearse.requests import RequestTable, quantile
+
+TTY_EVERY_S = 1.0  # wall seconds
+LINE_EVERY_S = 60.0
+RECENT_S = 60.0  # target seconds of answers behind "current" p50/p99
+CRITERIA_EVERY = 10  # refresh the criteria's states every this many terminal updates
+
+
+class Progress:
+    """Keeps the recent answers; ``run`` prints until cancelled."""
+
+    def __init__(self, stream: TextIO, clock: RunClock, duration_s: float,
+                 table: RequestTable | None, kv_usage: Callable[[], float | None],
+                 criteria: Callable[[], dict[str, str]]) -> None:
+        self.stream = stream
+        self.clock = clock
+        self.duration_s = duration_s
+        self.table = table
+        self.kv_usage = kv_usage
+        self.criteria = criteria
+        self.tty = stream.isatty()
+        self.load_start = 0.0
+        self._recent: deque[tuple[float, float]] = deque()
+        self._states: dict[str, str] = {}
+
+    def add(self, record: RequestRecord) -> None:
+        if record.status == "ok" and record.attempt == 1 and record.ttft_s is not None:
+            self._recent.append((self.clock.now(), record.ttft_s))
+
+    async def run(self) -> None:
+        every = TTY_EVERY_S if self.tty else LINE_EVERY_S
+        updates = 0
+        try:
+            while True:
+                await asyncio.sleep(every)
+                if updates % (CRITERIA_EVERY if self.tty else 1) == 0:
+                    self._states = self.criteria()
+                updates += 1
+                self._print(self.line())
+        finally:
+            if self.tty:
+                self.stream.write("\n")
+                self.stream.flush()
+
+    def line(self) -> str:
+        now = self.clock.now()
+        while self._recent and self._recent[0][0] < now - RECENT_S:
+            self._recent.popleft()
+        ttfts = [v for _, v in self._recent]
+        parts = [f"{hms(now - self.load_start)} / {hms(self.duration_s)}"]
+        if self.table is not None:
+            table = self.table
+            parts.append(f"{table.statuses['ok']} done, {table.failed} failed, "
+                         f"{table.statuses['dropped']} dropped")
+            parts.append(f"TTFT p50 {_ms(quantile(ttfts, 0.5))} p99 {_ms(quantile(ttfts, 0.99))}")
+        usage = self.kv_usage()
+        parts.append(f"KV {'-' if usage is None else f'{usage:.0%}'}")
+        if self._states:
+            parts.append(" ".join(f"{k} {v}" for k, v in self._states.items()))
+        return " | ".join(parts)
+
+    def _print(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _ms(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
