@@ -13,7 +13,8 @@ Part = tuple[int, list[tuple[str, str]]]
 
 
 class SummaryBar(Static):
-    """Hosts up, leak counts, fleet KV weighted by capacity, queue, and view settings."""
+    """Hosts up, leak counts, fleet KV weighted by capacity, queue, view settings, and
+    whether a recording is being written (and what went wrong with it)."""
 
     COMPONENT_CLASSES = {  # noqa: RUF012
         "summary--key", "summary--bad", "summary--flag", "summary--ok", "summary--warn",
@@ -28,6 +29,7 @@ class SummaryBar(Static):
         sort_label: str,
         filter_text: str,
         paused: bool,
+        recording: str | None = None,
     ) -> None:
         down = summary.hosts_up < summary.hosts_total
         parts: list[Part] = [
@@ -45,6 +47,9 @@ class SummaryBar(Static):
             parts.append((0, [("filter ", "key"), (repr(filter_text), "")]))
         if paused:
             parts.append((0, [("PAUSED", "flag")]))
+        if recording is not None:  # "" while recording well; else what went wrong
+            parts.append((0, [("REC ", "bad"), (recording, "bad")]) if recording
+                         else (3, [("REC", "key")]))
         text = self._assemble(_fit(parts, self.content_size.width or 200))
         if text != self._shown:  # one line, fixed height: repaint, no layout
             self._shown = text
