@@ -60,6 +60,10 @@ EQUIVALENTS = REPO / "scripts" / "mutation_equivalents.toml"
 # Pilot), which add minutes per mutant and no unit-level checks.
 ADAPTER_TESTS = ("tests/test_adapters.py", "tests/behaviour/test_vllm_adapter.py",
                  "tests/behaviour/test_other_adapters.py")
+# The fuzz test (tests/hostile/test_recording_fuzz.py, 80 s) is left out: per mutant it costs
+# more than the rest together, and test_recordings.py covers the same reader paths.
+STORE_TESTS = ("tests/test_recording.py", "tests/test_replay.py",
+               "tests/hostile/test_recordings.py", "tests/behaviour/test_store.py")
 MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/exposition.py": ("tests/test_exposition.py",
                                     "tests/test_exposition_properties.py"),
@@ -68,6 +72,14 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
     "kvtop/derive/quantiles.py": ("tests/test_derive.py", "tests/behaviour/test_quantiles.py"),
     "kvtop/derive/stats.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
+    "kvtop/headless/output.py": ("tests/behaviour/test_headless.py",),
+    "kvtop/headless/lifetime.py": ("tests/behaviour/test_headless.py",),
+    "kvtop/headless/snapshot.py": ("tests/behaviour/test_snapshot_json.py",
+                                   "tests/behaviour/test_headless.py"),
+    "kvtop/headless/snapshot_command.py": ("tests/behaviour/test_headless.py",),
+    "kvtop/headless/rules.py": ("tests/test_prometheus_unit.py", "tests/behaviour/test_rules.py"),
+    **{f"kvtop/store/{name}.py": STORE_TESTS
+       for name in ("format", "reader", "writer", "replay", "recording")},
     # the simulator is outside the restriction but on its list of modules to score
     "kvtop/sim/blocks.py": ("tests/sim/test_blocks.py", "tests/sim/test_engine.py",
                             "tests/behaviour/test_sim_blocks.py"),

@@ -28,7 +28,7 @@ def test_the_smallest_pool_has_one_usable_block() -> None:
     assert (pool.usable_blocks, pool.num_free_blocks) == (1, 1)
     (block,) = pool.allocate(1)
     assert pool.usage() == 1.0
-    with pytest.raises(ValueError, match="^cannot allocate 1 blocks, 0 free$"):
+    with pytest.raises(ValueError, match=r"^cannot allocate 1 blocks, 0 free$"):
         pool.allocate(1)
     pool.free_blocks([block])
     assert pool.usage() == 0.0
