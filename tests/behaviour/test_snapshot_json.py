@@ -83,6 +83,7 @@ def test_target_entry_of_a_read_server() -> None:
         "target": "http://127.0.0.1:8000/metrics", "name": None, "label": "127.0.0.1:8000",
         "status": "up", "error": None, "server": {"kind": "vllm", "version": "0.33.0"},
         "last_good_age_s": 2.25, "restarted_at": None, "notes": [],
+        "engines_over_cap": 0, "impossible_values": 0,
     }
     assert [(e["model"], e["engine"]) for e in entry["engines"]] == [("twin-llama", "0")]
 

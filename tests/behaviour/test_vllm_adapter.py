@@ -150,7 +150,7 @@ def test_each_data_parallel_engine_gets_its_own_cache_config() -> None:
                                   "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                                   "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"])
 def test_an_engine_is_recognised_from_any_of_its_core_series(name: str) -> None:
-    reading = read_exposition(f'{name}{{engine="0",model_name="m"}} 3.0\n')
+    reading = read_exposition(f'{name}{{engine="0",model_name="m"}} 0.5\n')
     assert [(e.model, e.engine) for e in reading.engines] == [("m", "0")]
     assert reading.notes == []
 
