@@ -69,9 +69,26 @@ MODULES: dict[str, tuple[str, ...]] = {
                                     "tests/test_exposition_properties.py"),
     **{f"kvtop/collect/adapters/{name}.py": ADAPTER_TESTS
        for name in ("__init__", "common", "vllm", "sglang", "llamacpp", "trtllm")},
+    # the poller and its HTTP client are reached through real servers on 127.0.0.1
+    **{f"kvtop/collect/{name}.py": ("tests/test_poller.py", "tests/test_poller_narrow.py",
+                                    "tests/hostile/test_bodies.py",
+                                    "tests/behaviour/test_poller.py")
+       for name in ("poller", "http")},
+    "kvtop/collect/prometheus.py": ("tests/test_prometheus_unit.py",
+                                    "tests/test_prometheus_windows.py",
+                                    "tests/hostile/test_prometheus_answers.py"),
+    "kvtop/collect/target.py": ("tests/test_poller.py", "tests/test_cli.py"),
+    **{f"kvtop/collect/adapters/{name}.py": ("tests/test_gpu_adapters.py",)
+       for name in ("dcgm", "nvidia_gpu_exporter")},
     "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
     "kvtop/derive/quantiles.py": ("tests/test_derive.py", "tests/behaviour/test_quantiles.py"),
     "kvtop/derive/stats.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
+    **{f"kvtop/derive/{name}.py": ("tests/test_leak.py", "tests/behaviour/test_leak.py")
+       for name in ("leak", "leak_estimate")},
+    "kvtop/derive/tracker.py": ("tests/test_derive.py", "tests/behaviour/test_tracker.py"),
+    "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py",),
+    "kvtop/config.py": ("tests/test_config.py",),
+    "kvtop/headless/check_command.py": ("tests/test_check.py", "tests/test_prometheus_unit.py"),
     "kvtop/headless/output.py": ("tests/behaviour/test_headless.py",),
     "kvtop/headless/lifetime.py": ("tests/behaviour/test_headless.py",),
     "kvtop/headless/snapshot.py": ("tests/behaviour/test_snapshot_json.py",
