@@ -59,7 +59,7 @@ EQUIVALENTS = REPO / "scripts" / "mutation_equivalents.toml"
 # behaviour tests written for it; never the slow tiers (twin, tmux, real Prometheus, Textual
 # Pilot), which add minutes per mutant and no unit-level checks.
 ADAPTER_TESTS = ("tests/test_adapters.py", "tests/behaviour/test_vllm_adapter.py",
-                 "tests/behaviour/test_other_adapters.py")
+                 "tests/behaviour/test_other_adapters.py", "tests/behaviour/test_plausible.py")
 # The fuzz test (tests/hostile/test_recording_fuzz.py, 80 s) is left out: per mutant it costs
 # more than the rest together, and test_recordings.py covers the same reader paths.
 STORE_TESTS = ("tests/test_recording.py", "tests/test_replay.py",
@@ -68,7 +68,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/exposition.py": ("tests/test_exposition.py",
                                     "tests/test_exposition_properties.py"),
     **{f"kvtop/collect/adapters/{name}.py": ADAPTER_TESTS
-       for name in ("__init__", "common", "vllm", "sglang", "llamacpp", "trtllm")},
+       for name in ("__init__", "common", "vllm", "sglang", "llamacpp", "trtllm", "plausible")},
     # the poller and its HTTP client are reached through real servers on 127.0.0.1
     **{f"kvtop/collect/{name}.py": ("tests/test_poller.py", "tests/test_poller_narrow.py",
                                     "tests/hostile/test_bodies.py",
