@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvtop.collect.adapters import read_exposition
+from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.reading import EngineReading, ServerReading
 
 OLD_HELP_BLOCKS = ("# HELP vllm:gpu_prefix_cache_queries GPU prefix cache queries, in terms of "
@@ -103,6 +104,22 @@ def test_capacity_labels_of_none_or_zero_are_unknown_not_numbers() -> None:
     assert (e.blocks_total, e.block_size, e.tokens_total) == (None, None, None)
     e = only(read_exposition(v1_08('block_size="1",num_gpu_blocks="1000"')))
     assert (e.block_size, e.tokens_total) == (1, 1000)
+
+
+@pytest.mark.parametrize("blocks", ["inf", "1e308", "9" * 50])
+def test_a_capacity_no_pool_has_refuses_the_answer_and_names_the_label(blocks: str) -> None:
+    reading = read_exposition(v1_08(f'block_size="16",num_gpu_blocks="{blocks}"'))
+    assert reading.engines == []
+    assert reading.refused == (f"vllm:cache_config_info num_gpu_blocks={blocks[:40]!r} is not "
+                               "a usable count")
+
+
+def test_engines_past_the_cap_are_counted_and_said() -> None:
+    body = "".join(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1.0\n'
+                   for i in range(MAX_ENGINES + 7))
+    reading = read_exposition(body)
+    assert len(reading.engines) == MAX_ENGINES and reading.engines_over_cap == 7
+    assert any(note.startswith(f"too many engines: {MAX_ENGINES + 7}") for note in reading.notes)
 
 
 def test_the_servers_own_token_capacity_wins_over_blocks_times_block_size() -> None:
@@ -209,8 +226,10 @@ def test_v0_hit_rate_of_zero_is_caching_on_with_no_hits_yet() -> None:
 
 
 def test_v0_hit_rate_of_minus_one_is_caching_off() -> None:
-    e = only(read_exposition(v0("-1.0")))
+    reading = read_exposition(v0("-1.0"))
+    e = only(reading)
     assert (e.prefix_caching, e.reported_hit_rate) == (False, None)
+    assert (reading.impossible_values, reading.notes) == (0, [])  # -1 is a setting, not a fault
 
 
 # --- finish reasons and latency ----------------------------------------------------------
