@@ -213,6 +213,10 @@ def run_mutmut(module: str, jobs: int, fresh: bool, survivors_only: bool = False
     ws = prepare(module, fresh)
     if not has_functions(module) or not names:
         return 0
+    if not survivors_only:
+        # mutmut reuses its map of which tests reach which function and extends it only for
+        # new tests: after the module changed, a new function would have "no tests"
+        (ws / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--mutmut", "run",
                "--max-children", str(jobs), *names]
     env = {**os.environ, "KVTOP_TWIN": "0", "PYTHONDONTWRITEBYTECODE": "1"}
