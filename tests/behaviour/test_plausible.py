@@ -119,3 +119,21 @@ def test_the_note_names_three_and_counts_the_rest() -> None:
     assert reading.impossible_values == 5
     [note] = reading.notes
     assert note.count("m/0: ") == 3 and note.endswith(" and 2 more")
+
+
+# NaN and ±Inf are "no value" (the series is left out), never an impossible value
+
+@pytest.mark.parametrize("odd", ["NaN", "+Inf", "-Inf"])
+def test_a_rank_without_a_value_does_not_hide_the_others(odd: str) -> None:
+    reading = vllm(f'vllm:kv_cache_usage_perc{{{ENGINE},rank="0"}} {odd}',
+                   f'vllm:kv_cache_usage_perc{{{ENGINE},rank="1"}} 0.5')
+    assert engine_of(reading).kv_usage == 0.5
+    assert (reading.impossible_values, reading.notes) == (0, [])
+
+
+@pytest.mark.parametrize("odd", ["NaN", "+Inf", "-Inf"])
+def test_a_finished_series_without_a_value_leaves_the_reasons_others(odd: str) -> None:
+    reading = vllm(f'vllm:request_success_total{{{ENGINE},finished_reason="stop",api="a"}} 5',
+                   f'vllm:request_success_total{{{ENGINE},finished_reason="stop",api="b"}} {odd}')
+    assert engine_of(reading).finished_total == {"stop": 5.0}
+    assert (reading.impossible_values, reading.notes) == (0, [])
