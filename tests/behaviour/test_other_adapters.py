@@ -187,6 +187,15 @@ def test_rows_are_ordered_by_model_then_engine_number() -> None:
     assert [e.model for e in read_exposition(text).engines] == [None, "B", "Qwen"]
 
 
+def test_engine_numbers_sort_as_numbers_up_to_18_digits_and_longer_ones_as_text() -> None:
+    # past 18 digits a name is no engine index (and int() of thousands of digits is slow)
+    long18, long19 = "1" + "0" * 17, "1" + "0" * 18
+    lines = [f'vllm:num_requests_running{{engine="{engine}",model_name="m"}} 1'
+             for engine in ("10", long19, long18, "9", "x")]
+    reading = read_exposition("\n".join(lines) + "\n")
+    assert [e.engine for e in reading.engines] == [long19, "x", "9", "10", long18]
+
+
 def test_a_gauge_in_several_series_is_the_largest_whatever_their_order() -> None:
     text = ('sglang:token_usage{model_name="q",tp_rank="0"} 0.7\n'
             'sglang:token_usage{model_name="q",tp_rank="1"} 0.2\n'

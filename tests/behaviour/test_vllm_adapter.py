@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvtop.collect.adapters import read_exposition
-from kvtop.collect.adapters.common import MAX_ENGINES
+from kvtop.collect.adapters.common import MAX_COUNT, MAX_ENGINES
 from kvtop.collect.reading import EngineReading, ServerReading
 
 OLD_HELP_BLOCKS = ("# HELP vllm:gpu_prefix_cache_queries GPU prefix cache queries, in terms of "
@@ -112,6 +112,11 @@ def test_a_capacity_no_pool_has_refuses_the_answer_and_names_the_label(blocks: s
     assert reading.engines == []
     assert reading.refused == (f"vllm:cache_config_info num_gpu_blocks={blocks[:40]!r} is not "
                                "a usable count")
+
+
+def test_the_largest_capacity_taken_is_2_to_the_40() -> None:
+    e = only(read_exposition(v1_08(f'block_size="1",num_gpu_blocks="{MAX_COUNT}"')))
+    assert e.blocks_total == MAX_COUNT
 
 
 def test_engines_past_the_cap_are_counted_and_said() -> None:
