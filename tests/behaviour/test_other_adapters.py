@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvtop.collect.adapters import WANTED, llamacpp, names_for, read_exposition, sglang, vllm
+from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.reading import EngineReading, ServerReading
 
 
@@ -254,3 +255,31 @@ def test_a_broken_line_in_a_metric_kvtop_does_not_read_is_not_held_against_the_s
 def test_a_narrowed_read_asks_for_the_names_of_the_recognised_server(body: str,
                                                                       names: frozenset) -> None:
     assert names_for(body) == names
+
+
+# --- values no pool has, and more engines than kvtop shows ----------------------------------
+
+@pytest.mark.parametrize(("text", "refused"), [
+    ('sglang:num_running_reqs{model_name="q"} 1\nsglang:max_total_num_tokens{model_name="q"} '
+     "1e300\n", "sglang:max_total_num_tokens is not a usable count"),
+    (trt("t", max=float("inf"), used=1.0), "nv_trt_llm_kv_cache_block_metrics max=inf is not a "
+                                           "usable count"),
+    (trt("t", max=100.0, tokens_per=1e300), "nv_trt_llm_kv_cache_block_metrics "
+                                            "tokens_per=1e+300 is not a usable count"),
+])
+def test_a_capacity_no_pool_has_refuses_the_answer_and_names_it(text: str, refused: str) -> None:
+    reading = read_exposition(text)
+    assert reading.engines == [] and reading.refused == refused
+
+
+@pytest.mark.parametrize("kind", ["sglang", "trtllm"])
+def test_engines_past_the_cap_are_counted(kind: str) -> None:
+    count = MAX_ENGINES + 3
+    if kind == "sglang":
+        text = "".join(f'sglang:num_running_reqs{{model_name="q",dp_rank="{i}"}} 1\n'
+                       for i in range(count))
+    else:
+        text = "".join(trt(f"model-{i}", max=10.0) for i in range(count))
+    reading = read_exposition(text)
+    assert (reading.kind, len(reading.engines), reading.engines_over_cap) == (
+        kind, MAX_ENGINES, 3)
