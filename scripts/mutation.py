@@ -87,7 +87,7 @@ MODULES: dict[str, tuple[str, ...]] = {
        for name in ("leak", "leak_estimate")},
     "kvtop/derive/tracker.py": ("tests/test_derive.py", "tests/behaviour/test_tracker.py"),
     "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py",),
-    "kvtop/config.py": ("tests/test_config.py",),
+    "kvtop/config.py": ("tests/test_config.py", "tests/behaviour/test_config.py"),
     "kvtop/headless/check_command.py": ("tests/test_check.py", "tests/test_prometheus_unit.py"),
     "kvtop/headless/output.py": ("tests/behaviour/test_headless.py",),
     "kvtop/headless/lifetime.py": ("tests/behaviour/test_headless.py",),
