@@ -59,7 +59,8 @@ EQUIVALENTS = REPO / "scripts" / "mutation_equivalents.toml"
 # behaviour tests written for it; never the slow tiers (twin, tmux, real Prometheus, Textual
 # Pilot), which add minutes per mutant and no unit-level checks.
 ADAPTER_TESTS = ("tests/test_adapters.py", "tests/behaviour/test_vllm_adapter.py",
-                 "tests/behaviour/test_other_adapters.py", "tests/behaviour/test_plausible.py")
+                 "tests/behaviour/test_other_adapters.py", "tests/behaviour/test_plausible.py",
+                 "tests/behaviour/test_adapt.py")
 # The fuzz test (tests/hostile/test_recording_fuzz.py, 80 s) is left out: per mutant it costs
 # more than the rest together, and test_recordings.py covers the same reader paths.
 STORE_TESTS = ("tests/test_recording.py", "tests/test_replay.py",
