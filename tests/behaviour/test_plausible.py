@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvtop.collect.adapters import read_exposition
+from kvtop.collect.adapters.plausible import MAX_VALUE, SLACK
 from kvtop.collect.reading import ServerReading
 
 ENGINE = 'engine="0",model_name="m"'
@@ -48,7 +49,7 @@ def test_a_usage_outside_0_to_1_is_left_out_and_named(usage: float) -> None:
 def test_a_negative_or_huge_count_is_left_out(line: str, field: str, why: str) -> None:
     reading = vllm(line)
     assert getattr(engine_of(reading), field) is None
-    assert reading.impossible_values == 1 and why in reading.notes[0]
+    assert reading.impossible_values == 1 and reading.notes[0].endswith(f" ({why})")
 
 
 def test_counts_at_zero_and_at_the_largest_exact_float_are_kept() -> None:
@@ -57,6 +58,18 @@ def test_counts_at_zero_and_at_the_largest_exact_float_are_kept() -> None:
     engine = engine_of(reading)
     assert (engine.waiting, engine.prompt_tokens_total) == (0, 2.0**53)
     assert reading.impossible_values == 0
+
+
+def test_a_finished_count_at_the_largest_exact_float_is_kept() -> None:
+    reading = vllm(f'vllm:request_success_total{{{ENGINE},finished_reason="stop"}} {MAX_VALUE!r}')
+    assert engine_of(reading).finished_total == {"stop": MAX_VALUE}
+
+
+def test_a_nan_a_server_sends_directly_is_no_value_and_not_counted() -> None:
+    # llama.cpp's values are read as sent (one series each): NaN reaches the check
+    reading = read_exposition("llamacpp:requests_processing 1\nllamacpp:kv_cache_usage_ratio NaN\n")
+    assert engine_of(reading).kv_usage is None
+    assert (reading.impossible_values, reading.notes) == (0, [])
 
 
 def test_finished_requests_per_reason_keep_the_possible_ones() -> None:
@@ -76,6 +89,12 @@ def prefix(queries: float, hits: float) -> ServerReading:
 def test_as_many_prefix_hits_as_queries_is_a_full_hit_rate() -> None:
     engine = engine_of(prefix(100.0, 100.0))
     assert (engine.prefix_queries_total, engine.prefix_hits_total) == (100.0, 100.0)
+
+
+def test_prefix_hits_a_rounding_above_the_queries_are_kept() -> None:
+    hits = 1e6 * (1 + SLACK)
+    reading = prefix(1e6, hits)
+    assert engine_of(reading).prefix_hits_total == hits and reading.impossible_values == 0
 
 
 def test_more_prefix_hits_than_queries_leaves_the_cache_counters_out() -> None:
@@ -98,11 +117,21 @@ def test_a_histogram_whose_buckets_never_go_down_is_kept() -> None:
     assert engine.ttft is not None and engine.ttft.count == 3
 
 
+@pytest.mark.parametrize("lines", [
+    histogram(("0.1", 0), ("+Inf", 0), count=0, total=0),  # nothing observed yet
+    histogram(("0.1", 0), ("+Inf", MAX_VALUE), count=MAX_VALUE, total=MAX_VALUE),
+])
+def test_a_histogram_at_the_edges_of_possible_is_kept(lines: list[str]) -> None:
+    reading = vllm(*lines)
+    assert engine_of(reading).ttft is not None and reading.impossible_values == 0
+
+
 @pytest.mark.parametrize(("lines", "why"), [
     (histogram(("0.1", 2), ("1", 1), ("+Inf", 3)), "cumulative buckets go down, 2 then 1 at le=1"),
     (histogram(("0.1", -1), ("+Inf", 3)), "a bucket count of -1"),
     (histogram(("0.1", 1), ("+Inf", 3), count=-3), "a count of -3"),
     (histogram(("0.1", 1), ("+Inf", 3), total=-0.5), "a sum of -0.5"),
+    (histogram(("NaN", 1), ("+Inf", 3)), "a bucket bound that is not a number"),
 ])
 def test_a_histogram_no_server_can_have_is_left_out_whole(lines: list[str], why: str) -> None:
     reading = vllm(*lines)
