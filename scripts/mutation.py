@@ -67,7 +67,8 @@ STORE_TESTS = ("tests/test_recording.py", "tests/test_replay.py",
                "tests/hostile/test_recordings.py", "tests/behaviour/test_store.py")
 MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/exposition.py": ("tests/test_exposition.py",
-                                    "tests/test_exposition_properties.py"),
+                                    "tests/test_exposition_properties.py",
+                                    "tests/behaviour/test_exposition.py"),
     **{f"kvtop/collect/adapters/{name}.py": ADAPTER_TESTS
        for name in ("__init__", "common", "vllm", "sglang", "llamacpp", "trtllm", "plausible")},
     # the poller and its HTTP client are reached through real servers on 127.0.0.1
