@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from kvtop.collect.exposition import Exposition, Sample, parse, to_text
+from kvtop.collect.exposition import MAX_ERRORS, Exposition, Sample, parse, to_text
 
 
 def test_odd_values_are_written_as_prometheus_spells_them() -> None:
@@ -59,3 +59,33 @@ def test_help_text_of_any_length_is_read(length: int) -> None:
     for keep in (None, {"g"}):
         expo = parse(f"# HELP g {text}\n# TYPE g gauge\ng 1\n", keep=keep)
         assert (expo.helps.get("g"), expo.types.get("g")) == (text, "gauge")
+
+
+def test_a_malformed_line_is_named_by_its_line_number_in_a_full_and_a_narrowed_read() -> None:
+    body = "# HELP g A gauge.\ng 1\n\nh 2\ng{x=\"1\" 3\ng{x=\"2\"} four\n"
+    for keep in (None, {"g"}):
+        expo = parse(body, keep=keep)
+        assert [(e.line_no, e.text) for e in expo.errors] == [(5, 'g{x="1" 3'),
+                                                               (6, 'g{x="2"} four')]
+
+
+def test_up_to_the_error_limit_the_good_lines_are_read() -> None:
+    body = "g 1\n" + "g{ 1\n" * MAX_ERRORS
+    expo = parse(body)
+    assert expo.refused is None and len(expo.errors) == MAX_ERRORS
+    assert [s.value for s in expo.samples] == [1.0]
+
+
+def test_past_the_error_limit_the_body_is_not_prometheus_text() -> None:
+    body = "g 1\nfirst bad line\n" + "g{ 1\n" * MAX_ERRORS
+    expo = parse(body)
+    assert expo.samples == []
+    assert expo.refused is not None
+    assert expo.refused.startswith(f"more than {MAX_ERRORS:,} malformed lines (the first, line 2: ")
+    assert expo.refused.endswith("): not Prometheus text")
+
+
+def test_series_of_a_name_not_sent_is_empty_and_names_lists_what_was() -> None:
+    expo = parse('a 1\nb{x="1"} 2\nb{x="2"} 3\n')
+    assert expo.series("c") == [] and [s.value for s in expo.series("b")] == [2.0, 3.0]
+    assert expo.names() == {"a", "b"}
