@@ -210,8 +210,33 @@ def _survivors(module: str) -> list[str]:
     return [name for name in result.missed if "__mutmut_" in name]
 
 
+def _meta(module: str) -> Path:
+    return workspace(module) / "mutants" / (module + ".meta")
+
+
+def _exit_codes(module: str) -> dict[str, int | None]:
+    meta = _meta(module)
+    return json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+
+
+def _keep_earlier_results(module: str, earlier: dict[str, int | None], rerun: set[str]) -> None:
+    """mutmut forgets every result when it re-creates the mutants (new tests do that): put
+    back those of the mutants not rerun. Sound only while the module is unchanged, which is
+    what --survivors is for (tests added since the last run)."""
+    meta = _meta(module)
+    if not meta.exists():
+        return
+    data = json.loads(meta.read_text())
+    codes = data["exit_code_by_key"]
+    for name, code in earlier.items():
+        if name in codes and name not in rerun and codes[name] is None:
+            codes[name] = code
+    meta.write_text(json.dumps(data))
+
+
 def run_mutmut(module: str, jobs: int, fresh: bool, survivors_only: bool = False) -> int:
     names = _survivors(module) if survivors_only and not fresh else [f"{dotted(module)}.x*"]
+    earlier = _exit_codes(module) if survivors_only and not fresh else {}
     ws = prepare(module, fresh)
     if not has_functions(module) or not names:
         return 0
@@ -222,7 +247,10 @@ def run_mutmut(module: str, jobs: int, fresh: bool, survivors_only: bool = False
     command = [sys.executable, str(Path(__file__).resolve()), "--mutmut", "run",
                "--max-children", str(jobs), *names]
     env = {**os.environ, "KVTOP_TWIN": "0", "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run(command, cwd=ws, env=env, check=False).returncode
+    code = subprocess.run(command, cwd=ws, env=env, check=False).returncode
+    if earlier:
+        _keep_earlier_results(module, earlier, set(names))
+    return code
 
 
 # --- the constants pass: what mutmut does not mutate ------------------------------------------
@@ -403,7 +431,7 @@ def collect(module: str, equivalents: list[dict[str, str]], used: set[int]) -> M
 
     ws = workspace(module)
     result = ModuleResult(module)
-    meta = ws / "mutants" / (module + ".meta")
+    meta = _meta(module)
     if meta.exists():
         exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
         result.statuses = {name: status_by_exit_code[code] for name, code in exit_codes.items()}
