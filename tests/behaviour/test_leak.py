@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from kvtop.derive.leak import LeakDetector, LeakParams, LeakVerdict
-from kvtop.derive.leak_estimate import LoadPoint, fit_leak, leaked_now
+from kvtop.derive.leak_estimate import LeakFit, LoadPoint, fit_leak, leaked_now
 from kvtop.derive.stats import EngineStats
 
 T0 = 1_700_000_040.0  # on a minute: buckets start with the series
@@ -191,3 +191,20 @@ def test_noise_is_never_taken_for_a_lump() -> None:
         lag_h = statistics.fmean(now - t for t in fit.times[-4:]) / 3600
         plain = statistics.fmean(fit.leaked[-4:]) + max(fit.slope_per_h, 0.0) * lag_h
         assert leaked_now(fit, now, 4) == pytest.approx(plain), seed
+
+
+@pytest.mark.parametrize(("recent", "jump", "lump"), [
+    (4, 33.0, True), (4, 29.0, False),  # 2 against 2 buckets: sigma x sqrt(1/2 + 1/2) = 10
+    (6, 27.0, True), (6, 23.0, False),  # 3 against 3: 10 x sqrt(2/3) = 8.2
+    (2, 45.0, True), (2, 40.0, False),  # 1 against 1: 10 x sqrt(2) = 14.1
+])
+def test_a_lump_is_a_jump_above_three_standard_errors_of_the_noise(recent: int, jump: float,
+                                                                  lump: bool) -> None:
+    # buckets whose leak is flat, then the newer half of the recent ones `jump` higher; the
+    # noise of one bucket is 10 blocks: a lump counts at once, noise is averaged away
+    half = recent // 2
+    leaked = (0.0,) * 10 + (jump,) * half
+    fit = LeakFit(change_t=0.0, slope_per_h=0.0, leaked=leaked,
+                  times=tuple(60.0 * i for i in range(len(leaked))), noise=10.0)
+    expected = jump if lump else jump * half / recent
+    assert leaked_now(fit, fit.times[-1], recent) == pytest.approx(expected)
