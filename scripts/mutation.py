@@ -187,10 +187,6 @@ def prepare(module: str, fresh: bool) -> Path:
         link = ws / name
         if not link.is_symlink():
             link.symlink_to(REPO / name)
-    # tests/paths.py finds shared fixtures beside the checkout; mirror that layout if it exists
-    shared = REPO.parent / "shared"
-    if shared.is_dir() and not (ws / "shared").is_symlink():
-        (ws / "shared").symlink_to(shared)
     # the test tree is copied afresh so removed or renamed tests cannot linger
     shutil.rmtree(ws / "mutants" / "tests", ignore_errors=True)
     (ws / "pyproject.toml").write_text(_config(module, MODULES[module]))
