@@ -15,12 +15,14 @@ from kvtop.collect.target import Scrape, Secret, Target
 from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import EngineKey, TargetState
+from kvtop.store.recording import RecordingWriter
 from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.ui.widgets.fleet_table import FleetTable
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_source import FakeSource
 from tests.gpu_fixtures import DCGM_MIG, gpu_fixture
 from tests.paths import fixture_text
+from tests.waiting import DEADLINE_S
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 TOKEN = "sekrit-token-do-not-leak"
@@ -59,10 +61,12 @@ def live_app(
     return app, source
 
 
-async def until(pilot: Pilot, ready: Callable[[], object], timeout_s: float = 10.0) -> bool:
+async def until(pilot: Pilot, ready: Callable[[], object],
+                timeout_s: float = DEADLINE_S) -> bool:
     """Whether ``ready()`` turns true within ``timeout_s``, checked between short pauses.
     A loaded CI machine takes its time to fold a scrape, push a screen or lay out a table:
-    a fixed pause there makes a flaky test. A check that raises (no screen yet) is not ready."""
+    a fixed pause there makes a flaky test. A check that raises (no screen yet) is not ready.
+    (tests.waiting.eventually does the same and fails itself, saying what it waited for.)"""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -75,7 +79,7 @@ async def until(pilot: Pilot, ready: Callable[[], object], timeout_s: float = 10
         await pilot.pause(0.05)
 
 
-async def screen_shows(pilot: Pilot, text: str, timeout_s: float = 10.0) -> bool:
+async def screen_shows(pilot: Pilot, text: str, timeout_s: float = DEADLINE_S) -> bool:
     """Whether the painted screen shows ``text`` within ``timeout_s``."""
     return await until(
         pilot, lambda: text in pilot.app.export_screenshot().replace("&#160;", " "), timeout_s
@@ -88,6 +92,17 @@ async def live_data_shown(pilot: Pilot) -> bool:
     assert isinstance(app, KvtopApp)
     return await until(pilot, lambda: {r["name"]: r["status"] for r in table_rows(app)}.get(
         "10.0.0.5:8000") == "up" and len(table_rows(app)) == len(LIVE_TARGETS))
+
+
+def write_recording(path: Path, seconds: int = 300) -> Path:
+    """A recording of two hosts every 5 s: one loaded, one idle with 828 of 1000 blocks held
+    (a leak: the detector says LEAK after a minute of it)."""
+    loaded, idle = fixture_text(UNDER_LOAD), fixture_text(LEAKING_IDLE)
+    with RecordingWriter(path, interval_s=5.0, targets=[HOST_A, HOST_B]) as writer:
+        for t in range(0, seconds, 5):
+            writer.write(Scrape(HOST_A, T0 + t, loaded))
+            writer.write(Scrape(HOST_B, T0 + t, idle))
+    return path
 
 
 def table_rows(app: KvtopApp) -> list[dict[str, str]]:
