@@ -81,7 +81,8 @@ def test_target_entry_of_a_read_server() -> None:
     entry = target_json(tracker.state, now=102.25)
     assert {k: v for k, v in entry.items() if k != "engines"} == {
         "target": "http://127.0.0.1:8000/metrics", "name": None, "label": "127.0.0.1:8000",
-        "status": "up", "error": None, "server": {"kind": "vllm", "version": "0.33.0"},
+        "status": "up", "error": None,
+        "server": {"kind": "vllm", "version": "0.33.0", "version_inferred": False},
         "last_good_age_s": 2.25, "restarted_at": None, "notes": [],
         "engines_over_cap": 0, "impossible_values": 0,
     }
@@ -91,7 +92,7 @@ def test_target_entry_of_a_read_server() -> None:
 def test_a_target_never_read_is_down_with_no_age_and_unknown_server() -> None:
     entry = target_json(TargetState(target=TARGET), now=5.0)
     assert (entry["status"], entry["last_good_age_s"], entry["server"]) == (
-        "down", None, {"kind": "unknown", "version": None})
+        "down", None, {"kind": "unknown", "version": None, "version_inferred": False})
     assert entry["engines"] == []
 
 
