@@ -1,0 +1,111 @@
+"""Headless commands as a script runs them, in this process (so the mutation runs see them):
+JSON unless a person is at a terminal, the exit code of ``kvtop snapshot``, a long command
+stopped by SIGTERM or its duration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import signal
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kvtop.collect.target import Target
+from kvtop.headless.lifetime import stop_event
+from kvtop.headless.output import emit, json_number
+from kvtop.headless.snapshot_command import (
+    EXIT_OK,
+    EXIT_UNREADABLE,
+    collect_states,
+    print_snapshot,
+    snapshot_exit_code,
+)
+from tests.faultserver import FaultServer, closed_port, fixture
+
+
+def test_json_for_a_script_text_for_a_person(capsys: pytest.CaptureFixture[str]) -> None:
+    shown: list[dict[str, Any]] = []
+    document = {"kvtop_snapshot": 1, "x": [1, 2]}
+    emit(document, None, shown.append)  # stdout is a pipe here: JSON
+    out = capsys.readouterr().out
+    assert json.loads(out) == document and out.endswith("}\n") and "\n  " in out  # indented
+    emit(document, True, shown.append)
+    assert json.loads(capsys.readouterr().out) == document
+    emit(document, False, shown.append)
+    assert capsys.readouterr().out == "" and shown == [document]
+
+
+def test_json_numbers_are_rounded_and_never_nan_or_infinite() -> None:
+    assert json_number(0.123456789) == 0.123457
+    assert json_number(12.3456, 1) == 12.3
+    assert [json_number(v) for v in (None, math.nan, math.inf, -math.inf)] == [None] * 4
+    assert json_number(0.0) == 0.0
+
+
+async def test_a_long_command_stops_after_its_duration() -> None:
+    stop = stop_event(0.05)
+    assert not stop.is_set()
+    await asyncio.wait_for(stop.wait(), timeout=30)
+
+
+@pytest.fixture
+async def sigterm_not_fatal() -> AsyncIterator[list[int]]:
+    """SIGTERM handled by the test itself unless something installs its own handler."""
+    reached: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: reached.append(signum))
+    yield reached
+    asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, previous)
+
+
+async def test_sigterm_stops_a_long_command(sigterm_not_fatal: list[int]) -> None:
+    stop = stop_event(None)
+    signal.raise_signal(signal.SIGTERM)
+    await asyncio.wait_for(stop.wait(), timeout=30)
+    assert sigterm_not_fatal == []  # the command's handler had it, not the default
+
+
+async def test_snapshot_reads_twice_for_rates_and_exits_0_when_all_are_up(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    async with FaultServer() as server:
+        target = Target.from_spec(server.url())
+        states = await collect_states([target], samples=2, interval_s=2.0, timeout_s=10,
+                                      insecure=False)
+    assert server.hits == 2
+    [state] = states
+    # the window is the reads' interval (2 s) less the load-dependent latency
+    assert state.status == "up" and state.engines[0].window_s >= 1.0
+    assert print_snapshot(states, as_json=True, with_gpus=False) == EXIT_OK
+    document = json.loads(capsys.readouterr().out)
+    [entry] = document["targets"]
+    assert entry["status"] == "up" and entry["engines"][0]["rates"]["window_s"] > 0
+    assert document["gpu_sources"] == []  # --no-gpu: NVML was not asked
+
+
+async def test_one_unreadable_target_makes_the_exit_code_3(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    async with FaultServer() as server:
+        targets = [Target.from_spec(server.url()),
+                   Target.from_spec(f"127.0.0.1:{closed_port()}")]
+        states = await collect_states(targets, samples=1, interval_s=0.05, timeout_s=10,
+                                      insecure=False)
+    assert [s.status for s in states] == ["up", "down"]
+    assert snapshot_exit_code(states) == EXIT_UNREADABLE == 3
+    assert snapshot_exit_code(states[:1]) == EXIT_OK == 0
+    assert print_snapshot(states, as_json=True, with_gpus=False) == 3
+    assert [t["status"] for t in json.loads(capsys.readouterr().out)["targets"]] == [
+        "up", "down"]
+
+
+async def test_one_read_gives_values_but_no_rates_and_no_wait() -> None:
+    started = time.monotonic()
+    async with FaultServer(bodies=[fixture()]) as server:
+        states = await collect_states([Target.from_spec(server.url())], samples=1,
+                                      interval_s=60.0, timeout_s=10, insecure=False)
+    assert time.monotonic() - started < 30  # no interval after the last read
+    assert server.hits == 1
+    assert states[0].engines[0].running == 30 and states[0].engines[0].window_s is None

@@ -1,0 +1,210 @@
+"""The leak detector's verdicts as a person watching a server relies on them, on constructed
+series (one scrape every 10 s, a steady load unless said): what counts as blocks held at
+idle, that a rising floor is WATCH before it is LEAK, how long a verdict outlives its
+evidence, and that it ends. Thresholds are read from LeakParams, never restated."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable
+
+import pytest
+
+from kvtop.derive.leak import LeakDetector, LeakParams, LeakVerdict
+from kvtop.derive.leak_estimate import LeakFit, LoadPoint, fit_leak, leaked_now
+from kvtop.derive.stats import EngineStats
+
+T0 = 1_700_000_040.0  # on a minute: buckets start with the series
+STEP = 10
+
+
+def scrape(t: float, used: float, *, total: int = 1000, running: float = 5.0,
+           waiting: float = 0.0) -> EngineStats:
+    """One scrape of an engine under a steady load (requests finishing, tokens flowing)."""
+    return EngineStats(model="m", engine="0", t=T0 + t, blocks_total=total, blocks_used=used,
+                       kv_usage=used / total, running=running, waiting=waiting, window_s=STEP,
+                       prompt_tps=500.0, generation_tps=100.0, finished_per_s={"stop": 0.5},
+                       preemptions_per_s=0.0)
+
+
+def rising_floor(per_min: float, start_min: float, stop_min: float,
+                 minutes: int) -> list[EngineStats]:
+    """Usage that swings with requests coming and going within each minute, on a floor
+    that rises ``per_min`` blocks a minute from ``start_min`` to ``stop_min``."""
+    series = []
+    for t in range(0, minutes * 60, STEP):
+        rise = per_min * (min(max(t / 60, start_min), stop_min) - start_min)
+        series.append(scrape(t, 300 + rise + 20 * ((t // STEP) % 6)))
+    return series
+
+
+def at_idle(used: float, *, total: int = 1000, waiting: float = 0.0,
+            minutes: float = 3) -> list[EngineStats]:
+    return [scrape(t, used, total=total, running=0.0, waiting=waiting)
+            for t in range(0, int(minutes * 60), STEP)]
+
+
+def verdicts(series: list[EngineStats], params: LeakParams | None = None) -> list[LeakVerdict]:
+    detector = LeakDetector(params)
+    return [detector.update(s) for s in series]
+
+
+def first(series: list[EngineStats], found: list[LeakVerdict], state: str) -> float | None:
+    return next((s.t - T0 for s, v in zip(series, found, strict=True) if v.state == state),
+                None)
+
+
+def last(series: list[EngineStats], found: list[LeakVerdict], state: str) -> float | None:
+    times = [s.t - T0 for s, v in zip(series, found, strict=True) if v.state == state]
+    return times[-1] if times else None
+
+
+# -- blocks held at idle -------------------------------------------------------------------
+
+def test_blocks_held_at_idle_are_a_leak_and_counted() -> None:
+    found = verdicts(at_idle(40.0))
+    assert found[-1].state == "leak" and found[-1].leaked_blocks == 40.0
+
+
+@pytest.mark.parametrize(("total", "held"), [
+    (1000, LeakParams().residual_min_blocks),  # a couple of blocks: a step-end straggler
+    (100_000, 0.9 * LeakParams().residual_min_frac * 100_000),  # a sliver of a big pool
+])
+def test_a_few_blocks_at_idle_are_no_leak_on_any_pool(total: int, held: float) -> None:
+    found = verdicts(at_idle(held, total=total))
+    assert {v.state for v in found} == {"ok"}
+    assert found[-1].leaked_blocks == 0.0
+
+
+def test_the_threshold_is_the_larger_of_blocks_and_fraction() -> None:
+    p = LeakParams()
+    small_pool = 1000  # there the blocks are the larger: a little more than them is held
+    assert verdicts(at_idle(p.residual_min_blocks + 1, total=small_pool))[-1].state == "leak"
+    big_pool = 100_000  # there the fraction is: a little more than it is held
+    held = 1.1 * p.residual_min_frac * big_pool
+    assert verdicts(at_idle(held, total=big_pool))[-1].state == "leak"
+
+
+def test_a_leak_with_requests_queued_says_how_many_cannot_get_blocks() -> None:
+    found = verdicts(at_idle(990.0, waiting=7.0))
+    assert found[-1].state == "leak" and "7 waiting" in found[-1].reason
+    quiet = verdicts(at_idle(990.0))
+    assert quiet[-1].state == "leak" and "7 waiting" not in quiet[-1].reason
+
+
+# -- a floor rising under load -------------------------------------------------------------
+
+def test_a_rising_floor_is_watch_first_and_leak_once_it_has_persisted() -> None:
+    p = LeakParams()
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=60)
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch >= p.leak_persist_s - p.bucket_s
+    assert leak - 10 * 60 <= 30 * 60  # found within half an hour of the floor starting to rise
+    assert found[-1].state == "leak"
+
+
+def test_watch_outlives_its_evidence_by_watch_hold_s() -> None:
+    # a 12-block rise: enough for WATCH, too little for LEAK
+    series = rising_floor(2, start_min=10, stop_min=16, minutes=90)
+    default = verdicts(series)
+    unheld = verdicts(series, LeakParams(watch_hold_s=0))
+    assert "leak" not in {v.state for v in default}
+    ended, evidence_ended = last(series, default, "watch"), last(series, unheld, "watch")
+    assert ended is not None and evidence_ended is not None
+    # docs/leak-detector.md: WATCH stays watch_hold_s, 600 s by default, after its evidence
+    assert ended - evidence_ended == pytest.approx(600, abs=STEP)
+
+
+@pytest.mark.parametrize(("per_min", "stop_min"), [(2, 16), (6, 16)], ids=["watch", "leak"])
+def test_once_the_floor_is_flat_again_the_verdict_returns_to_ok_and_stays(
+        per_min: float, stop_min: float) -> None:
+    p = LeakParams()
+    minutes = 150
+    series = rising_floor(per_min, start_min=10, stop_min=stop_min, minutes=minutes)
+    found = verdicts(series, p)
+    raised = {v.state for v in found} - {"ok", "warmup"}
+    assert raised == ({"watch"} if per_min == 2 else {"watch", "leak"})
+    ok_again = last(series, found, "leak" if "leak" in raised else "watch")
+    assert ok_again is not None
+    # the evidence leaves with the window, then the hold runs out
+    assert ok_again <= stop_min * 60 + p.window_s + p.leak_hold_s
+    after = [v.state for s, v in zip(series, found, strict=True) if s.t - T0 > ok_again]
+    assert after and set(after) == {"ok"}
+
+
+# -- the leaked-block estimate under load (fit_leak, leaked_now) -----------------------------
+
+def buckets(leak: Callable[[int], float], count: int = 40, noise: float = 0.0,
+            seed: int = 1) -> list[LoadPoint]:
+    """One bucket a minute: 200 blocks + 40 per running request (which swings) + the leak."""
+    rng = random.Random(seed)
+    points = []
+    for i in range(count):
+        running = 10 + 6 * math.sin(i / 3)
+        level = 200 + 40 * running + leak(i) + rng.gauss(0, noise)
+        points.append(LoadPoint(60.0 * i, level, (running,)))
+    return points
+
+
+def test_a_steady_leak_is_estimated_as_of_now_not_as_of_the_buckets_behind_it() -> None:
+    points = buckets(lambda i: 10.0 * max(0, i - 20))  # 600 blocks/h from bucket 20
+    fit = fit_leak(points)
+    assert fit is not None and fit.slope_per_h == pytest.approx(600, rel=1e-3)
+    now = points[-1].t + 30  # half a bucket on: 19.5 buckets of leak
+    assert leaked_now(fit, now, 4) == pytest.approx(195, abs=1)
+
+
+def test_the_change_point_is_the_last_bucket_before_the_leak() -> None:
+    points = buckets(lambda i: 10.0 * max(0, i - 20))
+    fit = fit_leak(points)
+    assert fit is not None and fit.change_t == points[20].t
+
+
+def test_five_buckets_before_the_leak_are_enough_to_measure_the_noise() -> None:
+    points = buckets(lambda i: 10.0 * max(0, i - 4), count=20, noise=1.0)
+    fit = fit_leak(points)
+    assert fit is not None and fit.change_t == points[4].t
+    assert fit.noise is not None and 0 < fit.noise < 3
+
+
+def test_one_high_bucket_at_the_end_is_not_a_leak_rate() -> None:
+    # no leak, one bucket 100 blocks above what its load explains: whatever the fit makes of
+    # it, it cannot claim more leaked than that bucket shows
+    points = buckets(lambda i: 100.0 if i == 39 else 0.0)
+    fit = fit_leak(points)
+    assert fit is not None
+    assert leaked_now(fit, points[-1].t + 30, 4) < 100
+
+
+def test_noise_is_never_taken_for_a_lump() -> None:
+    # A leak that stopped, under noisy load: the estimate is the plain mean of the last
+    # buckets plus the slope's lag in every one of 40 series (a 3-sigma jump is rare).
+    for seed in range(40):
+        points = buckets(lambda i: 0.0 if i < 25 else 200.0, count=60, noise=30.0, seed=seed)
+        fit = fit_leak(points)
+        assert fit is not None
+        now = points[-1].t + 30
+        lag_h = statistics.fmean(now - t for t in fit.times[-4:]) / 3600
+        plain = statistics.fmean(fit.leaked[-4:]) + max(fit.slope_per_h, 0.0) * lag_h
+        assert leaked_now(fit, now, 4) == pytest.approx(plain), seed
+
+
+@pytest.mark.parametrize(("recent", "jump", "lump"), [
+    (4, 33.0, True), (4, 29.0, False),  # 2 against 2 buckets: sigma x sqrt(1/2 + 1/2) = 10
+    (6, 27.0, True), (6, 23.0, False),  # 3 against 3: 10 x sqrt(2/3) = 8.2
+    (2, 45.0, True), (2, 40.0, False),  # 1 against 1: 10 x sqrt(2) = 14.1
+])
+def test_a_lump_is_a_jump_above_three_standard_errors_of_the_noise(recent: int, jump: float,
+                                                                  lump: bool) -> None:
+    # buckets whose leak is flat, then the newer half of the recent ones `jump` higher; the
+    # noise of one bucket is 10 blocks: a lump counts at once, noise is averaged away
+    half = recent // 2
+    leaked = (0.0,) * 10 + (jump,) * half
+    fit = LeakFit(change_t=0.0, slope_per_h=0.0, leaked=leaked,
+                  times=tuple(60.0 * i for i in range(len(leaked))), noise=10.0)
+    expected = jump if lump else jump * half / recent
+    assert leaked_now(fit, fit.times[-1], recent) == pytest.approx(expected)
