@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakVerdict
+from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import TargetState, TargetTracker
 from kvtop.headless.snapshot import (
@@ -36,6 +37,8 @@ def full_stats() -> EngineStats:
         itl=Quantiles(0.0112345678, None, math.nan, 3000.0, "lifetime"),
         restarted=True, idle_floor_blocks=1, prefix_caching=True,
         leak=LeakVerdict("LEAK", "the idle floor holds 172 blocks", 172.345, 3.14159, 2.34567),
+        stall=StallVerdict("stalled", "no tokens for 12 s with 149 waiting", 1234.5,
+                           {"running": 30.0}),
     )
 
 
@@ -63,6 +66,8 @@ def test_every_engine_number_has_its_key_and_its_rounding() -> None:
         "restarted": True,
         "leak": {"state": "LEAK", "reason": "the idle floor holds 172 blocks",
                  "leaked_blocks": 172.3, "slope_blocks_per_hour": 3.1, "hours_to_full": 2.35},
+        "stall": {"state": "stalled", "reason": "no tokens for 12 s with 149 waiting",
+                  "since_t": 1234.5},  # its evidence stays inside kvtop
     }
 
 
@@ -71,6 +76,7 @@ def test_an_engine_with_nothing_known_is_all_null_not_zero() -> None:
     assert doc["kv"]["usage"] is None
     assert doc["requests"] == {"running": None, "waiting": None, "swapped": None}
     assert doc["rates"]["prompt_tokens_per_s"] is None and doc["leak"] is None
+    assert doc["stall"] is None
     assert doc["restarted"] is False
 
 
