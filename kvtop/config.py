@@ -12,6 +12,10 @@ Default file: ``$XDG_CONFIG_HOME/kvtop/config.toml`` (``~/.config/kvtop/config.t
     url = "http://prometheus:9090"
     selector = '{namespace="prod"}'
     token_env = "PROM_TOKEN"           # or token_file
+    [alerts]                           # when an engine enters LEAK or STALLED (docs/alerts.md)
+    bell = true
+    command = ["notify-send", "kvtop"] # run without a shell, the event as JSON on stdin
+    min_interval_s = 300               # per engine and verdict
 
 Tokens come only from environment variables or files, never from argv, and are never printed.
 """
@@ -38,6 +42,18 @@ else:  # pragma: no cover
 
 DEFAULT_TOKEN_ENV = "KVTOP_TOKEN"
 PROMETHEUS_KEYS = frozenset({"url", "selector", "token_env", "token_file", "backfill_step"})
+ALERT_KEYS = frozenset({"bell", "command", "min_interval_s", "max_per_minute", "timeout_s"})
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSettings:
+    """The ``[alerts]`` table (kvtop/ui/alerts.py runs them)."""
+
+    bell: bool = True
+    command: tuple[str, ...] = ()  # argv; empty: no command
+    min_interval_s: float = 300.0  # one run per engine and verdict in this long
+    max_per_minute: int = 6  # runs in all
+    timeout_s: float = 10.0  # then the command is killed and reported
 
 
 class ConfigError(ValueError):
@@ -69,6 +85,7 @@ class Config:
     interval_s: float | None = None
     thresholds: dict[str, Any] = field(default_factory=dict)
     prometheus: dict[str, Any] = field(default_factory=dict)  # the [prometheus] table
+    alerts: AlertSettings = field(default_factory=AlertSettings)
 
 
 def _target_from_table(entry: dict[str, Any], where: str) -> Target:
@@ -103,7 +120,8 @@ def load_config(path: Path | None) -> Config:
     if interval is not None and (not isinstance(interval, (int, float)) or interval <= 0):
         raise ConfigError(f"{path}: interval must be a positive number of seconds")
     return Config(targets, None if interval is None else float(interval),
-                  dict(data.get("thresholds", {})), _prometheus_table(data, path))
+                  dict(data.get("thresholds", {})), _prometheus_table(data, path),
+                  alert_settings(data.get("alerts", {}), f"{path}: [alerts]"))
 
 
 def _prometheus_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -115,6 +133,34 @@ def _prometheus_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: unknown [prometheus] key(s): {', '.join(sorted(unknown))} "
                           f"(known: {', '.join(sorted(PROMETHEUS_KEYS))})")
     return dict(table)
+
+
+def alert_settings(table: object, where: str) -> AlertSettings:
+    """The ``[alerts]`` table: a bell, and an argv list (never a shell line) to run."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    unknown = set(table) - ALERT_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s): {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(ALERT_KEYS))})")
+    bell = table.get("bell", True)
+    if not isinstance(bell, bool):
+        raise ConfigError(f"{where}: bell must be true or false")
+    command = table.get("command", [])
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command) or (
+            command and not command[0]):
+        raise ConfigError(f"{where}: command must be a list of strings, the program first "
+                          "(it is run without a shell), e.g. [\"notify-send\", \"kvtop\"]")
+    numbers = {}
+    for key, kind in (("min_interval_s", float), ("max_per_minute", int), ("timeout_s", float)):
+        value = table.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+                or value == float("inf"):
+            raise ConfigError(f"{where}: {key} must be a positive number")
+        numbers[key] = kind(value)
+    return AlertSettings(bell=bell, command=tuple(command), **numbers)
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:

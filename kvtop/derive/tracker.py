@@ -13,7 +13,7 @@ from typing import Literal
 from kvtop.collect.adapters import adapt, read_exposition
 from kvtop.collect.gpu import GpuReading
 from kvtop.collect.reading import EngineReading, ServerKind
-from kvtop.collect.target import Scrape, Target
+from kvtop.collect.target import FailureKind, Scrape, Target
 from kvtop.derive.leak import LeakDetector, LeakParams
 from kvtop.derive.rates import derive_engine_stats
 from kvtop.derive.stats import EngineStats
@@ -31,6 +31,7 @@ class TargetState:
     target: Target
     status: TargetStatus = "pending"
     error: str | None = None  # why the last scrape failed, if it did
+    failure: FailureKind | None = None  # how it failed (also while "stale": last values kept)
     kind: ServerKind | None = None
     version: str | None = None
     engines: list[EngineStats] = field(default_factory=list)  # last good values
@@ -117,13 +118,14 @@ class TargetTracker:
         self._previous, self._previous_t = current, scrape.t
         state.engines = stats
         state.status = "up"
-        state.error = None
+        state.error = state.failure = None
         state.last_good_t = scrape.t
         state.last_good = scrape
 
     def _fold_failure(self, scrape: Scrape) -> None:
         state = self.state
         state.error = scrape.error
+        state.failure = scrape.failure or "down"
         fresh = state.last_good_t is not None and scrape.t - state.last_good_t <= self.stale_after_s
         if fresh:
             state.status = "stale"

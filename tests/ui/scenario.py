@@ -86,8 +86,13 @@ async def live_data_shown(pilot: Pilot) -> bool:
     """The live scene's first scrapes are folded and drawn: every host's row has a status."""
     app = pilot.app
     assert isinstance(app, KvtopApp)
-    return await until(pilot, lambda: {r["name"]: r["status"] for r in table_rows(app)}.get(
-        "10.0.0.5:8000") == "up" and len(table_rows(app)) == len(LIVE_TARGETS))
+
+    def drawn() -> bool:
+        statuses = {r["name"]: r["status"] for r in table_rows(app)}
+        return (statuses.get("10.0.0.5:8000") == "up" and len(statuses) == len(LIVE_TARGETS)
+                and "…" not in statuses.values())
+
+    return await until(pilot, drawn)
 
 
 def table_rows(app: KvtopApp) -> list[dict[str, str]]:

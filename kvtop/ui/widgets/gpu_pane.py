@@ -14,7 +14,7 @@ class GpuPane(Static, can_focus=True):
     use, temperature, power, its servers, and processes (vLLM marked)."""
 
     COMPONENT_CLASSES = {  # noqa: RUF012
-        "gpu--title", "gpu--vllm", "gpu--dim", "gpu--bad", "gpu--owner",
+        "gpu--title", "gpu--vllm", "gpu--dim", "gpu--bad", "gpu--owner", "gpu--spark",
     }
     _shown: Text | None = None
 

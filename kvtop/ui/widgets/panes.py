@@ -1,0 +1,126 @@
+"""The selected engine's live panes on the main screen: a few lines of verdicts over the
+charts (KV blocks, requests, hit rate, tokens/s, latency), each drawn at its own size."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Grid, Horizontal, Vertical
+from textual.widget import Widget
+from textual.widgets import Static
+
+from kvtop.ui.chart import render
+from kvtop.ui.engine_view import EngineView, Line, PaneView
+
+ROLES = ("title", "key", "axis", "ticks", "s1", "s2", "s3", "floor", "ok", "warn", "bad",
+         "alarm", "dim")
+
+
+class Styled:
+    """Pieces (text, role) to Rich text with the widget's component styles."""
+
+    PREFIX = ""
+    _styles: dict[str, Style | str]
+
+    def role_style(self, role: str) -> Style | str:
+        if not role:
+            return ""
+        style = self._styles.get(role)
+        if style is None:
+            try:
+                style = self.get_component_rich_style(f"{self.PREFIX}--{role}")  # type: ignore[attr-defined]
+            except KeyError:  # the app is tearing down: its stylesheet is gone
+                return ""
+            self._styles[role] = style
+        return style
+
+    def line_text(self, line: Line) -> Text:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        for piece, role in line:
+            text.append(piece, self.role_style(role))
+        return text
+
+
+class ChartPane(Styled, Widget):
+    """One chart with its legend as the border title and its latest values under it."""
+
+    COMPONENT_CLASSES = {f"pane--{role}" for role in ROLES}  # noqa: RUF012
+    PREFIX = "pane"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._styles = {}
+        self._view: PaneView | None = None
+
+    def show(self, view: PaneView | None) -> None:
+        self._view = view
+        self.border_title = self.line_text(view.legend) if view else None
+        self.border_subtitle = self.line_text(view.latest) if view else None
+        self.refresh()
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles.clear()
+
+    def render(self) -> Text:
+        """Drawn at the size the pane has now: a resize redraws the chart at once."""
+        view = self._view
+        if view is None:
+            return Text()
+        width, height = self.content_size
+        rows = render(view.chart, width, height) if view.chart is not None else []
+        if not rows:
+            return Text(view.empty, style=self.role_style("dim"))
+        return Text("\n").join(self.line_text(row) for row in rows)
+
+
+class EngineHead(Styled, Static):
+    """The verdict lines over the charts: status, leak, stall, LoRA."""
+
+    COMPONENT_CLASSES = {f"pane--{role}" for role in ROLES}  # noqa: RUF012
+    PREFIX = "pane"
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._styles = {}
+        self._shown: Text | None = None
+
+    def show(self, lines: list[Line]) -> None:
+        text = Text("\n").join(self.line_text(line) for line in lines)
+        if text != self._shown:
+            self._shown = text
+            self.update(text)
+
+
+class EnginePanes(Vertical):
+    """The panes of the selected engine; ``beside_kv`` (the GPU pane) right of the KV
+    chart."""
+
+    PANE_KEYS = ("kv", "queue", "hit", "tps", "lat")
+
+    def __init__(self, beside_kv: Widget | None = None, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._beside_kv = beside_kv
+        self._panes: dict[str, ChartPane] = {}
+
+    def compose(self) -> ComposeResult:
+        yield EngineHead(id="engine-head")
+        with Horizontal(id="panes-top"):
+            yield ChartPane(id="pane-kv", classes="pane")
+            if self._beside_kv is not None:
+                yield self._beside_kv
+        with Grid(id="panes-grid"):
+            for key in self.PANE_KEYS[1:]:
+                yield ChartPane(id=f"pane-{key}", classes="pane")
+
+    def on_mount(self) -> None:
+        self.head = self.query_one(EngineHead)
+        self._panes = {key: self.query_one(f"#pane-{key}", ChartPane) for key in self.PANE_KEYS}
+
+    def show(self, view: EngineView) -> None:
+        self.border_title = Text(view.title)  # a Text: a name is never read as markup
+        self.head.show(view.lines)
+        panes = {pane.key: pane for pane in view.panes}
+        for key, widget in self._panes.items():
+            widget.show(panes.get(key))
