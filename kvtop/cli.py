@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from kvtop import __version__
 from kvtop.collect.target import Target
 from kvtop.config import (
+    Config,
     ConfigError,
     add_prometheus_arguments,
     add_target_arguments,
@@ -263,13 +264,13 @@ def build_app_parser() -> argparse.ArgumentParser:
 
 
 def _app_config(args: argparse.Namespace, targets: list[Target], interval: float,
-                **extra: Any) -> AppConfig:
+                config: Config, **extra: Any) -> AppConfig:
     from kvtop.ui.app import AppConfig
 
     return AppConfig(targets=targets, interval_s=interval, no_gpu=args.no_gpu,
                      snapshot_dir=args.snapshot_dir, low_bandwidth=args.low_bandwidth,
                      insecure=args.insecure, record=args.record,
-                     full_metrics=args.full_metrics, **extra)
+                     full_metrics=args.full_metrics, alerts=config.alerts, **extra)
 
 
 def _run_app(args: argparse.Namespace) -> int:
@@ -278,17 +279,18 @@ def _run_app(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     interval = args.interval or config.interval_s or 1.0
     if (prometheus := resolve_prometheus(args, config)) is not None:
-        return _run_app_prometheus(prometheus, args, args.interval or config.interval_s)
+        return _run_app_prometheus(prometheus, args, args.interval or config.interval_s,
+                                   config)
     if not args.demo:
-        return run_app(_app_config(args, resolve_targets(args, config), interval))
+        return run_app(_app_config(args, resolve_targets(args, config), interval, config))
     from kvtop.sim.demo import demo_fleet
 
     with demo_fleet() as targets:
-        return run_app(_app_config(args, targets, interval))
+        return run_app(_app_config(args, targets, interval, config))
 
 
 def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace,
-                        interval: float | None) -> int:
+                        interval: float | None, config: Config) -> int:
     """The app on the instances Prometheus knows now, fed (and backfilled) through it."""
     import asyncio
 
@@ -305,7 +307,7 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
     except PrometheusError as exc:
         warn(f"kvtop: {exc}")
         return EXIT_UNREADABLE
-    return run_app(_app_config(args, targets, interval,
+    return run_app(_app_config(args, targets, interval, config,
                                source_factory=lambda _config: source))
 
 
