@@ -29,16 +29,17 @@ KEYS: Keys = (
 
 # (term, lines): what a person needs to read the screen; kept to one 80x24 screen
 LEGEND: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("STATUS", ("up · restarted (counters reset < 5m ago) · unknown: not an LLM server",
-                "down/timeout/auth/not found/bad data 12s: no answer for 12 s; numbers",
-                "dimmed are the last good ones, dashes after a minute")),
-    ("KV", ("████▉ 588/599 blocks used/pool, bar in eighths; amber ≥80%, red ≥95%",)),
+    ("STATUS", ("up · restarted (counters reset in the last 5m) · unknown: not LLM",
+                "down/timeout/auth/not found/bad data 12s: no answer for 12 s; the",
+                "numbers dimmed are the last good ones, dashes after a minute")),
+    ("KV", ("████▉ 588/599 blocks used/pool, in eighths; amber ≥80%, red ≥95%",)),
     ("PRE/s", ("preemptions a second: the pool ran out, requests were evicted",)),
     ("HIT", ("prefix-cache hits over the last scrape window; (38%) dimmed is the",
              "lifetime rate, while no lookup came in the window")),
     ("TTFT", ("time to first token p50/p99, last window, estimated from buckets",)),
-    ("LEAK", ("… warming up · OK · WATCH some evidence · LEAK strong; +N/h floor rise",)),
-    ("STALL", ("requests held and no token for a few scrapes; SATURATED: full, moving",)),
+    ("LEAK", ("… warming up · OK · WATCH some evidence · LEAK strong; +N/h: floor",
+              "rise in blocks an hour")),
+    ("STALL", ("requests held, no token for a few scrapes; SATURATED: full, moving",)),
 )
 KEY_COLUMNS = 2
 TERM_W = 7
