@@ -52,7 +52,7 @@ from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import RecordingWriter
 from kvtop.ui import format as fmt
 from kvtop.ui.alerts import AlertEvent, AlertRunner
-from kvtop.ui.engine_view import engine_view
+from kvtop.ui.engine_view import engine_view, group_view
 from kvtop.ui.fleet import (
     COLUMN_SORT,
     LARGE_FLEET,
@@ -68,7 +68,7 @@ from kvtop.ui.fleet import (
     summarise,
 )
 from kvtop.ui.gpus import GpuTrails, failed_sources, gpu_note, owned_cell, pane_lines
-from kvtop.ui.groups import NONE, group_modes, group_rows, mode_label
+from kvtop.ui.groups import NONE, GroupRow, group_modes, group_rows, mode_label
 from kvtop.ui.screens.detail import DetailScreen
 from kvtop.ui.screens.help import KEYS, HelpScreen
 from kvtop.ui.screens.sort_menu import SortMenu
@@ -478,14 +478,17 @@ class KvtopApp(App[None]):
         return list(tracker.history.get(key, ())) if key is not None else []
 
     def _show_panel(self, row: FleetRow | None, now: float) -> None:
+        group = row if isinstance(row, GroupRow) else None
+        if group is not None:  # a group shows its worst member's panes
+            row = max(group.members, key=lambda m: m.sort_values.get("worst") or -1.0)
         tracker = self.trackers.get(row.url) if row is not None else None
-        state = row.state if row is not None and row.is_group else (
-            tracker.state if tracker else None)
         url = row.url if row is not None else ""
         charts = self.charts_shown
-        view = engine_view(row, state, self._history(row), now, self.config.history_s,
-                           gpu=self.owned_gpu_memory.get(url),
+        view = engine_view(row, tracker.state if tracker else None, self._history(row), now,
+                           self.config.history_s, gpu=self.owned_gpu_memory.get(url),
                            with_gpu=charts and bool(self.gpu_views))
+        if group is not None:
+            view = group_view(group, view)
         if charts:
             self.panes.show(view)
             return

@@ -9,6 +9,7 @@ sends almost nothing over ssh.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -89,6 +90,31 @@ def bins(points: Iterable[Point], now: float, span_s: float, count: int) -> list
             sums[index] += value
             counts[index] += 1
     return [s / c if c else None for s, c in zip(sums, counts, strict=True)]
+
+
+def spacing_s(points: Sequence[Point]) -> float:
+    """The usual time between two points (the scrape interval), 0 for fewer than two."""
+    times = sorted(t for t, v in points if v is not None)
+    gaps = sorted(b - a for a, b in itertools.pairwise(times) if b > a)
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def join_gaps(values: list[float | None], most: int) -> list[float | None]:
+    """Columns between two known values at most ``most`` apart filled in on the straight
+    line between them: scrapes further apart than a column are one line, while a longer
+    silence (a server down) stays a gap."""
+    out = list(values)
+    last = None
+    for index, value in enumerate(values):
+        if value is None:
+            continue
+        if last is not None and 1 < index - last <= most:
+            start = values[last]
+            assert start is not None
+            for step in range(1, index - last):
+                out[last + step] = start + (value - start) * step / (index - last)
+        last = index
+    return out
 
 
 def _dot_rows(values: list[float | None], top: float, dots: int) -> list[int | None]:
@@ -204,9 +230,11 @@ def render(chart: Chart, width: int, height: int) -> list[Row]:
     for rule in chart.rules:
         if 0 <= rule.value <= top:
             canvas.rule(round(rule.value / top * (dots - 1)), rule.role)
+    columns = plot_w * 2
     for series in chart.series:
-        values = bins(series.points, chart.now, chart.span_s, plot_w * 2)
-        canvas.line(_dot_rows(values, top, dots), series.role)
+        values = bins(series.points, chart.now, chart.span_s, columns)
+        most = math.ceil(2.5 * spacing_s(series.points) / (chart.span_s / columns))
+        canvas.line(_dot_rows(join_gaps(values, most), top, dots), series.role)
     rows = []
     for y, plotted in enumerate(canvas.rows()):
         tick = "┤" if y in labels else "│"

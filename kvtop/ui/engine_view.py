@@ -89,7 +89,10 @@ def floor_rule(stats: EngineStats) -> Rule | None:
     floor = stats.idle_floor_blocks + (leaked or 0.0)
     if floor <= 0:
         return None
-    role = LEAK_LEVEL[verdict.state] if leaked and verdict is not None else "floor"
+    if not leaked:
+        role = "floor"
+    else:
+        role = "bad" if verdict is not None and verdict.state == "leak" else "warn"
     label = f"floor +{fmt.count(leaked)} leaked" if leaked else "idle floor"
     return Rule(label, role, floor)
 
@@ -162,17 +165,17 @@ def _quantile(name: str, part: str) -> Getter:
 def latency_pane(stats: EngineStats, history: Sequence[EngineStats], now: float,
                  span_s: float) -> PaneView:
     """TTFT and ITL percentiles, estimated from each window's histogram buckets."""
-    series = _series(history, ("TTFT p50", "s1", _quantile("ttft", "p50")),
-                     ("TTFT p99", "s2", _quantile("ttft", "p99")),
+    series = _series(history, ("p50", "s1", _quantile("ttft", "p50")),
+                     ("p99", "s2", _quantile("ttft", "p99")),
                      ("ITL p50", "s3", _quantile("itl", "p50")))
     ttft, itl = window_quantiles(stats.ttft), window_quantiles(stats.itl)
     ttft_text = f"{fmt.seconds(ttft and ttft.p50)}/{fmt.seconds(ttft and ttft.p99)}"
     latest: Line = [("TTFT ", "key"), (ttft_text, ""), ("  ITL ", "key"),
                     (fmt.seconds(itl and itl.p50), ""), ("  est.", "dim")]
     chart = Chart(series, now, span_s, unit=fmt.seconds)
-    return PaneView("lat", _legend("latency", series), latest,
+    return PaneView("lat", _legend("TTFT", series), latest,
                     chart if _has_data(series) else None, "no request finished yet",
-                    by_series={"TTFT p99": [(ttft_text, ""), (" p50/p99 est.", "dim")]})
+                    by_series={"p99": [(ttft_text, ""), (" p50/p99 est.", "dim")]})
 
 
 PANES = (kv_pane, queue_pane, hit_pane, throughput_pane, latency_pane)
@@ -250,20 +253,20 @@ def gpu_line(owned: GpuOwned | None) -> Line:
 def engine_view(row: FleetRow | None, state: TargetState | None,
                 history: Sequence[EngineStats], now: float, span_s: float, *,
                 gpu: GpuOwned | None = None, with_gpu: bool = False) -> EngineView:
-    """The panes for ``row``: a group's or a target without engines shows why there are
-    no charts; a server that stopped answering keeps its history, with its status.
-    ``with_gpu``: a line with what the server's GPUs use (``gpu``)."""
+    """The panes for ``row``: a target without engines shows why there are no charts; a
+    server that stopped answering keeps its history, with its status. ``with_gpu``: a
+    line with what the server's GPUs use (``gpu``). A group's row is drawn by the app as
+    its worst member's (:func:`group_view`)."""
     if row is None or state is None:
         return EngineView("no engine selected")
-    if row.is_group:
-        return EngineView(row.name, [[("group ", "key"), (row.cells["status"].text, ""),
-                                      ("  → or space opens it, ← closes it", "dim")]])
     title = f"{row.name} · {row.cells['model'].text}"
     stats = _shown_stats(row, state, history)
     status = status_line(row, state, now)
     view = EngineView(title, [status] if status is not None else [])
     if stats is None:
-        view.lines.append([(row.cells["model"].text, row.cells["model"].level or "")])
+        why = row.cells["model"]
+        if not state.error or display_text(state.error) != why.text:  # not said above
+            view.lines.append([(why.text, why.level or "")])
         return view
     for line in (leak_line(row, stats), stall_line(stats), lora_line(stats.lora),
                  gpu_line(gpu) if with_gpu else None):
@@ -271,6 +274,14 @@ def engine_view(row: FleetRow | None, state: TargetState | None,
             view.lines.append(line)
     view.panes = [pane(stats, history, now, span_s) for pane in PANES]
     return view
+
+
+def group_view(group: FleetRow, member: EngineView) -> EngineView:
+    """A group's panes: those of its worst member (what needs a look), said so."""
+    line: Line = [("group ", "key"), (group.cells["status"].text, ""),
+                  ("  showing its worst: ", "dim"), (member.title, ""),
+                  ("  (enter folds, ← →)", "dim")]
+    return EngineView(group.name, [line, *member.lines], member.panes)
 
 
 def _shown_stats(row: FleetRow, state: TargetState,

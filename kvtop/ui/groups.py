@@ -108,11 +108,13 @@ def _sum(values: Iterable[float | None]) -> float | None:
 
 
 def group_cells(name: str, members: list[FleetRow]) -> dict[str, Cell]:
+    """Sums over the members' engines; dashes where no member has a number."""
+    engines = [m for m in members if m.stats is not None]
     summary = summarise(members)
-    models = sorted({m.cells["model"].text for m in members})
-    model = models[0] + (f" +{len(models) - 1}" if len(models) > 1 else "")
-    preempt = _sum(m.stats.preemptions_per_s for m in members if m.stats is not None)
-    return {
+    models = sorted({m.cells["model"].text for m in engines})
+    model = models[0] + (f" +{len(models) - 1}" if len(models) > 1 else "") if models else "–"
+    preempt = _sum(m.stats.preemptions_per_s for m in engines if m.stats is not None)
+    cells = {
         "name": Cell(name, keep=len(name) - name.rfind(" (")),
         "status": _status(members),
         "model": Cell(model),
@@ -127,6 +129,10 @@ def group_cells(name: str, members: list[FleetRow]) -> dict[str, Cell]:
         "ttft": Cell(fmt.DASH, "dim"),  # percentiles of several servers can't be added
         "gpu": Cell(fmt.DASH, "dim"),
     }
+    if not engines:
+        for key in ("running", "waiting", "preempt", "hit", "prompt", "gen"):
+            cells[key] = Cell(fmt.DASH, "dim")
+    return cells
 
 
 def _group_sort_values(members: list[FleetRow]) -> dict[str, float | None]:

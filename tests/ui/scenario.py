@@ -11,6 +11,7 @@ from pathlib import Path
 from textual.pilot import Pilot
 
 from kvtop.collect.adapters import read_exposition
+from kvtop.collect.reading import LoraInfo
 from kvtop.collect.target import Scrape, Secret, Target
 from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
@@ -156,6 +157,7 @@ def static_trackers() -> dict[str, StaticTracker]:
     history[-1].leak = LEAKING
     history[-1].cache_config = CACHE_CONFIG
     history[-1].prefix_caching = True
+    history[-1].lora = LoraInfo(4, ("sql-lora", "chat-lora"), ("summarise-lora",))
     trackers = {
         loaded.url: StaticTracker(
             TargetState(loaded, "up", kind="vllm", version="0.33.0", engines=[history[-1]],

@@ -1,4 +1,6 @@
-"""SVG snapshots of the fleet and detail views at 80x24 and 160x48 (fixed clock and data)."""
+"""SVG snapshots of the main screen at 80x24, 120x40, 160x48 and 200x60, a resize, the
+detail view and the help (fixed clock and data: tests/ui/scenario.py). The README's
+screenshots are these renders (scripts/screenshots.py)."""
 
 from __future__ import annotations
 
@@ -6,19 +8,49 @@ import pytest
 
 from tests.ui.scenario import static_app
 
-SIZES = [(80, 24), (160, 48)]
+SIZES = [(80, 24), (120, 40), (160, 48), (200, 60)]
 
 
 async def _settle(pilot) -> None:
     await pilot.pause(0.3)  # the GPU read runs in a thread
 
 
+async def _loaded(pilot) -> None:
+    """The loaded, leaking llama-70b-a selected (third by name): every pane has data."""
+    await _settle(pilot)
+    await pilot.press("j", "j")
+    pilot.app.clear_notifications()  # the LEAK toast would hide a pane (tested elsewhere)
+    await pilot.pause(0.2)
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_fleet_view(snap_compare, size: tuple[int, int]) -> None:
-    assert snap_compare(static_app(), terminal_size=size, run_before=_settle)
+    assert snap_compare(static_app(), terminal_size=size, run_before=_loaded)
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_server_that_never_answered_selected(snap_compare) -> None:
+    assert snap_compare(static_app(), terminal_size=(120, 40), run_before=_settle)
+
+
+def test_resize_redraws_the_panes_at_once(snap_compare) -> None:
+    async def shrink(pilot) -> None:
+        await _loaded(pilot)
+        await pilot.resize_terminal(100, 30)  # the charts take the new width
+        await pilot.pause(0.2)
+
+    assert snap_compare(static_app(), terminal_size=(200, 60), run_before=shrink)
+
+
+def test_resize_to_sparklines(snap_compare) -> None:
+    async def shrink(pilot) -> None:
+        await _loaded(pilot)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.2)
+
+    assert snap_compare(static_app(), terminal_size=(160, 48), run_before=shrink)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_detail_view(snap_compare, size: tuple[int, int]) -> None:
     async def open_detail(pilot) -> None:
         await _settle(pilot)
@@ -26,6 +58,26 @@ def test_detail_view(snap_compare, size: tuple[int, int]) -> None:
         await pilot.pause(0.3)
 
     assert snap_compare(static_app(), terminal_size=size, run_before=open_detail)
+
+
+def test_help_at_80x24(snap_compare) -> None:
+    async def open_help(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("f1")
+        pilot.app.clear_notifications()
+        await pilot.pause(0.2)
+
+    assert snap_compare(static_app(), terminal_size=(80, 24), run_before=open_help)
+
+
+def test_groups_by_model(snap_compare) -> None:
+    async def group(pilot) -> None:
+        await _settle(pilot)
+        await pilot.press("f5", "f5", "j", "j", "j")  # the meta-llama group's row
+        pilot.app.clear_notifications()
+        await pilot.pause(0.2)
+
+    assert snap_compare(static_app(), terminal_size=(160, 48), run_before=group)
 
 
 def test_gpu_unavailable_and_filtered(snap_compare) -> None:

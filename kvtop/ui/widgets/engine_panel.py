@@ -25,7 +25,7 @@ MAX_ROWS = 4  # a sparkline taller than this says nothing more
 # (pane, series label, sparkline label): in the order they are shown and kept
 SPARKS = (("kv", "used", "KV"), ("gpu", "", "GPU"), ("queue", "running", "run"),
           ("queue", "waiting", "wait"), ("hit", "window", "hit"),
-          ("tps", "generated", "gen"), ("lat", "TTFT p99", "TTFT"))
+          ("tps", "generated", "gen"), ("lat", "p99", "TTFT"))
 
 
 def kv_points(history: Sequence[EngineStats], now: float, span_s: float,

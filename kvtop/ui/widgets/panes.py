@@ -66,8 +66,8 @@ class ChartPane(Styled, Widget):
     def render(self) -> Text:
         """Drawn at the size the pane has now: a resize redraws the chart at once."""
         view = self._view
-        if view is None:
-            return Text()
+        if view is None:  # a server that never answered: no numbers to draw
+            return Text("no numbers from this server", style=self.role_style("dim"))
         width, height = self.content_size
         rows = render(view.chart, width, height) if view.chart is not None else []
         if not rows:
