@@ -23,6 +23,7 @@ from kvtop.config import (
 )
 from kvtop.runtime import tune_gc
 from kvtop.safe_text import warn
+from kvtop.store.writer import DEFAULT_MAX_BYTES, parse_size, size_text
 
 if TYPE_CHECKING:
     from kvtop.collect.prometheus import PrometheusSettings
@@ -38,6 +39,17 @@ def _positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError("must be > 0")
     return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_MAX_SIZE_HELP = (f"stop recording when the file would pass SIZE (500M, 2G; 0 for no limit; "
+                  f"default {size_text(DEFAULT_MAX_BYTES)})")
 
 
 def _snapshot_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -81,15 +93,21 @@ def _run_snapshot(args: argparse.Namespace) -> int:
 def _record_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "record", help="write every scrape to a recording for replay and check",
-        description="Poll the targets and write every scrape (body or error) to a recording "
-                    "(docs/recording-format.md; gzip when FILE ends in .gz) until --duration "
-                    "passes or Ctrl-C.")
+        description="Poll the targets and write every scrape (body or error) to a new "
+                    "recording (docs/recording-format.md; gzip when FILE ends in .gz) until "
+                    "--duration passes or Ctrl-C. Exit 0 when every scrape is in the file, 2 "
+                    "when FILE can't be created (it exists: see --force), 4 when the "
+                    "recording falls short (write errors such as a full disk, --max-size).")
     add_target_arguments(parser)
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE")
     parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
                         help="seconds between scrapes of a target (default 1)")
     parser.add_argument("--duration", type=parse_duration, metavar="D",
                         help="stop after D (90s, 30m, 2h); default: until Ctrl-C")
+    parser.add_argument("--max-size", type=_size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
+                        help=_MAX_SIZE_HELP + "; exit 4 when reached")
+    parser.add_argument("--force", action="store_true",
+                        help="replace FILE if it exists (never written through a symlink)")
     parser.set_defaults(command=_run_record)
 
 
@@ -99,7 +117,8 @@ def _run_record(args: argparse.Namespace) -> int:
     targets = resolve_targets(args, load_config(args.config))
     return run_record(targets, args.output, interval_s=args.interval,
                       duration_s=args.duration, timeout_s=args.timeout, insecure=args.insecure,
-                      full_metrics=args.full_metrics)
+                      full_metrics=args.full_metrics, max_bytes=args.max_size,
+                      replace=args.force)
 
 
 def _check_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -119,7 +138,9 @@ def _check_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--until-leak", action="store_true",
                         help="stop as soon as an engine is judged LEAK")
     parser.add_argument("--record", type=Path, metavar="FILE",
-                        help="also write the live scrapes to a recording")
+                        help="also write the live scrapes to a new recording")
+    parser.add_argument("--record-max-size", type=_size, default=DEFAULT_MAX_BYTES,
+                        metavar="SIZE", help=_MAX_SIZE_HELP)
     parser.add_argument("--json", dest="as_json", action="store_true", default=None,
                         help="JSON (the default when stdout is not a terminal)")
     add_prometheus_arguments(parser)
@@ -143,7 +164,8 @@ def _run_check(args: argparse.Namespace) -> int:
                           interval_s=args.interval or 1.0, timeout_s=args.timeout,
                           insecure=args.insecure, until_leak=args.until_leak,
                           record=args.record, as_json=args.as_json,
-                          full_metrics=args.full_metrics)
+                          full_metrics=args.full_metrics,
+                          record_max_bytes=args.record_max_size)
 
 
 def _run_check_prometheus(args: argparse.Namespace, prometheus: PrometheusSettings,
@@ -258,7 +280,10 @@ def build_app_parser() -> argparse.ArgumentParser:
     parser.add_argument("--low-bandwidth", action="store_true",
                         help="no charts and slower redraws, for slow ssh links")
     parser.add_argument("--record", type=Path, metavar="FILE",
-                        help="also write every scrape to a recording (for kvtop replay/check)")
+                        help="also write every scrape to a new recording (for kvtop "
+                             "replay/check)")
+    parser.add_argument("--record-max-size", type=_size, default=DEFAULT_MAX_BYTES,
+                        metavar="SIZE", help=_MAX_SIZE_HELP)
     add_prometheus_arguments(parser)
     return parser
 
@@ -270,6 +295,7 @@ def _app_config(args: argparse.Namespace, targets: list[Target], interval: float
     return AppConfig(targets=targets, interval_s=interval, no_gpu=args.no_gpu,
                      snapshot_dir=args.snapshot_dir, low_bandwidth=args.low_bandwidth,
                      insecure=args.insecure, record=args.record,
+                     record_max_bytes=args.record_max_size,
                      full_metrics=args.full_metrics, alerts=config.alerts, **extra)
 
 

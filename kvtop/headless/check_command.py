@@ -19,7 +19,12 @@ from kvtop.derive.tracker import EngineKey, TargetTracker
 from kvtop.headless.lifetime import stop_event
 from kvtop.headless.output import emit, json_number
 from kvtop.safe_text import display_text, warn
-from kvtop.store.recording import RecordingError, RecordingWriter, read_recording
+from kvtop.store.recording import (
+    DEFAULT_MAX_BYTES,
+    RecordingError,
+    RecordingWriter,
+    open_recording,
+)
 
 Verdict = Literal["unknown", "ok", "watch", "leak"]
 RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
@@ -117,8 +122,9 @@ def print_result(run: CheckRun, as_json: bool | None) -> int:
 
 
 def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | None) -> int:
+    """Judge a recording, streamed from disk in time order (never held whole)."""
     try:
-        recording = read_recording(path)
+        recording = open_recording(path)
     except RecordingError as exc:
         warn(f"kvtop check: {exc}")
         return EXIT_USAGE
@@ -127,7 +133,7 @@ def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | N
     run = CheckRun(params)
     for target in recording.targets():
         run.add_target(target)
-    for scrape in sorted(recording.scrapes, key=lambda s: s.t):
+    for scrape in recording.in_time_order():
         run.feed(scrape)
     return print_result(run, as_json)
 
@@ -139,10 +145,10 @@ async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
     stop = stop_event(duration_s)
 
     def on_scrape(scrape: Scrape) -> None:
+        run.feed(scrape)
         if writer is not None:
             writer.write(scrape)
             writer.flush()
-        run.feed(scrape)
         if until_leak and run.leak_found:
             stop.set()
 
@@ -154,7 +160,8 @@ async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
 def run_check_live(targets: list[Target], *, params: LeakParams | None, duration_s: float,
                    interval_s: float, timeout_s: float | None, insecure: bool,
                    until_leak: bool, record: Path | None, as_json: bool | None,
-                   full_metrics: bool = False) -> int:
+                   full_metrics: bool = False,
+                   record_max_bytes: int | None = DEFAULT_MAX_BYTES) -> int:
     run = CheckRun(params)
     for target in targets:
         run.add_target(target)
@@ -162,12 +169,15 @@ def run_check_live(targets: list[Target], *, params: LeakParams | None, duration
         writer = None
         if record is not None:
             try:
-                writer = stack.enter_context(
-                    RecordingWriter(record, interval_s=interval_s, targets=targets))
+                writer = stack.enter_context(RecordingWriter(
+                    record, interval_s=interval_s, targets=targets, max_bytes=record_max_bytes))
             except OSError as exc:
                 warn(f"kvtop check: cannot write {record}: {exc.strerror or exc}")
                 return EXIT_USAGE
         asyncio.run(_watch(run, targets, duration_s=duration_s, interval_s=interval_s,
                            timeout_s=timeout_s, insecure=insecure, until_leak=until_leak,
                            writer=writer, full_metrics=full_metrics))
+    if writer is not None and (problem := writer.status()):
+        # the verdict's exit code stands; the recording's trouble is told, not hidden
+        warn(f"kvtop check: recording {record}: {problem}")
     return print_result(run, as_json)

@@ -121,7 +121,8 @@ async def rehearse(settings: RehearsalSettings, *, gpu_reader: GpuReader | None,
     """Run the rehearsal; the report document (also written to ``out_dir``)."""
     try:
         settings.out_dir.mkdir(parents=True, exist_ok=True)
-        writer = RecordingWriter(settings.out_dir / FILES["recording"],
+        # the run owns its --out folder and replaces its files, as it does requests.jsonl
+        writer = RecordingWriter(settings.out_dir / FILES["recording"], replace=True,
                                  interval_s=settings.interval_s, targets=[settings.metrics])
     except OSError as exc:
         raise BadUsage(f"cannot write to {settings.out_dir}: {exc.strerror or exc}") from None

@@ -4,39 +4,64 @@ exactly as they consume the live poller's, so every number is computed the same 
 The replay keeps its own clock (recording time). It can pause, step one scrape, seek and
 change speed. Seeking backwards calls ``on_rewind`` (the consumer drops its state) and then
 re-delivers every scrape from the start up to the new position at once, because rates,
-history and the leak evidence depend on everything before.
+history and the leak evidence depend on everything before. So a replay only ever reads the
+recording forward, from its start: it streams the file and holds one scrape, never all.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import inspect
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Protocol
 
 from kvtop.collect.target import Scrape
-from kvtop.store.recording import Recording
 
 OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 MIN_SPEED, MAX_SPEED = 0.1, 1000.0
 
 
+class Replayable(Protocol):
+    """A recording as a replay needs it: a file streamed from disk
+    (:class:`~kvtop.store.reader.RecordingFile`) or one held in memory."""
+
+    @property
+    def interval_s(self) -> float: ...
+    @property
+    def start_t(self) -> float: ...
+    @property
+    def end_t(self) -> float: ...
+    def in_time_order(self) -> Iterator[Scrape]: ...
+
+
 class ReplaySource:
-    def __init__(self, recording: Recording, *, speed: float = 1.0,
+    def __init__(self, recording: Replayable, *, speed: float = 1.0,
                  on_rewind: Callable[[], None] | None = None) -> None:
-        self.scrapes = sorted(recording.scrapes, key=lambda s: s.t)
-        self._times = [s.t for s in self.scrapes]
-        self.start_t = self._times[0] if self._times else 0.0
-        self.end_t = self._times[-1] if self._times else 0.0
+        self.recording = recording
+        self.start_t = recording.start_t
+        self.end_t = recording.end_t
         self.interval_s = recording.interval_s
-        self.speed = speed
+        self._changed = asyncio.Event()
+        self.set_speed(speed)
         self.paused = False
         self.on_rewind = on_rewind
-        self._next = 0  # index of the next scrape to deliver
+        self._scrapes: Iterator[Scrape] = iter(())
+        self._next: Scrape | None = None  # the next scrape to deliver
+        self._last_t = -math.inf  # the time of the last one delivered
+        self._restart()
         self._now = self.start_t
-        self._changed = asyncio.Event()
         self._pending_rewind = False
         self._moves = 0  # seeks and steps so far: a sleeping clock must not overwrite them
+
+    def _restart(self) -> None:
+        """Read the recording again from its start (it is streamed, never held)."""
+        close = getattr(self._scrapes, "close", None)
+        if close is not None:
+            close()
+        self._scrapes = self.recording.in_time_order()
+        self._next = next(self._scrapes, None)
+        self._last_t = -math.inf
 
     # -- the clock ------------------------------------------------------------------------
 
@@ -46,7 +71,7 @@ class ReplaySource:
 
     @property
     def finished(self) -> bool:
-        return self._next >= len(self.scrapes)
+        return self._next is None
 
     def set_speed(self, speed: float) -> None:
         self.speed = min(MAX_SPEED, max(MIN_SPEED, speed))
@@ -58,18 +83,17 @@ class ReplaySource:
 
     def step(self) -> None:
         """Deliver the next scrape now (meant for a paused replay)."""
-        if not self.finished:
-            self._now = self._times[self._next]
+        if self._next is not None:
+            self._now = self._next.t
             self._moves += 1
             self._changed.set()
 
     def seek(self, t: float) -> None:
         """Jump to recording time ``t`` (clamped to the recording)."""
         t = min(self.end_t, max(self.start_t, t))
-        target_index = bisect.bisect_right(self._times, t)
-        if target_index < self._next:
+        if t < self._last_t:  # behind what was delivered: everything again from the start
             self._pending_rewind = True
-            self._next = 0
+            self._restart()
         self._now = t
         self._moves += 1
         self._changed.set()
@@ -80,7 +104,9 @@ class ReplaySource:
         stop = stop or asyncio.Event()
         while not stop.is_set():
             await self._deliver_due(on_scrape)
-            if self.finished and not self._pending_rewind:
+            if self._pending_rewind:  # a seek back during delivery
+                continue
+            if self.finished:
                 self.paused = True
             await self._wait_for_time(stop)
 
@@ -89,19 +115,22 @@ class ReplaySource:
             self._pending_rewind = False
             if self.on_rewind is not None:
                 self.on_rewind()
-        while not self.finished and self._times[self._next] <= self._now:
-            result = on_scrape(self.scrapes[self._next])
-            self._next += 1
+        while (scrape := self._next) is not None and scrape.t <= self._now:
+            result = on_scrape(scrape)
+            self._last_t = scrape.t
+            self._next = next(self._scrapes, None)
             if inspect.isawaitable(result):
                 await result
+            if self._pending_rewind:  # a seek back came in meanwhile: rewind first
+                return
 
     async def _wait_for_time(self, stop: asyncio.Event) -> None:
         """Sleep until the next scrape is due (or something changes), advancing the clock."""
         self._changed.clear()
-        if self.paused or self.finished:
+        if self.paused or self._next is None:
             await _first(self._changed.wait(), stop.wait())
             return
-        due, start_now, moves = self._times[self._next], self._now, self._moves
+        due, start_now, moves = self._next.t, self._now, self._moves
         loop = asyncio.get_running_loop()
         started = loop.time()
         await _first(self._changed.wait(), stop.wait(),

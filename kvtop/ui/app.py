@@ -49,7 +49,7 @@ from kvtop.derive.gpu_owners import (
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
 from kvtop.safe_text import display_text, warn
-from kvtop.store.recording import RecordingWriter
+from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingWriter
 from kvtop.ui import format as fmt
 from kvtop.ui.alerts import AlertEvent, AlertRunner
 from kvtop.ui.engine_view import engine_view, group_view
@@ -133,6 +133,7 @@ class AppConfig:
     clock: Callable[[], float] = time.time  # wall clock for ages; fixed in snapshot tests
     watch_tty: bool = True  # exit when the terminal goes away (ignored when headless)
     record: Path | None = None  # write every scrape to this recording while running
+    record_max_bytes: int | None = DEFAULT_MAX_BYTES  # the recording stops there
     alerts: AlertSettings = field(default_factory=AlertSettings)  # bell, command on LEAK/STALL
 
 
@@ -171,10 +172,12 @@ class KvtopApp(App[None]):
         self.source: ScrapeSource | None = None  # made in the worker: the poller's HTTP
         # stack takes a third of a second to import, after the first frame, not before it
         self._recorder = (
-            RecordingWriter(config.record, interval_s=config.interval_s, targets=config.targets)
+            RecordingWriter(config.record, interval_s=config.interval_s, targets=config.targets,
+                            max_bytes=config.record_max_bytes)
             if config.record is not None
             else None
         )  # opened here so an unwritable path fails before the screen is taken over
+        self._record_told = (False, False, False)  # recording trouble already notified
         self._leak_seen: dict[str, str] = {}  # row key -> last leak state told to the user
         self.interval_s = config.interval_s
         self.gpus: list[GpuReading] = []  # local, from NVML
@@ -239,7 +242,7 @@ class KvtopApp(App[None]):
         if self.config.watch_tty and not self.is_headless:
             self._watch_terminal()
         if self._recorder is not None:
-            self.set_interval(RECORD_FLUSH_S, self._recorder.flush, name="record-flush")
+            self.set_interval(RECORD_FLUSH_S, self._flush_recording, name="record-flush")
 
     def on_resize(self, event: Resize) -> None:
         self._lay_out(event.size.width, event.size.height)
@@ -291,8 +294,6 @@ class KvtopApp(App[None]):
 
     def on_scrape(self, scrape: Scrape) -> None:
         """Fold a scrape into its tracker now (even when paused); draw later, coalesced."""
-        if self._recorder is not None:
-            self._recorder.write(scrape)
         tracker = self.trackers.get(scrape.target.url)
         if tracker is None:  # a server the source discovered after start (Prometheus)
             tracker = self.trackers[scrape.target.url] = self.config.tracker_factory(
@@ -303,6 +304,9 @@ class KvtopApp(App[None]):
             self._servers_changed = True  # a new server to own GPUs, or new GPUs
         elif tracker.state.kind in GPU_EXPORTER_KINDS:
             self._gpus_changed = True
+        if self._recorder is not None:
+            self._recorder.write(scrape)  # never raises: trouble shows in the status line
+            self._tell_recording_trouble()
         if first and not self._paused:
             self._draw_soon()
         else:
@@ -373,6 +377,31 @@ class KvtopApp(App[None]):
             pane.show(pane_lines(self.gpu_views, None, self._failed_gpu_sources,
                                  trails=self._gpu_trails, now=self.config.clock(),
                                  cells=pane.content_size.width - 2))
+
+    # -- recording ------------------------------------------------------------------------
+
+    def _flush_recording(self) -> None:
+        if self._recorder is not None:
+            self._recorder.flush()
+            self._tell_recording_trouble()
+
+    def _tell_recording_trouble(self) -> None:
+        """A toast when writing starts failing, the size limit is reached or the end is
+        lost; the status line then shows it for as long as the app runs."""
+        recorder = self._recorder
+        assert recorder is not None
+        now = (recorder.failing, recorder.full, recorder.end_lost)
+        if any(new and not old for new, old in zip(now, self._record_told, strict=True)):
+            self.notify(display_text(f"{recorder.path}: {recorder.status()}"),
+                        title="Recording", severity="error", timeout=10, markup=False)
+            self._request_draw()
+        self._record_told = now
+
+    def recording_status(self) -> str | None:
+        """None when not recording, "" while all is well, else what went wrong."""
+        if self._recorder is None:
+            return None
+        return self._recorder.status() or ""
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -445,6 +474,7 @@ class KvtopApp(App[None]):
             sort_label=self._sort_label(),
             filter_text=self._filter,
             paused=self._paused,
+            recording=self.recording_status(),
             group_label="" if self._group_mode == NONE else mode_label(self._group_mode),
             gpu_note=None if self.config.no_gpu else gpu_note(
                 self.gpu_unavailable, self._failed_gpu_sources, bool(self.gpu_views)),

@@ -8,6 +8,7 @@ live. Seeking backwards rebuilds the trackers from the recording's start (``on_r
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,10 +20,10 @@ from textual.widgets import Input, Static
 
 from kvtop.collect.target import Scrape
 from kvtop.safe_text import display_text, warn
-from kvtop.store.recording import RecordingError, read_recording
+from kvtop.store.recording import RecordingError, open_recording
 from kvtop.store.replay import ReplaySource
 from kvtop.ui import format as fmt
-from kvtop.ui.app import AppConfig, KvtopApp
+from kvtop.ui.app import INTERVALS, AppConfig, KvtopApp
 from kvtop.ui.screens.help import KEYS
 
 SEEK_S = 60.0  # [ ]
@@ -126,11 +127,15 @@ class ReplayApp(KvtopApp):
 
     def _draw(self, *, force: bool = False) -> None:
         super()._draw(force=force)
-        self.replay_bar.show(self.replay, self.replay_name)
+        self._show_bar()
+
+    def _show_bar(self) -> None:
+        if self._on_screen():  # a timed draw may land while the app shuts down
+            self.replay_bar.show(self.replay, self.replay_name)
 
     def _moved(self) -> None:
         """Show a pause, step or seek at once instead of at the next redraw period."""
-        self.replay_bar.show(self.replay, self.replay_name)
+        self._show_bar()
         self.set_timer(0.05, self._draw)
 
     def action_play_pause(self) -> None:
@@ -155,26 +160,44 @@ class ReplayApp(KvtopApp):
         self._moved()
 
 
-def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None) -> int:
-    """Open the app on the recording at ``path``. Returns 0, 2 (unreadable) or 3 (no scrapes)."""
-    try:
-        recording = read_recording(path)
-    except RecordingError as exc:
-        warn(f"kvtop replay: {exc}")
-        return EXIT_UNREADABLE
-    if not recording.scrapes:
-        warn(f"kvtop replay: {path} holds no scrapes")
-        return EXIT_NO_DATA
+class NothingToReplay(Exception):
+    """A readable recording without a single scrape."""
+
+
+def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None,
+               tell: Callable[[str], None] = lambda _: None) -> ReplayApp:
+    """The app on the recording at ``path``, streamed from disk (never held whole).
+    Raises RecordingError (unreadable) or NothingToReplay; ``tell`` gets the lines skipped."""
+    recording = open_recording(path)
+    if not recording.count:
+        raise NothingToReplay(f"{path} holds no scrapes")
     for warning in recording.warnings:
-        warn(f"kvtop replay: {path}: {warning}")
+        tell(f"{path}: {warning}")
     source = ReplaySource(recording, speed=speed)
     config = AppConfig(
         targets=recording.targets(),
-        interval_s=recording.interval_s,
+        # the redraw period follows the interval: kept to what the live app offers
+        interval_s=min(max(recording.interval_s, INTERVALS[0]), INTERVALS[-1]),
         no_gpu=True,  # this machine's GPUs say nothing about the recording
         snapshot_dir=snapshot_dir or Path.cwd(),
         source_factory=lambda _: source,
         clock=source.now,
     )
-    ReplayApp(config, source, path.name).run()
+    return ReplayApp(config, source, path.name)
+
+
+def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None) -> int:
+    """Open the app on the recording at ``path``. Returns 0, 2 (unreadable) or 3 (no scrapes)."""
+    def tell(text: str) -> None:
+        warn(f"kvtop replay: {text}")
+
+    try:
+        app = replay_app(path, speed=speed, snapshot_dir=snapshot_dir, tell=tell)
+    except RecordingError as exc:
+        tell(str(exc))
+        return EXIT_UNREADABLE
+    except NothingToReplay as exc:
+        tell(str(exc))
+        return EXIT_NO_DATA
+    app.run()
     return 0

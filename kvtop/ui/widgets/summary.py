@@ -16,7 +16,8 @@ BAR_MIN, BAR_MAX = 10, 60  # cells of the KV meter's bar
 
 
 class SummaryBar(Static):
-    """Two lines: the KV meter with hosts and verdict counts, then load and settings."""
+    """Two lines: the KV meter with hosts and verdict counts, then load and settings
+    (and whether a recording is being written, and what went wrong with it)."""
 
     COMPONENT_CLASSES = {  # noqa: RUF012
         "summary--key", "summary--bad", "summary--flag", "summary--ok", "summary--warn",
