@@ -83,7 +83,7 @@ INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 COMPACT_WIDTH = 120  # below this the detail's plots go one per row
 # Below this size the engine's charts shrink to sparklines under the table (80x24 over ssh)
 CHARTS_MIN_SIZE = (100, 30)
-GRID4_WIDTH = 120  # the small charts four across from here, else two by two
+GRID2_SIZE = (120, 45)  # narrower and at least this tall: the small charts two by two
 GPU_MIN_PERIOD_S = 2.0  # NVML reads are costly (gpustat#54); no need to go faster
 TTY_CHECK_S = 2.0
 RECORD_FLUSH_S = 5.0  # a crash loses at most this much of a recording
@@ -256,7 +256,7 @@ class KvtopApp(App[None]):
         self.set_class(width < COMPACT_WIDTH, "compact")
         self.set_class(sparks, "-sparks")
         self.set_class(not sparks, "-charts")
-        self.set_class(width < GRID4_WIDTH, "-grid2")
+        self.set_class(width < GRID2_SIZE[0] and height >= GRID2_SIZE[1], "-grid2")
         if changed and hasattr(self, "table"):
             self.call_after_refresh(self._redraw_panel)
 

@@ -37,6 +37,8 @@ def test_resize_redraws_the_panes_at_once(snap_compare) -> None:
         await _loaded(pilot)
         await pilot.resize_terminal(100, 30)  # the charts take the new width
         await pilot.pause(0.2)
+        pilot.app.screen.refresh()  # a full repaint (no new data): settles the compositor
+        await pilot.pause(0.1)
 
     assert snap_compare(static_app(), terminal_size=(200, 60), run_before=shrink)
 
@@ -46,6 +48,8 @@ def test_resize_to_sparklines(snap_compare) -> None:
         await _loaded(pilot)
         await pilot.resize_terminal(80, 24)
         await pilot.pause(0.2)
+        pilot.app.screen.refresh()
+        await pilot.pause(0.1)
 
     assert snap_compare(static_app(), terminal_size=(160, 48), run_before=shrink)
 

@@ -24,6 +24,13 @@ class SummaryBar(Static):
         "summary--bar", "summary--track",
     }
     _shown: Text | None = None
+    _last: tuple[FleetSummary, dict[str, object]] | None = None
+
+    def on_resize(self) -> None:
+        """The bar takes the new width at once, not at the next refresh."""
+        if self._last is not None:
+            summary, options = self._last
+            self.show(summary, **options)  # type: ignore[arg-type]
 
     def show(
         self,
@@ -37,6 +44,10 @@ class SummaryBar(Static):
         group_label: str = "",
         gpu_note: tuple[str, str] | None = None,
     ) -> None:
+        self._last = (summary, {"interval_s": interval_s, "sort_label": sort_label,
+                                "filter_text": filter_text, "paused": paused,
+                                "recording": recording, "group_label": group_label,
+                                "gpu_note": gpu_note})
         width = self.content_size.width or 200
         settings: list[Part] = [
             (4, [("every ", "key"), (f"{interval_s:g}s", "")]),
@@ -53,7 +64,7 @@ class SummaryBar(Static):
                             else (3, [("REC", "key")]))
         first = self._meter_line(summary, width)
         second = self._assemble(_with_note([*_load_parts(summary), *settings], gpu_note, width))
-        text = Text("\n").join([first, second])
+        text = Text("\n", no_wrap=True, overflow="ellipsis").join([first, second])
         if text != self._shown:  # fixed height: repaint, no layout
             self._shown = text
             self.update(text, layout=False)
