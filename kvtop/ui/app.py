@@ -232,7 +232,6 @@ class KvtopApp(App[None]):
         self.panes = self.query_one(EnginePanes)
         self.filter_box = self.query_one("#filter", Input)
         self.gpu_pane.display = False  # until some GPU is known
-        self._lay_out(self.size.width, self.size.height)
         self.table.focus()
         self._draw()
         self.call_after_refresh(self._collect)  # the first frame (the hosts) is painted first
@@ -252,11 +251,10 @@ class KvtopApp(App[None]):
         is shown now is drawn now (a chart takes its new size at once by itself)."""
         min_w, min_h = CHARTS_MIN_SIZE
         sparks = width < min_w or height < min_h or self.config.low_bandwidth
-        changed = sparks != self.has_class("-sparks")
-        self.set_class(width < COMPACT_WIDTH, "compact")
-        self.set_class(sparks, "-sparks")
-        self.set_class(not sparks, "-charts")
-        self.set_class(width < GRID2_SIZE[0] and height >= GRID2_SIZE[1], "-grid2")
+        changed = not self.has_class("-sparks" if sparks else "-charts")
+        self.update_classes({  # one restyle of the screen for them all
+            "compact": width < COMPACT_WIDTH, "-sparks": sparks, "-charts": not sparks,
+            "-grid2": width < GRID2_SIZE[0] and height >= GRID2_SIZE[1]})
         if changed and hasattr(self, "table"):
             self.call_after_refresh(self._redraw_panel)
 

@@ -54,9 +54,14 @@ class ChartPane(Styled, Widget):
         self._view: PaneView | None = None
 
     def show(self, view: PaneView | None) -> None:
-        self._view = view
-        self.border_title = self.line_text(view.legend) if view else None
-        self.border_subtitle = self.line_text(view.latest) if view else None
+        """Draw ``view``; what did not change is left alone (a title costs a layout)."""
+        old, self._view = self._view, view
+        if old is not None and view is not None and old == view:
+            return
+        if old is None or view is None or old.legend != view.legend:
+            self.border_title = self.line_text(view.legend) if view else None
+        if old is None or view is None or old.latest != view.latest:
+            self.border_subtitle = self.line_text(view.latest) if view else None
         self.refresh()
 
     def notify_style_update(self) -> None:
@@ -103,6 +108,7 @@ class EnginePanes(Vertical):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._beside_kv = beside_kv
         self._panes: dict[str, ChartPane] = {}
+        self._title: str | None = None
 
     def compose(self) -> ComposeResult:
         yield EngineHead(id="engine-head")
@@ -119,7 +125,9 @@ class EnginePanes(Vertical):
         self._panes = {key: self.query_one(f"#pane-{key}", ChartPane) for key in self.PANE_KEYS}
 
     def show(self, view: EngineView) -> None:
-        self.border_title = Text(view.title)  # a Text: a name is never read as markup
+        if view.title != self._title:
+            self._title = view.title
+            self.border_title = Text(view.title)  # a Text: a name is never read as markup
         self.head.show(view.lines)
         panes = {pane.key: pane for pane in view.panes}
         for key, widget in self._panes.items():

@@ -25,6 +25,11 @@ class SummaryBar(Static):
     }
     _shown: Text | None = None
     _last: tuple[FleetSummary, dict[str, object]] | None = None
+    _styles: dict[str, object] | None = None
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles = None
 
     def on_resize(self) -> None:
         """The bar takes the new width at once, not at the next refresh."""
@@ -96,10 +101,15 @@ class SummaryBar(Static):
     def _style(self, role: str) -> str | object:
         if not role:
             return ""
-        try:
-            return self.get_component_rich_style(f"summary--{role}")
-        except KeyError:  # the app is tearing down: its stylesheet is gone
-            return ""
+        if self._styles is None:
+            self._styles = {}
+        style = self._styles.get(role)
+        if style is None:
+            try:
+                style = self._styles[role] = self.get_component_rich_style(f"summary--{role}")
+            except KeyError:  # the app is tearing down: its stylesheet is gone
+                return ""
+        return style
 
 
 def _usage_role(usage: float | None) -> str:
