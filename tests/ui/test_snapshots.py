@@ -15,6 +15,21 @@ async def _settle(pilot) -> None:
     await pilot.pause(0.3)  # the GPU read runs in a thread
 
 
+async def _repainted(pilot) -> None:
+    """Every widget painted afresh before the picture: without it, which cells a redraw
+    timer happened to repaint (same text, segments split elsewhere) varies run to run."""
+    for widget in pilot.app.screen.query("*"):
+        widget.refresh()
+    await pilot.pause()
+
+
+def _then_repaint(step):
+    async def run(pilot) -> None:
+        await step(pilot)
+        await _repainted(pilot)
+    return run
+
+
 async def _loaded(pilot) -> None:
     """The loaded, leaking llama-70b-a selected (third by name): every pane has data."""
     await _settle(pilot)
@@ -25,11 +40,11 @@ async def _loaded(pilot) -> None:
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_fleet_view(snap_compare, size: tuple[int, int]) -> None:
-    assert snap_compare(static_app(), terminal_size=size, run_before=_loaded)
+    assert snap_compare(static_app(), terminal_size=size, run_before=_then_repaint(_loaded))
 
 
 def test_a_server_that_never_answered_selected(snap_compare) -> None:
-    assert snap_compare(static_app(), terminal_size=(120, 40), run_before=_settle)
+    assert snap_compare(static_app(), terminal_size=(120, 40), run_before=_then_repaint(_settle))
 
 
 def test_resize_redraws_the_panes_at_once(snap_compare) -> None:
@@ -37,10 +52,9 @@ def test_resize_redraws_the_panes_at_once(snap_compare) -> None:
         await _loaded(pilot)
         await pilot.resize_terminal(100, 30)  # the charts take the new width
         await pilot.pause(0.2)
-        pilot.app.screen.refresh()  # a full repaint (no new data): settles the compositor
-        await pilot.pause(0.1)
 
-    assert snap_compare(static_app(), terminal_size=(200, 60), run_before=shrink)
+
+    assert snap_compare(static_app(), terminal_size=(200, 60), run_before=_then_repaint(shrink))
 
 
 def test_resize_to_sparklines(snap_compare) -> None:
@@ -48,10 +62,9 @@ def test_resize_to_sparklines(snap_compare) -> None:
         await _loaded(pilot)
         await pilot.resize_terminal(80, 24)
         await pilot.pause(0.2)
-        pilot.app.screen.refresh()
-        await pilot.pause(0.1)
 
-    assert snap_compare(static_app(), terminal_size=(160, 48), run_before=shrink)
+
+    assert snap_compare(static_app(), terminal_size=(160, 48), run_before=_then_repaint(shrink))
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
@@ -61,7 +74,7 @@ def test_detail_view(snap_compare, size: tuple[int, int]) -> None:
         await pilot.press("j", "j", "enter")  # the loaded llama-70b-a, third by name
         await pilot.pause(0.3)
 
-    assert snap_compare(static_app(), terminal_size=size, run_before=open_detail)
+    assert snap_compare(static_app(), terminal_size=size, run_before=_then_repaint(open_detail))
 
 
 def test_help_at_80x24(snap_compare) -> None:
@@ -71,7 +84,7 @@ def test_help_at_80x24(snap_compare) -> None:
         pilot.app.clear_notifications()
         await pilot.pause(0.2)
 
-    assert snap_compare(static_app(), terminal_size=(80, 24), run_before=open_help)
+    assert snap_compare(static_app(), terminal_size=(80, 24), run_before=_then_repaint(open_help))
 
 
 def test_groups_by_model(snap_compare) -> None:
@@ -81,7 +94,7 @@ def test_groups_by_model(snap_compare) -> None:
         pilot.app.clear_notifications()
         await pilot.pause(0.2)
 
-    assert snap_compare(static_app(), terminal_size=(160, 48), run_before=group)
+    assert snap_compare(static_app(), terminal_size=(160, 48), run_before=_then_repaint(group))
 
 
 def test_gpu_unavailable_and_filtered(snap_compare) -> None:
@@ -93,4 +106,4 @@ def test_gpu_unavailable_and_filtered(snap_compare) -> None:
         await _settle(pilot)
         await pilot.press("slash", *"llama", "enter")
 
-    assert snap_compare(app, terminal_size=(120, 30), run_before=filter_llama)
+    assert snap_compare(app, terminal_size=(120, 30), run_before=_then_repaint(filter_llama))

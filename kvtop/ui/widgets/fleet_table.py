@@ -325,6 +325,6 @@ class FleetTable(ScrollView, can_focus=True):
             shown = text.rstrip(" ")  # padding stays plain: a LEAK badge is its text only
             segments += [Segment(" ", base), Segment(shown, base + self._style(cell.level)),
                          Segment(text[len(shown):] + " ", base)]
-        strip = Strip(segments).extend_cell_length(width, plain).crop(0, width)
+        strip = Strip(Segment.simplify(segments)).extend_cell_length(width, plain).crop(0, width)
         self._strips[(row.key, cursor)] = (row.cells, strip)
         return strip
