@@ -36,7 +36,7 @@ from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.tracker import TargetTracker
 from kvtop.ui.app import AppConfig, KvtopApp
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "metrics"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "metrics"
 BODIES = ("vllm-0.33.0-v1-twin-under-load.txt", "vllm-0.33.0-v1-twin-idle.txt",
           "vllm-0.10.1.1-v1-twin-under-load.txt")
 T0 = 1_767_225_600.0

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.exposition import parse
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "metrics"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "metrics"
 SCRAPES = ("vllm-0.29.0-v1-inferstack-t4-capture.txt", "vllm-0.33.0-v1-twin-under-load.txt")
 
 

@@ -24,10 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-FIXTURE = (
-    Path(__file__).resolve().parents[1].parent
-    / "shared/fixtures/metrics/vllm-0.33.0-v1-twin-under-load.txt"
-)
+FIXTURE = (Path(__file__).resolve().parents[1]
+           / "tests/fixtures/metrics/vllm-0.33.0-v1-twin-under-load.txt")
 
 
 def moving_bodies(seconds: int = 300, rate: float = 8.0) -> list[str]:

@@ -1,12 +1,21 @@
-"""The ``kvtop`` command: the terminal app by default, subcommands for headless work."""
+"""The ``kvtop`` command: the terminal app by default, subcommands for headless work.
+
+Exit codes shared by every command: 2 usage error, 70 internal error (a bug: a short message
+on stderr says where the traceback was written), 130 Ctrl-C, 141 the reader of stdout went
+away (``kvtop snapshot | head -1``), as for any Unix tool killed by SIGPIPE. Each command adds
+its own (``check``: 0 no leak, 1 leak, 3 no usable data).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from kvtop import __version__
 from kvtop.collect.target import Target
@@ -18,11 +27,13 @@ from kvtop.config import (
     leak_params,
     load_config,
     parse_duration,
+    positive_seconds,
     resolve_prometheus,
     resolve_targets,
 )
+from kvtop.exits import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
 from kvtop.runtime import tune_gc
-from kvtop.safe_text import warn
+from kvtop.safe_text import display_text, warn
 from kvtop.store.writer import DEFAULT_MAX_BYTES, parse_size, size_text
 
 if TYPE_CHECKING:
@@ -30,15 +41,22 @@ if TYPE_CHECKING:
     from kvtop.derive.leak import LeakParams
     from kvtop.ui.app import AppConfig
 
-EXIT_USAGE = 2
 EXIT_UNREADABLE = 3
 
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
+# One line per command: `kvtop --help`, each command's own help, completions, the man page.
+SUMMARIES: dict[str, str] = {
+    "snapshot": "read the targets once and print JSON or a table",
+    "record": "write every scrape to a recording for replay and check",
+    "check": "headless leak verdict for scripts, cron and CI (exit 1 on a leak)",
+    "replay": "open the terminal app on a recording (pause, step, seek, speed)",
+    "rules": "print Prometheus recording and alerting rules for KV-cache leaks",
+    "sim": "serve simulated vLLM servers (KV cache, queues, faults) on 127.0.0.1",
+    "rehearse": "go-live rehearsal: drive load for hours, watch, GO / NO-GO verdict",
+    "completion": "print a shell completion script for bash, zsh or fish",
+}
+SHELLS = ("bash", "zsh", "fish")
+DESCRIPTION = ("htop for the KV cache of vLLM, SGLang and llama.cpp servers: KV blocks, queues,\n"
+               "preemptions, prefix hits, throughput, latency, local GPUs and a leak indicator.")
 
 
 def _size(text: str) -> int:
@@ -52,22 +70,38 @@ _MAX_SIZE_HELP = (f"stop recording when the file would pass SIZE (500M, 2G; 0 fo
                   f"default {size_text(DEFAULT_MAX_BYTES)})")
 
 
-def _snapshot_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "snapshot", help="read the targets once and print JSON or a table",
-        description="Read every target (two scrapes --interval apart, so rates are filled "
-                    "in) and print the snapshot JSON (docs/snapshot-json.md) or a table. "
-                    "Exit 0 when every target was read, 3 when any could not be.")
-    add_target_arguments(parser)
-    parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
-                        help="seconds between the samples (default 1)")
-    parser.add_argument("--samples", type=int, choices=(1, 2), default=2,
-                        help="1 for a single scrape (no rates), 2 (default) for rates")
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a closed stdout while printing --help or --version is not
+    swallowed: it ends kvtop like any other write (exit 141)."""
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
+def _output_arguments(parser: argparse.ArgumentParser, text_flags: tuple[str, ...],
+                      text_help: str) -> None:
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", dest="as_json", action="store_true", default=None,
                         help="JSON (the default when stdout is not a terminal)")
-    output.add_argument("--table", dest="as_json", action="store_false",
-                        help="a readable table")
+    output.add_argument(*text_flags, dest="as_json", action="store_false", help=text_help)
+
+
+def _snapshot_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "snapshot", help=SUMMARIES["snapshot"],
+        description="Read every target (two scrapes --interval apart, so rates are filled "
+                    "in) and print the snapshot JSON (docs/snapshot-json.md) or a table with "
+                    "the app's columns. Exit 0 when every target was read, 3 when any could "
+                    "not be.")
+    add_target_arguments(parser)
+    parser.add_argument("--interval", type=positive_seconds, default=1.0, metavar="S",
+                        help="seconds between the samples (default 1)")
+    parser.add_argument("--samples", type=int, choices=(1, 2), default=2,
+                        help="1 for a single scrape (no rates), 2 (default) for rates")
+    _output_arguments(parser, ("--table", "--text"),
+                      "a table with the app's columns, one line per engine, never wrapped "
+                      "(the default on a terminal)")
     parser.add_argument("--no-gpu", action="store_true", help="leave local GPUs out")
     add_prometheus_arguments(parser)
     parser.set_defaults(command=_run_snapshot)
@@ -92,15 +126,16 @@ def _run_snapshot(args: argparse.Namespace) -> int:
 
 def _record_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "record", help="write every scrape to a recording for replay and check",
+        "record", help=SUMMARIES["record"],
         description="Poll the targets and write every scrape (body or error) to a new "
-                    "recording (docs/recording-format.md; gzip when FILE ends in .gz) until "
-                    "--duration passes or Ctrl-C. Exit 0 when every scrape is in the file, 2 "
-                    "when FILE can't be created (it exists: see --force), 4 when the "
-                    "recording falls short (write errors such as a full disk, --max-size).")
+                    "recording (docs/recording-format.md) until --duration passes or Ctrl-C. "
+                    "Exit 0 when every scrape is in the file, 2 when FILE can't be created (it "
+                    "exists: see --force), 4 when the recording falls short (write errors "
+                    "such as a full disk, --max-size).")
     add_target_arguments(parser)
-    parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE")
-    parser.add_argument("--interval", type=_positive, default=1.0, metavar="S",
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE",
+                        help="the recording to write (JSON Lines; gzip when FILE ends in .gz)")
+    parser.add_argument("--interval", type=positive_seconds, default=1.0, metavar="S",
                         help="seconds between scrapes of a target (default 1)")
     parser.add_argument("--duration", type=parse_duration, metavar="D",
                         help="stop after D (90s, 30m, 2h); default: until Ctrl-C")
@@ -123,17 +158,20 @@ def _run_record(args: argparse.Namespace) -> int:
 
 def _check_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "check", help="headless leak verdict for scripts, cron and CI (exit 1 on a leak)",
-        description="Watch the targets for --duration (or read a recording with --replay) "
-                    "through the leak detector and print the worst verdict per engine "
-                    "(docs/check-json.md). Exit 0 no leak, 1 a leak found, 2 usage error or "
-                    "unreadable input, 3 no usable data.")
+        "check", help=SUMMARIES["check"],
+        description="Watch the targets for --duration (or read a recording with --replay, or "
+                    "judge what Prometheus stored over the last --duration) through the leak "
+                    "detector and print the worst verdict per engine (docs/check-json.md). "
+                    "While watching, progress goes to stderr when it is a terminal. Exit 0 no "
+                    "leak, 1 a leak found, 2 usage error or unreadable input, 3 no usable "
+                    "data.")
     add_target_arguments(parser)
     parser.add_argument("--replay", type=Path, metavar="FILE",
                         help="judge a recording instead of live targets")
     parser.add_argument("--duration", type=parse_duration, default=None, metavar="D",
-                        help="how long to watch live targets (90s, 30m, 2h; default 30m)")
-    parser.add_argument("--interval", type=_positive, default=None, metavar="S",
+                        help="how long to watch live targets, or with --prometheus how far "
+                             "back to judge (90s, 30m, 2h; default 30m)")
+    parser.add_argument("--interval", type=positive_seconds, default=None, metavar="S",
                         help="seconds between scrapes (default 1; 5 with --prometheus)")
     parser.add_argument("--until-leak", action="store_true",
                         help="stop as soon as an engine is judged LEAK")
@@ -141,8 +179,8 @@ def _check_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="also write the live scrapes to a new recording")
     parser.add_argument("--record-max-size", type=_size, default=DEFAULT_MAX_BYTES,
                         metavar="SIZE", help=_MAX_SIZE_HELP)
-    parser.add_argument("--json", dest="as_json", action="store_true", default=None,
-                        help="JSON (the default when stdout is not a terminal)")
+    _output_arguments(parser, ("--text",), "the human-readable verdict even when stdout is "
+                                            "not a terminal (cron mail, tee)")
     add_prometheus_arguments(parser)
     parser.set_defaults(command=_run_check)
 
@@ -150,13 +188,13 @@ def _check_parser(subparsers: argparse._SubParsersAction) -> None:
 def _run_check(args: argparse.Namespace) -> int:
     from kvtop.headless.check_command import run_check_live, run_check_replay
 
-    params = leak_params(load_config(args.config))
+    config = load_config(args.config)
+    params = leak_params(config)
     if args.replay is not None:
         if args.targets or args.duration or args.record:
             raise ConfigError("--replay reads a recording: give no targets, --duration "
                               "or --record with it")
         return run_check_replay(args.replay, params=params, as_json=args.as_json)
-    config = load_config(args.config)
     if (prometheus := resolve_prometheus(args, config)) is not None:
         return _run_check_prometheus(args, prometheus, params)
     targets = resolve_targets(args, config)
@@ -184,7 +222,7 @@ def _run_check_prometheus(args: argparse.Namespace, prometheus: PrometheusSettin
 
 def _rules_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "rules", help="print Prometheus recording and alerting rules for KV-cache leaks",
+        "rules", help=SUMMARIES["rules"],
         description="Print Prometheus rules (YAML, for rule_files:) implementing kvtop's "
                     "leak evidence in PromQL with the thresholds from the config's "
                     "[thresholds]; docs/prometheus.md says where PromQL differs.")
@@ -211,13 +249,18 @@ def _run_rules(args: argparse.Namespace) -> int:
 
 def _replay_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "replay", help="open the terminal app on a recording (pause, step, seek, speed)",
+        "replay", help=SUMMARIES["replay"],
         description="Replay a recording in the terminal app; everything (history, rates, "
-                    "the leak indicator) is computed as it was live.")
-    parser.add_argument("recording", type=Path, metavar="FILE")
-    parser.add_argument("--speed", type=_positive, default=1.0,
+                    "the leak indicator) is computed as it was live. Keys: space pause, "
+                    "arrows step, [ ] seek, + - speed, ? for all.")
+    parser.add_argument("recording", type=Path, metavar="FILE",
+                        help="a recording written by kvtop record, kvtop check --record or "
+                             "the app's --record (JSON Lines, .gz or not)")
+    parser.add_argument("--speed", type=positive_seconds, default=1.0, metavar="X",
                         help="recording seconds per second (default 1)")
-    parser.add_argument("--snapshot-dir", type=Path, default=Path.cwd(), metavar="DIR")
+    parser.add_argument("--snapshot-dir", type=Path, default=Path.cwd(), metavar="DIR",
+                        help="where the s key writes snapshots of the replayed moment "
+                             "(default: current directory)")
     parser.set_defaults(command=_run_replay)
 
 
@@ -230,13 +273,32 @@ def _run_replay(args: argparse.Namespace) -> int:
 def _sim_parser(subparsers: argparse._SubParsersAction) -> None:
     from kvtop.sim.cli import add_sim_parser, run_sim
 
-    add_sim_parser(subparsers).set_defaults(command=run_sim)
+    add_sim_parser(subparsers, SUMMARIES["sim"]).set_defaults(command=run_sim)
 
 
 def _rehearse_parser(subparsers: argparse._SubParsersAction) -> None:
     from kvtop.headless.rehearse_command import add_rehearse_parser
 
     add_rehearse_parser(subparsers)
+
+
+def _completion_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "completion", help=SUMMARIES["completion"],
+        description="Print a completion script for SHELL, generated from kvtop's own "
+                    "options. Install it with, for example: "
+                    "bash: kvtop completion bash > ~/.local/share/bash-completion/completions/"
+                    "kvtop; zsh: kvtop completion zsh > ~/.zfunc/_kvtop (a folder on $fpath); "
+                    "fish: kvtop completion fish > ~/.config/fish/completions/kvtop.fish.")
+    parser.add_argument("shell", choices=SHELLS, metavar="SHELL", help=", ".join(SHELLS))
+    parser.set_defaults(command=_run_completion)
+
+
+def _run_completion(args: argparse.Namespace) -> int:
+    from kvtop.completion import completion_script
+
+    sys.stdout.write(completion_script(build_reference_parser(), args.shell))
+    return 0
 
 
 SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
@@ -247,30 +309,40 @@ SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "rules": _rules_parser,
     "sim": _sim_parser,
     "rehearse": _rehearse_parser,
+    "completion": _completion_parser,
 }
 
 
-def build_command_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvtop")
+def _add_commands(parser: argparse.ArgumentParser) -> None:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     for add in SUBCOMMANDS.values():
         add(subparsers)
+
+
+def build_command_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="kvtop")
+    _add_commands(parser)
     return parser
 
 
-def build_app_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _commands_epilog() -> str:
+    width = max(map(len, SUMMARIES))
+    lines = [f"  {name:<{width}}  {summary}" for name, summary in SUMMARIES.items()]
+    return ("commands (kvtop COMMAND --help for each):\n" + "\n".join(lines)
+            + "\n\nKeys in the app: ? for help.")
+
+
+def build_app_parser(*, with_commands: bool = False) -> argparse.ArgumentParser:
+    """The app's options; ``with_commands`` adds the subcommands instead of the targets, one
+    tree for completions and the man page (argparse can't parse both, so it never does)."""
+    parser = Parser(
         prog="kvtop",
         usage=f"kvtop [TARGET ...] [options]\n       kvtop {{{','.join(SUBCOMMANDS)}}} ...",
-        description="htop for the KV cache of vLLM, SGLang and llama.cpp servers: KV blocks, "
-                    "queues, preemptions, prefix hits, throughput, latency, local GPUs and a "
-                    "leak indicator.",
-        epilog="Commands: snapshot (headless JSON/table), record (write a recording), "
-               "sim (serve simulated vLLM servers). See kvtop COMMAND --help. "
-               "Keys in the app: ? for help.")
+        description=DESCRIPTION, epilog=_commands_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kvtop {__version__}")
-    add_target_arguments(parser)
-    parser.add_argument("--interval", type=_positive, metavar="S",
+    add_target_arguments(parser, positional=not with_commands)
+    parser.add_argument("--interval", type=positive_seconds, metavar="S",
                         help="seconds between scrapes (default 1, or the config's)")
     parser.add_argument("--demo", action="store_true",
                         help="watch a built-in simulated fleet (one server starts leaking)")
@@ -285,7 +357,14 @@ def build_app_parser() -> argparse.ArgumentParser:
     parser.add_argument("--record-max-size", type=_size, default=DEFAULT_MAX_BYTES,
                         metavar="SIZE", help=_MAX_SIZE_HELP)
     add_prometheus_arguments(parser)
+    if with_commands:
+        _add_commands(parser)
     return parser
+
+
+def build_reference_parser() -> argparse.ArgumentParser:
+    """Every option of the app and of each command, in one parser."""
+    return build_app_parser(with_commands=True)
 
 
 def _app_config(args: argparse.Namespace, targets: list[Target], interval: float,
@@ -337,22 +416,63 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
                                source_factory=lambda _config: source))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    tune_gc()
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, Callable[[argparse.Namespace], int]]:
     if argv and argv[0] in SUBCOMMANDS:
         args = build_command_parser().parse_args(argv)
-        command = args.command
-    else:
-        args = build_app_parser().parse_args(argv)
-        command = _run_app
+        return args, args.command
+    return build_app_parser().parse_args(argv), _run_app
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        args, command = _parse(argv)
+    except SystemExit as done:  # --help, --version, or a usage error argparse reported
+        if isinstance(done.code, int):
+            return done.code
+        return 0 if done.code is None else EXIT_USAGE
     try:
         return command(args)
     except ConfigError as exc:
         warn(f"kvtop: {exc}")
         return EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    tune_gc()
+    try:
+        code = _run(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a closed pipe shows up here, not in the interpreter's exit
+        return code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
+    except Exception:
+        return _internal_error()
+
+
+def _drop_stdout() -> None:
+    """The reader went away: send what is still buffered nowhere, so the interpreter's own
+    flush at exit doesn't complain (the recipe in Python's signal documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def _internal_error() -> int:
+    """A bug: one line on stderr, the traceback in a file (no locals, so no secrets)."""
+    error = sys.exc_info()[1]
+    summary = display_text(f"{type(error).__name__}: {error}", 200)
+    try:
+        fd, path = tempfile.mkstemp(prefix="kvtop-crash-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as report:
+            report.write(f"kvtop {__version__}, Python {sys.version.split()[0]}\n")
+            report.write("".join(traceback.format_exc()))
+        where = f"traceback in {path}"
+    except OSError as exc:
+        where = f"the traceback could not be written: {exc.strerror or exc}"
+    print(f"kvtop: internal error, a bug: {summary} ({where})", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

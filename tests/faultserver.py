@@ -37,10 +37,10 @@ import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "metrics"
+from tests.paths import FIXTURES
+
 DEFAULT_FIXTURE = "vllm-0.33.0-v1-twin-under-load.txt"
 BIG_BYTES = 50 * 1024 * 1024
 CHUNK = 64 * 1024
@@ -53,7 +53,7 @@ REASONS = {
 
 
 def fixture(name: str = DEFAULT_FIXTURE) -> bytes:
-    """A real /metrics text from shared/fixtures/metrics."""
+    """A real /metrics text from tests/fixtures/metrics."""
     return (FIXTURES / name).read_bytes()
 
 
@@ -87,6 +87,7 @@ class Request:
     query: dict[str, str]  # the last value of each argument
     headers: dict[str, str]  # lower-case names
     target: str = ""  # the request target as sent: path and the whole query
+    body: bytes = b""
 
 
 Handler = Callable[["FaultServer", Request, asyncio.StreamWriter], Awaitable[bool]]
@@ -111,6 +112,7 @@ class FaultServer:
     slash_mode: str | None = None  # the mode for paths ending in "/", when set
     delay_s: float = 0.5  # default for "slow"
     ssl_context: ssl.SSLContext | None = None  # serve HTTPS
+    api: Callable[[Request], tuple[int, bytes]] | None = None  # mode "api": (status, JSON)
     requests: list[Request] = field(default_factory=list)
     bytes_sent: int = 0
     hits: int = 0  # /metrics requests answered by "ok"
@@ -252,19 +254,21 @@ async def _read_request(reader: asyncio.StreamReader) -> Request | None:
         if ":" in line:
             name, value = line.split(":", 1)
             headers[name.strip().lower()] = value.strip()
-    await _skip_body(reader, headers)  # or its bytes would be read as the next request
+    body = await _read_body(reader, headers)  # or its bytes would be read as the next request
     parts = urlsplit(request_line[1])
     return Request(request_line[0], parts.path, dict(parse_qsl(parts.query)), headers,
-                   request_line[1])
+                   request_line[1], body)
 
 
-async def _skip_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> None:
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
+    body = b""
     if "chunked" in headers.get("transfer-encoding", "").lower():
         while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-            await reader.readexactly(size + 2)
+            body += (await reader.readexactly(size + 2))[:-2]
         await reader.readuntil(b"\r\n")  # no trailers are sent by the clients under test
     elif length := int(headers.get("content-length", "0") or 0):
-        await reader.readexactly(length)
+        body = await reader.readexactly(length)
+    return body
 
 
 # ---------------------------------------------------------------------------- modes
@@ -426,3 +430,27 @@ async def _stream_big(srv: FaultServer, w: asyncio.StreamWriter) -> bool:
 @mode("gzip_bomb")
 async def _gzip_bomb(srv: FaultServer, req: Request, w: asyncio.StreamWriter) -> bool:
     return await srv.respond(w, 200, gzip_bomb(), headers={"Content-Encoding": "gzip"})
+
+
+@mode("api")
+async def _api(srv: FaultServer, req: Request, w: asyncio.StreamWriter) -> bool:
+    """An HTTP API (a fake Prometheus): ``srv.api`` answers each request."""
+    assert srv.api is not None, "mode 'api' needs FaultServer(api=...)"
+    status, body = srv.api(req)
+    return await srv.respond(w, status, body, content_type="application/json")
+
+
+@mode("deflate_raw")
+async def _deflate_raw(srv: FaultServer, req: Request, w: asyncio.StreamWriter) -> bool:
+    """'Content-Encoding: deflate' must be zlib-wrapped; some servers send raw deflate."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    body = packer.compress(srv.bodies[0]) + packer.flush()
+    return await srv.respond(w, 200, body, headers={"Content-Encoding": "deflate"})
+
+
+@mode("gzip_corrupt")
+async def _gzip_corrupt(srv: FaultServer, req: Request, w: asyncio.StreamWriter) -> bool:
+    """gzip whose last block fails its CRC check."""
+    body = bytearray(gzip.compress(srv.bodies[0]))
+    body[-8] ^= 0xFF  # the CRC-32 in the trailer
+    return await srv.respond(w, 200, bytes(body), headers={"Content-Encoding": "gzip"})

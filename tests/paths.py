@@ -1,18 +1,13 @@
-"""Where the shared material lives relative to a checkout (repo/../shared)."""
+"""Where the repository's own test material lives (nothing here reads outside the checkout)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-FIXTURES = SHARED / "fixtures" / "metrics"
+FIXTURES = REPO / "tests" / "fixtures" / "metrics"  # real /metrics texts; INDEX.md says whence
 
 
 def fixture_text(name: str) -> str:
-    path = FIXTURES / name
-    if not path.exists():
-        pytest.skip(f"shared fixture {path} not found (clone next to ../shared)")
-    return path.read_text(encoding="utf-8")
+    """A real scrape from tests/fixtures/metrics; a missing one is an error, never a skip."""
+    return (FIXTURES / name).read_text(encoding="utf-8")

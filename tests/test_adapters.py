@@ -1,4 +1,4 @@
-"""Every real scrape in ../shared/fixtures/metrics, read through kvtop's adapters. The
+"""Every real scrape in tests/fixtures/metrics, read through kvtop's adapters. The
 expected values were read off each file by hand (the lines are quoted in comments)."""
 
 from __future__ import annotations

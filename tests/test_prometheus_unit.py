@@ -3,6 +3,9 @@ settings, and the rules' thresholds (the real-server tier is tests/prometheus)."
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from kvtop.collect.adapters import adapt, read_exposition
@@ -10,11 +13,15 @@ from kvtop.collect.exposition import Exposition, to_text
 from kvtop.collect.prometheus import (
     group_scrapes,
     load_settings,
+    parse_retention,
     selector_matchers,
     target_for,
     vector_selector,
 )
+from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams
+from kvtop.headless.check_command import CheckRun
+from kvtop.headless.prometheus_commands import _judge
 from kvtop.headless.rules import render_rules
 
 
@@ -71,3 +78,63 @@ def test_rules_carry_the_thresholds() -> None:
     assert "for: 90s" in text and "for: 15s" in text
     assert "[3600s:120s]" in text and ">= 0.03" in text
     assert 'vllm:kv_cache_usage_perc{namespace=\\"prod\\"}' in text
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("15d", 15 * 86400), ("1w2d", 9 * 86400), ("2h30m", 9000), ("15d or 10GiB", 15 * 86400),
+    ("10GiB", None), ("", None), ("banana", None), ("1y", 365 * 86400),
+])
+def test_prometheus_retention_is_read_from_its_runtime_info(text: str,
+                                                            seconds: float | None) -> None:
+    assert parse_retention(text) == seconds
+
+
+class StoredHistory:
+    """A PrometheusSource stand-in with a retention and a stored past: records how it is read."""
+
+    def __init__(self, retention_s: float | None) -> None:
+        self.target = Target("http://prom:9090#vllm/gpu-1:8000")
+        self.retention = retention_s
+        self.backfilled: list[float] = []
+        self.watched = False
+
+    async def __aenter__(self) -> StoredHistory:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def discover(self) -> list[Target]:
+        return [self.target]
+
+    async def retention_s(self) -> float | None:
+        return self.retention
+
+    async def backfill(self, span_s: float) -> list[Scrape]:
+        self.backfilled.append(span_s)
+        return [Scrape(self.target, 1_800_000_000.0 + t, failure="down", error="x")
+                for t in range(0, int(span_s), 15)]
+
+    async def run(self, on_scrape: Any, *, stop: asyncio.Event, backfill: bool) -> None:
+        assert not backfill
+        self.watched = True
+        await stop.wait()
+
+
+async def test_check_through_prometheus_judges_the_stored_past_at_once() -> None:
+    source = StoredHistory(retention_s=15 * 86400)
+    run = CheckRun(LeakParams())
+    await _judge(run, source, duration_s=3600, until_leak=False)  # type: ignore[arg-type]
+    assert source.backfilled == [3600] and not source.watched
+    assert run.to_json()["duration_s"] == 3585.0  # the first and last stored scrape
+    unknown = StoredHistory(retention_s=None)  # an API that does not say: assume it fits
+    await _judge(CheckRun(), unknown, duration_s=600, until_leak=False)  # type: ignore[arg-type]
+    assert unknown.backfilled == [600] and not unknown.watched
+
+
+async def test_check_through_prometheus_watches_only_what_retention_does_not_hold() -> None:
+    source = StoredHistory(retention_s=60)
+    started = asyncio.get_running_loop().time()
+    await _judge(CheckRun(), source, duration_s=60.3, until_leak=False)  # type: ignore[arg-type]
+    assert source.backfilled == [60] and source.watched
+    assert asyncio.get_running_loop().time() - started >= 0.3  # the other 0.3 s, live

@@ -47,10 +47,6 @@ def twin_python() -> Path:
     return Path(os.environ.get("KVTOP_TWIN_PYTHON", REPO / ".venv-twin" / "bin" / "python"))
 
 
-def twin_dir() -> Path:
-    return Path(os.environ.get("KVTOP_TWIN_DIR", REPO.parent / "shared" / "twin"))
-
-
 # -- workloads -------------------------------------------------------------------------
 
 
@@ -70,8 +66,8 @@ def _workload(name: str, config: dict[str, int], requests: list[dict[str, Any]])
 
 
 def mixed(n: int) -> Workload:
-    """twin_probe.py's default healthy run: two 256-token system prompts, 2 arrivals/step."""
-    rng = random.Random(0)  # the same draws, in the same order, as twin_probe.make_workload
+    """The fixtures' healthy run: two 256-token system prompts, 2 arrivals/step."""
+    rng = random.Random(0)  # the draws, in order, of the run behind the 0.33.0 fixtures
     systems = [[rng.randrange(3, VOCAB) for _ in range(256)] for _ in range(2)]
     requests = []
     for i in range(n):
@@ -200,7 +196,7 @@ def replay_twin(workloads: list[Workload], python: Path | None = None,
             src, dst = Path(tmp, f"w{k}.json"), Path(tmp, f"t{k}.json")
             src.write_text(json.dumps(workload))
             args += [str(src), str(dst)]
-        env = {**os.environ, "PYTHONPATH": str(twin_dir()), "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
         proc = subprocess.run([str(python or twin_python()), str(DRIVER), *args], env=env,
                               timeout=timeout, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -1,8 +1,8 @@
-"""Replay a fidelity workload through vLLM 0.33's real scheduler (the twin, level A).
+"""Replay a fidelity workload through vLLM 0.33's real scheduler (twin/scheduler.py).
 
-Runs under the twin interpreter only (`.venv-twin/bin/python`), with
-PYTHONPATH=../shared/twin so that `twin_probe` (which sets the CPU/offline environment
-before importing vllm) provides the real Scheduler, KVCacheManager and block hasher.
+Runs under the twin interpreter only (`.venv-twin/bin/python`), with the checkout on
+PYTHONPATH so that `twin.scheduler` (which sets the CPU/offline environment before importing
+vllm) provides the real Scheduler, KVCacheManager and block hasher.
 
     python twin_driver.py WORKLOAD.json TRAJECTORY.json [WORKLOAD.json TRAJECTORY.json ...]
 
@@ -18,73 +18,46 @@ import sys
 import time
 from typing import Any
 
-import twin_probe  # sets VLLM_TARGET_DEVICE=cpu etc. before importing vllm
-from vllm.sampling_params import RequestOutputKind, SamplingParams
-from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.engine import EngineCoreRequest
-from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request
-
-EOS = twin_probe.EOS
-VOCAB = twin_probe.VOCAB
+from twin.model import EOS_TOKEN_ID, FIRST_TEXT_TOKEN_ID, VOCAB_SIZE
+from twin.scheduler import VLLM_VERSION, Request, SchedulerTwin
 
 
 class Driver:
     """The twin's scheduler with a fake model that ends each request at its planned length."""
 
     def __init__(self, config: dict[str, int], seed: int) -> None:
-        self.twin = twin_probe.Twin(
+        self.twin = SchedulerTwin(
             num_blocks=config["num_gpu_blocks"],
             max_num_seqs=config["max_num_seqs"],
             max_num_batched_tokens=config["max_num_batched_tokens"],
             max_model_len=config["max_model_len"],
             seed=seed,
         )
-        self.scheduler = self.twin.scheduler
         self.rng = random.Random(seed)
         self.output_len: dict[str, int] = {}
         self.totals = {"preemptions": 0, "queries": 0, "hits": 0, "finished": 0}
 
     def add(self, rid: str, spec: dict[str, Any]) -> None:
-        # stop_token_ids, not eos_token_id: with no tokenizer nothing sets the latter.
-        params = SamplingParams(max_tokens=spec["max_tokens"], stop_token_ids=[EOS],
-                                detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
-        ecr = EngineCoreRequest(
-            request_id=rid, prompt_token_ids=spec["prompt"], mm_features=None,
-            sampling_params=params, pooling_params=None, arrival_time=time.time(),
-            lora_request=None, cache_salt=None, data_parallel_rank=None, external_req_id=rid,
-        )
         self.output_len[rid] = spec["output_len"]
-        self.scheduler.add_request(Request.from_engine_core_request(ecr,
-                                                                    self.twin.block_hasher))
+        self.twin.add_request(spec["prompt"], spec["max_tokens"], request_id=rid)
 
-    def sample(self, rid: str) -> list[int]:
-        req = self.scheduler.requests[rid]
-        if req.is_prefill_chunk:
+    def sample(self, request: Request) -> list[int]:
+        if request.is_prefill_chunk:
             return []  # a partial prefill samples nothing
-        if req.num_output_tokens + 1 == self.output_len[rid] < req.max_tokens:
-            return [EOS]
-        return [self.rng.randrange(3, VOCAB)]
-
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        req_ids = list(so.num_scheduled_tokens)
-        return ModelRunnerOutput(req_ids=req_ids,
-                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=[self.sample(r) for r in req_ids])
+        if request.num_output_tokens + 1 == self.output_len[request.request_id] \
+                < request.max_tokens:
+            return [EOS_TOKEN_ID]
+        return [self.rng.randrange(FIRST_TEXT_TOKEN_ID, VOCAB_SIZE)]
 
     def step(self) -> dict[str, float]:
-        so = self.scheduler.schedule()
-        outputs = self.scheduler.update_from_output(so, self.execute(so))
-        self.totals["preemptions"] += len(so.preempted_req_ids or ())
-        for outs in outputs.values():
-            self.totals["finished"] += sum(1 for o in outs.outputs if o.finished)
-            if outs.scheduler_stats is not None:
-                self.totals["queries"] += outs.scheduler_stats.prefix_cache_stats.queries
-                self.totals["hits"] += outs.scheduler_stats.prefix_cache_stats.hits
-        running, waiting = self.scheduler.get_request_counts()
-        pool = self.scheduler.kv_cache_manager.block_pool
-        return {"usage": pool.get_usage(), "running": running, "waiting": waiting,
-                "scheduled": so.total_num_scheduled_tokens, **self.totals}
+        report = self.twin.step(self.sample)
+        self.totals["preemptions"] += report.preempted
+        self.totals["finished"] += report.finished
+        self.totals["queries"] += report.prefix_queries
+        self.totals["hits"] += report.prefix_hits
+        running, waiting = self.twin.counts()
+        return {"usage": self.twin.usage(), "running": running, "waiting": waiting,
+                "scheduled": report.scheduled_tokens, **self.totals}
 
 
 def replay(workload: dict[str, Any]) -> list[dict[str, float]]:
@@ -92,7 +65,7 @@ def replay(workload: dict[str, Any]) -> list[dict[str, float]]:
     requests = sorted(enumerate(workload["requests"]), key=lambda p: p[1]["step"])
     trajectory: list[dict[str, float]] = []
     i = 0
-    while i < len(requests) or driver.scheduler.has_unfinished_requests():
+    while i < len(requests) or driver.twin.has_work():
         while i < len(requests) and requests[i][1]["step"] <= len(trajectory):
             driver.add(f"r{requests[i][0]}", requests[i][1])
             i += 1
@@ -110,7 +83,7 @@ def main() -> None:
         t0 = time.perf_counter()
         trajectory = replay(workload)
         with open(dst, "w") as f:
-            json.dump({"vllm": twin_probe.vllm.__version__,
+            json.dump({"vllm": VLLM_VERSION,
                        "seconds": time.perf_counter() - t0, "steps": trajectory}, f)
 
 

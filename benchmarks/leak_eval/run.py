@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scenarios import Scenario, generate, read_truth
 from score import Score, score
-from twin import generate_twin, twin_python
+from twin_recordings import generate_twin, twin_python
 
 CONT = {"rate": 4.0, "output_mean": 300.0}  # ~10 running, never idle at 10 s scrapes
 # 1 min of bursts, then 2 min idle

@@ -1,9 +1,10 @@
 """Leak-evaluation scenarios and their recordings, made without HTTP in simulated time.
 
-A scenario drives kvtop's simulator (or, in `twin.py`, vLLM 0.33's own scheduler) and every
-`interval_s` simulated seconds writes its `/metrics` text, exactly as served, as one scrape of
-a kvtop recording (`t` = a fixed epoch + simulated seconds). The ground truth of each scrape
-(leaked blocks, used blocks, running, waiting) goes to a JSON file next to it.
+A scenario drives kvtop's simulator (or, in `twin_recordings.py`, vLLM 0.33's own
+scheduler) and every `interval_s` simulated seconds writes its `/metrics` text, exactly as
+served, as one scrape of a kvtop recording (`t` = a fixed epoch + simulated seconds). The
+ground truth of each scrape (leaked blocks, used blocks, running, waiting) goes to a JSON
+file next to it.
 
 Leak sizes are calibrated, not guessed: until `leak_at_s` the server is healthy and the
 simulator counts the requests that end the way the leak will hit (finished, or aborted) and

@@ -1,7 +1,7 @@
 """Leak-evaluation run of vLLM 0.33's real scheduler and stat loggers (the twin, level A).
 
-Runs under the twin interpreter only, with PYTHONPATH=../shared/twin (twin_probe sets the
-CPU/offline environment before importing vllm), and always as a subprocess: vLLM registers
+Runs under the twin interpreter only, with the checkout on PYTHONPATH (`twin.scheduler` sets
+the CPU/offline environment before importing vllm), and always as a subprocess: vLLM registers
 process-global Prometheus collectors.
 
     python twin_driver.py SPEC.json OUT.jsonl
@@ -10,7 +10,7 @@ Time is step-indexed (`step_s` simulated seconds per engine step). Requests arri
 Poisson process in that time, continuously or in bursts with idle gaps; while nothing is
 running or waiting the engine does not step (like vLLM's idle engine core) and the clock
 jumps to the next arrival. Every `interval_s` one line goes to OUT: the `/metrics` text that
-vLLM's own PrometheusStatLogger exposes, plus the ground truth. The leak is twin_probe's:
+vLLM's own PrometheusStatLogger exposes, plus the ground truth. The leak is twin/leak.py's:
 `KVCacheManager.free` skips a fraction of finished requests, calibrated at `leak_at_s` from
 the requests finished so far so that the pool would fill in `leak_fill_h` hours.
 """
@@ -23,37 +23,9 @@ import random
 import sys
 from typing import Any
 
-import twin_probe  # sets VLLM_TARGET_DEVICE=cpu etc. before importing vllm
-from vllm.v1.core.kv_cache_manager import KVCacheManager
-
-
-class Leak:
-    """The patched free path: counts finished requests and their own blocks, leaks some."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = random.Random(seed)
-        self.frac = 0.0
-        self.ended_blocks = 0  # blocks of their own that finished requests held
-        self.leaked: list[str] = []
-        original = KVCacheManager.free
-
-        def free(manager: KVCacheManager, request: Any) -> None:
-            if request.is_finished():
-                blocks = manager.coordinator.single_type_managers[0].req_to_blocks.get(
-                    request.request_id, [])
-                self.ended_blocks += sum(b.ref_cnt == 1 for b in blocks)
-                if self.rng.random() < self.frac:
-                    self.leaked.append(request.request_id)
-                    return  # its blocks keep ref_cnt > 0 for ever
-            original(manager, request)
-
-        KVCacheManager.free = free  # type: ignore[method-assign]
-
-    def leaked_blocks(self, twin: twin_probe.Twin) -> int:
-        held = twin.scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
-        leaked = {b.block_id for rid in self.leaked for b in held.get(rid, [])}
-        live = {b.block_id for rid in twin.scheduler.requests for b in held.get(rid, [])}
-        return len(leaked - live)
+from twin.leak import FreeLeak
+from twin.model import FIRST_TEXT_TOKEN_ID, VOCAB_SIZE
+from twin.scheduler import SchedulerTwin
 
 
 def arrivals(spec: dict[str, Any], rng: random.Random) -> list[float]:
@@ -74,17 +46,18 @@ def arrivals(spec: dict[str, Any], rng: random.Random) -> list[float]:
 
 def request(rng: random.Random, systems: list[list[int]], shared_frac: float
             ) -> tuple[list[int], int]:
-    suffix = [rng.randrange(3, twin_probe.VOCAB) for _ in range(rng.randint(16, 400))]
+    suffix = [rng.randrange(FIRST_TEXT_TOKEN_ID, VOCAB_SIZE) for _ in range(rng.randint(16, 400))]
     prompt = rng.choice(systems) + suffix if rng.random() < shared_frac else suffix
     return prompt, rng.randint(16, 256)
 
 
 def run(spec: dict[str, Any], out: Any) -> None:
     rng = random.Random(spec["seed"])
-    twin = twin_probe.Twin(num_blocks=spec["blocks"], max_num_seqs=spec["max_num_seqs"],
-                           seed=spec["seed"])
-    leak = Leak(spec["seed"] + 1)
-    systems = [[rng.randrange(3, twin_probe.VOCAB) for _ in range(256)] for _ in range(2)]
+    twin = SchedulerTwin(num_blocks=spec["blocks"], max_num_seqs=spec["max_num_seqs"],
+                         seed=spec["seed"])
+    leak = FreeLeak(seed=spec["seed"] + 1).install()
+    systems = [[rng.randrange(FIRST_TEXT_TOKEN_ID, VOCAB_SIZE) for _ in range(256)]
+               for _ in range(2)]
     pending = arrivals(spec, rng)
     step_s, interval = spec["step_s"], spec["interval_s"]
     t = next_scrape = 0.0
@@ -100,27 +73,27 @@ def run(spec: dict[str, Any], out: Any) -> None:
             t = max(t, min(pending[0] if pending else math.inf, next_scrape))
         if mark is None and t >= spec["warmup_s"]:
             mark = (t, leak.ended_blocks)
-        if spec.get("leak_fill_h") and leak.frac == 0 and t >= spec["leak_at_s"] and mark:
-            leak.frac = _calibrate(spec, leak, mark, t)
-            out.write(json.dumps({"leak_start_s": t, "leak_frac": leak.frac}) + "\n")
+        if spec.get("leak_fill_h") and leak.fraction == 0 and t >= spec["leak_at_s"] and mark:
+            leak.fraction = _calibrate(spec, leak, mark, t)
+            out.write(json.dumps({"leak_start_s": t, "leak_frac": leak.fraction}) + "\n")
         if t >= next_scrape:
             if next_scrape >= spec["warmup_s"]:
                 _scrape(twin, leak, next_scrape, out)
             next_scrape += interval
 
 
-def _calibrate(spec: dict[str, Any], leak: Leak, mark: tuple[float, int], t: float) -> float:
+def _calibrate(spec: dict[str, Any], leak: FreeLeak, mark: tuple[float, int], t: float) -> float:
     t0, blocks0 = mark
     blocks_per_s = (leak.ended_blocks - blocks0) / (t - t0)
     return min(1.0, spec["blocks"] / (spec["leak_fill_h"] * 3600) / max(blocks_per_s, 1e-9))
 
 
-def _scrape(twin: twin_probe.Twin, leak: Leak, t: float, out: Any) -> None:
-    running, waiting = twin.scheduler.get_request_counts()
-    pool = twin.scheduler.kv_cache_manager.block_pool
-    used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
-    out.write(json.dumps({"t": t, "body": twin.metrics_text(), "leaked": leak.leaked_blocks(twin),
-                          "used": used, "running": running, "waiting": waiting}) + "\n")
+def _scrape(twin: SchedulerTwin, leak: FreeLeak, t: float, out: Any) -> None:
+    running, waiting = twin.counts()
+    leaked = leak.leaked_blocks(twin.scheduler.kv_cache_manager, twin.scheduler.requests)
+    out.write(json.dumps({"t": t, "body": twin.metrics_text(), "leaked": leaked,
+                          "used": twin.used_blocks(), "running": running,
+                          "waiting": waiting}) + "\n")
 
 
 def main() -> None:

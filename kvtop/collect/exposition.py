@@ -8,7 +8,13 @@ Built for a monitor that reads a 50 KB scrape every second from many servers:
 * Label blocks repeat verbatim between scrapes, so parsed label dicts are cached by their
   raw text. The dicts are shared: treat ``Sample.labels`` as read-only.
 * A malformed line is reported in ``Exposition.errors`` and skipped; the rest is kept.
+  So is a series written twice (both copies are left out: which one is true is unknown).
   No input raises.
+* Time and memory are linear in the body and bounded: a body of more than ``MAX_LINES``
+  lines, with more than ``MAX_WANTED_LINES`` lines to read or more than ``MAX_ERRORS``
+  malformed ones is refused whole (``Exposition.refused`` says why; nothing in it is
+  kept); a line longer than ``MAX_LINE_CHARS`` is reported and skipped; the caches hold
+  at most a few MB.
 
 Handled: escaped label values, ``NaN``/``+Inf``/``-Inf``, optional timestamps, ``# EOF``,
 ``_created`` series (kept like any sample), exemplars (dropped), blank and comment lines,
@@ -18,30 +24,59 @@ CRLF, duplicate or missing HELP/TYPE, samples in any order, quoted (UTF-8) metri
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from kvtop.collect.bounded import BoundedCache
+
 _NAME_TOKEN_RE = re.compile(r"[^{ \t]*")  # a sample line's name: up to '{' or a blank
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+# Quoted text, written unrolled: an alternation per character costs ~1 µs/char in re.
+_QUOTED = r'"([^"\\\n]*(?:\\.[^"\\\n]*)*)"'
 _LABEL_RE = re.compile(
-    r'\s*(?:([a-zA-Z_][a-zA-Z0-9_]*)|"((?:[^"\\\n]|\\.)*)")\s*(?:=\s*"((?:[^"\\\n]|\\.)*)")?\s*'
+    r'\s*(?:([a-zA-Z_][a-zA-Z0-9_]*)|' + _QUOTED + r')\s*(?:=\s*' + _QUOTED + r')?\s*'
 )
+# A label block of plain names only, matched whole in one call (what servers write); the
+# loop in _parse_label_block reads the rest and says what is wrong.
+_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*' + _QUOTED)
+_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
+# Each pair ends at its comma or before the '}', so a match never backtracks into a value
+# (which cost ~0.2 us a character of it).
+_PLAIN_BLOCK_RE = re.compile(r'\{(?:\s*' + _PAIR + r'\s*(?:,|(?=\})))*[ \t]*\}')
 # '# HELP name text' or '# TYPE name type'; the name may be quoted like a UTF-8 sample name
 _COMMENT_RE = re.compile(
-    r'#[ \t]*(HELP|TYPE)[ \t]+(?:"((?:[^"\\]|\\.)*)"|([^ \t]+))(?:[ \t]+(.*))?\Z'
+    r'#[ \t]*(HELP|TYPE)[ \t]+(?:"([^"\\]*(?:\\.[^"\\]*)*)"|([^ \t]+))(?:[ \t]+(.*))?\Z'
 )
-_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-_ESCAPE_RE = re.compile(r"\\[\\\"n]")
-_HELP_ESCAPE_RE = re.compile(r"\\[\\n]")
-_MAX_CACHED_LABEL_BLOCKS = 50_000
-_label_cache: dict[str, tuple[str | None, dict[str, str]]] = {}
-_sample_heads: dict[str, tuple[str, dict[str, str]]] = {}  # "name{labels}" -> parsed
 _SAMPLE_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created", "_info", "_gsum", "_gcount")
 _TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "unknown",
                     "info", "stateset", "gaugehistogram"})
+
+# Limits on one body (module notes). A vLLM server writes ~550 lines (~90 that kvtop reads)
+# per engine and its longest line is ~1.1 KB; 256 engines (the adapters' cap) write
+# ~140,000 lines of which ~23,000 are read.
+MAX_LINES = 250_000
+MAX_WANTED_LINES = 40_000
+MAX_LINE_CHARS = 16_384
+MAX_ERRORS = 1_000  # malformed lines: past this, the body is not Prometheus text
+ERROR_TEXT_CHARS = 120
+# The caches: entries, and characters of their keys. A fleet of 500 servers with their own
+# label values fills ~45,000 entries of ~100 characters; a hostile server making every
+# label block new pins at most ~50 MB here, and pays a re-parse.
+_MAX_CACHED_LABEL_BLOCKS = 50_000
+_MAX_CACHED_KEY_CHARS = 16 << 20
+_MAX_CACHED_HEAD_CHARS = 4096  # longer heads are parsed every time, never cached
+_MAX_CACHED_COMMENT_CHARS = 1024
+# '{labels}' -> (quoted name or None, labels); 'name{labels}' -> (name, labels, series id)
+_label_cache = BoundedCache(_MAX_CACHED_LABEL_BLOCKS, _MAX_CACHED_KEY_CHARS)
+_sample_heads = BoundedCache(_MAX_CACHED_LABEL_BLOCKS, _MAX_CACHED_KEY_CHARS)
+# A number per series (name and label pairs, in any order), to find one written twice;
+# never reused, so a number from before the map was emptied never names another series.
+_series_ids: dict[tuple[str, frozenset[tuple[str, str]]], int] = {}
+_next_series_id = itertools.count()
 
 
 class Sample(NamedTuple):
@@ -71,6 +106,7 @@ class Exposition:
     types: dict[str, str] = field(default_factory=dict)  # family name -> type
     helps: dict[str, str] = field(default_factory=dict)
     errors: list[ParseError] = field(default_factory=list)
+    refused: str | None = None  # why the whole body was refused (over a limit): it is empty
     _index: dict[str, list[Sample]] | None = None
 
     def series(self, name: str) -> list[Sample]:
@@ -117,16 +153,24 @@ def to_text(expo: Exposition) -> str:
 
 
 def _unescape(value: str) -> str:
+    """A label value's escapes (backslash, quote, newline) read; any other stays as is.
+    Escapes pair from the left, so the escaped backslashes are set aside first; then no
+    backslash left can pair across one. In C, a few passes whatever the escapes: a value
+    made of them costs no Python call per escape."""
     if "\\" not in value:
         return value
-    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value)
+    if "\0" in value:  # the stand-in is taken: the same, part by part
+        return "\\".join(part.replace('\\"', '"').replace("\\n", "\n")
+                         for part in value.split("\\\\"))
+    return (value.replace("\\\\", "\0").replace('\\"', '"').replace("\\n", "\n")
+            .replace("\0", "\\"))
 
 
 def unescape_help(text: str) -> str:
     """HELP text escapes only backslash and newline."""
     if "\\" not in text:
         return text
-    return _HELP_ESCAPE_RE.sub(lambda m: "\n" if m.group(0) == "\\n" else "\\", text)
+    return "\\".join(part.replace("\\n", "\n") for part in text.split("\\\\"))
 
 
 def _parse_label_block(line: str, start: int) -> tuple[int, str | None, dict[str, str]]:
@@ -134,8 +178,14 @@ def _parse_label_block(line: str, start: int) -> tuple[int, str | None, dict[str
 
     Returns (index after ``}``, quoted metric name or None, labels). Raises ValueError.
     """
+    plain = _PLAIN_BLOCK_RE.match(line, start)
+    if plain is not None:
+        pairs = _PAIR_RE.findall(line, start, plain.end())
+        labels = {key: _unescape(value) for key, value in pairs}
+        if len(labels) == len(pairs):  # else a label given twice: the loop says which
+            return plain.end(), None, labels
     pos = start + 1
-    labels: dict[str, str] = {}
+    labels = {}
     quoted_name: str | None = None
     while True:
         while pos < len(line) and line[pos] in " \t":
@@ -173,20 +223,19 @@ def _labels_at(line: str, brace: int) -> tuple[int, str | None, dict[str, str]]:
         if hit is not None:
             return close + 1, hit[0], hit[1]
     end, quoted_name, labels = _parse_label_block(line, brace)
-    if len(_label_cache) >= _MAX_CACHED_LABEL_BLOCKS:
-        _label_cache.clear()
-    _label_cache[line[brace:end]] = (quoted_name, labels)
+    if end - brace <= _MAX_CACHED_HEAD_CHARS:
+        _label_cache.put(line[brace:end], (quoted_name, labels), end - brace)
     return end, quoted_name, labels
 
 
 def _parse_value(text: str) -> float:
     # float() also takes '1_000' and non-ASCII digits ('١'); the format allows neither
     if "_" in text or not text.isascii():
-        raise ValueError(f"bad value {text!r}")
+        raise ValueError(f"bad value {text[:40]!r}")
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"bad value {text!r}") from None
+        raise ValueError(f"bad value {text[:40]!r}") from None
 
 
 def _parse_head(line: str, name_end: int) -> tuple[int, str, dict[str, str]]:
@@ -203,20 +252,33 @@ def _parse_head(line: str, name_end: int) -> tuple[int, str, dict[str, str]]:
                 raise ValueError("metric name given twice")
             return pos, quoted_name, labels
     if not _NAME_RE.match(name):
-        raise ValueError(f"bad metric name {name!r}")
+        raise ValueError(f"bad metric name {name[:60]!r}")
     return (pos if labels or line[pos - 1 : pos] == "}" else name_end), name, labels
 
 
-def _parse_sample(line: str, name_end: int) -> Sample:
-    pos, name, labels = _parse_head(line, name_end)
+def _series_id(name: str, labels: dict[str, str]) -> int:
+    key = (name, frozenset(labels.items()))
+    known = _series_ids.get(key)
+    if known is None:
+        if len(_series_ids) >= _MAX_CACHED_LABEL_BLOCKS:
+            _series_ids.clear()
+        known = _series_ids[key] = next(_next_series_id)
+    return known
+
+
+def _parse_sample(line: str) -> tuple[Sample, int]:
+    """The sample on a line, and its series id. Raises ValueError."""
+    if len(line) > MAX_LINE_CHARS:
+        raise ValueError(f"line of {len(line):,} characters (the limit is {MAX_LINE_CHARS:,})")
+    pos, name, labels = _parse_head(line, _NAME_TOKEN_RE.match(line).end())  # type: ignore[union-attr]
+    key = _series_id(name, labels)
     rest = line[pos:]
     if rest[:1] == " " and rest.count(" ", 1) == 0 and "\t" not in rest:
         # "head value": remember the head, so the next scrape parses it with one lookup
         sample = Sample(name, labels, _parse_value(rest[1:]))
-        if len(_sample_heads) >= _MAX_CACHED_LABEL_BLOCKS:
-            _sample_heads.clear()
-        _sample_heads[line[:pos]] = (name, labels)
-        return sample
+        if pos <= _MAX_CACHED_HEAD_CHARS:
+            _sample_heads.put(line[:pos], (name, labels, key), pos)
+        return sample, key
     parts = rest.split()
     if "#" in parts:  # OpenMetrics exemplar: dropped
         parts = parts[: parts.index("#")]
@@ -226,26 +288,7 @@ def _parse_sample(line: str, name_end: int) -> Sample:
     timestamp = _parse_value(parts[1]) if len(parts) == 2 else None
     if timestamp is not None and not math.isfinite(timestamp):
         raise ValueError("timestamp is not finite")
-    return Sample(name, labels, value, timestamp)
-
-
-def _known_sample(line: str) -> Sample | None:
-    """The fast path: a line "head value" whose head was parsed before (see _parse_sample).
-    A stored head is exactly a name and label set, so a line with a timestamp or an
-    exemplar never matches one."""
-    head, _, value = line.rpartition(" ")
-    known = _sample_heads.get(head)
-    if known is None:
-        return None
-    try:
-        return new_sample((known[0], known[1], _parse_value(value), None))
-    except ValueError:
-        return None
-
-
-def _name_end(line: str) -> int:
-    """Index where the metric name at the start of a sample line ends."""
-    return _NAME_TOKEN_RE.match(line).end()  # type: ignore[union-attr]  # always matches
+    return Sample(name, labels, value, timestamp), key
 
 
 def _families_of(names: frozenset[str]) -> frozenset[str]:
@@ -258,11 +301,15 @@ def _families_of(names: frozenset[str]) -> frozenset[str]:
     return frozenset(families)
 
 
-@functools.lru_cache(maxsize=8192)
 def _comment(line: str) -> tuple[str, str, str, str] | None:
     """(HELP or TYPE, family name, text as written, its value: the lower-cased type or the
-    unescaped help) of a HELP/TYPE line, or None for any other comment. Cached: servers
-    send the same HELP/TYPE lines every scrape."""
+    unescaped help) of a HELP/TYPE line, or None for any other comment."""
+    if len(line) > _MAX_CACHED_COMMENT_CHARS:
+        return _read_comment_line(line)
+    return _cached_comment(line)
+
+
+def _read_comment_line(line: str) -> tuple[str, str, str, str] | None:
     match = _COMMENT_RE.match(line)
     if match is None:
         return None
@@ -273,6 +320,10 @@ def _comment(line: str) -> tuple[str, str, str, str] | None:
     return kind, name, text, text.lower() if kind == "TYPE" else unescape_help(text)
 
 
+# Servers send the same HELP/TYPE lines every scrape.
+_cached_comment = functools.lru_cache(maxsize=8192)(_read_comment_line)
+
+
 def _read_comment(line: str, out: Exposition, families: frozenset[str] | None) -> str | None:
     """Record a HELP/TYPE line in ``out``; what is wrong with it, if anything."""
     comment = _comment(line)
@@ -281,17 +332,70 @@ def _read_comment(line: str, out: Exposition, families: frozenset[str] | None) -
     kind, name, text, value = comment
     if families is not None and name not in families:
         return None
+    if len(line) > MAX_LINE_CHARS:
+        return f"line of {len(line):,} characters (the limit is {MAX_LINE_CHARS:,})"
     if kind == "TYPE":
         if value not in _TYPES:
-            return f"unknown type {text!r}"
+            return f"unknown type {text[:40]!r}"
         if name in out.types:
-            return f"duplicate TYPE for {name}"
+            return f"duplicate TYPE for {name[:60]}"
         out.types[name] = value
     elif name in out.helps:
-        return f"duplicate HELP for {name}"
+        return f"duplicate HELP for {name[:60]}"
     else:
         out.helps[name] = value
     return None
+
+
+class _Reader:
+    """What one parse collects besides the fast path's own loop: new sample lines, series
+    written twice (both copies are left out), errors with their line numbers."""
+
+    __slots__ = ("keep", "out", "seen", "twice")
+
+    def __init__(self, out: Exposition, keep: frozenset[str] | None) -> None:
+        self.out = out
+        self.keep = keep
+        self.seen: dict[int, int] = {}  # series id -> index of its sample in out.samples
+        self.twice: set[int] = set()
+
+    def add(self, sample: Sample, key: int) -> str | None:
+        """Keep a sample (when wanted); what is wrong with it, if anything."""
+        samples = self.out.samples
+        first = self.seen.setdefault(key, len(samples))
+        if first != len(samples):
+            self.twice.add(first)
+            return "series written twice: every copy left out"
+        samples.append(sample)
+        return None
+
+    def read_sample(self, line: str) -> str | None:
+        try:
+            sample, key = _parse_sample(line)
+        except ValueError as exc:
+            return str(exc)
+        if self.keep is not None and sample.name not in self.keep:
+            return None
+        return self.add(sample, key)
+
+    def error(self, line_no: int, reason: str, line: str) -> bool:
+        """Report a malformed line; True when there are too many to go on."""
+        errors = self.out.errors
+        if len(errors) < MAX_ERRORS:
+            errors.append(ParseError(line_no, reason, line[:ERROR_TEXT_CHARS]))
+            return False
+        first = errors[0]
+        self.out.refused = (f"more than {MAX_ERRORS:,} malformed lines (the first, line "
+                            f"{first.line_no}: {first.reason}): not Prometheus text")
+        return True
+
+    def finish(self) -> Exposition:
+        out = self.out
+        if out.refused is not None:
+            out.samples, out.errors = [], []
+        elif self.twice:
+            out.samples = [s for i, s in enumerate(out.samples) if i not in self.twice]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,8 +403,9 @@ class _Plan:
     """How to find the wanted lines of a scrape for one ``keep`` set."""
 
     families: frozenset[str]  # families whose HELP/TYPE lines matter
-    # A line that starts (after blanks) with a wanted sample name or a HELP/TYPE of a wanted
-    # family; group 1 is the line from that name (or '#') on.
+    # A line that starts (after blanks) with a wanted sample name, a HELP/TYPE of a wanted
+    # family, or a form that may be either (a quoted name, '# EOF'); group 1 is the line
+    # from there on.
     wanted_line: re.Pattern[str]
 
 
@@ -314,10 +419,10 @@ def _plan(keep: frozenset[str]) -> _Plan:
     comment_end = r"(?=[ \t]|\r*(?:\n|\Z))"
     sample = _trie_regex(keep) + name_end if keep else "(?!)"
     comment = r"#[ \t]*(?:HELP|TYPE)[ \t]+" + _trie_regex(families) + comment_end
-    # Forms this path does not read, sending the scrape down the line-by-line one: a label
-    # block first (a quoted name), a quoted HELP/TYPE name, '# EOF'.
-    careful = r'\{|#[ \t]*(?:HELP|TYPE)[ \t]+"|# EOF'
-    pattern = re.compile(rf"\n[ \t]*(?:((?:{sample}|{comment})[^\n]*)|{careful})")
+    # Rare forms, read and filtered like the careful path does: a label block first (a
+    # quoted name), a quoted HELP/TYPE name, '# EOF'.
+    rare = r'\{|#[ \t]*(?:HELP|TYPE)[ \t]+"|# EOF'
+    pattern = re.compile(rf"\n[ \t]*((?:{sample}|{comment}|{rare})[^\n]*)")
     return _Plan(families, pattern)
 
 
@@ -342,77 +447,118 @@ def _trie_node(node: dict[str, dict]) -> str:
     return group + "?" if "" in node else group
 
 
-def _parse_wanted(text: str, keep: frozenset[str], plan: _Plan) -> Exposition | None:
-    """The fast path for ``keep``: only the wanted lines are visited, in order; None when
-    the scrape needs the careful path. A known head (nearly every line of every scrape
-    after the first) costs a split, a lookup and a float()."""
-    lines: list[str] = plan.wanted_line.findall("\n" + text)
-    if "" in lines:  # a form only the careful path reads
+class _LineNumbers:
+    """1-based line numbers of the wanted lines, found by one forward pass that goes only
+    as far as the last one asked for (only malformed lines need a number)."""
+
+    __slots__ = ("_body", "_index", "_line", "_matches", "_pos")
+
+    def __init__(self, body: str, pattern: re.Pattern[str]) -> None:
+        self._body = body  # the text with a newline in front, as the pattern scans it
+        self._matches = pattern.finditer(body)
+        self._index, self._pos, self._line = -1, 0, 0
+
+    def of(self, index: int) -> int:
+        """The number of the index-th wanted line; indices must be asked in order."""
+        while self._index < index:
+            start = next(self._matches).start() + 1  # just after the line's leading newline
+            self._line += self._body.count("\n", self._pos, start)
+            self._pos, self._index = start, self._index + 1
+        return self._line
+
+
+def _known_sample(line: str) -> tuple[Sample, int] | None:
+    """The fast path: a line "head value" whose head was parsed before (see _parse_sample).
+    A stored head is exactly a name and label set, so a line with a timestamp or an
+    exemplar never matches one."""
+    head, _, value = line.rpartition(" ")
+    known = _sample_heads.get(head)
+    if known is None:
         return None
+    try:
+        return new_sample((known[0], known[1], _parse_value(value), None)), known[2]
+    except ValueError:
+        return None
+
+
+def _parse_wanted(text: str, keep: frozenset[str], plan: _Plan) -> Exposition:
+    """Only the wanted lines are visited, in order. A known head (nearly every line of
+    every scrape after the first) costs a split, a lookup, a float() and a dict insert."""
+    body = "\n" + text
+    lines: list[str] = plan.wanted_line.findall(body)
     out = Exposition()
-    samples, families = out.samples, plan.families
+    if len(lines) > MAX_WANTED_LINES:
+        out.refused = (f"{len(lines):,} lines of metrics kvtop reads; more than "
+                       f"{MAX_WANTED_LINES:,} is not one server's")
+        return out
+    reader = _Reader(out, keep)
+    samples, seen, families, heads = out.samples, reader.seen, plan.families, _sample_heads
+    numbers: _LineNumbers | None = None
     for index, line in enumerate(lines):
         if line[-1] == "\r":
             line = line.rstrip("\r")
-        if line[0] == "#":
+        first = line[0]
+        if first == "#":
+            if line[1:5] == " EOF" and line.rstrip() == "# EOF":
+                break
             reason = _read_comment(line, out, families)
-        elif (known := _known_sample(line)) is not None:
-            samples.append(known)
-            continue
+        elif first == "{":  # a quoted name: wanted or not is known once it is read
+            reason = reader.read_sample(line)
         else:
-            reason = _read_sample(line, keep, samples)
+            # _known_sample, inlined: this is most of a scrape's lines
+            head, _, text = line.rpartition(" ")
+            known = heads.get(head)
+            if known is not None:
+                try:
+                    value = _parse_value(text)
+                except ValueError:
+                    known = None
+            if known is None:
+                reason = reader.read_sample(line)
+            else:
+                sample = new_sample((known[0], known[1], value, None))
+                n = len(samples)
+                if seen.setdefault(known[2], n) == n:
+                    samples.append(sample)
+                    continue
+                reason = reader.add(sample, known[2])
         if reason is not None:
-            line_no = _line_no(text, plan, index)
-            out.errors.append(ParseError(line_no, reason, line[:120]))
-    return out
+            numbers = numbers or _LineNumbers(body, plan.wanted_line)
+            if reader.error(numbers.of(index), reason, line):
+                break
+    return reader.finish()
 
 
-def _read_sample(line: str, keep: frozenset[str] | None, samples: list[Sample]) -> str | None:
-    """Append the sample on ``line`` when wanted; what is wrong with it, if anything."""
-    try:
-        sample = _parse_sample(line, _name_end(line))
-    except ValueError as exc:
-        return str(exc)
-    if keep is None or sample.name in keep:
-        samples.append(sample)
-    return None
-
-
-def _line_no(text: str, plan: _Plan, index: int) -> int:
-    """The 1-based line number of the index-th wanted line (only malformed lines need it)."""
-    for seen, match in enumerate(plan.wanted_line.finditer("\n" + text)):
-        if seen == index:
-            return text.count("\n", 0, match.start(1) - 1) + 1
-    raise IndexError(index)
+def _parse_all(text: str) -> Exposition:
+    """Every line, in order (no ``keep``)."""
+    reader = _Reader(Exposition(), None)
+    for line_no, line in enumerate(text.split("\n"), 1):
+        known = _known_sample(line) if line[:1] != "#" else None
+        if known is not None:
+            reason = reader.add(*known)
+        else:
+            line = line.rstrip("\r").lstrip(" \t")  # an indented comment is still a comment
+            if not line or line.isspace():
+                continue
+            if line[0] == "#":
+                if line.rstrip() == "# EOF":  # exactly: '# EOFX' is an ordinary comment
+                    break
+                reason = _read_comment(line, reader.out, None)
+            else:
+                reason = reader.read_sample(line)
+        if reason is not None and reader.error(line_no, reason, line):
+            break
+    return reader.finish()
 
 
 def parse(text: str, keep: Iterable[str] | None = None) -> Exposition:
     """Parse an exposition. With ``keep``, only samples with those exact names are kept
     (and the HELP/TYPE lines of their families)."""
-    keep_set = frozenset(keep) if keep is not None else None
-    if keep_set is not None:
-        fast = _parse_wanted(text, keep_set, _plan(keep_set))
-        if fast is not None:
-            return fast
-    families = _families_of(keep_set) if keep_set is not None else None
-    out = Exposition()
-    for line_no, line in enumerate(text.split("\n"), 1):
-        if line[:1] != "#" and (known := _known_sample(line)) is not None:
-            if keep_set is None or known.name in keep_set:
-                out.samples.append(known)
-            continue
-        line = line.rstrip("\r").lstrip(" \t")  # an indented comment is still a comment
-        if not line or line.isspace():
-            continue
-        if line[0] == "#":
-            if line.rstrip() == "# EOF":  # exactly: '# EOFX' is an ordinary comment
-                break
-            reason = _read_comment(line, out, families)
-        else:
-            name_end = _name_end(line)
-            if keep_set is not None and name_end and line[:name_end] not in keep_set:
-                continue
-            reason = _read_sample(line, keep_set, out.samples)
-        if reason is not None:
-            out.errors.append(ParseError(line_no, reason, line[:120]))
-    return out
+    # (counting costs ~0.5 ns a character: only a body that could be too long is counted)
+    if len(text) >= MAX_LINES and (lines := text.count("\n") + 1) > MAX_LINES:
+        return Exposition(refused=f"{lines:,} lines: more than the {MAX_LINES:,} of a "
+                                  "server with kvtop's limit of engines")
+    if keep is None:
+        return _parse_all(text)
+    keep_set = keep if isinstance(keep, frozenset) else frozenset(keep)
+    return _parse_wanted(text, keep_set, _plan(keep_set))

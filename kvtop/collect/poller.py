@@ -12,9 +12,18 @@ server. Failures are classified as follows (``Scrape.failure``):
 ``auth``        HTTP 401 / 403, with a hint on where the token goes
 ``bad_payload`` an answer that is not a usable exposition: 404 or 501 (no metrics there),
                 other 4xx, a redirect loop, a body over ``max_bytes`` (decoded size, so a
-                gzip bomb is caught), a body cut short, empty, HTML, binary, not UTF-8, or
-                not starting like Prometheus text
+                gzip bomb is caught), a body cut short, empty, HTML, binary, not UTF-8, not
+                starting like Prometheus text, or refused by the parser and adapters (over
+                their limits, or a value no KV pool can have: ``ServerReading.refused``)
 ==============  ===========================================================================
+
+A good body is read (parsed and adapted) by the poller, and handed on as
+``Scrape.reading``: one over ``OFF_LOOP_CHARS`` in a worker thread, so a big or hostile body
+never holds the event loop (the other targets, the keys) while it is read. The parser's
+limits bound that work (~0.5 s of CPU at worst); a normal body (10-50 KB, ~0.1-0.3 ms) is
+read in the loop, where a thread hop would cost more than the reading. Reading one target's
+big bodies may take at most ``1 / READ_SHARE`` of a core: a body that costs 0.5 s to read
+is read every 5 s at most, whatever the interval.
 
 Narrowed reads (``Poller(narrow=...)``): a server built on prometheus_client renders only
 the series named by ``name[]`` query arguments, at its ASGI/WSGI exposition handler. vLLM
@@ -27,6 +36,13 @@ and vLLM with several API servers use prometheus_client's multiprocess collector
 answers a named request with nothing; llama.cpp has no such route) is read at its URL as
 given from then on, after one immediate retry; a failure makes the next attempt ask again,
 since the server behind the URL may have changed.
+
+At most ``MAX_IN_FLIGHT`` requests are in flight at once; the others wait their turn
+before their deadline starts. With thousands of targets, the event loop's own work (~0.5 ms
+of CPU per connection) would otherwise run every deadline out: 10,000 refused ports read
+as thousands of "timeouts" (256 at once still let a loaded machine run some out). A hung
+server holds its place until its deadline, but failing targets back off (to one attempt
+in 30 s): it takes several hundred hung servers to slow the rest.
 
 Schedule (``Poller.run``): each target has its own task; an attempt starts ``interval_s``
 after the previous one *started* (or right after it ended when it ran longer), so attempts
@@ -41,6 +57,7 @@ use): create it anywhere, use and close it in one loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import inspect
 import json
@@ -54,7 +71,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
 
-from kvtop.collect.adapters import WANTED, names_for
+from kvtop.collect.adapters import WANTED, names_for, read_exposition
 from kvtop.collect.http import (
     MAX_REDIRECTS,
     Failed,
@@ -66,6 +83,7 @@ from kvtop.collect.http import (
     read_capped,
     within,
 )
+from kvtop.collect.reading import ServerReading
 from kvtop.collect.target import Scrape, Target, redact, redact_bytes
 
 log = logging.getLogger(__name__)
@@ -75,8 +93,11 @@ DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_BACKOFF_S = 30.0
 VERSION_TIMEOUT_S = 2.0
 VERSION_MAX_BYTES = 64 * 1024
+OFF_LOOP_CHARS = 64 * 1024  # bodies longer than this are read in a worker thread
+READ_SHARE = 10  # the next read of a target waits at least this many times its last read
 ERROR_SNIPPET_BYTES = 2048
 MIN_INTERVAL_S = 0.05
+MAX_IN_FLIGHT = 128
 
 HINT_401_NO_TOKEN = (
     "HTTP 401: the server wants a bearer token; set it with token_env/token_file in the "
@@ -121,6 +142,7 @@ async def scrape(
         result.failure, result.error = failed.kind, failed.message
     except Exception as exc:
         result.failure, result.error = classify_exception(exc, timeout_s)
+        result.connected = not isinstance(exc, aiohttp.ClientConnectorError)
         log.debug("scrape of %s failed", target.label, exc_info=True)
     result.duration_s = time.perf_counter() - started
     if result.error:  # answers were masked before quoting; this catches the rest
@@ -272,9 +294,16 @@ def narrowed_url(url: str, names: Iterable[str]) -> str:
     argument per name, sorted, after any query the URL already has."""
     parts = urlsplit(url)
     path = parts.path if parts.path.endswith("/") else parts.path + "/"
-    wanted = "&".join(f"name%5B%5D={quote(name, safe='')}" for name in sorted(names))
+    wanted = _names_query(frozenset(names))
     query = f"{parts.query}&{wanted}" if parts.query else wanted
     return urlunsplit((parts.scheme, parts.netloc, path, query, ""))
+
+
+@functools.lru_cache(maxsize=16)
+def _names_query(names: frozenset[str]) -> str:
+    """Quoted once per set of names (~60 quote() calls: 10,000 targets must not pay them
+    each)."""
+    return "&".join(f"name%5B%5D={quote(name, safe='')}" for name in sorted(names))
 
 
 # ---------------------------------------------------------------------------- the poller
@@ -292,6 +321,7 @@ class PollState:
     # Whether the narrowed URL works here: None not known yet, False ask for everything.
     narrows: bool | None = None
     narrowed_url: str | None = None  # once it works: asking for this server's names only
+    read_s: float = 0.0  # seconds the last body took to read in a worker thread (else 0)
     jitter: float = 1.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
@@ -351,6 +381,7 @@ class Poller:
         self._session = session
         self._rng = random.Random(seed)
         self._wake = asyncio.Event()
+        self._in_flight = Gate(MAX_IN_FLIGHT)
         self._tasks: dict[Target, asyncio.Task[None]] = {}
         self._on_scrape: OnScrape | None = None
 
@@ -449,11 +480,14 @@ class Poller:
             result = await self._read(target, state)
             if result.ok:
                 if state.need_version:  # first success, or first after a failure
+                    # a version once known is kept (the trackers keep it too)
                     state.version = await read_version(
                         self.session, target, timeout_s=min(VERSION_TIMEOUT_S, self.timeout_s)
-                    )
+                    ) or state.version
                     state.need_version = False
                 result.version = state.version
+                state.read_s = await interpret(result)
+            if result.ok:
                 state.failures, state.last_ok_t = 0, result.t
             else:
                 state.failures += 1
@@ -471,8 +505,10 @@ class Poller:
                     state.narrows = True
                     state.narrowed_url = narrowed_url(target.url, names_for(result.body or ""))
                 return result
-            # A server that answered but not usably may not filter; a timeout is no sign.
-            unproven = state.narrows is None and result.failure != "timeout"
+            # A server that answered but not usably may not filter; a timeout is no sign,
+            # and where no connection could be made, no other path answers either.
+            unproven = (state.narrows is None and result.failure != "timeout"
+                        and result.connected)
             if not (unproven or result.failure == "bad_payload"):
                 state.narrows = state.narrowed_url = None
                 return result
@@ -484,16 +520,17 @@ class Poller:
         return result
 
     async def _scrape(self, target: Target, url: str | None = None) -> Scrape:
-        return await scrape(self.session, target, timeout_s=self.timeout_s,
-                            max_bytes=self.max_bytes, url=url)
+        async with self._in_flight:
+            return await scrape(self.session, target, timeout_s=self.timeout_s,
+                                max_bytes=self.max_bytes, url=url)
 
     async def _pause(self, target: Target, started: float) -> None:
         """Sleep until the next attempt is due, re-planning when the interval changes."""
         loop = asyncio.get_running_loop()
         while (state := self._states.get(target)) is not None:
-            delay = backoff_delay(
+            delay = max(READ_SHARE * state.read_s, backoff_delay(
                 state.failures, self._interval_s, self.max_backoff_s, state.jitter
-            )
+            ))
             state.next_due = started + delay
             remaining = state.next_due - loop.time()
             if remaining <= 0:
@@ -519,6 +556,64 @@ class Poller:
         await self.aclose()
 
 
+class Gate:
+    """At most ``size`` holders at once, the others served first come, first served.
+
+    asyncio.Semaphore before Python 3.12 removes a cancelled waiter from the middle of its
+    queue and scans past woken ones: with 10,000 targets waiting, stopping took seconds.
+    Here a waiter that leaves is skipped when its turn comes."""
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def __aenter__(self) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        turn = asyncio.get_running_loop().create_future()
+        self._waiters.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # the turn came as we left: pass it on
+                self._release()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            turn = self._waiters.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
+
+
+async def interpret(result: Scrape) -> float:
+    """Read a good scrape's body into ``result.reading``; a body the adapters refuse makes
+    the scrape a ``bad_payload`` failure with their reason. Returns the seconds a big body
+    took to read in a worker thread (waits for the GIL count too: a busy process reads big
+    bodies less often), 0 for a body read in the loop (~0.1-0.3 ms: nothing to pace)."""
+    assert result.body is not None
+    if len(result.body) > OFF_LOOP_CHARS:
+        reading, seconds = await asyncio.to_thread(_timed_read, result.body, result.version)
+    else:
+        reading, seconds = read_exposition(result.body, result.version), 0.0
+    if reading.refused is not None:
+        result.failure, result.error = "bad_payload", reading.refused
+    else:
+        result.reading = reading
+    return seconds
+
+
+def _timed_read(body: str, version: str | None) -> tuple[ServerReading, float]:
+    started = time.perf_counter()
+    return read_exposition(body, version), time.perf_counter() - started
+
+
 async def _deliver(on_scrape: OnScrape, result: Scrape) -> None:
     try:
         outcome = on_scrape(result)
@@ -528,7 +623,7 @@ async def _deliver(on_scrape: OnScrape, result: Scrape) -> None:
         log.exception("on_scrape failed for %s", result.target.label)
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=1 << 15)  # a fleet of 10,000 must not evict its own
 def _first_narrowed(target: Target) -> str:
     """The narrowed URL before the server's kind is known: every adapter's names."""
     return narrowed_url(target.url, WANTED)

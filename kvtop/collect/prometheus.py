@@ -17,12 +17,18 @@ Each refresh costs two queries for the whole fleet, never one per host:
 An instance with no fresh series for a while fails with a reason (``stale``). On start,
 :meth:`PrometheusSource.backfill` replays the detector's window from one range query over
 only the families the detector and the history need. docs/prometheus.md has the details.
+
+Answers are read as untrusted: one over ``MAX_ANSWER_BYTES``, or not shaped like the API's
+(``data`` not an object, a series that is not ``{"metric": {str: str}, "values": [[t,
+"v"], ...]}``, a time that is not a finite number) fails every instance of that refresh
+with ``bad_payload`` and the reason; the source goes on with the next refresh.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import re
 import time
@@ -38,6 +44,7 @@ from kvtop.collect.adapters import WANTED
 from kvtop.collect.adapters.sglang import COUNTERS as SGLANG_COUNTERS
 from kvtop.collect.adapters.sglang import GAUGES as SGLANG_GAUGES
 from kvtop.collect.adapters.vllm import ITL_NEW, V0_ONLY
+from kvtop.collect.bounded import BoundedCache
 from kvtop.collect.exposition import Exposition, Sample, new_sample
 from kvtop.collect.http import Failed, bearer, classify_exception, make_session, read_capped, within
 from kvtop.collect.target import (
@@ -49,6 +56,8 @@ from kvtop.collect.target import (
     redact,
     redact_bytes,
 )
+
+log = logging.getLogger(__name__)
 
 OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 InstanceKey = tuple[str, str]  # (job, instance)
@@ -66,10 +75,19 @@ BACKFILL_NAMES = frozenset({
     *SGLANG_GAUGES, *SGLANG_COUNTERS,
 })
 _INSTANCE_LABELS = frozenset({"__name__", "job", "instance"})
-MAX_CACHED_HEADS = 200_000
+MAX_CACHED_HEADS = 50_000  # a refresh of 500 engines names ~45,000 series
+MAX_CACHED_HEAD_CHARS = 32 << 20  # ~300 characters each
 # Per series' label pairs: its name and labels without the instance's own (shared dicts).
-_heads: dict[tuple[tuple[str, str], ...], tuple[str, dict[str, str]]] = {}
-MAX_ANSWER_BYTES = 1 << 30  # a 500-engine backfill is tens of MB; past this, something is wrong
+_heads = BoundedCache(MAX_CACHED_HEADS, MAX_CACHED_HEAD_CHARS)
+# The largest answer read (docs/prometheus.md, "Answer sizes"): a refresh names ~85 series
+# per vLLM engine, ~22 KB, and the 30-min backfill at a 15-s step ~53 KB per engine, so this
+# holds the refresh of ~2,500 engines and the backfill of ~1,200; decoded, an answer takes
+# ~6x its size in memory (~400 MB here).
+MAX_ANSWER_BYTES = 64 << 20
+# Answers and results this large are decoded and grouped in a worker thread, so the event
+# loop (the keys, the screen) never waits for them.
+OFF_LOOP_BYTES = 1 << 20
+OFF_LOOP_SERIES = 2_000
 BACKFILL_TIMEOUT_FACTOR = 6
 MAX_POINTS = 11_000  # Prometheus refuses range queries with more points per series
 DEFAULT_BACKFILL_STEP_S = 15.0
@@ -155,31 +173,84 @@ def _value(text: Any) -> float:
     """A sample value as the API writes it ("0.25", "NaN", "+Inf"); anything else is NaN."""
     try:
         return float(text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return math.nan
 
 
-def group_scrapes(result: list[dict[str, Any]]) -> dict[InstanceKey, dict[float, list[Sample]]]:
-    """Matrix result -> samples per instance per timestamp (one scrape each).
+def malformed(what: str) -> PrometheusError:
+    return PrometheusError("bad_payload", f"not a Prometheus query answer: {what}")
+
+
+def query_result(data: Any) -> list[Any]:
+    """The ``result`` list of a query's ``data``."""
+    if not isinstance(data, dict) or not isinstance(data.get("result"), list):
+        raise malformed("'data' holds no 'result' list")
+    return data["result"]
+
+
+def _labels(metric: Any) -> dict[str, str]:
+    if type(metric) is not dict or not all(
+            type(k) is str and type(v) is str for k, v in metric.items()):
+        raise malformed("a series' 'metric' is not an object of strings")
+    return metric
+
+
+def _time(t: Any) -> float:
+    if type(t) not in (int, float) or not math.isfinite(t):
+        raise malformed(f"a sample time is {str(t)[:40]!r}, not a number")
+    return t
+
+
+def series_points(series: Any, key: str = "values") -> tuple[dict[str, str], list[Any]]:
+    """(labels, [[t, value], ...]) of one series of a matrix (``values``) or a vector
+    (``value``, one point), checked."""
+    if type(series) is not dict:
+        raise malformed("a series is not an object")
+    points = series.get(key)
+    if key == "value":
+        points = [points]
+    if type(points) is not list or not all(
+            type(p) is list and len(p) == 2 and _time(p[0]) is not None for p in points):
+        raise malformed(f"a series' {key!r} are not [time, value] pairs")
+    return _labels(series.get("metric")), points
+
+
+def group_scrapes(result: Any) -> dict[InstanceKey, dict[float, list[Sample]]]:
+    """Matrix result -> samples per instance per timestamp (one scrape each). Raises
+    PrometheusError (bad_payload) for an answer not shaped like one.
 
     A 500-engine fleet returns ~20 k series per refresh, naming the same series each time,
-    so heads are cached by the label pairs (Prometheus sends them in a fixed order)."""
+    so heads are cached by the label pairs (Prometheus sends them in a fixed order); a
+    series' labels are checked once, when its head is made."""
+    if not isinstance(result, list):
+        raise malformed("'result' is not a list")
     out: dict[InstanceKey, dict[float, list[Sample]]] = {}
     heads = _heads
     for series in result:
-        metric = series.get("metric", {})
-        pairs = tuple(metric.items())
-        head = heads.get(pairs)
+        metric = series.get("metric") if type(series) is dict else None
+        pairs = tuple(metric.items()) if type(metric) is dict else ()
+        try:
+            head = heads.get(pairs) if pairs else None
+        except TypeError:  # a value that is not a string (a list does not hash): checked below
+            head = None
         if head is None:
-            if len(heads) >= MAX_CACHED_HEADS:
-                heads.clear()
-            head = heads[pairs] = _series_head(metric)
+            labels, values = series_points(series)
+            head = _series_head(labels)
+            heads.put(pairs, head, sum(len(k) + len(v) for k, v in pairs))
+        else:
+            values = series.get("values")
+            if type(values) is not list:
+                raise malformed("a series' 'values' is not a list")
         name, labels = head
-        key = (metric.get("job", ""), metric.get("instance", ""))
+        key = (metric.get("job", ""), metric.get("instance", ""))  # type: ignore[union-attr]
         per_t = out.get(key)
         if per_t is None:
             per_t = out[key] = {}
-        for t, value in series.get("values", ()):
+        for point in values:
+            if type(point) is not list or len(point) != 2:
+                raise malformed("a series' 'values' are not [time, value] pairs")
+            t, value = point
+            t = _time(t)
             samples = per_t.get(t)
             if samples is None:
                 samples = per_t[t] = []
@@ -222,7 +293,10 @@ class PrometheusAPI:
             kind, reason = classify_exception(exc, timeout_s)
             raise PrometheusError(kind, f"Prometheus {self.settings.base}: {reason}") from None
         try:
-            payload = orjson.loads(body) if body else {}
+            if len(body) > OFF_LOOP_BYTES:
+                payload = await asyncio.to_thread(orjson.loads, body)
+            else:
+                payload = orjson.loads(body) if body else {}
         except orjson.JSONDecodeError:
             payload = {}
         return self._data(status, payload)
@@ -251,17 +325,18 @@ class PrometheusAPI:
                                   f"{where}: HTTP {status}: {said}")
         return payload.get("data")
 
-    async def matrix(self, query: str, at: float) -> list[dict[str, Any]]:
+    async def matrix(self, query: str, at: float) -> list[Any]:
+        """The unchecked series of a query (group_scrapes / series_points check them)."""
         data = await self.call("query", {"query": query, "time": f"{at:.3f}"})
-        return data.get("result", []) if isinstance(data, dict) else []
+        return query_result(data)
 
     async def query_range(self, query: str, start: float, end: float,
-                          step: float) -> list[dict[str, Any]]:
+                          step: float) -> list[Any]:
         # A backfill of a large fleet is one big answer: it gets more time than a refresh.
         data = await self.call("query_range", {"query": query, "start": f"{start:.3f}",
                                                "end": f"{end:.3f}", "step": f"{step:g}"},
                                timeout_s=BACKFILL_TIMEOUT_FACTOR * self.timeout_s)
-        return data.get("result", []) if isinstance(data, dict) else []
+        return query_result(data)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -301,8 +376,8 @@ class PrometheusSource:
         now = self.clock()
         query = f"count by (job, instance) ({vector_selector(WANTED, self.settings.selector)})"
         data = await self.api.call("query", {"query": query, "time": f"{now:.3f}"})
-        for series in (data or {}).get("result", []):
-            self._known(series.get("metric", {}))
+        for series in query_result(data):
+            self._known(series_points(series, "value")[0])
         await self._up_samples(now, self.lookback_s)
         if not self._instances:
             where = f" matching {self.settings.selector}" if self.settings.selector else ""
@@ -320,16 +395,29 @@ class PrometheusSource:
 
     # -- backfill -----------------------------------------------------------------------
 
-    def backfill_step(self) -> float:
+    def backfill_step(self, span_s: float | None = None) -> float:
         step = self.settings.backfill_step_s or max(self.interval_s, DEFAULT_BACKFILL_STEP_S)
-        return max(step, self.window_s / MAX_POINTS)
+        return max(step, (span_s or self.window_s) / MAX_POINTS)
 
-    async def backfill(self) -> list[Scrape]:
-        """The detector's window, as scrapes in time order (one range query)."""
+    async def retention_s(self) -> float | None:
+        """How far back Prometheus keeps samples (its time-based retention), or None when it
+        does not say (a size-only limit, or an API without ``status/runtimeinfo``)."""
+        try:
+            info = await self.api.call("status/runtimeinfo")
+        except PrometheusError:
+            return None
+        retention = info.get("storageRetention") if isinstance(info, dict) else None
+        return parse_retention(retention) if isinstance(retention, str) else None
+
+    async def backfill(self, span_s: float | None = None) -> list[Scrape]:
+        """The last ``span_s`` (default: the detector's window), as scrapes in time order
+        (one range query)."""
         end = self.clock()
         query = vector_selector(BACKFILL_NAMES, self.settings.selector)
-        result = await self.api.query_range(query, end - self.window_s, end, self.backfill_step())
-        scrapes = self._scrapes(group_scrapes(result))
+        span_s = span_s or self.window_s
+        result = await self.api.query_range(query, end - span_s, end,
+                                            self.backfill_step(span_s))
+        scrapes = self._scrapes(await _grouped(result))
         self._since = end - INGEST_LAG_S
         return scrapes
 
@@ -345,10 +433,11 @@ class PrometheusSource:
         span = self.lookback_s if first else until - self._since
         try:
             scrapes = await self._refresh(until, max(span, 0.001))
-        except PrometheusError as exc:
+        except Exception as exc:
+            failed = exc if isinstance(exc, PrometheusError) else _internal_error(exc)
             if not self._instances:
-                raise
-            return [Scrape(e.target, now, failure=exc.kind, error=str(exc))
+                raise failed from None
+            return [Scrape(e.target, now, failure=failed.kind, error=str(failed))
                     for e in self._instances.values()]
         self._since = now - INGEST_LAG_S
         return scrapes + self._stale(now)
@@ -356,7 +445,7 @@ class PrometheusSource:
     async def _refresh(self, until: float, span: float) -> list[Scrape]:
         """The samples in (until − span, until]."""
         query = f"{vector_selector(WANTED, self.settings.selector)}[{_ms(span)}]"
-        good = self._scrapes(group_scrapes(await self.api.matrix(query, until)))
+        good = self._scrapes(await _grouped(await self.api.matrix(query, until)))
         down = await self._read_up(until, span)
         return sorted(good + down, key=lambda s: s.t)
 
@@ -388,8 +477,7 @@ class PrometheusSource:
         matchers = ", ".join(m for m in (selector_matchers(self.settings.selector), extra) if m)
         samples = []
         for series in await self.api.matrix(f"up{{{matchers}}}[{_ms(span)}]", now):
-            metric = series.get("metric", {})
-            values = series.get("values", ())
+            metric, values = series_points(series)
             known = (metric.get("job", ""), metric.get("instance", "")) in self._instances
             if not known and all(value != "0" for _, value in values):
                 continue  # an exporter beside the inference servers, not one of them
@@ -421,10 +509,7 @@ class PrometheusSource:
             data = await self.api.call("targets?state=active")
         except PrometheusError:
             return self._errors
-        self._errors = {
-            (t.get("labels", {}).get("job", ""), t.get("labels", {}).get("instance", "")):
-                quote(t.get("lastError", ""), self.settings.token)
-            for t in (data or {}).get("activeTargets", []) if t.get("lastError")}
+        self._errors = _last_errors(data, self.settings.token)
         return self._errors
 
     def _down_reason(self, entry: _Instance, errors: dict[InstanceKey, str]) -> str:
@@ -486,10 +571,58 @@ class PrometheusSource:
         await self.aclose()
 
 
+async def _grouped(result: list[Any]) -> dict[InstanceKey, dict[float, list[Sample]]]:
+    if len(result) > OFF_LOOP_SERIES:
+        return await asyncio.to_thread(group_scrapes, result)
+    return group_scrapes(result)
+
+
+def _internal_error(exc: Exception) -> PrometheusError:
+    """An answer kvtop failed on in a way nobody foresaw: the instances fail, the source
+    goes on."""
+    log.error("reading a Prometheus answer failed", exc_info=exc)
+    return PrometheusError("bad_payload", f"kvtop could not read Prometheus's answer "
+                           f"({type(exc).__name__}); a bug in kvtop, please report it")
+
+
+def _last_errors(data: Any, token: Secret | None) -> dict[InstanceKey, str]:
+    """Prometheus's own last scrape error per (job, instance) from /api/v1/targets, quoted
+    (masked, then cut); what is not shaped like it is passed over (these errors only add
+    detail to 'down')."""
+    targets = data.get("activeTargets") if isinstance(data, dict) else None
+    errors = {}
+    for target in targets if isinstance(targets, list) else ():
+        labels = target.get("labels") if isinstance(target, dict) else None
+        error = target.get("lastError") if isinstance(target, dict) else None
+        if isinstance(labels, dict) and isinstance(error, str) and error:
+            key = (labels.get("job", ""), labels.get("instance", ""))
+            if all(isinstance(part, str) for part in key):
+                errors[key] = quote(error, token)
+    return errors
+
+
 async def _deliver(on_scrape: OnScrape, scrape: Scrape) -> None:
-    result = on_scrape(scrape)
-    if asyncio.iscoroutine(result):
-        await result
+    try:
+        result = on_scrape(scrape)
+        if asyncio.iscoroutine(result):
+            await result
+    except Exception:  # the consumer's bug must not stop the source
+        log.exception("on_scrape failed for %s", scrape.target.label)
+
+
+_RETENTION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0,
+                    "w": 7 * 86400.0, "y": 365 * 86400.0}
+_RETENTION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+
+
+def parse_retention(text: str) -> float | None:
+    """Prometheus's ``storageRetention`` ("15d", "1w2d", "15d or 10GiB") -> seconds of its
+    time limit; None when it has none ("10GiB")."""
+    for part in text.split(" or "):
+        part = part.strip()
+        if part and _RETENTION_PART.sub("", part) == "":
+            return sum(int(n) * _RETENTION_UNITS[u] for n, u in _RETENTION_PART.findall(part))
+    return None
 
 
 def load_settings(url: str, *, selector: str = "", token: Secret | None = None,

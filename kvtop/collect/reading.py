@@ -85,4 +85,7 @@ class ServerReading:
     version: str | None = None  # from /version, or inferred ("0.10.2+")
     notes: list[str] = field(default_factory=list)  # why something is missing, parse errors
     parse_errors: int = 0
+    engines_over_cap: int = 0  # engines past the adapters' MAX_ENGINES, left out
+    impossible_values: int = 0  # values no server means (usage 1.7, counter -3): left out
+    refused: str | None = None  # why nothing of this answer is usable (it is then empty)
     gpus: list[GpuReading] = field(default_factory=list)  # what a GPU exporter reports

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from kvtop.collect.exposition import Exposition, to_text
+from kvtop.collect.reading import ServerReading
 
 FailureKind = Literal["down", "timeout", "auth", "bad_payload"]
 DEFAULT_TARGET = "http://127.0.0.1:8000"
@@ -65,16 +67,24 @@ def redact_bytes(data: bytearray, token: Secret | None) -> bytearray:
     return data
 
 
+MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token is a line; /dev/zero would never end
+
+
+class TokenError(ValueError):
+    """A token file that can't be used; the message says why (never the token)."""
+
+
 def read_token(env: str | None = None, file: str | Path | None = None) -> Secret | None:
-    """A token from an environment variable or a file (first line), never from argv."""
+    """A token from an environment variable or a file (first line), never from argv. The file
+    must be a regular file of at most 64 KiB: a FIFO or a device would block or never end."""
     if env:
         value = os.environ.get(env, "").strip()
         if value:
             return Secret(value)
     if file:
-        value = Path(file).expanduser().read_text(encoding="utf-8").strip().splitlines()
-        if value and value[0].strip():
-            return Secret(value[0].strip())
+        lines = _read_token_file(Path(file).expanduser()).strip().splitlines()
+        if lines and lines[0].strip():
+            return Secret(lines[0].strip())
     return None
 
 
@@ -115,6 +125,28 @@ def shown_spec(spec: str) -> str:
     return _USERINFO.sub("//***@", spec.partition("?")[0])
 
 
+def _read_token_file(path: Path) -> str:
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise TokenError(f"{getattr(exc, 'strerror', None) or exc}: {path}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TokenError(f"not a regular file: {path}")
+        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise TokenError(f"{exc.strerror or exc}: {path}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise TokenError(f"larger than {MAX_TOKEN_FILE_BYTES // 1024} KiB: {path}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TokenError(f"not UTF-8 text: {path}") from None
+
+
 def normalise_url(spec: str) -> str:
     """``host:port`` or a URL -> a full URL; ``/metrics`` is appended when no path is given.
     A URL with credentials in it is refused (:func:`check_no_credentials`)."""
@@ -127,6 +159,9 @@ def normalise_url(spec: str) -> str:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as exc:
         raise ValueError(f"not a host:port or URL: {shown_spec(spec)!r} ({exc})") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"not an http:// or https:// URL: {shown_spec(spec)!r} (kvtop reads "
+                         "/metrics over HTTP)")
     if not parts.hostname:
         raise ValueError(f"not a host:port or URL: {shown_spec(spec)!r}")
     path = parts.path if parts.path not in ("", "/") else "/metrics"
@@ -175,6 +210,8 @@ class Scrape:
     duration_s: float = 0.0
     version: str | None = None  # from /version when the server offers it
     samples: Exposition | None = None  # instead of body: what it would have parsed to
+    reading: ServerReading | None = None  # the body read already (by the poller, off the loop)
+    connected: bool = True  # False: no connection was made (refused, DNS, TLS handshake)
 
     @property
     def ok(self) -> bool:

@@ -2,6 +2,12 @@
 
 The same :class:`TargetTracker` serves the live app, replay and the headless commands, so
 every number is computed the same way wherever it is shown.
+
+Memory per target is bounded: an answer refused by the adapters (a value no pool can have,
+a body over the parser's limits) is a ``bad_payload`` failure; at most ``MAX_ENGINES`` engines
+are read per scrape; an engine not seen for ``forget_after_s`` loses its history, detector
+and previous reading, and past ``MAX_TRACKED_ENGINES`` the longest unseen go first (a server
+that invents new model names every scrape costs no more than one with 512 engines).
 """
 
 from __future__ import annotations
@@ -11,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvtop.collect.adapters import adapt, read_exposition
+from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.gpu import GpuReading
-from kvtop.collect.reading import EngineReading, ServerKind
-from kvtop.collect.target import FailureKind, Scrape, Target
+from kvtop.collect.reading import EngineReading, ServerKind, ServerReading
+from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakDetector, LeakParams
 from kvtop.derive.rates import derive_engine_stats
 from kvtop.derive.stats import EngineStats
@@ -22,6 +29,7 @@ TargetStatus = Literal["pending", "up", "down", "timeout", "auth", "bad_payload"
 EngineKey = tuple[str | None, str | None]  # (model, engine)
 
 DEFAULT_HISTORY_S = 15 * 60.0
+MAX_TRACKED_ENGINES = 2 * MAX_ENGINES  # engines with history and a detector, per target
 
 
 @dataclass(slots=True)
@@ -31,7 +39,7 @@ class TargetState:
     target: Target
     status: TargetStatus = "pending"
     error: str | None = None  # why the last scrape failed, if it did
-    failure: FailureKind | None = None  # how it failed (also while "stale": last values kept)
+    failure: TargetStatus | None = None  # how it failed (also while "stale": last values kept)
     kind: ServerKind | None = None
     version: str | None = None
     engines: list[EngineStats] = field(default_factory=list)  # last good values
@@ -40,6 +48,10 @@ class TargetState:
     last_good: Scrape | None = None  # the last good scrape itself
     restarted_at: float | None = None  # last time a counter went backwards
     notes: list[str] = field(default_factory=list)
+    # Of the last good scrape: engines past MAX_ENGINES left out ("too many engines"), and
+    # impossible values left out (each is named in ``notes``).
+    engines_over_cap: int = 0
+    impossible_values: int = 0
     gpus: list[GpuReading] = field(default_factory=list)  # a GPU exporter's, last good values
 
     @property
@@ -62,15 +74,19 @@ class TargetTracker:
         stale_after_s: float = 60.0,
         history_s: float = DEFAULT_HISTORY_S,
         leak_params: LeakParams | None = None,
+        forget_after_s: float | None = None,
     ) -> None:
         self.state = TargetState(target=target)
         self.stale_after_s = stale_after_s
         self.history_s = history_s
+        self.forget_after_s = history_s if forget_after_s is None else forget_after_s
         self.leak_params = leak_params
         self.history: dict[EngineKey, deque[EngineStats]] = {}
         self.detectors: dict[EngineKey, LeakDetector] = {}
         self._previous: dict[EngineKey, EngineReading] = {}
         self._previous_t: float | None = None
+        self._last_seen: dict[EngineKey, float] = {}  # oldest first
+        self._server_version: str | None = None  # as /version said (never one inferred)
 
     def update(self, scrape: Scrape) -> TargetState:
         """Fold one scrape in. A scrape older than the newest one seen is ignored."""
@@ -79,24 +95,35 @@ class TargetTracker:
             return state
         state.last_attempt_t = scrape.t
         if scrape.version:
-            state.version = scrape.version
-        if scrape.ok:
-            self._fold_good(scrape)
+            state.version = self._server_version = scrape.version
+        if not scrape.ok:
+            self._fold_failure(scrape.t, scrape.failure or "down", scrape.error)
+            return state
+        reading = self._reading(scrape)
+        if reading.refused is not None:
+            self._fold_failure(scrape.t, "bad_payload", reading.refused)
         else:
-            self._fold_failure(scrape)
+            self._fold_good(scrape, reading)
         return state
 
-    def _fold_good(self, scrape: Scrape) -> None:
-        state = self.state
+    def _reading(self, scrape: Scrape) -> ServerReading:
+        """What the scrape says (the poller reads live bodies off the event loop; a
+        recording's or Prometheus's are read here)."""
+        if scrape.reading is not None:
+            return scrape.reading
         if scrape.samples is not None:
-            reading = adapt(scrape.samples, version=state.version)
-        else:
-            assert scrape.body is not None
-            reading = read_exposition(scrape.body, version=state.version)
+            return adapt(scrape.samples, version=self._server_version)
+        assert scrape.body is not None
+        return read_exposition(scrape.body, version=self._server_version)
+
+    def _fold_good(self, scrape: Scrape, reading: ServerReading) -> None:
+        state = self.state
         state.kind = reading.kind
         if reading.version and not state.version:
             state.version = reading.version
         state.notes = reading.notes
+        state.engines_over_cap = reading.engines_over_cap
+        state.impossible_values = reading.impossible_values
         state.gpus = reading.gpus
         dt = None if self._previous_t is None else scrape.t - self._previous_t
         stats: list[EngineStats] = []
@@ -115,6 +142,7 @@ class TargetTracker:
             self._remember(key, stat)
         if restarted:
             state.restarted_at = scrape.t
+        self._forget_unseen(scrape.t)
         self._previous, self._previous_t = current, scrape.t
         state.engines = stats
         state.status = "up"
@@ -122,15 +150,15 @@ class TargetTracker:
         state.last_good_t = scrape.t
         state.last_good = scrape
 
-    def _fold_failure(self, scrape: Scrape) -> None:
+    def _fold_failure(self, t: float, failure: TargetStatus, error: str | None) -> None:
         state = self.state
-        state.error = scrape.error
-        state.failure = scrape.failure or "down"
-        fresh = state.last_good_t is not None and scrape.t - state.last_good_t <= self.stale_after_s
+        state.error = error
+        state.failure = failure
+        fresh = state.last_good_t is not None and t - state.last_good_t <= self.stale_after_s
         if fresh:
             state.status = "stale"
             return
-        state.status = scrape.failure or "down"
+        state.status = failure
         state.engines = []
         state.gpus = []
 
@@ -139,3 +167,17 @@ class TargetTracker:
         series.append(stat)
         while series and stat.t - series[0].t > self.history_s:
             series.popleft()
+        self._last_seen.pop(key, None)  # re-inserted: the dict stays oldest first
+        self._last_seen[key] = stat.t
+
+    def _forget_unseen(self, now: float) -> None:
+        """Drop the engines not seen for ``forget_after_s``, and the longest unseen past
+        MAX_TRACKED_ENGINES (the dict is oldest first, so this stops at the first kept)."""
+        last_seen = self._last_seen
+        while last_seen:
+            key, seen = next(iter(last_seen.items()))
+            if now - seen <= self.forget_after_s and len(last_seen) <= MAX_TRACKED_ENGINES:
+                break
+            del last_seen[key]
+            self.history.pop(key, None)
+            self.detectors.pop(key, None)

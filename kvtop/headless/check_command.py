@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams, LeakVerdict
-from kvtop.derive.tracker import EngineKey, TargetTracker
+from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
 from kvtop.headless.lifetime import stop_event
 from kvtop.headless.output import emit, json_number
 from kvtop.safe_text import display_text, warn
@@ -29,6 +34,7 @@ from kvtop.store.recording import (
 Verdict = Literal["unknown", "ok", "watch", "leak"]
 RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
 EXIT_OK, EXIT_LEAK, EXIT_USAGE, EXIT_NO_DATA = 0, 1, 2, 3
+PROGRESS_PERIOD_S = 1.0
 
 
 @dataclass(slots=True)
@@ -69,6 +75,8 @@ class CheckRun:
     params: LeakParams | None = None
     trackers: dict[str, TargetTracker] = field(default_factory=dict)
     engines: dict[str, dict[EngineKey, EngineVerdict]] = field(default_factory=dict)
+    first_t: float | None = None  # the span judged: first and last scrape fed, read or not
+    last_t: float | None = None
 
     def add_target(self, target: Target) -> None:
         if target.url not in self.trackers:
@@ -77,6 +85,8 @@ class CheckRun:
 
     def feed(self, scrape: Scrape) -> None:
         self.add_target(scrape.target)
+        self.first_t = scrape.t if self.first_t is None else min(self.first_t, scrape.t)
+        self.last_t = scrape.t if self.last_t is None else max(self.last_t, scrape.t)
         state = self.trackers[scrape.target.url].update(scrape)
         if not scrape.ok or state.last_good_t != scrape.t:
             return
@@ -86,6 +96,8 @@ class CheckRun:
             entry = verdicts.setdefault(key, EngineVerdict(stats.model, stats.engine))
             if stats.leak is not None:
                 entry.observe(scrape.t, stats.leak)
+        if len(verdicts) > MAX_TRACKED_ENGINES:
+            _forget_unjudged(verdicts, {(s.model, s.engine) for s in state.engines})
 
     @property
     def leak_found(self) -> bool:
@@ -95,10 +107,16 @@ class CheckRun:
         verdicts = [e.verdict for per in self.engines.values() for e in per.values()]
         return max(verdicts, key=RANK.__getitem__, default="unknown")
 
+    def engines_seen(self) -> int:
+        return sum(len(per) for per in self.engines.values())
+
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict(), "targets": [
-            {"target": url, "engines": [e.to_json() for e in per.values()]}
-            for url, per in self.engines.items()]}
+        span = None if self.first_t is None or self.last_t is None else self.last_t - self.first_t
+        return {"verdict": self.verdict(),
+                "started_at": _iso(self.first_t), "ended_at": _iso(self.last_t),
+                "duration_s": json_number(span, 3),
+                "targets": [{"target": url, "engines": [e.to_json() for e in per.values()]}
+                            for url, per in self.engines.items()]}
 
     def exit_code(self) -> int:
         verdict = self.verdict()
@@ -107,13 +125,76 @@ class CheckRun:
         return EXIT_NO_DATA if verdict == "unknown" else EXIT_OK
 
 
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _forget_unjudged(verdicts: dict[EngineKey, EngineVerdict], current: set[EngineKey]) -> None:
+    """Drop engines gone from the target that never got a verdict (a server inventing model
+    names every scrape would otherwise grow the report without bound); a verdict, once
+    reached, is the report and stays."""
+    for key in [k for k, v in verdicts.items() if v.verdict == "unknown" and k not in current]:
+        del verdicts[key]
+
+
 def _render_text(document: dict[str, Any]) -> None:
-    print(f"kvtop check: {document['verdict'].upper()}")
+    span = ""
+    if document["started_at"] is not None:
+        span = (f" ({_clock(document['duration_s'])} judged, {document['started_at']} to "
+                f"{document['ended_at']})")
+    print(f"kvtop check: {document['verdict'].upper()}{span}")
     for target in document["targets"]:
         for engine in target["engines"]:
             name = f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}"
             print(f"  {engine['verdict'].upper():7} {display_text(name.strip())}: "
                   f"{display_text(engine['reason'])}")
+
+
+def _clock(seconds: float | None) -> str:
+    """12s, 4m05s, 1h02m: a duration at the precision a person reads."""
+    seconds = round(seconds or 0.0)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+class Progress:
+    """One line on stderr while a live check runs, rewritten at most once a second: time
+    watched and left, engines seen, the worst state so far. Only on a terminal (a log file
+    or cron mail gets nothing); cleared before the verdict is printed."""
+
+    def __init__(self, duration_s: float, *, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self.duration_s = duration_s
+        self.clock = clock
+        self.started = clock()
+        self._shown_at = -math.inf
+
+    def update(self, run: CheckRun) -> None:
+        now = self.clock()
+        if not self.enabled or now - self._shown_at < PROGRESS_PERIOD_S:
+            return
+        self._shown_at = now
+        elapsed = now - self.started
+        left = max(0.0, self.duration_s - elapsed)
+        line = (f"kvtop check: {_clock(elapsed)} of {_clock(self.duration_s)} "
+                f"({_clock(left)} left) · {run.engines_seen()} engine(s) seen · "
+                f"worst so far: {run.verdict().upper()}")
+        self.stream.write(f"\r{line}\x1b[K")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self._shown_at > -math.inf:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 def print_result(run: CheckRun, as_json: bool | None) -> int:
@@ -143,18 +224,23 @@ async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
                  until_leak: bool, writer: RecordingWriter | None,
                  full_metrics: bool) -> None:
     stop = stop_event(duration_s)
+    progress = Progress(duration_s)
 
     def on_scrape(scrape: Scrape) -> None:
         run.feed(scrape)
         if writer is not None:
             writer.write(scrape)
             writer.flush()
+        progress.update(run)
         if until_leak and run.leak_found:
             stop.set()
 
-    async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
-                      insecure=insecure, narrow=not full_metrics) as poller:
-        await poller.run(on_scrape, stop=stop)
+    try:
+        async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
+                          insecure=insecure, narrow=not full_metrics) as poller:
+            await poller.run(on_scrape, stop=stop)
+    finally:
+        progress.close()
 
 
 def run_check_live(targets: list[Target], *, params: LeakParams | None, duration_s: float,

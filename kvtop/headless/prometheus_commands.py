@@ -4,12 +4,13 @@ detector and output as the direct commands, fed by :class:`PrometheusSource`."""
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from kvtop.collect.prometheus import PrometheusError, PrometheusSettings, PrometheusSource
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import TargetState, TargetTracker
-from kvtop.headless.check_command import EXIT_NO_DATA, CheckRun, print_result
+from kvtop.headless.check_command import EXIT_NO_DATA, CheckRun, Progress, print_result
 from kvtop.headless.lifetime import stop_event
 from kvtop.headless.snapshot_command import EXIT_UNREADABLE, print_snapshot
 from kvtop.safe_text import warn
@@ -53,36 +54,50 @@ def run_snapshot_prometheus(settings: PrometheusSettings, *, timeout_s: float | 
     return print_snapshot(states, as_json=as_json, with_gpus=with_gpus)
 
 
-async def _watch(run: CheckRun, source: PrometheusSource, *, duration_s: float,
+async def _judge(run: CheckRun, source: PrometheusSource, *, duration_s: float,
                  until_leak: bool) -> None:
-    stop = stop_event()
-
-    def on_scrape(scrape: Scrape) -> None:
-        run.feed(scrape)
-        if until_leak and run.leak_found:
-            stop.set()
-
+    """Feed what Prometheus stored over the last ``duration_s`` at once; only the part beyond
+    its retention (if any) is watched live."""
     async with source:
         for target in await source.discover():
             run.add_target(target)
-        # The backfill is judged before the clock starts: --duration can be short.
-        for scrape in await source.backfill():
-            on_scrape(scrape)
-        if not stop.is_set():
-            asyncio.get_running_loop().call_later(duration_s, stop.set)
-            await source.run(on_scrape, stop=stop, backfill=False)
+        retention = await source.retention_s()
+        span = duration_s if retention is None else min(duration_s, retention)
+        for scrape in await source.backfill(span):
+            run.feed(scrape)
+        rest = duration_s - span
+        if rest > 0 and not (until_leak and run.leak_found):
+            print(f"kvtop check: Prometheus keeps {span:.0f} s of history; watching live for "
+                  f"the other {rest:.0f} s", file=sys.stderr)
+            await _watch_live(run, source, rest, until_leak)
+
+
+async def _watch_live(run: CheckRun, source: PrometheusSource, duration_s: float,
+                      until_leak: bool) -> None:
+    stop = stop_event(duration_s)
+    progress = Progress(duration_s)
+
+    def on_scrape(scrape: Scrape) -> None:
+        run.feed(scrape)
+        progress.update(run)
+        if until_leak and run.leak_found:
+            stop.set()
+
+    try:
+        await source.run(on_scrape, stop=stop, backfill=False)
+    finally:
+        progress.close()
 
 
 def run_check_prometheus(settings: PrometheusSettings, *, params: LeakParams | None,
                          duration_s: float, interval_s: float, timeout_s: float | None,
                          insecure: bool, until_leak: bool, as_json: bool | None) -> int:
-    """Backfill the detector's window, watch for ``duration_s``, print the verdicts."""
-    params = params or LeakParams()
+    """Judge the last ``duration_s`` from Prometheus's history, print the verdicts."""
     source = PrometheusSource(settings, interval_s=interval_s, timeout_s=timeout_s,
-                              insecure=insecure, window_s=params.window_s)
-    run = CheckRun(params)
+                              insecure=insecure)
+    run = CheckRun(params or LeakParams())
     try:
-        asyncio.run(_watch(run, source, duration_s=duration_s, until_leak=until_leak))
+        asyncio.run(_judge(run, source, duration_s=duration_s, until_leak=until_leak))
     except PrometheusError as exc:
         warn(f"kvtop check: {exc}")
         return EXIT_NO_DATA

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -21,6 +22,7 @@ from kvtop.config import (
     add_target_arguments,
     leak_params,
     load_config,
+    non_negative_number,
     parse_duration,
     resolve_targets,
 )
@@ -45,8 +47,8 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError("must be > 0")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError("must be a finite number > 0")
         return value
     return parse
 
@@ -91,7 +93,8 @@ def add_rehearse_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     parser.add_argument("--retries", type=int, default=1, metavar="N",
                         help="retries of a request refused or dropped before an answer "
                              "(default 1; counted apart)")
-    parser.add_argument("--max-errors", type=float, default=DEFAULT_MAX_ERRORS_PCT,
+    parser.add_argument("--max-errors", type=non_negative_number,
+                        default=DEFAULT_MAX_ERRORS_PCT,
                         metavar="PCT", help="NO-GO above this %% of failed requests (default 1)")
     parser.add_argument("--time-scale", type=_positive(float), default=1.0, metavar="S",
                         help="the target's clock runs S times wall time (kvtop sim --speed S):"

@@ -85,6 +85,8 @@ def target_json(state: TargetState, now: float) -> dict[str, Any]:
         "last_good_age_s": None if age is None else round(age, 3),
         "restarted_at": state.restarted_at,
         "notes": list(state.notes),
+        "engines_over_cap": state.engines_over_cap,
+        "impossible_values": state.impossible_values,
         "engines": [engine_json(stats) for stats in state.engines],
     }
 

@@ -6,6 +6,7 @@ Exit codes: 0 every target was read, 3 at least one could not be (2: usage error
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -16,7 +17,7 @@ from kvtop.derive.tracker import TargetState, TargetTracker
 from kvtop.headless.gpus import gpu_report
 from kvtop.headless.output import emit
 from kvtop.headless.snapshot import snapshot_document
-from kvtop.headless.table import render_table
+from kvtop.headless.table import print_table
 
 EXIT_OK, EXIT_UNREADABLE = 0, 3
 
@@ -55,5 +56,5 @@ def print_snapshot(states: list[TargetState], *, as_json: bool | None, with_gpus
     gpus, sources = gpu_report(states, with_nvml=with_gpus)
     document: dict[str, Any] = snapshot_document(
         states, gpus, taken_at=datetime.now(timezone.utc), gpu_sources=sources)
-    emit(document, as_json, render_table)
+    emit(document, as_json, lambda doc: print_table(states, doc, sys.stdout))
     return snapshot_exit_code(states)

@@ -1,93 +1,83 @@
-"""The human-readable form of a snapshot document (``kvtop snapshot`` on a terminal)."""
+"""The human-readable form of a snapshot (``kvtop snapshot --table``): the app's fleet rows,
+then the GPUs.
+
+Rows and cells come from the fleet view's own model (``kvtop.ui.fleet``, which formats with
+``kvtop.ui.format`` and imports no Textual), so a number reads the same here as in the app.
+Every column is printed, each line is one row however wide it gets (a pipe is never squeezed
+to 80 columns and nothing wraps), and every cell goes through ``display_text``: names and
+errors come from servers.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection
+from datetime import datetime
+from typing import Any, TextIO
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from kvtop.derive.tracker import TargetState
+from kvtop.safe_text import display_text
+from kvtop.ui import format as fmt
+from kvtop.ui.fleet import COLUMNS, build_rows
 
-from kvtop.safe_text import display_text, plain
-
+NUMERIC = frozenset({"running", "waiting", "preempt", "hit", "prompt", "gen"})
+GAP = "  "
 GIB = 2**30
 
 
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f}%"
+def aligned(header: list[str], rows: list[list[str]], right: Collection[int] = ()) -> list[str]:
+    """Columns padded to their widest cell (``right``: right-aligned), made terminal-safe."""
+    header = [display_text(cell) for cell in header]
+    rows = [[display_text(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return GAP.join(cell.rjust(width) if i in right else cell.ljust(width)
+                        for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+                        ).rstrip()
+
+    return [line(header), *(line(row) for row in rows)]
 
 
-def _num(value: float | None, fmt: str = "{:.0f}") -> str:
-    return "–" if value is None else fmt.format(value)
+def table_lines(states: list[TargetState], now: float) -> list[str]:
+    """The header and one line per engine (or per target without engines)."""
+    rows = [[row.cells[column.key].text for column in COLUMNS]
+            for row in build_rows(states, now)]
+    right = {i for i, column in enumerate(COLUMNS) if column.key in NUMERIC}
+    return aligned([column.label for column in COLUMNS], rows, right)
 
 
-def _blocks(kv: dict[str, Any]) -> str:
-    if kv["blocks_used"] is None or kv["blocks_total"] is None:
-        return _pct(kv["usage"])
-    return f"{kv['blocks_used']:.0f}/{kv['blocks_total']} ({_pct(kv['usage'])})"
-
-
-def _engine_row(target: dict[str, Any], engine: dict[str, Any]) -> list[str]:
-    name = target["label"]
-    if engine["engine"] is not None:
-        name += f" [{engine['engine']}]"
-    ttft = (engine["latency_s"] or {}).get("ttft") or {}
-    rates = engine["rates"]
-    return [
-        name, engine["model"] or "–", target["status"], _blocks(engine["kv"]),
-        _num(engine["requests"]["running"]), _num(engine["requests"]["waiting"]),
-        _pct(engine["prefix_cache"]["hit_rate"]),
-        _num(rates["generation_tokens_per_s"], "{:.1f}"),
-        _num(ttft.get("p50"), "{:.3f}s"),
-    ]
-
-
-def _cells(values: list[str]) -> list[Text]:
-    """A row's cells made safe, as Text: a str cell would be read as markup (a model named
-    "[/]oops" raised MarkupError, "[link=…]" made a hyperlink)."""
-    return [plain(value) for value in values]
-
-
-def render_table(document: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console()
-    table = Table("target", "model", "status", "KV blocks", "run", "wait", "hit", "gen tok/s",
-                  "TTFT p50", title=f"kvtop snapshot {document['taken_at']}")
-    gpus = document.get("gpus", [])
-    for target in document["targets"]:
-        if not target["engines"]:
-            count = sum(1 for gpu in gpus if gpu.get("target") == target["target"])
-            reason = (target["error"] or "; ".join(target["notes"])
-                      or (f"{target['server']['kind']}: {count} GPUs" if count else "no engines"))
-            table.add_row(*_cells([target["label"], "–", target["status"], reason]))
-        for engine in target["engines"]:
-            table.add_row(*_cells(_engine_row(target, engine)))
-    console.print(table)
-    _render_gpus(document, console)
-
-
-def _gib(value: int | None) -> str:
-    return "–" if value is None else f"{value / GIB:.1f}"
-
-
-def _render_gpus(document: dict[str, Any], console: Console) -> None:
-    """Every GPU with its owners, then each GPU source that could not be read."""
-    gpus = document.get("gpus", [])
-    if gpus:
-        table = Table("host", "GPU", "memory GiB", "util", "servers", "source", title="GPUs")
+def gpu_lines(document: dict[str, Any]) -> list[str]:
+    """Every GPU with the servers that own it, then each GPU source that could not be read."""
+    lines = []
+    if gpus := document.get("gpus", []):
+        rows = []
         for gpu in gpus:
             name = f"{'?' if gpu['index'] is None else gpu['index']} {gpu['name']}"
             if gpu.get("mig"):
                 name += f" MIG {gpu['mig']['instance']}"
             owners = ", ".join(f"{o['label']} ({o['by']})" for o in gpu.get("owners", []))
+            memory = f"{_gib(gpu['memory_used_bytes'])}/{_gib(gpu['memory_total_bytes'])}"
             util = gpu["utilization_percent"]
-            table.add_row(plain(gpu.get("host") or "–"), plain(name),
-                          f"{_gib(gpu['memory_used_bytes'])}/{_gib(gpu['memory_total_bytes'])}",
-                          "–" if util is None else f"{util:.0f}%",
-                          plain(owners or "–"), gpu.get("source", "nvml"))
-        console.print(table)
+            rows.append([gpu.get("host") or fmt.DASH, name, memory,
+                         fmt.DASH if util is None else f"{util:.0f}%", owners or fmt.DASH,
+                         gpu.get("source", "nvml")])
+        lines += aligned(["HOST", "GPU", "MEMORY GiB", "UTIL", "SERVERS", "SOURCE"], rows,
+                         right={2, 3})
     for source in document.get("gpu_sources", []):
         if source["status"] != "ok":
             where = source["target"] or source["host"] or ""
-            console.print(f"GPUs from {source['source']} {display_text(where)}: "
-                          f"{display_text(source['error'] or source['status'])}",
-                          markup=False, highlight=False)
+            lines.append(display_text(f"GPUs from {source['source']} {where}: "
+                                      f"{source['error'] or source['status']}"))
+    return lines
+
+
+def _gib(value: int | None) -> str:
+    return fmt.DASH if value is None else f"{value / GIB:.1f}"
+
+
+def print_table(states: list[TargetState], document: dict[str, Any], out: TextIO) -> None:
+    """The snapshot ``document`` of these ``states`` as text: targets, then GPUs."""
+    lines = table_lines(states, datetime.fromisoformat(document["taken_at"]).timestamp())
+    if gpus := gpu_lines(document):
+        lines += ["", *gpus]
+    out.write("\n".join(lines) + "\n")

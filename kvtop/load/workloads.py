@@ -22,13 +22,14 @@ from pathlib import Path
 
 from kvtop.sim.workloads import (
     AZURE_FILE,
+    AZURE_SHIPPED,
     MOONCAKE_BLOCK_TOKENS,
     MOONCAKE_FILE,
-    TRACES_ENV,
+    MOONCAKE_SHIPPED,
     TraceRow,
     load_azure,
     load_mooncake,
-    traces_dir,
+    trace_path,
 )
 
 NAMED = ("mixed", "shared-prefix", "mooncake", "azure")
@@ -132,12 +133,13 @@ def _shared_prefix(fit: _Fit, rng: random.Random, prefix: int) -> Iterator[Plann
 
 
 def _named_trace(name: str) -> Path:
-    directory = traces_dir()
-    file = MOONCAKE_FILE if name == "mooncake" else AZURE_FILE
-    if directory is None or not (directory / file).is_file():
-        raise WorkloadError(f"trace {file} not found; set {TRACES_ENV} to the folder that "
-                            "holds it, or pass --workload trace:FILE")
-    return directory / file
+    """The trace kvtop ships (or the one in $KVTOP_TRACES_DIR)."""
+    names = (MOONCAKE_FILE, MOONCAKE_SHIPPED) if name == "mooncake" else \
+        (AZURE_FILE, AZURE_SHIPPED)
+    try:
+        return trace_path(*names)
+    except FileNotFoundError as exc:
+        raise WorkloadError(f"{exc}; or pass --workload trace:FILE") from None
 
 
 def _read_trace(path: Path) -> tuple[TraceRow, ...]:

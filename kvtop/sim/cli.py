@@ -9,6 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from kvtop.config import ConfigError, fraction, non_negative_number, positive_number
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.faults import plan
 from kvtop.sim.workloads import WORKLOADS
@@ -21,18 +22,20 @@ if TYPE_CHECKING:
 CPU_SHARE = 0.75
 
 
-def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_sim_parser(subparsers: Any, summary: str = "serve simulated vLLM servers"
+                   ) -> argparse.ArgumentParser:
     """Register `sim` on the `kvtop` command's subparsers; it dispatches to `run_sim`."""
     p = subparsers.add_parser(
-        "sim", help="serve simulated vLLM servers (KV cache, queues, faults) on 127.0.0.1",
-        description="Serve simulated vLLM V1 servers whose /metrics look like vLLM 0.33's.")
+        "sim", help=summary,
+        description="Serve simulated vLLM V1 servers whose /metrics look like vLLM 0.33's, "
+                    "each printing its URL on a line of stdout, until Ctrl-C.")
     p.add_argument("--port", type=int, default=8001,
                    help="first port; server i listens on port+i (0: ephemeral ports)")
     p.add_argument("--count", type=int, default=1, help="number of servers (default 1)")
     p.add_argument("--workload", choices=WORKLOADS, default="synthetic",
                    help="requests the server makes up itself (none: only those sent to its "
                         "OpenAI API, /v1/completions and /v1/chat/completions)")
-    p.add_argument("--rate", type=float, default=None,
+    p.add_argument("--rate", type=positive_number, default=None,
                    help="synthetic: requests/s; traces: rate scale (<1 subsample, >1 faster)")
     p.add_argument("--blocks", type=int, default=2000, help="num_gpu_blocks (default 2000)")
     p.add_argument("--block-size", type=int, default=16)
@@ -41,25 +44,29 @@ def add_sim_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output (default: what the KV cache holds)")
     p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--leak-frac", type=float, default=0.0,
+    p.add_argument("--leak-frac", type=fraction, default=0.0,
                    help="fraction of finished/aborted requests that never free their blocks")
-    p.add_argument("--leak-at", type=float, default=0.0, help="simulated second the leak starts")
-    p.add_argument("--restart-at", type=float, action="append", default=[],
+    p.add_argument("--leak-at", type=non_negative_number, default=0.0,
+                   help="simulated second the leak starts")
+    p.add_argument("--restart-at", type=non_negative_number, action="append", default=[],
                    help="simulated second of a restart (repeatable)")
-    p.add_argument("--stall-at", type=float, default=None, help="simulated second of a stall")
-    p.add_argument("--stall-for", type=float, default=None, help="stall length (default: ever)")
-    p.add_argument("--slow-metrics", type=float, default=0.0,
+    p.add_argument("--stall-at", type=non_negative_number, default=None,
+                   help="simulated second of a stall")
+    p.add_argument("--stall-for", type=positive_number, default=None,
+                   help="stall length (default: ever)")
+    p.add_argument("--slow-metrics", type=non_negative_number, default=0.0,
                    help="seconds each /metrics answer is delayed")
-    p.add_argument("--hang-at", type=float, default=None,
+    p.add_argument("--hang-at", type=non_negative_number, default=None,
                    help="simulated second from which /metrics never answers")
-    p.add_argument("--malformed-at", type=float, default=None,
+    p.add_argument("--malformed-at", type=non_negative_number, default=None,
                    help="simulated second from which /metrics is malformed")
     p.add_argument("--require-token-env", metavar="VAR", default=None,
                    help="answer 401 unless 'Authorization: Bearer $VAR' is sent")
     p.add_argument("--names", choices=("v1", "v0", "sglang"), default="v1",
                    help="metric names: vLLM 0.33 (v1), vLLM 0.7 V0 (v0) or SGLang")
     p.add_argument("--model-name", default="sim-llama-3-8b")
-    p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per second")
+    p.add_argument("--speed", type=positive_number, default=1.0,
+                   help="simulated seconds per second")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run_sim)
     return p
@@ -73,7 +80,8 @@ def configs_from_args(args: argparse.Namespace) -> list[SimConfig]:
     if args.require_token_env:
         token = os.environ.get(args.require_token_env)
         if not token:
-            raise SystemExit(f"kvtop sim: ${args.require_token_env} is empty or unset")
+            raise ConfigError(f"--require-token-env: ${args.require_token_env} is empty or "
+                              "unset")
     faults = plan(leak_frac=args.leak_frac, leak_at=args.leak_at, restart_at=args.restart_at,
                   stall_at=args.stall_at, stall_for=args.stall_for,
                   slow_metrics=args.slow_metrics, hang_at=args.hang_at,

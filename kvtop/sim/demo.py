@@ -1,7 +1,6 @@
 """``kvtop --demo``: a small simulated fleet that tells a story in two minutes.
 
-* ``mooncake``: healthy, replaying the real Mooncake trace (synthetic when the traces are
-  not next to the checkout);
+* ``mooncake``: healthy, replaying the real Mooncake trace (shipped in kvtop/sim/traces);
 * ``prefix-heavy``: healthy, nearly every request shares a long system prompt;
 * ``leaky``: bursts with ~30 s idle gaps; from t=30 s one in twenty finished requests never
   frees its blocks, so the idle floor ratchets up and the leak indicator goes OK → WATCH
@@ -23,27 +22,17 @@ from kvtop.collect.target import Target
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet
-from kvtop.sim.workloads import traces_dir
 
 LEAK_AT_S = 30.0
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 15.0
 
 
-def _trace_available(name: str) -> bool:
-    directory = traces_dir()
-    return directory is not None and (directory / name).exists()
-
-
 def demo_configs() -> list[tuple[str, SimConfig]]:
     """(display name, simulator config) of each demo server."""
     engine = EngineConfig(num_gpu_blocks=2000, max_num_seqs=64)
-    if _trace_available("mooncake_conversation_trace.jsonl.gz"):
-        healthy = SimConfig(model_name="llama-3-8b", engine=engine, workload="mooncake",
-                            workload_params={"rate_scale": 0.5}, seed=1)
-    else:
-        healthy = SimConfig(model_name="llama-3-8b", engine=engine,
-                            workload_params={"rate": 4.0}, seed=1)
+    healthy = SimConfig(model_name="llama-3-8b", engine=engine, workload="mooncake",
+                        workload_params={"rate_scale": 0.5}, seed=1)
     prefix_heavy = SimConfig(
         model_name="qwen2.5-7b", engine=engine, seed=2,
         workload_params={"rate": 5.0, "groups": 2, "system_prompt_len": 2048,

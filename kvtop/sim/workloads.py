@@ -1,4 +1,5 @@
-"""Request streams for the simulator: synthetic, or replayed from real public traces.
+"""Request streams for the simulator: synthetic, or replayed from real public traces (shipped
+in kvtop/sim/traces/, or others of the same format in $KVTOP_TRACES_DIR).
 
 Every workload is an endless iterator of `RequestSpec` in arrival order (simulated
 seconds). Shared prompt prefixes are expressed as `prefix_keys`, one key per full
@@ -22,23 +23,28 @@ from typing import Literal
 
 from kvtop.sim.engine import RequestSpec
 
-TRACES_ENV = "KVTOP_TRACES_DIR"
+TRACES_ENV = "KVTOP_TRACES_DIR"  # a folder with traces under their source names, instead
+SHIPPED_DIR = Path(__file__).with_name("traces")  # the whole of each trace (README.md there)
 MOONCAKE_FILE = "mooncake_conversation_trace.jsonl.gz"
+MOONCAKE_SHIPPED = MOONCAKE_FILE
 AZURE_FILE = "AzureLLMInferenceTrace_conv.csv"
+AZURE_SHIPPED = "AzureLLMInferenceTrace_conv.csv.gz"
 MOONCAKE_BLOCK_TOKENS = 512  # the trace hashes prompts in 512-token blocks
 MOONCAKE_BUCKET_S = 3.0  # its arrivals are quantised to ~3 s buckets
 WORKLOADS = ("synthetic", "mooncake", "azure", "none")
 _AZURE_EPOCH = date(2023, 1, 1)
 
 
-def traces_dir() -> Path | None:
-    """$KVTOP_TRACES_DIR, else ../shared/data/traces next to the checkout (or next to the
-    working directory, for a non-editable install run from the checkout); None if absent."""
+def trace_path(name: str, shipped_name: str, directory: Path | None = None) -> Path:
+    """The trace ``name`` in ``directory`` or $KVTOP_TRACES_DIR when either is given, else the
+    copy shipped inside the package."""
     env = os.environ.get(TRACES_ENV)
-    repo_root = Path(__file__).resolve().parents[2]
-    shared = Path("shared") / "data" / "traces"
-    candidates = [Path(env)] if env else [repo_root.parent / shared, Path.cwd().parent / shared]
-    return next((p for p in candidates if p.is_dir()), None)
+    folder = directory or (Path(env).expanduser() if env else None)
+    path = folder / name if folder is not None else SHIPPED_DIR / shipped_name
+    if not path.is_file():
+        where = f" (from ${TRACES_ENV})" if directory is None and env else ""
+        raise FileNotFoundError(f"trace {path} not found{where}")
+    return path
 
 
 def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
@@ -126,7 +132,8 @@ def load_mooncake(path: Path) -> tuple[TraceRow, ...]:
 @lru_cache(maxsize=4)
 def load_azure(path: Path) -> tuple[TraceRow, ...]:
     rows = []
-    with path.open(newline="") as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as f:
         for r in csv.DictReader(f):
             rows.append((_azure_seconds(r["TIMESTAMP"]), int(r["ContextTokens"]),
                          int(r["GeneratedTokens"])))
@@ -142,14 +149,6 @@ def _azure_seconds(stamp: str) -> float:
     return days * 86400 + int(h) * 3600 + int(m) * 60 + float(s)
 
 
-def _trace_path(name: str, directory: Path | None) -> Path:
-    directory = directory or traces_dir()
-    if directory is None or not (directory / name).is_file():
-        raise FileNotFoundError(
-            f"trace {name} not found; set {TRACES_ENV} to the folder that holds it")
-    return directory / name
-
-
 def mooncake(
     *, directory: Path | None = None, rate_scale: float = 1.0, token_scale: float = 0.125,
     seed: int = 0, block_size: int = 16, spread: bool = True, max_tokens: int = 2048,
@@ -161,7 +160,7 @@ def mooncake(
     `rate_scale` < 1 subsamples requests and > 1 compresses time; `spread` smears each 3 s
     arrival bucket uniformly over its 3 s. Loops for ever with fresh prefixes per pass.
     """
-    rows = load_mooncake(_trace_path(MOONCAKE_FILE, directory))
+    rows = load_mooncake(trace_path(MOONCAKE_FILE, MOONCAKE_SHIPPED, directory))
     children = max(1, round(MOONCAKE_BLOCK_TOKENS * token_scale) // block_size)
     replayed = _replay(rows, rate_scale, random.Random(seed))
     if spread:
@@ -197,7 +196,7 @@ def azure(
 ) -> Iterator[RequestSpec]:
     """Replay the Azure 2023 conversation trace: real arrivals and lengths, no sharing
     unless `groups` system prompts of `system_prompt_len` tokens are laid over it."""
-    rows = load_azure(_trace_path(AZURE_FILE, directory))
+    rows = load_azure(trace_path(AZURE_FILE, AZURE_SHIPPED, directory))
     rng = random.Random(seed)
     prefixes = [tuple(("az", seed, g, j) for j in range(system_prompt_len // block_size))
                 for g in range(groups)]

@@ -13,13 +13,14 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -48,6 +49,7 @@ from kvtop.derive.gpu_owners import (
 )
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
+from kvtop.exits import EXIT_INTERNAL
 from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingWriter
 from kvtop.ui import format as fmt
@@ -86,6 +88,7 @@ CHARTS_MIN_SIZE = (100, 30)
 GRID2_SIZE = (120, 45)  # narrower and at least this tall: the small charts two by two
 GPU_MIN_PERIOD_S = 2.0  # NVML reads are costly (gpustat#54); no need to go faster
 TTY_CHECK_S = 2.0
+TERMINAL_GONE_GRACE_S = 3.0  # then the process ends even if shutting down hangs
 RECORD_FLUSH_S = 5.0  # a crash loses at most this much of a recording
 LEAK_NOTIFY_S = {"leak": 30.0, "watch": 15.0}  # how long a leak alert stays up
 FIRST_DATA_S = 0.05  # a host's first numbers show this soon; 500 first scrapes, a few draws
@@ -211,6 +214,7 @@ class KvtopApp(App[None]):
         self._soon_armed = False
         self._last_draw = float("-inf")
         self._parent_pid = os.getppid()
+        self.exit_deadline_s: float | None = None  # set by run_app: see _exit_soon
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -754,8 +758,16 @@ class KvtopApp(App[None]):
 
     def _watch_terminal(self) -> None:
         """Exit on SIGHUP or a lost TTY instead of spinning as an orphan (dolphie#101)."""
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+        loop = asyncio.get_running_loop()
+
+        def hung_up(signum: int, frame: object) -> None:
+            # a plain handler, not the loop's: it runs at once even when thousands of
+            # targets keep the loop busy, and the exit deadline starts now
+            self._exit_soon()
+            loop.call_soon_threadsafe(self._terminal_gone)
+
+        with contextlib.suppress(ValueError):  # not the main thread (tests)
+            signal.signal(signal.SIGHUP, hung_up)
         self.set_interval(TTY_CHECK_S, self._check_terminal, name="tty-watchdog")
 
     def _check_terminal(self) -> None:
@@ -764,7 +776,29 @@ class KvtopApp(App[None]):
         except (ValueError, OSError):  # stdin closed
             attached = False
         if not attached or os.getppid() != self._parent_pid:
-            self.exit()
+            self._terminal_gone()
+
+    def _terminal_gone(self) -> None:
+        if self._recorder is not None:
+            self._recorder.flush()
+        self._exit_soon()
+        self.exit()
+
+    def _exit_soon(self) -> None:
+        """When this app owns the process (run_app), end it in ``exit_deadline_s`` whatever
+        happens: with the terminal gone, Textual's shutdown writes to it, and that write
+        could block for good (seen with 10,000 targets in tmux). A normal exit before then
+        ends the process as usual."""
+        if self.exit_deadline_s is not None:
+            force = threading.Timer(self.exit_deadline_s, os._exit, (0,))
+            force.daemon = True
+            force.start()
+
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        """Stop collecting first (q, SIGHUP, a lost terminal): with thousands of targets the
+        poller's attempts fill the event loop, and shutting down waited behind them."""
+        self._stop.set()
+        super().exit(*args, **kwargs)
 
     async def on_unmount(self) -> None:
         self._stop.set()
@@ -776,12 +810,23 @@ class KvtopApp(App[None]):
 def run_app(config: AppConfig) -> int:
     """Run the terminal app until the user quits or the terminal goes away.
 
-    Returns 0, or 2 when the recording (``config.record``) can't be created.
+    Returns 0, 2 when the recording (``config.record``) can't be created, or 70 after a crash.
     """
     try:
         app = KvtopApp(config)
     except OSError as exc:
         warn(f"kvtop: can't record to {config.record}: {exc.strerror or exc}")
         return 2
+    app.exit_deadline_s = TERMINAL_GONE_GRACE_S
     app.run()
+    return app_exit_code(app)
+
+
+def app_exit_code(app: App[object]) -> int:
+    """0 when the user quit; 70 when Textual stopped the app on an unhandled exception (it
+    prints the traceback itself once the terminal is restored)."""
+    if app.return_code:
+        print("kvtop: the app stopped on an internal error, a bug (traceback above)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
     return 0

@@ -285,18 +285,24 @@ def engine_cells(stats: EngineStats, *, live: bool = True) -> dict[str, Cell]:
 
 def _empty_cells(state: TargetState) -> dict[str, Cell]:
     """Cells for a target with no engine to show: say why instead of drawing zeros."""
+    gpus = len(state.gpus) if state.kind in GPU_EXPORTER_KINDS else 0
+    return _cells_without_engines(state.status, state.kind, state.error, gpus)
+
+
+@lru_cache(maxsize=1024)
+def _cells_without_engines(status: str, kind: str | None, error: str | None,
+                           gpus: int) -> dict[str, Cell]:
+    """Shared (treat as read-only): 10,000 targets down for one reason are one dict."""
     cells = {c.key: Cell(fmt.DASH, "dim") for c in (*COLUMNS, GPU_COLUMN)}
-    if state.kind in GPU_EXPORTER_KINDS and state.status in ("up", "stale"):
-        count = len(state.gpus)
-        cells["model"] = Cell(f"{state.kind}: {count} GPU{'' if count == 1 else 's'}")
-    elif state.status == "up" and state.kind == "unknown":
+    if kind in GPU_EXPORTER_KINDS and status in ("up", "stale"):
+        cells["model"] = Cell(f"{kind}: {gpus} GPU{'' if gpus == 1 else 's'}")
+    elif status == "up" and kind == "unknown":
         cells["model"] = Cell(NOT_INFERENCE, "warn")
         cells["kv"] = Cell("not LLM server?", "warn")
-    elif state.status == "up":
-        cells["model"] = Cell(f"{display_text(state.kind or 'server')}: no engine reported",
-                              "warn")
-    elif state.error:
-        cells["model"] = Cell(display_text(state.error), "dim")
+    elif status == "up":
+        cells["model"] = Cell(f"{display_text(kind or 'server')}: no engine reported", "warn")
+    elif error:
+        cells["model"] = Cell(display_text(error), "dim")
     return cells
 
 
@@ -335,7 +341,7 @@ class RowCache:
         return rows
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 15)  # a fleet of 10,000 must not evict its own
 def shown_label(target: Target) -> str:
     """The target's label, safe to draw (it parses the URL each time it is asked)."""
     return display_text(target.label)

@@ -23,7 +23,7 @@ from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import RecordingError, open_recording
 from kvtop.store.replay import ReplaySource
 from kvtop.ui import format as fmt
-from kvtop.ui.app import INTERVALS, AppConfig, KvtopApp
+from kvtop.ui.app import INTERVALS, AppConfig, KvtopApp, app_exit_code
 from kvtop.ui.screens.help import KEYS
 
 SEEK_S = 60.0  # [ ]
@@ -187,7 +187,8 @@ def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
 
 
 def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None) -> int:
-    """Open the app on the recording at ``path``. Returns 0, 2 (unreadable) or 3 (no scrapes)."""
+    """Open the app on the recording at ``path``. Returns 0, 2 (unreadable), 3 (no scrapes)
+    or 70 (the app crashed)."""
     def tell(text: str) -> None:
         warn(f"kvtop replay: {text}")
 
@@ -200,4 +201,4 @@ def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
         tell(str(exc))
         return EXIT_NO_DATA
     app.run()
-    return 0
+    return app_exit_code(app)

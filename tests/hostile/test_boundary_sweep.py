@@ -11,7 +11,6 @@ from datetime import datetime, timezone
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rich.console import Console
 
 from kvtop.collect.target import Target
 from kvtop.derive.leak import LeakVerdict
@@ -19,7 +18,7 @@ from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
 from kvtop.headless.check_command import CheckRun, EngineVerdict, _render_text
 from kvtop.headless.snapshot import snapshot_document
-from kvtop.headless.table import render_table
+from kvtop.headless.table import print_table
 from kvtop.ui.fleet import build_rows, leak_changes
 from kvtop.ui.screens.detail import CONFIG_KEYS, describe
 from tests.hostile.hostile import RAW_CONTROLS
@@ -69,9 +68,9 @@ def test_nothing_from_a_state_reaches_a_person_raw(
         assert all(_safe(line) for line in lines) and len(lines) == expected
 
     document = snapshot_document([state, down], [], taken_at=datetime.now(timezone.utc))
-    console = Console(file=io.StringIO(), width=200)
-    render_table(document, console)  # no MarkupError, whatever the names
-    assert _safe(console.file.getvalue())  # type: ignore[attr-defined]
+    table = io.StringIO()
+    print_table([state, down], document, table)
+    assert _safe(table.getvalue())
     assert document["targets"][0]["engines"][0]["model"] == model  # exact
     assert json.loads(json.dumps(document))["targets"][0]["error"] == error
 

@@ -9,12 +9,15 @@ import io
 import json
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
-from rich.console import Console
-
 from kvtop.collect.target import Scrape, Target
-from kvtop.headless.table import render_table
+from kvtop.derive.leak import LeakVerdict
+from kvtop.derive.stats import EngineStats
+from kvtop.derive.tracker import TargetState
+from kvtop.headless.snapshot import snapshot_document
+from kvtop.headless.table import print_table
 from kvtop.safe_text import display_text
 from kvtop.store.recording import RecordingWriter
 from tests.faultserver import FaultServer
@@ -69,21 +72,20 @@ async def test_snapshot_json_is_exact_and_the_table_written_out() -> None:
 
 
 def test_the_table_never_reads_labels_as_markup() -> None:
-    """The snapshot table of a document with markup in every string field."""
-    document = {"taken_at": "2026-01-01T00:00:00Z", "targets": [
-        {"label": "[/]h", "status": "up", "error": None, "notes": [], "engines": [
-            {"model": "[/]oops[/bold]", "engine": "[/x]", "kv": {
-                "blocks_used": 1.0, "blocks_total": 2, "usage": 0.5},
-             "requests": {"running": 1, "waiting": 0}, "prefix_cache": {"hit_rate": None},
-             "rates": {"generation_tokens_per_s": None}, "latency_s": None}]},
-        {"label": "down[/]", "status": "down", "error": f"HTTP 500 ({OSC52}[/nope])",
-         "notes": [], "engines": []},
-    ]}
-    console = Console(file=io.StringIO(), width=300)
-    render_table(document, console)
-    out = console.file.getvalue()  # type: ignore[attr-defined]
-    assert "[/]oops[/bold]" in out and "[/x]" in out and "[/nope]" in out
-    assert "\x1b]52" not in out and "\\x1b]52" in out
+    """The snapshot table of states with markup and escapes in every string field."""
+    leak = LeakVerdict("leak", "idle floor rose", 1.0, 10.0, 3.0)
+    engine = EngineStats("[/]oops[/bold]", "[/x]", T0, blocks_used=1, blocks_total=2,
+                         running=1, waiting=0, leak=leak)
+    up = TargetState(Target(url="http://10.0.0.1:8000/metrics", name="[/]h"), "up",
+                     kind="vllm", engines=[engine], last_good_t=T0)
+    down = TargetState(Target(url="http://10.0.0.2:8000/metrics", name="down[/]"), "down",
+                       error=f"HTTP 500 ({OSC52}[/nope])", last_good_t=T0)
+    taken_at = datetime.fromtimestamp(T0, tz=timezone.utc)
+    out = io.StringIO()
+    print_table([up, down], snapshot_document([up, down], [], taken_at=taken_at), out)
+    text = out.getvalue()
+    assert "[/]oops[/bold]" in text and "[/]h" in text and "[/nope]" in text
+    assert "\x1b]52" not in text and "\\x1b]52" in text
 
 
 async def test_check_text_shows_names_written_out() -> None:

@@ -12,7 +12,6 @@ import pytest
 
 from kvtop.load.prompts import MAX_WORD, WORDS, PromptMaker
 from kvtop.load.workloads import WorkloadError, make_workload
-from kvtop.sim import workloads as sim_workloads
 from kvtop.sim.openai_api import text_tokens
 
 
@@ -90,9 +89,6 @@ def test_a_broken_trace_is_refused_with_the_reason(tmp_path: Path) -> None:
 
 
 def test_the_real_traces_replay() -> None:
-    directory = sim_workloads.traces_dir()
-    if directory is None:
-        pytest.skip("traces not found (clone next to ../shared or set KVTOP_TRACES_DIR)")
     for name in ("mooncake", "azure"):
         plans = list(itertools.islice(make_workload(name, model_len=32768), 200))
         assert all(p.prompt_tokens + p.max_tokens < 32768 for p in plans)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,12 @@ from kvtop.sim import workloads
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.simulation import Simulation
 from kvtop.sim.workloads import SyntheticSpec, make_workload, synthetic
+from tests.paths import REPO
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 
 def take(it: object, n: int) -> list:
@@ -42,26 +50,44 @@ def test_bursty_arrivals_come_in_bursts_with_the_same_mean() -> None:
     assert quiet == 0
 
 
+def test_the_samples_ship_inside_the_package() -> None:
+    # pyproject's package-data must take every file of kvtop/sim/traces into the wheel
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    globs = data["tool"]["setuptools"]["package-data"]["kvtop"]
+    package = REPO / "kvtop"
+    shipped = {p for pattern in globs for p in package.glob(pattern)}
+    assert set(workloads.SHIPPED_DIR.iterdir()) <= shipped
+    assert workloads.trace_path(workloads.MOONCAKE_FILE, workloads.MOONCAKE_SHIPPED) == \
+        workloads.SHIPPED_DIR / workloads.MOONCAKE_SHIPPED
+    licences = {p.name for p in workloads.SHIPPED_DIR.glob("LICENSE-*")}
+    assert licences == {"LICENSE-Mooncake-Apache-2.0.txt",
+                        "LICENSE-AzurePublicDataset-CC-BY-4.0.txt"}
+
+
+def test_the_whole_hour_of_each_trace_ships() -> None:
+    # benchmarks/leak_eval's published numbers were measured on the whole hour (README there)
+    mooncake = workloads.load_mooncake(workloads.SHIPPED_DIR / workloads.MOONCAKE_SHIPPED)
+    azure = workloads.load_azure(workloads.SHIPPED_DIR / workloads.AZURE_SHIPPED)
+    assert (len(mooncake), len(azure)) == (12031, 19366)
+    assert mooncake[-1].arrival == pytest.approx(3536.999)
+    assert azure[-1].arrival == pytest.approx(3501.72, abs=0.01)
+
+
 def test_traces_dir_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A trace under its source name (here: the first rows of the shipped Azure one) wins.
+    rows = gzip.decompress((workloads.SHIPPED_DIR / workloads.AZURE_SHIPPED).read_bytes())
+    lines = rows.splitlines(keepends=True)
+    (tmp_path / workloads.AZURE_FILE).write_bytes(b"".join(lines[:3]))
     monkeypatch.setenv(workloads.TRACES_ENV, str(tmp_path))
-    assert workloads.traces_dir() == tmp_path
-    with pytest.raises(FileNotFoundError):
+    assert len(take(workloads.azure(), 5)) == 5  # two rows, looped
+    assert [r.prompt_len for r in take(workloads.azure(), 4)] == [374, 396, 374, 396]
+    with pytest.raises(FileNotFoundError, match=workloads.TRACES_ENV):
         next(make_workload("mooncake"))
-    monkeypatch.setenv(workloads.TRACES_ENV, str(tmp_path / "absent"))
-    assert workloads.traces_dir() is None
     with pytest.raises(ValueError):
         make_workload("nope")
 
 
-def need_traces() -> Path:
-    directory = workloads.traces_dir()
-    if directory is None:
-        pytest.skip("traces not found (clone next to ../shared or set KVTOP_TRACES_DIR)")
-    return directory
-
-
 def test_mooncake_maps_512_token_hashes_to_16_token_blocks() -> None:
-    need_traces()
     reqs = take(workloads.mooncake(token_scale=1.0, spread=False), 3)
     first, second = reqs[0], reqs[1]
     assert first.prompt_len == 6758 and len(first.prefix_keys) == 6758 // 16
@@ -77,7 +103,6 @@ def test_mooncake_maps_512_token_hashes_to_16_token_blocks() -> None:
 
 
 def test_mooncake_spread_and_subsample_keep_order() -> None:
-    need_traces()
     full = take(workloads.mooncake(), 3000)
     half = take(workloads.mooncake(rate_scale=0.5), 1500)
     times = [r.arrival for r in full]
@@ -86,7 +111,6 @@ def test_mooncake_spread_and_subsample_keep_order() -> None:
 
 
 def test_azure_replays_arrivals_and_lengths() -> None:
-    need_traces()
     reqs = take(workloads.azure(), 2)
     assert (reqs[0].arrival, reqs[0].prompt_len, reqs[0].output_len) == (0.0, 374, 44)
     assert reqs[1].arrival == pytest.approx(50.9951690 - 46.6805900, abs=1e-6)
@@ -96,7 +120,6 @@ def test_azure_replays_arrivals_and_lengths() -> None:
 
 @pytest.mark.parametrize("kind", ["mooncake", "azure"])
 def test_trace_replay_drives_a_simulation(kind: str) -> None:
-    need_traces()
     sim = Simulation(EngineConfig(), make_workload(kind))
     sim.advance_to(60.0)
     truth = sim.truth()

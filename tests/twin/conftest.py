@@ -1,7 +1,7 @@
-"""The real-server tier: kvtop against a served vLLM 0.33.0 twin (../shared/twin/README.md).
+"""The real-server tier: kvtop against a served vLLM 0.33.0 twin (twin/README.md).
 
 Skipped, with the reason, unless the twin venv can `import vllm` (scripts/install-twin.sh, or
-KVTOP_TWIN_PYTHON) and ../shared/twin exists; KVTOP_TWIN=0 turns it off. The servers this
+KVTOP_TWIN_PYTHON); KVTOP_TWIN=0 turns it off. The servers this
 session's tests need are started together on first use (start-up dominates the tier's time)
 and stopped by process group once the tier's last test is done.
 """

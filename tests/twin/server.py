@@ -1,4 +1,5 @@
-"""Start and stop a served vLLM 0.33.0 twin (`vllm serve` + fake executor, ../shared/twin).
+"""Start and stop a served vLLM 0.33.0 twin (`vllm serve` with twin/executor.py's model-less
+executor; twin/README.md).
 
 Each server runs in its own process group, so stopping it by pid also ends its EngineCore.
 """
@@ -14,10 +15,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.paths import REPO, SHARED
+from tests.paths import REPO
+from twin.model import MODEL_NAME, VLLM_ENV, write_model_dir
 
-TWIN_DIR = SHARED / "twin"
-MODEL_NAME = "twin-llama"
+EXECUTOR = "twin.executor.TwinExecutor"  # importable in the server: PYTHONPATH is the checkout
 # Start-up is 15-35 s on an idle machine, 100 s for three at once on a busy 2-core one.
 INSTALL_HINT = "run scripts/install-twin.sh (or set KVTOP_TWIN_PYTHON)"
 START_TIMEOUT_S = float(os.environ.get("KVTOP_TWIN_START_TIMEOUT", "300"))
@@ -32,46 +33,36 @@ def twin_python() -> Path:
 
 
 def twin_env(**extra: str) -> dict[str, str]:
-    """The environment the twin README asks for, plus the executor knobs in ``extra``."""
-    env = dict(os.environ)
-    env.update(PYTHONPATH=str(TWIN_DIR), PYTHONDONTWRITEBYTECODE="1", VLLM_TARGET_DEVICE="cpu",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
-    env.update(extra)
-    return env
+    """vLLM's CPU-only environment, this checkout on PYTHONPATH (for ``twin``), and the
+    executor knobs in ``extra``."""
+    return {**os.environ, **VLLM_ENV, "PYTHONPATH": str(REPO), **extra}
 
 
 def unavailable_reason(python: Path) -> str | None:
     """Why the tier cannot run here before trying vllm, or None."""
     if os.environ.get("KVTOP_TWIN") == "0":
         return "twin tier disabled by KVTOP_TWIN=0"
-    if not TWIN_DIR.is_dir():
-        return f"twin tier skipped: {TWIN_DIR} not found (clone kvtop next to ../shared)"
     if not python.exists():
         return f"twin tier skipped: no twin interpreter at {python}; {INSTALL_HINT}"
     return None
 
 
 def import_vllm_error(python: Path, model_dir: Path) -> str | None:
-    """Check `import vllm` in a subprocess while the probe writes the fake model's config.json
-    (both import vllm for seconds, so they run side by side). The reason to skip, or None."""
-    probe = [str(python), str(TWIN_DIR / "twin_probe.py"), "--write-model-dir", str(model_dir)]
-    writer = subprocess.Popen(probe, env=twin_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
+    """Write the fake model's config.json and check that the twin interpreter imports vllm
+    (else: the reason to skip) and then twin/executor.py (else: a real error)."""
+    write_model_dir(model_dir)
+    imports = "import vllm; print('vllm imported', flush=True); import twin.executor"
     try:
-        check = subprocess.run([str(python), "-c", "import vllm"], env=twin_env(),
+        check = subprocess.run([str(python), "-c", imports], env=twin_env(),
                                capture_output=True, text=True, timeout=180)
-        _, writer_err = writer.communicate(timeout=180)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"twin tier skipped: {python} -c 'import vllm' failed: {error}; {INSTALL_HINT}"
-    finally:
-        writer.kill()  # no-op once it has exited
-        writer.wait()
-    if check.returncode != 0:
-        last = (check.stderr.strip().splitlines() or ["?"])[-1]
-        return f"twin tier skipped: 'import vllm' fails in {python}: {last}; {INSTALL_HINT}"
-    if writer.returncode != 0:  # vllm imports but the probe fails: a real error, not a skip
-        raise RuntimeError(f"twin_probe.py --write-model-dir failed:\n{writer_err.decode()}")
-    return None
+    if check.returncode == 0:
+        return None
+    if "vllm imported" in check.stdout:
+        raise RuntimeError(f"twin/executor.py does not import:\n{check.stderr}")
+    last = (check.stderr.strip().splitlines() or ["?"])[-1]
+    return f"twin tier skipped: 'import vllm' fails in {python}: {last}; {INSTALL_HINT}"
 
 
 def free_port() -> int:
@@ -83,7 +74,7 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class TwinSpec:
-    """One served twin: executor knobs (TWIN_*) and the scheduler limits."""
+    """One served twin: executor knobs (KVTOP_TWIN_*) and the scheduler limits."""
 
     num_blocks: int
     step_delay_s: float
@@ -93,14 +84,14 @@ class TwinSpec:
     api_servers: int = 1  # >1: vLLM's multiprocess metrics (PROMETHEUS_MULTIPROC_DIR)
 
     def env(self) -> dict[str, str]:
-        return twin_env(TWIN_NUM_BLOCKS=str(self.num_blocks),
-                        TWIN_STEP_DELAY=str(self.step_delay_s),
-                        TWIN_LEAK_FRAC=str(self.leak_frac))
+        return twin_env(KVTOP_TWIN_BLOCKS=str(self.num_blocks),
+                        KVTOP_TWIN_STEP_S=str(self.step_delay_s),
+                        KVTOP_TWIN_LEAK_FRAC=str(self.leak_frac))
 
     def args(self, model_dir: Path, port: int) -> list[str]:
         return ["-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
                 "--skip-tokenizer-init",
-                "--distributed-executor-backend", "twin_executor.FakeExecutor",
+                "--distributed-executor-backend", EXECUTOR,
                 "--served-model-name", MODEL_NAME,
                 "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", "1024",
                 "--max-model-len", str(self.max_model_len), "--block-size", "16",

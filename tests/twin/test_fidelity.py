@@ -1,7 +1,7 @@
 """Fidelity: kvtop's simulator and vLLM 0.33's real scheduler replay the same requests.
 
 The quick form of benchmarks/fidelity/run.py (docs/fidelity.md): a small pool under bursts
-(preemptions, shared prefixes) and, when the traces are present, a Mooncake slice. Both sides
+(preemptions, shared prefixes) and a slice of the Mooncake trace sample. Both sides
 are stepped one engine step at a time; the issue's goals are usage MAE <= 5 pp and final
 prefix-cache hit rate within 3 pp. The twin replay runs in one subprocess (about 15 s).
 """
@@ -11,13 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.fidelity.run import run
-from kvtop.sim.workloads import MOONCAKE_FILE, traces_dir
 
 
 def test_simulator_tracks_the_real_scheduler_step_by_step(twin_interpreter: Path) -> None:
-    traces = traces_dir()
-    names = ["pressure"] + (["mooncake"] if traces and (traces / MOONCAKE_FILE).is_file() else [])
-    results = run(names, quick=True, python=twin_interpreter)
+    results = run(["pressure", "mooncake"], quick=True, python=twin_interpreter)
     for r in results:
         assert r.usage_mae_pp <= 5.0, r
         assert abs(r.hit_rate_diff_pp) <= 3.0, r

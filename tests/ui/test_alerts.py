@@ -146,7 +146,7 @@ def test_alerts_config_is_an_argv_list(tmp_path: Path) -> None:
                                                       min_interval_s=60.0)
     for bad, said in (('command = "notify-send kvtop"', "list of strings"),
                       ("bell = 1", "true or false"),
-                      ("min_interval_s = -1", "positive"),
+                      ("min_interval_s = -1", "finite number > 0"),
                       ("colour = 'red'", "unknown key")):
         path.write_text(f"[alerts]\n{bad}\n")
         with pytest.raises(ConfigError, match=said):

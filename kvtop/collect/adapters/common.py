@@ -1,4 +1,5 @@
-"""Helpers shared by the engine adapters: grouping series by engine, histograms."""
+"""Helpers shared by the engine adapters: grouping series by engine, histograms, and the
+conversions that refuse a number no server sends."""
 
 from __future__ import annotations
 
@@ -11,6 +12,29 @@ from kvtop.collect.reading import EngineReading, Histogram
 
 EngineKey = tuple[str | None, str | None]  # (model, engine)
 KeyOf = Callable[[Sample], EngineKey]
+
+# Engines (KV pools) one target may have: vLLM's largest data-parallel deployments behind
+# one API server have 64-128; a server naming more is broken or hostile, and the rest are
+# left out (``ServerReading.engines_over_cap`` counts them).
+MAX_ENGINES = 256
+# A block or token count past this is no KV pool (a large one holds ~10**7 tokens).
+MAX_COUNT = 2**40
+
+
+class BadValue(ValueError):
+    """A value no working server sends (an infinite pool, 10**308 blocks): the target's
+    answer is refused with this message, which names the value."""
+
+
+def whole_number(value: float, what: str) -> int | None:
+    """A count (blocks, tokens) from a float: None for NaN ("no value", as everywhere) or
+    less than 1 (not set, as vLLM writes before it has profiled); BadValue when it is
+    infinite or past MAX_COUNT."""
+    if math.isnan(value) or value < 1:
+        return None
+    if value > MAX_COUNT:  # +Inf too
+        raise BadValue(f"{what} is not a usable count")
+    return int(value)
 
 
 def histogram_names(base: str) -> tuple[str, str, str]:
@@ -78,14 +102,30 @@ def _bound(le: str | None) -> float | None:
         return None
 
 
-def engine_readings(keys: Iterable[EngineKey]) -> dict[EngineKey, EngineReading]:
-    """One empty reading per engine key, in a stable order (model, then engine number)."""
-    def order(key: EngineKey) -> tuple[str, int, str]:
-        model, engine = key
-        number = int(engine) if engine is not None and engine.isdigit() else -1
-        return (model or "", number, engine or "")
+class EngineReadings(dict[EngineKey, EngineReading]):
+    """The readings of one scrape's first MAX_ENGINES engines; ``over_cap`` counts the
+    engines left out."""
 
-    return {key: EngineReading(model=key[0], engine=key[1]) for key in sorted(set(keys), key=order)}
+    over_cap: int = 0
+
+
+def _order(key: EngineKey) -> tuple[str, int, str]:
+    """Model, then engine number ("10" after "9"; a non-number such as "²" or one of
+    thousands of digits sorts first)."""
+    model, engine = key
+    number = -1
+    if engine is not None and engine.isascii() and engine.isdigit() and len(engine) <= 18:
+        number = int(engine)
+    return (model or "", number, engine or "")
+
+
+def engine_readings(keys: Iterable[EngineKey]) -> EngineReadings:
+    """One empty reading per engine key, in a stable order, at most MAX_ENGINES of them."""
+    ordered = sorted(set(keys), key=_order)
+    readings = EngineReadings(
+        (key, EngineReading(model=key[0], engine=key[1])) for key in ordered[:MAX_ENGINES])
+    readings.over_cap = max(0, len(ordered) - MAX_ENGINES)
+    return readings
 
 
 def assign(readings: dict[EngineKey, EngineReading], field: str,

@@ -44,7 +44,9 @@ def _value(value: float) -> float | None:
 
 
 def _index(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() and len(text) < 6 else None
+    # "²" is a digit to str.isdigit() but not to int()
+    ok = text is not None and text.isascii() and text.isdigit() and len(text) < 6
+    return int(text) if ok else None  # type: ignore[arg-type]
 
 
 class _Gpu:

@@ -31,7 +31,9 @@ def _value(sample: Sample) -> float | None:
 
 
 def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() and len(text) < 10 else None
+    # "²" is a digit to str.isdigit() but not to int()
+    ok = text is not None and text.isascii() and text.isdigit() and len(text) < 10
+    return int(text) if ok else None  # type: ignore[arg-type]
 
 
 def _by_uuid(expo: Exposition) -> dict[str, dict[str, float | None]]:

@@ -12,6 +12,7 @@ from kvtop.collect.adapters.common import (
     histograms,
     maxed,
     summed,
+    whole_number,
 )
 from kvtop.collect.exposition import Exposition, Sample
 from kvtop.collect.reading import ServerReading
@@ -51,7 +52,7 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     assign_all(readings, expo, key_of, SIMPLE_FIELDS)
     for key, value in maxed(expo, "sglang:max_total_num_tokens", key_of).items():
         if key in readings:
-            readings[key].tokens_total = int(value)
+            readings[key].tokens_total = whole_number(value, "sglang:max_total_num_tokens")
     cached = summed(expo, "sglang:cached_tokens_total", key_of)
     for key, reading in readings.items():
         if key in cached and reading.prompt_tokens_total is not None:
@@ -64,4 +65,5 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     notes = []
     if readings and all(r.tokens_total is None for r in readings.values()):
         notes.append("KV capacity not exported (sglang:max_total_num_tokens needs SGLang 0.5.6+)")
-    return ServerReading("sglang", list(readings.values()), version, notes)
+    return ServerReading("sglang", list(readings.values()), version, notes,
+                         engines_over_cap=readings.over_cap)

@@ -4,7 +4,7 @@ NVIDIA's own sample)."""
 
 from __future__ import annotations
 
-from kvtop.collect.adapters.common import EngineKey, engine_readings
+from kvtop.collect.adapters.common import EngineKey, engine_readings, whole_number
 from kvtop.collect.exposition import Exposition, Sample
 from kvtop.collect.reading import ServerReading
 
@@ -31,15 +31,16 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     for key, reading in readings.items():
         kinds = blocks.get(key, {})
         total, used = kinds.get("max"), kinds.get("used")
-        if total and total > 0:
-            reading.blocks_total = int(total)
-            if used is not None:
+        if total is not None:
+            reading.blocks_total = whole_number(total, f"{BLOCKS} max={total!r}")
+            if used is not None and reading.blocks_total:
                 reading.kv_usage = used / total
-        if kinds.get("tokens_per"):
-            reading.block_size = int(kinds["tokens_per"])
-            if reading.blocks_total:
+        if (per := kinds.get("tokens_per")) is not None:
+            reading.block_size = whole_number(per, f"{BLOCKS} tokens_per={per!r}")
+            if reading.blocks_total and reading.block_size:
                 reading.tokens_total = reading.blocks_total * reading.block_size
         reqs = requests.get(key, {})
         reading.running = reqs.get("active")
         reading.waiting = reqs.get("waiting")
-    return ServerReading("trtllm", list(readings.values()), version)
+    return ServerReading("trtllm", list(readings.values()), version,
+                         engines_over_cap=readings.over_cap)

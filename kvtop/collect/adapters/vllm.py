@@ -14,6 +14,7 @@ from kvtop.collect.adapters.common import (
     histograms,
     maxed,
     summed,
+    whole_number,
 )
 from kvtop.collect.exposition import Exposition, Sample
 from kvtop.collect.reading import EngineReading, LoraInfo, ServerReading
@@ -90,11 +91,14 @@ def _pool_accounting(
 
 
 def _int_label(config: dict[str, str], name: str) -> int | None:
+    """A count from a cache_config_info label: None when it is not a number ("None" before
+    vLLM has profiled); BadValue when it is one no pool has ("inf", "1e308")."""
+    text = config.get(name, "")
     try:
-        value = int(float(config.get(name, "")))
+        value = float(text)
     except ValueError:
         return None
-    return value if value > 0 else None
+    return whole_number(value, f"{CACHE_CONFIG} {name}={text[:40]!r}")
 
 
 def _cache_configs(expo: Exposition) -> dict[str | None, dict[str, str]]:
@@ -207,4 +211,5 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     for reading in readings.values():
         reading.lora = lora
     notes = [] if readings else ["vLLM without engine series (started with --disable-log-stats?)"]
-    return ServerReading("vllm", list(readings.values()), version or inferred, notes)
+    return ServerReading("vllm", list(readings.values()), version or inferred, notes,
+                         engines_over_cap=readings.over_cap)

@@ -1,8 +1,8 @@
 """Recordings from vLLM 0.33's real scheduler: runs `twin_driver.py` in the twin venv.
 
 The twin interpreter is `$KVTOP_TWIN_PYTHON`, default `.venv-twin/bin/python` (see
-scripts/install-twin.sh); `twin_probe.py` comes from `$KVTOP_TWIN_DIR`, default
-`../shared/twin`. Without them the twin scenarios are skipped.
+scripts/install-twin.sh); it imports the repository's `twin` package (twin/README.md).
+Without that interpreter the twin scenarios are skipped.
 """
 
 from __future__ import annotations
@@ -26,25 +26,20 @@ TIMEOUT_S = 240
 
 def twin_python() -> Path | None:
     python = Path(os.environ.get("KVTOP_TWIN_PYTHON", REPO / ".venv-twin/bin/python"))
-    probe = twin_dir() / "twin_probe.py"
-    return python if python.exists() and probe.exists() else None
-
-
-def twin_dir() -> Path:
-    return Path(os.environ.get("KVTOP_TWIN_DIR", REPO.parent / "shared/twin"))
+    return python if python.exists() else None
 
 
 def generate_twin(scenario: Scenario, out: Path, seed: int = 0) -> tuple[Path, Path]:
     python = twin_python()
     if python is None:
-        raise FileNotFoundError("no twin interpreter (.venv-twin) or ../shared/twin")
+        raise FileNotFoundError("no twin interpreter (.venv-twin): run scripts/install-twin.sh")
     spec_path, raw_path = out / f"{scenario.name}.spec.json", out / f"{scenario.name}.raw.jsonl"
     spec = {**scenario.params, "seed": seed, "blocks": scenario.blocks,
             "max_num_seqs": scenario.max_num_seqs, "warmup_s": WARMUP_S,
             "duration_s": WARMUP_S + scenario.duration_s, "interval_s": scenario.interval_s,
             "leak_fill_h": scenario.leak_fill_h, "leak_at_s": WARMUP_S + scenario.leak_at_s}
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(twin_dir()), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     # run() kills the child on timeout, so no twin outlives this call.
     subprocess.run([str(python), str(DRIVER), str(spec_path), str(raw_path)], env=env,
                    check=True, timeout=TIMEOUT_S, capture_output=True)

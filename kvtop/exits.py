@@ -1,0 +1,7 @@
+"""Exit codes every kvtop command shares (each command documents its own on top: ``check``
+0 no leak, 1 leak, 3 no usable data; ``snapshot`` 3 a target unreadable)."""
+
+EXIT_USAGE = 2  # a bad option, config or input file: the message says which
+EXIT_INTERNAL = 70  # EX_SOFTWARE, a bug; never 1, which `check` uses for "leak found"
+EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader left

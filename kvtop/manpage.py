@@ -1,0 +1,133 @@
+"""kvtop(1), written from the same argparse parser that parses the command line.
+
+    python -m kvtop.manpage > man/kvtop.1      # tests/test_cli.py checks it is current
+
+Deterministic (no date, no terminal width): the page changes only when an option does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvtop import __version__
+from kvtop.cli import SUMMARIES, build_app_parser, build_reference_parser
+
+EXIT_STATUS = (
+    ("0", "success; check: no leak; rehearse: GO"),
+    ("1", "check: a leak was found; rehearse: NO-GO"),
+    ("2", "usage error (bad option or config) or unreadable input"),
+    ("3", "snapshot: a target could not be read; check: no usable data; rehearse: could "
+          "not run"),
+    ("4", "record: the recording fell short (write errors such as a full disk, --max-size)"),
+    ("70", "internal error, a bug: stderr says where the traceback was written"),
+    ("130", "interrupted (Ctrl-C)"),
+    ("141", "the reader of stdout went away (a closed pipe), as with SIGPIPE"),
+)
+ENVIRONMENT = (
+    ("KVTOP_TOKEN", "bearer token for the command-line targets when --token-env is not given"),
+    ("XDG_CONFIG_HOME", "where the default config lives: $XDG_CONFIG_HOME/kvtop/config.toml"),
+    ("KVTOP_TRACES_DIR", "kvtop sim: a folder with the full Mooncake and Azure traces, "
+                         "instead of the samples shipped with kvtop"),
+    ("NO_COLOR", "the app draws without colour"),
+)
+
+
+def roff(text: str) -> str:
+    """Plain text as roff: backslashes and hyphens escaped, no line read as a request."""
+    text = text.replace("\\", "\\e").replace("-", "\\-")
+    return "\n".join("\\&" + line if line[:1] in (".", "'") else line
+                     for line in text.splitlines())
+
+
+def _flags(action: argparse.Action) -> str:
+    names = ", ".join(f"\\fB{roff(name)}\\fR" for name in action.option_strings)
+    if action.nargs == 0:
+        return names
+    metavar = action.metavar or action.dest.upper()
+    return f"{names} \\fI{roff(str(metavar))}\\fR"
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    lines: list[str] = []
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
+            continue
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            continue
+        label = _flags(action) if action.option_strings else f"\\fI{roff(str(action.metavar))}\\fR"
+        text = action.help or ""
+        if action.choices and not action.option_strings:
+            text = text or ", ".join(map(str, action.choices))
+        elif action.choices:
+            text = f"{text} (one of: {', '.join(map(str, action.choices))})".lstrip()
+        if "%" in text:  # argparse's own expansion: %(default)s, %%
+            text = text % {k: v for k, v in vars(action).items() if v is not argparse.SUPPRESS}
+        lines += [".TP", label, roff(text)]
+    return lines
+
+
+def _synopsis(name: str, parser: argparse.ArgumentParser) -> str:
+    positionals = [a for a in parser._actions if not a.option_strings
+                   and not isinstance(a, argparse._SubParsersAction)]
+    words = [f"\\fBkvtop {name}\\fR", "[\\fIoptions\\fR]"]
+    for action in positionals:
+        metavar = f"\\fI{action.metavar}\\fR"
+        words.append(f"[{metavar} ...]" if action.nargs in ("*", "+") else metavar)
+    return " ".join(words)
+
+
+def _commands(reference: argparse.ArgumentParser) -> list[str]:
+    subparsers = next(a for a in reference._actions
+                      if isinstance(a, argparse._SubParsersAction))
+    lines = [".SH COMMANDS"]
+    for name, sub in subparsers.choices.items():
+        lines += [".SS " + roff(f"{name}: {SUMMARIES[name]}"), _synopsis(name, sub), ".PP",
+                  roff(sub.description or ""), *_options(sub)]
+    return lines
+
+
+def render() -> str:
+    """The whole page, as roff."""
+    app = build_app_parser()
+    lines = [
+        f'.TH KVTOP 1 "" "kvtop {__version__}" "User Commands"',
+        ".SH NAME",
+        "kvtop \\- htop for the KV cache of LLM inference servers",
+        ".SH SYNOPSIS",
+        "\\fBkvtop\\fR [\\fITARGET\\fR ...] [\\fIoptions\\fR]",
+        ".br",
+        "\\fBkvtop\\fR \\fICOMMAND\\fR [\\fIoptions\\fR]",
+        ".SH DESCRIPTION",
+        roff(" ".join((app.description or "").split())),
+        ".PP",
+        roff("Without a command, kvtop opens the terminal app on the targets (press ? in it "
+             "for every key). A target is host:port or an http(s) URL; /metrics is added "
+             "when no path is given. Tokens are never taken from the command line."),
+        ".SH OPTIONS",
+        *_options(app),
+        *_commands(build_reference_parser()),
+        ".SH EXIT STATUS",
+        *[line for code, text in EXIT_STATUS for line in (".TP", f"\\fB{code}\\fR", roff(text))],
+        ".SH ENVIRONMENT",
+        *[line for name, text in ENVIRONMENT for line in (".TP", f"\\fB{name}\\fR", roff(text))],
+        ".SH FILES",
+        ".TP",
+        "\\fI~/.config/kvtop/config.toml\\fR",
+        roff("targets, names, groups, tokens (token_env / token_file), the interval, "
+             "[thresholds] of the leak detector and [prometheus]; an unknown key is a usage "
+             "error that names the closest known one."),
+        ".SH SEE ALSO",
+        roff("The README and docs/ of the kvtop repository: snapshot-json.md, check-json.md, "
+             "recording-format.md, leak-detector.md, prometheus.md."),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
