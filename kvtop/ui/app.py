@@ -376,9 +376,9 @@ class KvtopApp(App[None]):
         pane = self.gpu_pane
         pane.display = bool(self.gpu_views or self._failed_gpu_sources) and self._gpu_wanted
         if pane.display:
-            pane.show(pane_lines(self.gpu_views, None, self._failed_gpu_sources,
-                                 trails=self._gpu_trails, now=self.config.clock(),
-                                 cells=pane.content_size.width - 2))
+            views, failed, now = self.gpu_views, self._failed_gpu_sources, self.config.clock()
+            pane.show(lambda cells: pane_lines(views, None, failed, trails=self._gpu_trails,
+                                               now=now, cells=cells))
 
     # -- recording ------------------------------------------------------------------------
 
