@@ -6,12 +6,15 @@ served, as one scrape of a kvtop recording (`t` = a fixed epoch + simulated seco
 ground truth of each scrape (leaked blocks, used blocks, running, waiting) goes to a JSON
 file next to it.
 
-Leak sizes are calibrated, not guessed: until `leak_at_s` the server is healthy and the
-simulator counts the requests that end the way the leak will hit (finished, or aborted) and
-the blocks each held when it ended. At `leak_at_s` the leak fraction is set so that
-fraction x ending rate x blocks per request fills the pool in `leak_fill_h` hours. Shared
-prefix blocks are counted once in the truth, so the measured fill time can be longer; the
-table reports the measured one.
+Lumpy leaks (`lumps`) are given directly: at each time, the next requests to end keep
+their blocks until that fraction of the pool has leaked, whole requests at once.
+
+Leak sizes of the steady leaks are calibrated, not guessed: until `leak_at_s` the server is
+healthy and the simulator counts the requests that end the way the leak will hit (finished,
+or aborted) and the blocks each held when it ended. At `leak_at_s` the leak fraction is set
+so that fraction x ending rate x blocks per request fills the pool in `leak_fill_h` hours.
+Shared prefix blocks are counted once in the truth, so the measured fill time can be longer;
+the table reports the measured one.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from kvtop.sim.engine import EngineConfig, Request, RequestSpec
 from kvtop.sim.exposition import render
 from kvtop.sim.faults import Fault
 from kvtop.sim.simulation import Simulation
-from kvtop.sim.workloads import SyntheticSpec, make_workload, synthetic
+from kvtop.sim.workloads import make_workload
 from kvtop.store.recording import RecordingWriter
 
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: simulated second 0 as unix time
@@ -54,12 +57,17 @@ class Scenario:
     leak_at_s: float = 1200.0  # recording time the leak starts
     leak_on: LeakOn = "finished"
     restart_at: tuple[float, ...] = ()  # recording times
-    ramp: tuple[float, float] | None = None  # synthetic rate from .. to, linear over the run
+    # (recording time, fraction of the pool): the next requests to end leak that much at once
+    lumps: tuple[tuple[float, float], ...] = ()
+    # the rate (synthetic) or rate_scale (traces) from .. to, linear over the run
+    ramp: tuple[float, float] | None = None
+    # served as vLLM 0.8.3–0.10.1 does: the null block counts as used (idle reads 1/N)
+    null_block: bool = False
     quick: bool = False  # part of the --quick subset
 
     @property
     def leaking(self) -> bool:
-        return self.leak_fill_h is not None
+        return self.leak_fill_h is not None or bool(self.lumps)
 
 
 class EvalSimulation(Simulation):
@@ -93,22 +101,26 @@ class EvalSimulation(Simulation):
                 # Blocks shared with live requests (a common prefix) leak once, not per request.
                 self.ended_blocks += sum(b.ref_cnt == 1
                                          for b in engine.kv.req_blocks.get(req.req_id, ()))
-            frac = engine.leak_frac
-            engine.leak_frac = frac if eligible else 0.0
+            frac, lump = engine.leak_frac, engine.lump_blocks
+            if not eligible:
+                engine.leak_frac = engine.lump_blocks = 0.0
             try:
                 finish(req, reason)
             finally:
                 engine.leak_frac = frac
+                if not eligible:
+                    engine.lump_blocks = lump
 
         engine._finish = hooked  # type: ignore[method-assign]
 
 
-def ramped(rate: tuple[float, float], duration_s: float, params: dict[str, Any],
-           seed: int) -> Iterator[RequestSpec]:
-    """Synthetic arrivals whose rate moves linearly from rate[0] to rate[1] (thinning)."""
-    top = max(rate)
+def ramped(scenario: Scenario, rate: tuple[float, float], seed: int) -> Iterator[RequestSpec]:
+    """Arrivals whose rate (synthetic) or rate scale (a trace) moves linearly from rate[0]
+    to rate[1] over the run: the workload at the top rate, thinned."""
+    top, duration_s = max(rate), WARMUP_S + scenario.duration_s
+    key = "rate" if scenario.source == "synthetic" else "rate_scale"
     rng = random.Random(seed + 7)
-    for spec in synthetic(SyntheticSpec(**{**params, "rate": top}), seed=seed):
+    for spec in make_workload(scenario.source, seed=seed, **{**scenario.params, key: top}):
         now = rate[0] + (rate[1] - rate[0]) * min(spec.arrival / duration_s, 1.0)
         if rng.random() < now / top:
             yield spec
@@ -116,7 +128,7 @@ def ramped(rate: tuple[float, float], duration_s: float, params: dict[str, Any],
 
 def workload(scenario: Scenario, seed: int) -> Iterator[RequestSpec]:
     if scenario.ramp is not None:
-        return ramped(scenario.ramp, WARMUP_S + scenario.duration_s, scenario.params, seed)
+        return ramped(scenario, scenario.ramp, seed)
     return make_workload(scenario.source, seed=seed, **scenario.params)
 
 
@@ -152,11 +164,14 @@ def generate(scenario: Scenario, out: Path, seed: int = 0) -> tuple[Path, Path]:
     """Write `<name>.jsonl.gz` (the recording) and `<name>.truth.json`; return both paths."""
     config = EngineConfig(num_gpu_blocks=scenario.blocks, max_num_seqs=scenario.max_num_seqs)
     faults = [Fault(WARMUP_S + at, "restart") for at in scenario.restart_at]
+    faults += [Fault(WARMUP_S + at, "lump", frac * scenario.blocks) for at, frac in scenario.lumps]
     sim = EvalSimulation(config, workload(scenario, seed), faults, seed=seed,
                          leak_on=scenario.leak_on)
     target = Target(url=f"sim://{scenario.name}")
     rec_path, truth_path = out / f"{scenario.name}.jsonl.gz", out / f"{scenario.name}.truth.json"
     truth = TruthLog(scenario)
+    if scenario.lumps:
+        truth.leak_start_t = EPOCH + WARMUP_S + min(at for at, _ in scenario.lumps)
     sim.advance_to(WARMUP_S)
     mark = (WARMUP_S, sim.ended, sim.ended_blocks)
     with RecordingWriter(rec_path, interval_s=scenario.interval_s, targets=[target]) as writer:
@@ -165,14 +180,30 @@ def generate(scenario: Scenario, out: Path, seed: int = 0) -> tuple[Path, Path]:
             t += scenario.interval_s
             sim.advance_to(t)
             due = t >= WARMUP_S + scenario.leak_at_s
-            if scenario.leaking and truth.leak_start_t is None and due:
+            if scenario.leak_fill_h is not None and truth.leak_start_t is None and due:
                 _start_leak(sim, scenario, truth, mark, t)
-            writer.write(Scrape(target, EPOCH + t, body=render(sim.engine, model_name=MODEL)))
+            body = render(sim.engine, model_name=MODEL)
+            version = None
+            if scenario.null_block:
+                body, version = with_null_block(body, sim.engine.pool.num_gpu_blocks), "0.10.1"
+            writer.write(Scrape(target, EPOCH + t, body=body, version=version))
             now = sim.truth()
             truth.scrapes.append([EPOCH + t, now.leaked_blocks, now.used_blocks, now.running,
                                   now.waiting])
     truth.write(truth_path)
     return rec_path, truth_path
+
+
+def with_null_block(body: str, num_gpu_blocks: int) -> str:
+    """The usage gauge as vLLM 0.8.3–0.10.1 reports it: (used + the null block) / N."""
+    lines = []
+    for line in body.splitlines():
+        if line.startswith("vllm:kv_cache_usage_perc{"):
+            labels, value = line.rsplit(" ", 1)
+            used = float(value) * (num_gpu_blocks - 1)
+            line = f"{labels} {(used + 1) / num_gpu_blocks!r}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def _start_leak(sim: EvalSimulation, scenario: Scenario, truth: TruthLog,

@@ -87,6 +87,10 @@ class Score:
     measured_fill_h: float | None = None  # pool / true leak rate over the run
     max_usage: float = 0.0
     preemptions: float = 0.0
+    watch_reached: float | None = None  # delay (s) to the first WATCH-or-LEAK scrape after start
+    ok_scrapes: int = 0  # scrapes whose verdict was OK or WARMUP
+    ok_figures: dict[str, int] = field(default_factory=dict)  # ...that still gave a figure
+    check_json: dict[str, Any] = field(default_factory=dict)  # `kvtop check --json`'s engine
 
     def first_after(self, times: list[float]) -> float | None:
         """Delay (s) of the first alarm at or after the leak start."""
@@ -127,6 +131,11 @@ def score(name: str, recording: Path, truth: dict[str, Any]) -> Score:
         if verdict.state in ("watch", "leak") and state_before not in ("watch", "leak"):
             result.kvtop_watch_t.append(scrape.t)
         state_before = verdict.state
+        if (result.watch_reached is None and result.leak_start_t is not None
+                and scrape.t >= result.leak_start_t and verdict.state in ("watch", "leak")):
+            result.watch_reached = scrape.t - result.leak_start_t
+        if verdict.state in ("ok", "warmup"):
+            _count_ok_figures(result, verdict)
         result.est_at_end = (verdict.leaked_blocks, row[1])
         if _after_start(result, scrape.t):
             counted, idle = counted + 1, idle + (row[3] == 0)
@@ -135,10 +144,21 @@ def score(name: str, recording: Path, truth: dict[str, Any]) -> Score:
                 stats.preemptions_total >= last_preempt) else stats.preemptions_total
             last_preempt = stats.preemptions_total
     result.kvtop_verdict = run.verdict()
+    result.check_json = run.to_json()["targets"][0]["engines"][0]
     result.threshold_t, result.trend_t = threshold.fired, trend.fired
     result.idle_share = idle / counted if counted else 0.0
     _leak_size(result, truth)
     return result
+
+
+FIGURES = ("leaked_blocks", "slope_blocks_per_hour", "hours_to_full")
+
+
+def _count_ok_figures(result: Score, verdict: Any) -> None:
+    result.ok_scrapes += 1
+    for name in FIGURES:
+        if getattr(verdict, name) is not None:
+            result.ok_figures[name] = result.ok_figures.get(name, 0) + 1
 
 
 def _after_start(result: Score, t: float) -> bool:

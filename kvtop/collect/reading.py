@@ -52,6 +52,9 @@ class EngineReading:
     tokens_total: int | None = None  # KV capacity in tokens
     tokens_used: float | None = None  # only where the server reports it directly (SGLang)
     idle_floor_blocks: int = 0  # blocks counted as used on an idle, healthy server
+    # False: the version is not known exactly, so the floor is the larger of those its
+    # possible versions imply (it is never learned from what an idle pool shows)
+    idle_floor_exact: bool = True
     cpu_kv_usage: float | None = None  # V0 swap space usage
     prefix_caching: bool | None = None  # None: the server does not say
     # requests

@@ -56,10 +56,15 @@ class LeakParams:
     pinned_frac: float = 0.95  # usage counted as a full pool
     history_s: float = 3600.0  # buckets kept before the floor evidence: the leak's baseline
     estimate_buckets: int = 4  # latest buckets averaged into the leaked-block estimate
+    step_z: float = 3.5  # a lump: the level after a split above the level before, this sure
+    step_min_buckets: int = 5  # buckets on each side of the split
 
 
 @dataclass(frozen=True)
 class LeakVerdict:
+    """The figures (leaked blocks, slope, time to full) are None unless the state is WATCH
+    or LEAK: an OK verdict never carries a leak estimate (docs/check-json.md)."""
+
     state: State
     reason: str  # one line a person understands
     leaked_blocks: float | None  # estimated blocks held by no live request
@@ -148,6 +153,7 @@ class _Trend:
     turnover: float | None  # finished / most running (recent part x turnover_min); None: unknown
     load_measure: str  # "tokens", "running" or "none"
     consequences: tuple[str, ...]
+    step: float = 0.0  # a lump: adjusted level after the split minus before, blocks (0: none)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -173,6 +179,7 @@ class LeakDetector:
         self._buckets: deque[_Bucket] = deque(maxlen=maxlen)
         self._onset: tuple[float, float] | None = None  # (t, rise) when floor evidence began
         self._trend: _Trend | None = None
+        self._pinned_since: float | None = None  # the window has been pinned full since
         self._floor_since: float | None = None
         self._floor_last: float | None = None
         self._idle_start: float | None = None
@@ -185,6 +192,7 @@ class LeakDetector:
         self._watch_last: float | None = None
         self._clean_t: float | None = None
         self._last_t: float | None = None
+        self._evidence_seen: tuple[float, str] | None = None  # last WATCH/LEAK evidence
         self._leaked_peak: float | None = None  # largest estimate while WATCH/LEAK
         # Closed buckets for the leaked-block estimate; frozen at the floor evidence's onset
         # (the anchor: the baseline before the leak) and refitted at each bucket close.
@@ -206,7 +214,12 @@ class LeakDetector:
             if self._total is not None:
                 self._reset(stats.t, "pool size changed: evidence reset")
             self._total, self._in_blocks = total, in_blocks
+        # The floor comes from the server's version (the adapter), never from an idle pool:
+        # an idle period after a leak has begun already holds leaked blocks.
         floor = stats.idle_floor_blocks if in_blocks else 0.0
+        self._floor_note = "" if stats.idle_floor_exact or not in_blocks else (
+            f" (idle floor {floor:.0f} block{'s' if floor != 1 else ''} assumed: "
+            "server version not known exactly)")
         residual = max(0.0, used - floor)
         if residual <= self._threshold():
             self._reset(stats.t, "pool drained to its idle floor: nothing leaked so far")
@@ -265,9 +278,16 @@ class LeakDetector:
         closed = [b for b in self._buckets if not b.first]
         if closed:
             self._history.append(_load_point(closed, self.params))
-        self._trend = self._analyse(closed)
-        if self._trend is not None:
-            self._update_floor(t, self._trend)
+        trend = self._analyse(closed)
+        if trend is None and self._pinned_since is not None:
+            # A pinned pool's level says nothing either way: evidence found before it
+            # filled stands (a leak ends by filling the pool), none starts while it is full.
+            if self._floor_since is not None:
+                self._floor_last = t
+        else:
+            self._trend = trend
+            if trend is not None:
+                self._update_floor(t, trend)
         self._refit()
 
     def _update_floor(self, t: float, trend: _Trend) -> None:
@@ -289,13 +309,23 @@ class LeakDetector:
         end = anchor[-1].t if anchor else -math.inf
         return anchor + [p for p in self._history if p.t > end]
 
-    def _analyse(self, buckets: list[_Bucket]) -> _Trend | None:
+    def _analyse(self, all_buckets: list[_Bucket]) -> _Trend | None:
         p = self.params
-        if len(buckets) < max(p.trend_min_buckets, 3):
+        if not self._enough(all_buckets):
+            self._pinned_since = None
             return None
-        if buckets[-1].t - buckets[0].t < p.trend_min_span_s:
+        loads, measure = _loads(all_buckets, p.ref_buckets)
+        # A bucket spent pinned full is censored: its level is the pool's size, whatever the
+        # working set and the leak, and "level − k × load" rises whenever the load the
+        # finished requests suggest falls (overload: short requests finish, long ones are
+        # preempted). Such buckets carry no floor evidence either way.
+        cap = p.pinned_frac * (self._total or 1.0)
+        kept = [i for i, b in enumerate(all_buckets) if b.used_sum / b.scrapes < cap]
+        buckets, loads = [all_buckets[i] for i in kept], [loads[i] for i in kept]
+        if not self._enough(buckets):
+            self._pinned_since = self._pinned_since or all_buckets[-1].t
             return None
-        loads, measure = _loads(buckets, p.ref_buckets)
+        self._pinned_since = None
         floors = [b.used_sum / b.scrapes for b in buckets]  # bucket level, see docs
         xs = [(b.t - buckets[0].t) / 3600 for b in buckets]
         per_load = _per_load(floors, loads, p.z)
@@ -312,8 +342,31 @@ class LeakDetector:
         window, recent = _turnover(buckets), _turnover(refs)
         turnover = None if window is None or recent is None else min(window, p.turnover_min
                                                                           * recent)
+        all_xs = [(b.t - all_buckets[0].t) / 3600 for b in all_buckets]
         return _Trend(slope, lower, raw_slope, load_slope, per_load, rise, floor_now,
-                      turnover, measure, self._consequences(buckets, xs))
+                      turnover, measure, self._consequences(all_buckets, all_xs),
+                      self._step(adjusted, floors))
+
+    def _step(self, adjusted: list[float], levels: list[float]) -> float:
+        """A lump: the adjusted level stepped up and stayed up (leaked blocks never come
+        back). The split that separates the levels best by a rank test, when it is sure at
+        `step_z` (many splits are tried), most of the step is not load, and the latest
+        buckets are still up; 0.0 otherwise."""
+        p = self.params
+        best = _best_split(adjusted, p.step_min_buckets)
+        if best is None or best[1] < p.step_z:
+            return 0.0
+        k = best[0]
+        before = median(adjusted[:k])
+        step = median(adjusted[k:]) - before
+        raw_step = median(levels[k:]) - median(levels[:k])
+        still_up = median(adjusted[-p.ref_buckets:]) - before >= step / 2
+        return step if step >= (1 - p.max_load_share) * max(raw_step, 0.0) and still_up else 0.0
+
+    def _enough(self, buckets: list[_Bucket]) -> bool:
+        p = self.params
+        return (len(buckets) >= max(p.trend_min_buckets, 3)
+                and buckets[-1].t - buckets[0].t >= p.trend_min_span_s)
 
     def _consequences(self, buckets: list[_Bucket], xs: list[float]) -> tuple[str, ...]:
         p, total = self.params, self._total or 1.0
@@ -339,14 +392,16 @@ class LeakDetector:
         return tuple(found)
 
     def _floor_ok(self, trend: _Trend) -> bool:
-        """Watch-level floor evidence: significant, big, fast, not load, batch turned over."""
+        """Watch-level floor evidence: significant, big, fast (or a lump), not load, batch
+        turned over."""
         p, total = self.params, self._total or 1.0
         free = max(total - trend.floor_now, 0.0)
-        return (trend.lower > 0 and trend.slope > 0
-                and trend.rise >= p.watch_rise_frac * total
-                and free / trend.slope <= p.max_hours_to_full
-                and trend.slope >= (1 - p.max_load_share) * max(trend.raw_slope, 0.0)
-                and (trend.turnover is None or trend.turnover >= p.turnover_min))
+        turned = trend.turnover is None or trend.turnover >= p.turnover_min
+        rising = (trend.lower > 0 and trend.slope > 0
+                  and trend.rise >= p.watch_rise_frac * total
+                  and free / trend.slope <= p.max_hours_to_full
+                  and trend.slope >= (1 - p.max_load_share) * max(trend.raw_slope, 0.0))
+        return turned and (rising or trend.step >= p.watch_rise_frac * total)
 
     # -- verdict -------------------------------------------------------------------------
     def _floor_level(self, t: float) -> tuple[State, str]:
@@ -357,37 +412,63 @@ class LeakDetector:
             return "ok", ""
         age = t - self._floor_since
         rate = f"floor rising {trend.slope:.0f} blocks/h under load, not explained by load"
+        if trend.step > max(trend.rise, 0.0):
+            rate = f"floor stepped up {trend.step:.0f} blocks under load, not explained by load"
         trusted = trend.turnover is not None and trend.load_measure != "none"
-        if trusted and trend.rise >= p.leak_rise_frac * total and age >= p.leak_persist_s:
+        rise = max(trend.rise, trend.step)
+        if trusted and rise >= p.leak_rise_frac * total and age >= p.leak_persist_s:
             return "leak", f"{rate}, for {age / 60:.0f} min"
         if trusted and trend.consequences and age >= p.support_persist_s:
             return "leak", f"{rate}, with {trend.consequences[0]}"
         return "watch", f"{rate} (confirming, {age / 60:.0f} min)"
 
-    def _idle_level(self) -> tuple[State, str]:
+    def _held_blocks(self, blocks: float) -> str:
+        return f"{blocks:.0f} {'blocks' if self._in_blocks else 'of the pool'} held"
+
+    def _idle_now(self, t: float) -> tuple[float, float, bool] | None:
+        """The idle run this scrape is in: (its least residual, its span, confirmed)."""
+        if self._idle_start is None or self._last_t != t:
+            return None
+        confirmed = bool(self._residuals) and self._residuals[-1][0] >= self._idle_start
+        return self._idle_min, t - self._idle_start, confirmed
+
+    def _idle_level(self, t: float) -> tuple[State, str]:
+        """The idle evidence, worded for this scrape: what is held now, or at the last idle."""
         if not self._residuals:
             return "ok", ""
-        blocks = self._residuals[-1][1]
-        held = f"{blocks:.0f} {'blocks' if self._in_blocks else 'of the pool'} held"
-        if self._residual_long:
+        level: State = "leak" if self._residual_long else "watch"
+        last_t, blocks = self._residuals[-1]
+        now = self._idle_now(t)
+        if now is not None and now[2]:
+            held = self._held_blocks(blocks) + self._floor_note
+            if level == "watch":
+                return level, f"{held} at idle (confirming)"
             if self._idle_waiting > 0:
-                return "leak", (f"{held} with nothing running; {self._idle_waiting:.0f} "
-                                "waiting requests can't get blocks")
-            return "leak", f"{held} with nothing running or waiting"
-        return "watch", f"{held} at idle (confirming)"
+                return level, (f"{held} with nothing running; {self._idle_waiting:.0f} "
+                               "waiting requests can't get blocks")
+            return level, f"{held} with nothing running or waiting"
+        if now is not None:  # idle again, not confirmed yet: say what the pool holds now
+            return level, (f"{self._held_blocks(now[0])} with nothing running (confirming; "
+                           f"{blocks:.0f} at the last idle){self._floor_note}")
+        return level, f"{self._held_blocks(blocks)} at the last idle, {_ago(t - last_t)} ago"
 
     def _decide(self, t: float, used: float) -> LeakVerdict:
-        level, reason = max(self._idle_level(), self._floor_level(t),
+        level, reason = max(self._idle_level(t), self._floor_level(t),
                             key=lambda pair: _RANK[pair[0]])
         if level == "leak":
             self._leak_last = t
         if level != "ok":
             self._watch_last = t
+            self._evidence_seen = (t, reason)
         held = self._held(t)
         if held is not None and _RANK[held] > _RANK[level]:
-            level, reason = held, self._verdict.reason  # hysteresis: no flapping per scrape
+            # hysteresis: the state does not flap per scrape, but the reason stays true
+            if level == "ok" and self._evidence_seen is not None:
+                seen_t, seen = self._evidence_seen
+                reason = f"{seen}; not seen for {_ago(t - seen_t)}"
+            level = held
         elif level == "ok":
-            level, reason = self._quiet()
+            level, reason = self._quiet(t)
         return self._verdict_for(level, reason, used)
 
     def _held(self, t: float) -> State | None:
@@ -399,38 +480,55 @@ class LeakDetector:
             return "watch"
         return None
 
-    def _quiet(self) -> tuple[State, str]:
+    def _quiet(self, t: float) -> tuple[State, str]:
+        now = self._idle_now(t)
+        if now is not None:  # blocks held at idle, not confirmed yet: no leak figure, but say so
+            judged = self._trend is not None or self._clean_t is not None
+            return "ok" if judged else "warmup", (
+                f"{self._held_blocks(now[0])} with nothing running: confirming they are not "
+                f"in flight ({now[1]:.0f} s){self._floor_note}")
+        if self._pinned_since is not None:
+            return "ok", ("KV pool pinned full under load: its level cannot show a leak "
+                          f"(for {_ago(t - self._pinned_since)})")
         if self._trend is not None:
             return "ok", "no rising floor under load over the window"
+        if self._clean_t == t:
+            return "ok", "pool drained to its idle floor: nothing leaked so far" + self._floor_note
         if self._clean_t is not None:
-            return "ok", "pool drained to its idle floor: nothing leaked so far"
+            return "ok", (f"nothing leaked when the pool last drained to its idle floor, "
+                          f"{_ago(t - self._clean_t)} ago")
         return "warmup", self._reset_why if self._reset_t is not None else "collecting data"
 
     def _verdict_for(self, level: State, reason: str, used: float) -> LeakVerdict:
-        trend, total = self._trend, self._total or 0.0
         residual = self._residuals[-1][1] if self._residuals else None
+        evidence = self._evidence(used, residual)
+        if level not in ("watch", "leak"):
+            # OK and WARMUP carry no leak figures: a number next to "ok" reads as a leak.
+            self._leaked_peak = self._anchor = self._fit = None
+            return LeakVerdict(level, reason, None, None, None, evidence)
+        trend, total = self._trend, self._total or 0.0
         estimates = [v for v in (residual, self._floor_leaked()) if v is not None]
-        leaked = max(estimates) if estimates else (0.0 if self._clean_t is not None else None)
+        leaked = max(estimates) if estimates else None
         # The fitted estimate keeps its pre-leak baseline (the anchor), so it neither drifts
         # with the window nor needs propping up; holding its peak would only keep its noise.
         # The fallback (a rise in a sliding window) shrinks as the window slides past the
         # rise, and leaked blocks are never freed: it keeps its peak while the evidence stands.
-        if level not in ("watch", "leak"):
-            self._leaked_peak = self._anchor = self._fit = None
-        elif leaked is not None and self._fit is None:
+        if leaked is not None and self._fit is None:
             self._leaked_peak = leaked = max(leaked, self._leaked_peak or 0.0)
         slope = self._residual_slope() or (trend.slope if trend is not None else None)
         to_full = (total - used) / slope if slope and slope > 0 else None
-        evidence = self._evidence(used, residual)
         if not self._in_blocks:  # kv_usage without blocks_total: no block counts to give
             leaked = slope = None
         return LeakVerdict(level, reason, leaked, slope, to_full, evidence)
 
     def _floor_leaked(self) -> float | None:
-        """The load-separated fit once floor evidence began; else the window's rise."""
+        """The load-separated fit once floor evidence began; else the window's rise. A lump
+        the window shows is at least its step: a fit still has few buckets after it."""
         trend = self._trend
         if self._fit is not None and self._last_t is not None:
-            return leaked_now(self._fit, self._last_t, self.params.estimate_buckets)
+            fitted = leaked_now(self._fit, self._last_t, self.params.estimate_buckets)
+            lump = trend is not None and trend.step > max(trend.rise, 0.0)
+            return max(fitted, trend.step) if lump else fitted
         if trend is None:
             return None
         if self._onset is None or self._last_t is None:
@@ -464,6 +562,10 @@ class LeakDetector:
         if self._floor_since is not None and self._last_t is not None:
             evidence["floor_evidence_s"] = self._last_t - self._floor_since
         return evidence
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _pool(stats: EngineStats) -> tuple[float, float, bool] | None:
@@ -523,6 +625,20 @@ def _per_load(levels: list[float], loads: list[float], z: float) -> float:
     if not any(d_load):
         return 0.0
     return max(theil_sen(d_load, d_level, z)[0], 0.0)
+
+
+def _best_split(values: list[float], side: int) -> tuple[int, float] | None:
+    """(k, z): the split of `values` into [:k] and [k:] whose Mann–Whitney z (later above
+    earlier) is largest, with at least `side` values on each side; None when too short."""
+    n, best = len(values), None
+    for k in range(side, n - side + 1):
+        before, after = values[:k], values[k:]
+        wins = sum((a > b) + 0.5 * (a == b) for a in after for b in before)
+        n1, n2 = len(before), len(after)
+        z = (wins - n1 * n2 / 2) / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
+        if best is None or z > best[1]:
+            best = (k, z)
+    return best
 
 
 def _turnover(buckets: list[_Bucket]) -> float | None:

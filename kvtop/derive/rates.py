@@ -86,6 +86,7 @@ def derive_engine_stats(now: EngineReading, before: EngineReading | None, t: flo
         swapped=now.swapped, preemptions_total=now.preemptions_total,
         prefix_queries_total=now.prefix_queries_total,
         prefix_hits_total=now.prefix_hits_total, idle_floor_blocks=now.idle_floor_blocks,
+        idle_floor_exact=now.idle_floor_exact,
         prefix_caching=now.prefix_caching, cache_config=now.cache_config,
         prefix_unit=now.prefix_unit, cpu_kv_usage=now.cpu_kv_usage, lora=now.lora,
     )

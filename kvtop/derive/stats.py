@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from kvtop.collect.reading import LoraInfo
     from kvtop.derive.leak import LeakVerdict
+    from kvtop.derive.stall import StallVerdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,9 @@ class EngineStats:
     window_s: float | None = None  # seconds between the two scrapes behind the rates
     restarted: bool = False  # a counter went backwards: the server restarted
     idle_floor_blocks: int = 0
+    idle_floor_exact: bool = True  # False: assumed (the larger floor the version may have)
     prefix_caching: bool | None = None  # None: the server does not say
     cache_config: dict[str, str] = field(default_factory=dict)  # vLLM cache_config_info labels
     lora: LoraInfo | None = None  # LoRA adapters with requests running / waiting
     leak: LeakVerdict | None = None  # the leak detector's verdict after this scrape
+    stall: StallVerdict | None = None  # the stall verdict after this scrape

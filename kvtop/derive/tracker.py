@@ -23,6 +23,7 @@ from kvtop.collect.reading import EngineReading, ServerKind, ServerReading
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakDetector, LeakParams
 from kvtop.derive.rates import derive_engine_stats
+from kvtop.derive.stall import StallDetector
 from kvtop.derive.stats import EngineStats
 
 TargetStatus = Literal["pending", "up", "down", "timeout", "auth", "bad_payload", "stale"]
@@ -83,6 +84,7 @@ class TargetTracker:
         self.leak_params = leak_params
         self.history: dict[EngineKey, deque[EngineStats]] = {}
         self.detectors: dict[EngineKey, LeakDetector] = {}
+        self.stall_detectors: dict[EngineKey, StallDetector] = {}
         self._previous: dict[EngineKey, EngineReading] = {}
         self._previous_t: float | None = None
         self._last_seen: dict[EngineKey, float] = {}  # oldest first
@@ -137,6 +139,7 @@ class TargetTracker:
             if detector is None:
                 detector = self.detectors[key] = LeakDetector(self.leak_params)
             stat.leak = detector.update(stat)
+            stat.stall = self.stall_detectors.setdefault(key, StallDetector()).update(stat)
             restarted |= stat.restarted
             stats.append(stat)
             self._remember(key, stat)

@@ -1,4 +1,5 @@
-"""``kvtop rules``: kvtop's leak evidence as Prometheus recording and alerting rules.
+"""``kvtop rules``: kvtop's leak evidence and stall verdict as Prometheus recording and
+alerting rules.
 
 The thresholds come from :class:`LeakParams` (and so from ``[thresholds]`` in the config).
 PromQL cannot do everything the in-app detector does; docs/prometheus.md lists where the
@@ -15,6 +16,7 @@ from kvtop.derive.leak import LeakParams
 
 BY = "job, instance, model_name, engine"
 ON = f"on ({BY})"
+STALL_WINDOW = "1m"  # a rate needs several scrapes at Prometheus' usual 15 s interval
 
 
 def _duration(seconds: float) -> str:
@@ -62,7 +64,29 @@ def recording_rules(p: LeakParams, selector: str) -> list[tuple[str, str]]:
         ("kvtop:requests_turnover",
          f"sum by ({BY}) (increase({v('vllm:request_success_total')}[{window}]))"
          f" / clamp_min(max_over_time(kvtop:requests_running[{window}]), 1)"),
+        # The leak figures: present only while WATCH-level evidence holds (absent = OK), so
+        # a dashboard or a `> 0` alert on them never reads a healthy pool as leaking.
+        ("kvtop:kv_leak_slope:ratio_per_hour", _floor_condition(p, p.watch_rise_frac)),
+        ("kvtop:kv_leaked:ratio",
+         f"(kvtop:kv_idle_residual:ratio > {p.residual_min_frac:g})"
+         f" or (kvtop:kv_leak_slope:ratio_per_hour * {p.window_s / 3600:g})"),
+        # the stall verdict: requests held, no token out for a whole window
+        ("kvtop:requests_waiting",
+         f"sum by ({BY}) ({v('vllm:num_requests_waiting')})"
+         f" or {sglang('max', 'sglang:num_queue_reqs')}"),
+        ("kvtop:generation_tokens:rate" + STALL_WINDOW,
+         f"sum by ({BY}) (rate({v('vllm:generation_tokens_total')}[{STALL_WINDOW}]))"
+         f" or {_engine_from_dp_rank(_sglang_rate(v('sglang:generation_tokens_total')))}"),
+        ("kvtop:stalled_kv_usage:ratio",
+         f"kvtop:kv_usage:ratio and {ON} (kvtop:generation_tokens:rate{STALL_WINDOW} == 0)"
+         f" and {ON} (min_over_time(kvtop:requests_running[{STALL_WINDOW}]) > 0"
+         f" or min_over_time(kvtop:requests_waiting[{STALL_WINDOW}]) > 0)"),
     ]
+
+
+def _sglang_rate(series: str) -> str:
+    return (f"sum by (job, instance, model_name, dp_rank) "
+            f"(rate({series}[{STALL_WINDOW}]))")
 
 
 def _floor_condition(p: LeakParams, rise: float) -> str:
@@ -84,6 +108,12 @@ def alerting_rules(p: LeakParams) -> list[dict[str, object]]:
     rising = "KV floor rising {{ $value | humanizePercentage }} of the pool per hour under " \
              "load, not explained by load, with the batch turning over"
     return [
+        {"alert": "KVEngineStalled", "expr": "kvtop:stalled_kv_usage:ratio >= 0", "for": "0s",
+         "labels": {"severity": "critical", "kvtop_state": "stalled"},
+         "annotations": {"summary": "Inference engine stalled on {{ $labels.instance }}",
+                         "description": f"no token generated for {STALL_WINDOW} with requests "
+                                        "running or waiting; KV pool {{ $value | "
+                                        "humanizePercentage }} full"}},
         {"alert": "KVCacheLeakIdleResidual", "expr": residual, "for": _duration(p.idle_leak_s),
          "labels": {"severity": "critical", "kvtop_state": "leak", "kvtop_evidence": "idle"},
          "annotations": {"summary": "KV cache leak on {{ $labels.instance }}",

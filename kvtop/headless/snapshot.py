@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from kvtop.derive.leak import LeakVerdict
+from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import EngineKey, TargetState
 from kvtop.headless.output import json_number
@@ -31,6 +32,12 @@ def leak_json(verdict: LeakVerdict | None) -> dict[str, Any] | None:
             "leaked_blocks": json_number(verdict.leaked_blocks, 1),
             "slope_blocks_per_hour": json_number(verdict.slope_blocks_per_hour, 1),
             "hours_to_full": json_number(verdict.hours_to_full, 2)}
+
+
+def stall_json(verdict: StallVerdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    return {"state": verdict.state, "reason": verdict.reason, "since_t": verdict.since_t}
 
 
 def engine_json(stats: EngineStats) -> dict[str, Any]:
@@ -66,6 +73,7 @@ def engine_json(stats: EngineStats) -> dict[str, Any]:
                       for name in ("ttft", "itl", "e2e")},
         "restarted": stats.restarted,
         "leak": leak_json(stats.leak),
+        "stall": stall_json(stats.stall),
     }
 
 

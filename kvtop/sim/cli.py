@@ -54,6 +54,9 @@ def add_sim_parser(subparsers: Any, summary: str = "serve simulated vLLM servers
                    help="simulated second of a stall")
     p.add_argument("--stall-for", type=positive_number, default=None,
                    help="stall length (default: ever)")
+    p.add_argument("--wedge-at", type=non_negative_number, default=None,
+                   help="simulated second at which every free block is taken and the engine "
+                        "stops (the end of a leak: pool full, queue growing, no progress)")
     p.add_argument("--slow-metrics", type=non_negative_number, default=0.0,
                    help="seconds each /metrics answer is delayed")
     p.add_argument("--hang-at", type=non_negative_number, default=None,
@@ -83,7 +86,7 @@ def configs_from_args(args: argparse.Namespace) -> list[SimConfig]:
             raise ConfigError(f"--require-token-env: ${args.require_token_env} is empty or "
                               "unset")
     faults = plan(leak_frac=args.leak_frac, leak_at=args.leak_at, restart_at=args.restart_at,
-                  stall_at=args.stall_at, stall_for=args.stall_for,
+                  stall_at=args.stall_at, stall_for=args.stall_for, wedge_at=args.wedge_at,
                   slow_metrics=args.slow_metrics, hang_at=args.hang_at,
                   malformed_at=args.malformed_at, token=token)
     engine = EngineConfig(num_gpu_blocks=args.blocks, block_size=args.block_size,

@@ -108,8 +108,9 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}
-        self.leaked: list[tuple[Request, list[KVBlock]]] = []
+        self.leaked: list[tuple[Request | None, list[KVBlock]]] = []
         self.leak_frac = 0.0
+        self.lump_blocks = 0.0  # blocks the next requests to end still leak at once
         self.stats = EngineStats(config.model_len)
         self.steps = 0
         # Told of every token (reason None) and finish (the reason) as it happens: how the
@@ -163,6 +164,12 @@ class Engine:
                 generated += 1
         self.stats.last_gen_throughput = generated / cost
         return cost
+
+    def take_free_blocks(self) -> None:
+        """Leak every free block at once: the pool a long leak ends with."""
+        blocks = self.pool.allocate(self.pool.num_free_blocks)
+        if blocks:
+            self.leaked.append((None, blocks))
 
     def leaked_block_ids(self) -> set[int]:
         """Blocks still referenced only by requests that finished without freeing them."""
@@ -290,10 +297,13 @@ class Engine:
         else:
             self.running.remove(req)
         del self.requests[req.req_id]
-        if self.leak_frac > 0 and self._rng.random() < self.leak_frac:
+        lump = self.lump_blocks > 0
+        if lump or (self.leak_frac > 0 and self._rng.random() < self.leak_frac):
             blocks = self.kv.forget(req.req_id)
             if blocks:
                 self.leaked.append((req, blocks))
+            if lump:
+                self.lump_blocks = max(0.0, self.lump_blocks - len(blocks))
         else:
             self.kv.free(req.req_id)
         self.stats.finished[reason] += 1

@@ -1,9 +1,12 @@
 """Faults a simulated server can suffer, scheduled in simulated time so a demo tells a story.
 
 Engine faults: a KV leak (a fraction of finished or aborted requests never free their
-blocks), a restart (state and counters reset, `_created` timestamps change) and a stall
-(the engine stops stepping while requests keep arriving). HTTP faults: a slow or hanging
-`/metrics`, a malformed exposition, and 401 unless a bearer token is sent.
+blocks), a lump (the next requests to end keep their blocks until a given number has
+leaked at once), a restart (state and counters reset, `_created` timestamps change), a
+stall (the engine stops stepping while requests keep arriving) and a wedge (the end of a
+leak: every free block is taken and the engine makes no progress while the queue grows).
+HTTP faults: a slow or hanging `/metrics`, a malformed exposition, and 401 unless a bearer
+token is sent.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from typing import Literal
 
 FaultKind = Literal[
     "leak",       # value: fraction of finished/aborted requests that leak (0 stops leaking)
+    "lump",       # value: blocks the next requests to end leak, whole requests, at once
     "restart",
     "stall",      # value: seconds until it resumes by itself, or None for ever
     "resume",
+    "wedge",      # every free block is taken and the engine stops: pool full, no progress
     "slow",       # value: seconds /metrics waits before answering (0 heals)
     "hang",       # /metrics never answers
     "malformed",  # /metrics answers with a broken exposition
@@ -50,7 +55,7 @@ class FaultState:
         kind, value = fault.kind, fault.value
         if kind == "leak":
             self.leak_frac = float(value or 0.0)
-        elif kind == "stall":
+        elif kind in ("stall", "wedge"):
             self.stalled = True
         elif kind in ("resume", "restart"):
             self.stalled = False  # a restart cures a stall, not a leak: the bug stays
@@ -95,6 +100,8 @@ def plan(
     restart_at: Iterable[float] = (),
     stall_at: float | None = None,
     stall_for: float | None = None,
+    lumps: Iterable[tuple[float, float]] = (),
+    wedge_at: float | None = None,
     slow_metrics: float = 0.0,
     hang_at: float | None = None,
     malformed_at: float | None = None,
@@ -106,6 +113,9 @@ def plan(
         faults.append(Fault(leak_at, "leak", leak_frac))
     if stall_at is not None:
         faults.append(Fault(stall_at, "stall", stall_for))
+    faults += [Fault(at, "lump", blocks) for at, blocks in lumps]
+    if wedge_at is not None:
+        faults.append(Fault(wedge_at, "wedge"))
     if slow_metrics > 0:
         faults.append(Fault(0.0, "slow", slow_metrics))
     if hang_at is not None:

@@ -165,7 +165,7 @@ class Simulation:
             free_blocks=pool.num_free_blocks,
             cached_free_blocks=pool.num_cached_free_blocks(),
             leaked_blocks=len(engine.leaked_block_ids()),
-            leaked_requests=len(engine.leaked),
+            leaked_requests=sum(req is not None for req, _ in engine.leaked),
             kv_usage=pool.usage(),
             running=len(engine.running),
             waiting=len(engine.waiting),
@@ -209,6 +209,11 @@ class Simulation:
         if fault.kind == "stall":
             duration = fault.value
             self._resume_at = float("inf") if duration is None else fault.at + float(duration)
+        elif fault.kind == "lump":
+            self.engine.lump_blocks += float(fault.value or 0.0)
+        elif fault.kind == "wedge":
+            self.engine.take_free_blocks()
+            self._resume_at = float("inf")
         elif fault.kind in ("resume", "restart"):
             self._resume_at = float("inf")
         self.engine.leak_frac = self.state.leak_frac

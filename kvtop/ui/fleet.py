@@ -22,6 +22,7 @@ from kvtop.ui import format as fmt
 if TYPE_CHECKING:
     from kvtop.collect.target import Target
     from kvtop.derive.leak import LeakVerdict
+    from kvtop.derive.stall import StallVerdict
     from kvtop.derive.stats import EngineStats, Quantiles
     from kvtop.derive.tracker import EngineKey, TargetState
 
@@ -99,6 +100,7 @@ NOT_FOUND = "HTTP 404"  # how the poller's message for a 404 starts
 LEAK_LABEL: dict[str, str] = {"warmup": "…", "ok": "OK", "watch": "WATCH", "leak": "LEAK"}
 LEAK_LEVEL: dict[str, Level] = {"warmup": "dim", "ok": "ok", "watch": "warn", "leak": "alarm"}
 LEAK_RANK: dict[str, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
+STALL_RANK: dict[str, int] = {"saturated": 1, "stalled": 2}  # as urgent as WATCH, LEAK
 
 
 @dataclass(slots=True, eq=False)
@@ -199,8 +201,16 @@ def _engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
     return " " + display_text("/".join(parts))
 
 
-def leak_cell(verdict: LeakVerdict | None) -> Cell:
-    """``LEAK +420/h``: the state, and the floor's slope once a rising floor is measured."""
+def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) -> Cell:
+    """``LEAK +420/h``: the state, and the floor's slope once a rising floor is measured;
+    ``STALL`` when the engine makes no progress and no leak explains it (at once, whatever
+    the leak detector's warm-up); ``SATURATED`` for a pool pinned full that still moves,
+    unless a rising floor says more."""
+    state = verdict.state if verdict is not None else None
+    if stall is not None and stall.state == "stalled" and state != "leak":
+        return Cell("STALL", "alarm")
+    if stall is not None and stall.state == "saturated" and state not in ("leak", "watch"):
+        return Cell("SATURATED", "warn")
     if verdict is None:
         return Cell(fmt.DASH, "dim")
     text = LEAK_LABEL[verdict.state]
@@ -211,18 +221,21 @@ def leak_cell(verdict: LeakVerdict | None) -> Cell:
 
 
 def _leak_rank(stats: EngineStats) -> float | None:
-    return None if stats.leak is None else LEAK_RANK[stats.leak.state]
+    """LEAK and STALLED first (either is an outage now or soon), then WATCH, SATURATED."""
+    stall = STALL_RANK.get(stats.stall.state) if stats.stall is not None else None
+    leak = LEAK_RANK[stats.leak.state] if stats.leak is not None else None
+    if stall is None:
+        return leak
+    return max(leak or 0, stall)
 
 
 def _worst(state: TargetState, stats: EngineStats | None) -> float | None:
     """LEAK, then WATCH, then unreachable or stale; within each, the fullest KV first."""
     if state.status == "pending":
         return None
-    verdict = stats.leak if stats is not None else None
-    if verdict is not None and verdict.state in ("leak", "watch"):
-        rank = 2 + LEAK_RANK[verdict.state]
-    else:
-        rank = 1 if state.status in PROBLEM_STATUSES else 0
+    leak = _leak_rank(stats) if stats is not None else None
+    problem = 1 if state.status in PROBLEM_STATUSES else 0
+    rank = 2 + leak if leak else problem
     usage = _usage(stats) if stats is not None else None
     return 2 * rank + min(usage or 0.0, 1.0)  # usage never crosses into the next rank
 
@@ -279,7 +292,7 @@ def engine_cells(stats: EngineStats, *, live: bool = True) -> dict[str, Cell]:
     if not live:
         cells = {key: Cell(cell.text, "dim") for key, cell in cells.items()}
     cells["model"] = Cell(display_text(stats.model) if stats.model else fmt.DASH)
-    cells["leak"] = leak_cell(stats.leak)
+    cells["leak"] = leak_cell(stats.leak, stats.stall)
     return cells
 
 
@@ -430,6 +443,7 @@ class FleetSummary:
     watches: int = 0  # ... and WATCH
     judged: int = 0  # engines past the detector's warmup
     stalls: int = 0  # engines whose stall verdict says STALLED
+    saturated: int = 0  # ... and SATURATED
     hit_rate: float | None = None  # window hits over window lookups, all engines together
     prompt_tps: float | None = None
     generation_tps: float | None = None
@@ -451,7 +465,7 @@ class _Totals:
         self.lookups = self.hits = 0.0
         self.rates: dict[str, float] = {}
         self.leak_states: list[str] = []
-        self.stalls = 0
+        self.stalls = self.saturated = 0
 
     def add(self, stats: EngineStats) -> None:
         usage = _usage(stats)
@@ -471,14 +485,9 @@ class _Totals:
                 self.rates[name] = self.rates.get(name, 0.0) + value
         if stats.leak is not None:
             self.leak_states.append(stats.leak.state)
-        self.stalls += is_stalled(stats)
-
-
-def is_stalled(stats: EngineStats) -> bool:
-    """The stall verdict says STALLED. Integration point for kvtop/derive's stall verdict
-    (issue #13): False until EngineStats carries one."""
-    stall = getattr(stats, "stall", None)
-    return stall is not None and stall.state == "stalled"
+        if stats.stall is not None:
+            self.stalls += stats.stall.state == "stalled"
+            self.saturated += stats.stall.state == "saturated"
 
 
 def summarise(rows: list[FleetRow] | list[TargetState]) -> FleetSummary:
@@ -500,6 +509,7 @@ def summarise(rows: list[FleetRow] | list[TargetState]) -> FleetSummary:
         watches=leaks.count("watch"),
         judged=len(leaks) - leaks.count("warmup"),
         stalls=totals.stalls,
+        saturated=totals.saturated,
         hit_rate=totals.hits / totals.lookups if totals.lookups else None,
         prompt_tps=totals.rates.get("prompt_tps"),
         generation_tps=totals.rates.get("generation_tps"),

@@ -54,7 +54,7 @@ def test_promtool_accepts_kvtop_rules(tmp_path: Path) -> None:
         checked = subprocess.run([promtool, "check", "rules", str(rules)],
                                  capture_output=True, text=True)
         assert checked.returncode == 0, checked.stdout + checked.stderr
-        assert "SUCCESS: 11 rules found" in checked.stdout
+        assert "SUCCESS: 17 rules found" in checked.stdout
     assert 'namespace=\\"prod\\"' in out and "for: 90s" in out and "[3600s:60s]" in out
 
 
@@ -146,8 +146,23 @@ async def test_prometheus_fires_the_leak_alert_for_the_leaking_server_only(
     assert {a["labels"]["instance"] for a in leak} == {PromEnv.instance(prom.leaky)}
     assert leak[0]["labels"]["severity"] == "critical"
     assert "held with nothing running" in leak[0]["annotations"]["description"]
-    firing = {a["labels"]["instance"] for a in _firing(prom)}
+    firing = {a["labels"]["instance"] for a in _firing(prom)
+              if a["labels"]["alertname"].startswith("KVCacheLeak")}
     assert firing == {PromEnv.instance(prom.leaky)}
+
+
+async def test_prometheus_fires_the_stall_alert_for_the_frozen_server(prom: PromEnv) -> None:
+    # The paused server stopped mid-load: requests running, no token for good.
+    deadline = time.monotonic() + ALERT_WAIT_S
+    stalled: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and not stalled:
+        await asyncio.sleep(1)
+        stalled = [a for a in _firing(prom) if a["labels"]["alertname"] == "KVEngineStalled"]
+    assert stalled, f"no stall alert within {ALERT_WAIT_S:g} s"
+    instances = {a["labels"]["instance"] for a in stalled}
+    assert PromEnv.instance(prom.paused) in instances
+    assert not instances & {PromEnv.instance(u) for u in prom.healthy}
+    assert "no token generated" in stalled[0]["annotations"]["description"]
 
 
 async def test_check_through_prometheus_finds_the_leaking_server_only(prom: PromEnv) -> None:

@@ -71,23 +71,32 @@ def _infer_version(expo: Exposition) -> str:
 
 def _pool_accounting(
     version: tuple[int, ...] | None, inferred: str, num_gpu_blocks: int
-) -> tuple[int, int]:
-    """(usable blocks = usage denominator, blocks counted as used at idle).
+) -> tuple[int, int, bool]:
+    """(usable blocks = usage denominator, blocks counted as used at idle, floor exact).
 
     V1 holds one "null block" from 0.8.3; until 0.10.1 usage still divides by
     num_gpu_blocks (idle reads 1/num_gpu_blocks), from 0.10.2 by num_gpu_blocks − 1.
+    Without an exact version the names give the era; where it spans both floors the floor
+    is the larger one (1 block), and marked as assumed.
     """
     if version is not None:
         if version >= (0, 10, 2):
-            return num_gpu_blocks - 1, 0
+            return num_gpu_blocks - 1, 0, True
         if version >= (0, 8, 3) and inferred != "V0":
-            return num_gpu_blocks, 1
-        return num_gpu_blocks, 0
+            return num_gpu_blocks, 1, True
+        return num_gpu_blocks, 0, True
     if inferred == "0.10.2+":
-        return num_gpu_blocks - 1, 0
+        return num_gpu_blocks - 1, 0, True
     if inferred == "V0":
-        return num_gpu_blocks, 0
-    return num_gpu_blocks, 1
+        return num_gpu_blocks, 0, True
+    return num_gpu_blocks, 1, False
+
+
+def _exact_version(version: str | None) -> tuple[int, ...] | None:
+    """A version read from the server; an era label inferred from names ("0.7+") is none."""
+    if version is None or version.strip().endswith("+"):
+        return None
+    return parse_version(version)
 
 
 def _int_label(config: dict[str, str], name: str) -> int | None:
@@ -112,8 +121,8 @@ def _apply_cache_config(reading: EngineReading, config: dict[str, str],
     reading.block_size = _int_label(config, "block_size")
     num_gpu_blocks = _int_label(config, "num_gpu_blocks")
     if num_gpu_blocks is not None:
-        reading.blocks_total, reading.idle_floor_blocks = _pool_accounting(
-            version, inferred, num_gpu_blocks)
+        reading.blocks_total, reading.idle_floor_blocks, reading.idle_floor_exact = (
+            _pool_accounting(version, inferred, num_gpu_blocks))
     reading.tokens_total = _int_label(config, "kv_cache_size_tokens")
     if reading.tokens_total is None and num_gpu_blocks and reading.block_size:
         reading.tokens_total = num_gpu_blocks * reading.block_size
@@ -194,7 +203,7 @@ def _engine_keys(expo: Exposition) -> set[EngineKey]:
 
 def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     inferred = _infer_version(expo)
-    exact = parse_version(version)
+    exact = _exact_version(version)
     readings = engine_readings(_engine_keys(expo))
     usage_name = USAGE_NEW if expo.series(USAGE_NEW) else USAGE_OLD
     assign_all(readings, expo, key_of, [("kv_usage", maxed, usage_name), *SIMPLE_FIELDS])
