@@ -43,12 +43,12 @@ class AlertEvent:
 
     @property
     def reason(self) -> str:
-        verdict = self.stats.leak if self.kind == "leak" else getattr(self.stats, "stall", None)
+        verdict = self.stats.leak if self.kind == "leak" else self.stats.stall
         return verdict.reason if verdict is not None else ""
 
     def document(self) -> dict[str, Any]:
         """The JSON the command reads (docs/alerts.md): exact values, never the token."""
-        from kvtop.headless.snapshot import leak_json
+        from kvtop.headless.snapshot import leak_json, stall_json
 
         stats, target = self.stats, self.state.target
         return {
@@ -65,6 +65,7 @@ class AlertEvent:
                    "blocks_total": stats.blocks_total},
             "requests": {"running": stats.running, "waiting": stats.waiting},
             "leak": leak_json(stats.leak),
+            "stall": stall_json(stats.stall),
         }
 
 

@@ -67,6 +67,7 @@ from kvtop.ui.fleet import (
     filter_rows,
     leak_changes,
     order_rows,
+    stall_entries,
     summarise,
 )
 from kvtop.ui.gpus import GpuTrails, failed_sources, gpu_note, owned_cell, pane_lines
@@ -182,6 +183,7 @@ class KvtopApp(App[None]):
         )  # opened here so an unwritable path fails before the screen is taken over
         self._record_told = (False, False, False)  # recording trouble already notified
         self._leak_seen: dict[str, str] = {}  # row key -> last leak state told to the user
+        self._stall_seen: dict[str, str] = {}  # row key -> last stall state
         self.interval_s = config.interval_s
         self.gpus: list[GpuReading] = []  # local, from NVML
         self.gpu_unavailable: str | None = None
@@ -283,6 +285,7 @@ class KvtopApp(App[None]):
         are then rebuilt from the re-delivered scrapes by the same code as live."""
         self.trackers = self._new_trackers()
         self._leak_seen.clear()
+        self._stall_seen.clear()
 
     @work(group="collect", exit_on_error=False)
     async def _collect(self) -> None:
@@ -564,8 +567,16 @@ class KvtopApp(App[None]):
         for change in changes:
             self._notify_leak(change)
         entered = [change for change in changes if change.verdict.state == "leak"]
-        if entered:
-            self._alert([self._leak_event(change, states) for change in entered])
+        events = [self._leak_event(change, states) for change in entered]
+        stalled, self._stall_seen = stall_entries(states, self._stall_seen)
+        for entry in stalled:
+            assert entry.stats.stall is not None
+            self.notify(f"{entry.name}: {entry.stats.stall.reason}", title="STALLED",
+                        severity="error", timeout=LEAK_NOTIFY_S["leak"], markup=False)
+            events.append(AlertEvent("stall", entry.key, entry.name, entry.state, entry.stats,
+                                     self.config.clock()))
+        if events:
+            self._alert(events)
 
     def _leak_event(self, change: LeakChange, states: list[TargetState]) -> AlertEvent:
         state, stats = next((state, stats) for state in states for stats in state.engines

@@ -20,6 +20,7 @@ from kvtop.ui.fleet import (
     LEAK_LEVEL,
     Cell,
     FleetRow,
+    leak_cell,
     lifetime_hit,
     window_hit,
     window_quantiles,
@@ -35,6 +36,7 @@ Piece = tuple[str, str]  # (text, role)
 Line = list[Piece]
 Getter = Callable[["EngineStats"], "float | None"]
 MAX_ADAPTERS = 4  # LoRA names listed before "+N"
+STALL_ROLE = {"stalled": "alarm", "saturated": "warn"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +187,7 @@ def leak_line(row: FleetRow, stats: EngineStats) -> Line:
     verdict = stats.leak
     if verdict is None:
         return [("leak ", "key"), ("not judged for this server", "dim")]
-    label = row.cells["leak"].text if verdict.state != "warmup" else "warming up"
+    label = leak_cell(verdict).text if verdict.state != "warmup" else "warming up"
     line: Line = [("leak ", "key"), (label, LEAK_LEVEL[verdict.state]), ("  ", "")]
     if verdict.hours_to_full is not None and verdict.state != "ok":
         line.append((f"full in {fmt.hours(verdict.hours_to_full)}  ", "bad"))
@@ -197,12 +199,13 @@ def leak_line(row: FleetRow, stats: EngineStats) -> Line:
 
 
 def stall_line(stats: EngineStats) -> Line | None:
-    """The stall verdict (kvtop/derive's, issue #13) once EngineStats carries one."""
-    verdict = getattr(stats, "stall", None)
-    if verdict is None:
+    """The stall verdict (kvtop/derive/stall.py) when it says something: STALLED loud (its
+    reason says for how long nothing came out), SATURATED a warning. OK takes no row from
+    the charts."""
+    verdict = stats.stall
+    if verdict is None or verdict.state not in ("stalled", "saturated"):
         return None
-    role = {"stalled": "alarm", "saturated": "warn", "ok": "ok"}.get(verdict.state, "dim")
-    return [("stall ", "key"), (verdict.state.upper(), role), ("  ", ""),
+    return [("stall ", "key"), (verdict.state.upper(), STALL_ROLE[verdict.state]), ("  ", ""),
             (display_text(verdict.reason), "")]
 
 
@@ -268,7 +271,8 @@ def engine_view(row: FleetRow | None, state: TargetState | None,
         if not state.error or display_text(state.error) != why.text:  # not said above
             view.lines.append([(why.text, why.level or "")])
         return view
-    for line in (leak_line(row, stats), stall_line(stats), lora_line(stats.lora),
+    stall = stall_line(stats)  # a stall is now: above the leak's trend
+    for line in (stall, leak_line(row, stats), lora_line(stats.lora),
                  gpu_line(gpu) if with_gpu else None):
         if line is not None:
             view.lines.append(line)

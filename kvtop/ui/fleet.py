@@ -541,6 +541,35 @@ class LeakChange:
     verdict: LeakVerdict
 
 
+@dataclass(frozen=True, slots=True)
+class StallEntry:
+    """An engine whose stall verdict has just turned STALLED: a bell and an alert."""
+
+    key: str
+    name: str
+    state: TargetState
+    stats: EngineStats
+
+
+def stall_entries(
+    states: list[TargetState], seen: dict[str, str]
+) -> tuple[list[StallEntry], dict[str, str]]:
+    """Engines that entered STALLED since ``seen`` (row key -> stall state) and the new
+    ``seen``: a held STALLED is told once, again only after it made progress."""
+    entries: list[StallEntry] = []
+    now_seen = dict(seen)
+    for state in states:
+        for stats in state.engines:
+            if stats.stall is None:
+                continue
+            key = row_key(state.target.url, (stats.model, stats.engine))
+            now_seen[key] = stats.stall.state
+            if stats.stall.state == "stalled" and seen.get(key) != "stalled":
+                name = shown_label(state.target) + _engine_suffix(stats, state.engines)
+                entries.append(StallEntry(key, name, state, stats))
+    return entries, now_seen
+
+
 def leak_changes(
     states: list[TargetState], seen: dict[str, str]
 ) -> tuple[list[LeakChange], dict[str, str]]:

@@ -1,4 +1,4 @@
-"""Alerts while watching: entering LEAK rings the bell and runs the configured command (a
+"""Alerts while watching: entering LEAK or STALLED rings the bell and runs the configured command (a
 real process, argv without a shell) with the event as JSON on stdin; rate-limited; a
 failing, missing or hanging command is reported and never stops the app."""
 
@@ -14,6 +14,7 @@ import pytest
 
 from kvtop.collect.target import Scrape, Secret, Target
 from kvtop.config import AlertSettings, ConfigError, load_config
+from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
 from kvtop.ui.alerts import AlertEvent, AlertRunner
@@ -113,6 +114,41 @@ async def test_entering_leak_rings_and_runs_the_command_once(tmp_path: Path,
         assert bells == [True]
         assert json.loads(out.read_text())["event"] == "leak"
         source.push(Scrape(state.target, T0 + 2))  # still LEAK: told once
+        assert await until(pilot, lambda: len(source.delivered) == 3)
+        await pilot.pause(0.2)
+        assert bells == [True]
+
+
+WEDGED = StallVerdict("stalled", "KV pool 100% full with 33 requests waiting: no token "
+                      "generated for 6 s (0 running)", T0 - 6, {"waiting": 33.0})
+MOVING = StallVerdict("ok", "making progress", None)
+
+
+async def test_entering_stalled_rings_and_runs_the_command_once_without_warmup(
+        tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "event.json"
+    state = _leaking_state()
+    warming = replace(LEAKING, state="warmup")  # the leak detector has not judged yet
+    state.engines = [replace(state.engines[0], leak=warming, stall=MOVING)]
+    tracker = StaticTracker(state, {("m", "0"): deque()})
+    source = FakeSource([Scrape(state.target, T0)])
+    app = KvtopApp(AppConfig(targets=[state.target], source_factory=lambda _: source,
+                             tracker_factory=lambda _: tracker, gpu_reader=FakeGpuReader(),
+                             clock=lambda: T0, snapshot_dir=tmp_path,
+                             alerts=AlertSettings(command=_copy_stdin_to(out))))
+    bells: list[bool] = []
+    monkeypatch.setattr(app, "bell", lambda: bells.append(True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await until(pilot, lambda: app.table.rows and source.delivered)
+        state.engines = [replace(state.engines[0], stall=WEDGED)]
+        source.push(Scrape(state.target, T0 + 1))
+        assert await until(pilot, lambda: out.exists() and out.read_text())
+        assert bells == [True]
+        document = json.loads(out.read_text())
+        assert document["event"] == "stall" and document["reason"] == WEDGED.reason
+        assert document["stall"]["state"] == "stalled"
+        assert any(n.title == "STALLED" for n in app._notifications)
+        source.push(Scrape(state.target, T0 + 2))  # still STALLED: told once
         assert await until(pilot, lambda: len(source.delivered) == 3)
         await pilot.pause(0.2)
         assert bells == [True]

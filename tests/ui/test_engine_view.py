@@ -9,6 +9,7 @@ import re
 from kvtop.collect.reading import LoraInfo
 from kvtop.collect.target import Target
 from kvtop.derive.leak import LeakVerdict
+from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
 from kvtop.ui.chart import Chart, Series, join_gaps, nice_ceiling, render, spark_rows
@@ -88,3 +89,20 @@ def test_a_server_that_never_answered_says_never() -> None:
     text = ["".join(piece for piece, _ in line) for line in view.lines]
     assert text == ["status down  last good never  connection refused"]
     assert view.panes == []
+
+
+def test_stalled_is_the_first_line_of_the_pane_and_ok_takes_no_line() -> None:
+    wedged = StallVerdict("stalled", "KV pool 100% full with 33 requests waiting", NOW - 6)
+    stats = EngineStats("m", "0", NOW, kv_usage=1.0, blocks_total=100, blocks_used=100,
+                        waiting=33, stall=wedged,
+                        leak=LeakVerdict("warmup", "confirming", None, None, None))
+    state = TargetState(Target.from_spec("h:1"), "up", kind="vllm", engines=[stats],
+                        last_good_t=NOW)
+    [row] = build_rows([state], NOW)
+    lines = _text(engine_view(row, state, [stats], NOW, SPAN).lines)
+    assert lines[0] == "stall STALLED  KV pool 100% full with 33 requests waiting"
+    assert lines[1].startswith("leak warming up")  # the leak line never reads STALL
+    stats.stall = StallVerdict("ok", "making progress", None)
+    [row] = build_rows([state], NOW)
+    assert not any(line.startswith("stall") for line in
+                   _text(engine_view(row, state, [stats], NOW, SPAN).lines))

@@ -6,6 +6,7 @@ import dataclasses
 
 from kvtop.collect.target import Target
 from kvtop.derive.leak import LeakVerdict
+from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import TargetState
 from kvtop.ui import format as fmt
@@ -197,3 +198,25 @@ def test_sort_either_way_keeps_unknowns_last() -> None:
     assert [r.name for r in order_rows(rows, "running")] == ["b:1", "a:1", "c:1"]
     assert [r.name for r in order_rows(rows, "running", reverse=True)] == ["a:1", "b:1", "c:1"]
     assert [r.name for r in order_rows(rows, "name", reverse=True)] == ["c:1", "b:1", "a:1"]
+
+
+def _stalling(spec: str, stall: str, leak: str | None = "warmup") -> TargetState:
+    verdict = None if leak is None else LeakVerdict(leak, "why", None, None, None)
+    return _up(spec, EngineStats("m", None, NOW, kv_usage=0.99, running=0, waiting=33,
+                                 leak=verdict, stall=StallVerdict(stall, "no token", NOW - 6)))
+
+
+def test_stalled_shows_at_once_and_saturated_as_such() -> None:
+    rows = build_rows([_stalling("wedged:1", "stalled"), _stalling("full:1", "saturated"),
+                       _stalling("leaking:1", "stalled", "leak"),
+                       _stalling("watched:1", "saturated", "watch"),
+                       _stalling("moving:1", "ok", "ok")], NOW)
+    leak = {r.name: (r.cells["leak"].text, r.cells["leak"].level) for r in rows}
+    assert leak["wedged:1"] == ("STALL", "alarm")  # the leak detector still warming up
+    assert leak["full:1"] == ("SATURATED", "warn")
+    assert leak["leaking:1"] == ("LEAK", "alarm")  # a leak explains the stall
+    assert leak["watched:1"] == ("WATCH", "warn")  # a rising floor says more than full
+    assert leak["moving:1"] == ("OK", "ok")
+    summary = summarise(rows)
+    assert (summary.stalls, summary.saturated, summary.leaks) == (2, 2, 1)
+    assert [r.name for r in order_rows(rows, "worst")][:2] == ["leaking:1", "wedged:1"]

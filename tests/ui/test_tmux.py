@@ -6,6 +6,7 @@ again by the test's unique temporary folder in its command line, so none can sur
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -171,11 +172,11 @@ def test_ctrl_c_and_f10_quit_at_once_with_exit_0(tmux: Tmux, tmp_path: Path, key
     wait_for(lambda: not processes_with(str(tmp_path), tmux_too=False), 5, "kvtop gone")
 
 
-@pytest.fixture
-def sim_server() -> Iterator[tuple[subprocess.Popen[str], str]]:
+@contextlib.contextmanager
+def _sim(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A real `kvtop sim` in its own process on an ephemeral port, and its URL."""
-    process = subprocess.Popen([sys.executable, "-m", "kvtop", "sim", "--port", "0",
-                                "--rate", "4"], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "kvtop", "sim", "--port", "0", *args],
+                               stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         url = process.stdout.readline().strip()
@@ -184,6 +185,12 @@ def sim_server() -> Iterator[tuple[subprocess.Popen[str], str]]:
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.fixture
+def sim_server() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    with _sim("--rate", "4") as server:
+        yield server
 
 
 def _status_of(screen: str, name: str) -> str:
@@ -210,3 +217,25 @@ def test_a_killed_server_is_down_at_the_next_scrape(tmux: Tmux, tmp_path: Path,
     assert "hosts 0/1 up" in screen
     assert "last good" in screen  # the panes say how old the numbers are
     assert "KV blocks" in screen, screen  # and keep its history
+
+
+def _row(screen: str, name: str) -> str:
+    return next((line for line in screen.splitlines() if line.startswith(f" {name} ")), "")
+
+
+def test_a_wedged_server_shows_stalled_within_10_s_of_the_first_frame(tmux: Tmux,
+                                                                      tmp_path: Path) -> None:
+    # wedged from its start: every free block taken, requests queueing, no token coming out
+    with _sim("--rate", "4", "--wedge-at", "0") as (_, url):
+        name = url.removeprefix("http://").removesuffix("/metrics")
+        _start(tmux, tmp_path, f"{url} --no-gpu --interval 1", size=(120, 40))
+        wait_for(lambda: _row(tmux.screen(), name), 20, "the first frame with the server's row")
+        first_frame = time.monotonic()
+        # no leak detector warm-up: the stall verdict needs a few scrapes, no more
+        wait_for(lambda: "STALL" in _row(tmux.screen(), name), 10,
+                 "STALL in the server's row within 10 s of the first frame")
+        assert time.monotonic() - first_frame <= 10
+        screen = tmux.screen()
+        assert "STALL 1" in screen.splitlines()[0], screen  # the header's count
+        assert "STALLED" in screen, screen  # the engine's pane says it, with the reason
+        assert "KV pool" in screen and "full" in screen, screen

@@ -125,11 +125,14 @@ def _hosts_part(summary: FleetSummary) -> Part:
 
 
 def _verdict_part(summary: FleetSummary) -> Pieces:
-    """LEAK / WATCH / STALL counts, loud only when not zero."""
+    """LEAK / WATCH / STALL counts, loud only when not zero; SATURATED only when some
+    pool is (full but moving: worth seeing, not worth a permanent slot)."""
+    counts = [("LEAK", summary.leaks, "flag"), ("WATCH", summary.watches, "warn"),
+              ("STALL", summary.stalls, "flag")]
+    if summary.saturated:
+        counts.append(("SATURATED", summary.saturated, "warn"))
     pieces: Pieces = []
-    for label, count, role in (("LEAK", summary.leaks, "flag"), ("WATCH", summary.watches,
-                                                                 "warn"),
-                               ("STALL", summary.stalls, "flag")):
+    for label, count, role in counts:
         if pieces:
             pieces.append((" ", ""))
         pieces.append((f"{label} {count}", role if count else "key"))
