@@ -131,7 +131,7 @@ async def test_escape_clears_a_confirmed_search_and_the_header_counts_follow(
 async def test_groups_aggregate_and_fold_like_htop_s_tree(tmp_path: Path) -> None:
     app = static_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        assert await until(pilot, lambda: len(app.table.rows) == 6)
+        assert await until(pilot, lambda: len(app.table.rows) == 7)
         await pilot.press("f5", "f5")  # off -> config group -> model
         assert await until(pilot, lambda: "groups model" in _summary(app))
         rows = app.table.rows
@@ -175,7 +175,7 @@ async def test_the_help_fits_80x24_and_explains_every_state(tmp_path: Path) -> N
 async def test_the_selected_row_keeps_its_state_colours() -> None:
     app = static_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        assert await until(pilot, lambda: len(app.table.rows) == 6)
+        assert await until(pilot, lambda: len(app.table.rows) == 7)
         table = app.query_one(FleetTable)
         index = next(i for i, r in enumerate(table.rows) if r.name == "llama-70b-a")
         table.action_cursor_to(index)
