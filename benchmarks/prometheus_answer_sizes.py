@@ -18,8 +18,8 @@ from kvtop.collect.adapters import WANTED
 from kvtop.collect.exposition import parse
 from kvtop.collect.prometheus import BACKFILL_NAMES, MAX_ANSWER_BYTES
 
-FIXTURE = (Path(__file__).resolve().parents[1].parent
-           / "shared/fixtures/metrics/vllm-0.33.0-v1-twin-under-load.txt")
+FIXTURE = (Path(__file__).resolve().parents[1]
+           / "tests/fixtures/metrics/vllm-0.33.0-v1-twin-under-load.txt")
 TARGET_LABELS = {"instance": "10.200.13.117:8000", "job": "vllm", "namespace": "prod",
                  "pod": "vllm-7f9c6b7d5-x2x9q"}
 
