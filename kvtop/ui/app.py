@@ -571,7 +571,7 @@ class KvtopApp(App[None]):
         stalled, self._stall_seen = stall_entries(states, self._stall_seen)
         for entry in stalled:
             assert entry.stats.stall is not None
-            self.notify(f"{entry.name}: {entry.stats.stall.reason}", title="STALLED",
+            self.notify(f"{entry.name}: {display_text(entry.stats.stall.reason)}", title="STALLED",
                         severity="error", timeout=LEAK_NOTIFY_S["leak"], markup=False)
             events.append(AlertEvent("stall", entry.key, entry.name, entry.state, entry.stats,
                                      self.config.clock()))

@@ -26,6 +26,7 @@ from kvtop.ui.widgets.history_plot import HistoryPlot, Series
 
 if TYPE_CHECKING:
     from kvtop.derive.leak import LeakVerdict
+    from kvtop.derive.stall import StallVerdict
     from kvtop.derive.stats import EngineStats, Quantiles
     from kvtop.derive.tracker import EngineKey, TargetState
 
@@ -96,6 +97,7 @@ def describe(state: TargetState, stats: EngineStats | None, now: float) -> Text:
             f"  ({fmt.percent(stats.kv_usage)})",
             *config_lines(stats),
             *leak_lines(stats.leak),
+            *stall_lines(stats.stall),
             f"now     run {fmt.count(stats.running)}  wait {fmt.count(stats.waiting)}"
             f"  preempt/s {fmt.rate(stats.preemptions_per_s)}"
             f"  hit {fmt.percent(window_hit(stats))} (window)"
@@ -143,6 +145,15 @@ def leak_lines(verdict: LeakVerdict | None) -> list[str]:
         head = "evidence" if start == 0 else ""
         lines.append(f"{head:<8} {'  '.join(items[start:start + EVIDENCE_PER_LINE])}")
     return lines
+
+
+def stall_lines(verdict: StallVerdict | None) -> list[str]:
+    """The stall verdict: state, reason and the numbers it rests on."""
+    if verdict is None:
+        return []
+    evidence = "  ".join(f"{k}={_evidence_value(v)}" for k, v in verdict.evidence.items())
+    return [f"stall   {verdict.state.upper()}  {shown(verdict.reason)}"] + (
+        [f"         {evidence}"] if evidence else [])
 
 
 EVIDENCE_PER_LINE = 4

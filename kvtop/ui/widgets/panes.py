@@ -3,10 +3,13 @@ charts (KV blocks, requests, hit rate, tokens/s, latency), each drawn at its own
 
 from __future__ import annotations
 
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, Vertical
+from textual.geometry import Size
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -43,7 +46,11 @@ class Styled:
 
 
 class ChartPane(Styled, Widget):
-    """One chart with its legend as the border title and its latest values under it."""
+    """One chart with its legend as the border title and its latest values under it.
+
+    Drawn line by line (Textual's line API): the chart's rows become strips directly, once
+    per new view or size, without going through Rich text and Textual's content layout
+    (at 160x48 that conversion was most of the panes' cost)."""
 
     COMPONENT_CLASSES = {f"pane--{role}" for role in ROLES}  # noqa: RUF012
     PREFIX = "pane"
@@ -52,6 +59,7 @@ class ChartPane(Styled, Widget):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._styles = {}
         self._view: PaneView | None = None
+        self._strips: tuple[Size, list[Strip]] | None = None  # drawn at that size
 
     def show(self, view: PaneView | None) -> None:
         """Draw ``view``; what did not change is left alone (a title costs a layout)."""
@@ -62,22 +70,37 @@ class ChartPane(Styled, Widget):
             self.border_title = self.line_text(view.legend) if view else None
         if old is None or view is None or old.latest != view.latest:
             self.border_subtitle = self.line_text(view.latest) if view else None
+        self._strips = None
         self.refresh()
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._styles.clear()
+        self._strips = None
 
-    def render(self) -> Text:
+    def render_line(self, y: int) -> Strip:
         """Drawn at the size the pane has now: a resize redraws the chart at once."""
+        size = self.content_size
+        if self._strips is None or self._strips[0] != size:
+            self._strips = (size, self._draw(size.width, size.height))
+        strips = self._strips[1]
+        return strips[y] if y < len(strips) else Strip.blank(size.width, self.rich_style)
+
+    def _draw(self, width: int, height: int) -> list[Strip]:
         view = self._view
         if view is None:  # a server that never answered: no numbers to draw
-            return Text("no numbers from this server", style=self.role_style("dim"))
-        width, height = self.content_size
-        rows = render(view.chart, width, height) if view.chart is not None else []
-        if not rows:
-            return Text(view.empty, style=self.role_style("dim"))
-        return Text("\n").join(self.line_text(row) for row in rows)
+            lines: list[Line] = [[("no numbers from this server", "dim")]]
+        else:
+            rows = render(view.chart, width, height) if view.chart is not None else []
+            lines = rows or [[(view.empty, "dim")]]
+        base = self.rich_style
+        strips = []
+        for line in lines:
+            segments = [Segment(piece, base + style if (style := self.role_style(role)) else base)
+                        for piece, role in line]
+            strips.append(Strip(Segment.simplify(segments)).extend_cell_length(width, base)
+                          .crop(0, width))
+        return strips
 
 
 class EngineHead(Styled, Static):
