@@ -1,5 +1,5 @@
 """Exit codes every kvtop command shares (each command documents its own on top: ``check``
-0 no leak, 1 leak, 3 no usable data; ``snapshot`` 3 a target unreadable)."""
+0 no leak, 1 leak, 3 no usable data, 4 stalled; ``snapshot`` 3 a target unreadable)."""
 
 EXIT_USAGE = 2  # a bad option, config or input file: the message says which
 EXIT_INTERNAL = 70  # EX_SOFTWARE, a bug; never 1, which `check` uses for "leak found"

@@ -23,7 +23,7 @@ from kvtop.sim.workloads import SyntheticSpec, synthetic
 
 T0 = 1_767_225_600.0  # simulated second 0 as unix time
 MIN = 60.0
-TARGET = Target.from_spec("sim://replay")
+TARGET = Target.from_spec("http://sim.invalid/metrics")
 
 
 @dataclass

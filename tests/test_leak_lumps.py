@@ -128,11 +128,11 @@ def test_a_pool_pinned_full_by_overload_is_no_leak(seed: int) -> None:
 
 
 def _steady_with_a_lump(seed: int, lump_at_min: float = 25.0, lump: float = 180.0,
-                        total: int = 6000) -> list[EngineStats]:
+                        total: int = 6000, after_min: float = 20.0) -> list[EngineStats]:
     """Steady load on a 6000-block pool (constructed, scraped every 10 s), level noise of 40
     blocks, and one 3 % lump after a 25-minute baseline."""
     rng, out = random.Random(seed), []
-    for i in range(int((lump_at_min + 20) * 6)):
+    for i in range(int((lump_at_min + after_min) * 6)):
         t = 10.0 * i
         running = max(1.0, 20 + rng.gauss(0, 1))
         per_request = 1500 * rng.lognormvariate(0, 0.02)
@@ -162,3 +162,18 @@ def test_a_lump_is_seen_as_a_step_within_minutes(seed: int) -> None:
     # at least the step; the fit adds its slope over the averaged buckets' age, so a lump
     # reads high by up to half (docs/leak-evaluation.md)
     assert stepped and all(0.8 * 180 <= v.leaked_blocks <= 1.6 * 180 for v in stepped)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_lump_the_window_has_passed_gives_no_negative_rate(seed: int) -> None:
+    # After one lump the floor is flat again, and as the 30-min window slides past the step
+    # its slope falls below 0. Leaked blocks are never freed: WATCH/LEAK then say no rate,
+    # never a negative one (check JSON read "floor rising 165 blocks/h", slope -173.9).
+    detector = LeakDetector()
+    verdicts = [detector.update(s) for s in _steady_with_a_lump(seed, after_min=50)]
+    alarmed = [v for v in verdicts if v.state in ("watch", "leak")]
+    assert any(v.state == "leak" for v in alarmed)
+    rates = [v.slope_blocks_per_hour for v in alarmed]
+    assert all(rate is None or rate > 0 for rate in rates), min(r for r in rates if r)
+    assert None in rates  # the window did pass the lump while LEAK held
+    assert all(v.hours_to_full is None for v in alarmed if v.slope_blocks_per_hour is None)

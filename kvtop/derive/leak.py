@@ -516,7 +516,11 @@ class LeakDetector:
         if leaked is not None and self._fit is None:
             self._leaked_peak = leaked = max(leaked, self._leaked_peak or 0.0)
         slope = self._residual_slope() or (trend.slope if trend is not None else None)
-        to_full = (total - used) / slope if slope and slope > 0 else None
+        if slope is not None and slope <= 0:
+            # Leaked blocks are never freed: a window sliding past a lump falls, and a
+            # negative rate next to WATCH/LEAK reads as a contradiction. No rate then.
+            slope = None
+        to_full = (total - used) / slope if slope else None
         if not self._in_blocks:  # kv_usage without blocks_total: no block counts to give
             leaked = slope = None
         return LeakVerdict(level, reason, leaked, slope, to_full, evidence)

@@ -127,12 +127,12 @@ class CheckRun:
         verdicts = [e.verdict for per in self.engines.values() for e in per.values()]
         return max(verdicts, key=RANK.__getitem__, default="unknown")
 
-    def engines_seen(self) -> int:
-        return sum(len(per) for per in self.engines.values())
-
     def stall_verdict(self) -> StallState:
         states = [e.stall for per in self.engines.values() for e in per.values()]
         return max(states, key=STALL_RANK.__getitem__, default="unknown")
+
+    def engines_seen(self) -> int:
+        return sum(len(per) for per in self.engines.values())
 
     def to_json(self) -> dict[str, Any]:
         span = None if self.first_t is None or self.last_t is None else self.last_t - self.first_t
@@ -159,9 +159,10 @@ def _iso(t: float | None) -> str | None:
 
 def _forget_unjudged(verdicts: dict[EngineKey, EngineVerdict], current: set[EngineKey]) -> None:
     """Drop engines gone from the target that never got a verdict (a server inventing model
-    names every scrape would otherwise grow the report without bound); a verdict, once
-    reached, is the report and stays."""
-    for key in [k for k, v in verdicts.items() if v.verdict == "unknown" and k not in current]:
+    names every scrape would otherwise grow the report without bound); a verdict, leak or
+    stall, once reached, is the report and stays."""
+    for key in [k for k, v in verdicts.items()
+                if v.verdict == "unknown" and v.stall == "unknown" and k not in current]:
         del verdicts[key]
 
 
@@ -171,15 +172,15 @@ def _render_text(document: dict[str, Any]) -> None:
         span = (f" ({_clock(document['duration_s'])} judged, {document['started_at']} to "
                 f"{document['ended_at']})")
     stall = document["stall"]
-    stalled = f", {stall.upper()}" if stall in ("stalled", "saturated") else ""
-    print(f"kvtop check: {document['verdict'].upper()}{stalled}{span}")
+    stall_text = f", {stall.upper()}" if stall in ("stalled", "saturated") else ""
+    print(f"kvtop check: {document['verdict'].upper()}{stall_text}{span}")
     for target in document["targets"]:
         for engine in target["engines"]:
-            name = f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}"
-            print(f"  {engine['verdict'].upper():7} {display_text(name.strip())}: "
-                  f"{display_text(engine['reason'])}")
+            name = display_text(
+                f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}".strip())
+            print(f"  {engine['verdict'].upper():7} {name}: {display_text(engine['reason'])}")
             if engine["stall"]["verdict"] in ("stalled", "saturated"):
-                print(f"  {engine['stall']['verdict'].upper():7} {display_text(name.strip())}: "
+                print(f"  {engine['stall']['verdict'].upper():7} {name}: "
                       f"{display_text(engine['stall']['reason'])}")
 
 
