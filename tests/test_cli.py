@@ -380,8 +380,10 @@ def test_check_text_when_piped_and_the_span_it_judged(tmp_path: Path) -> None:
     assert document["ended_at"] == "2027-01-15T08:00:30.000+00:00"
     assert document["duration_s"] == 30.0
     text = kvtop("check", "--replay", str(replay), "--text")
-    assert text.returncode == done.returncode == 3
-    assert text.stdout.startswith("kvtop check: UNKNOWN (30s judged, 2027-01-15T08:00:00")
+    # the same loaded body 4 times: requests held, no token counted for 30 s is a stall (4)
+    assert text.returncode == done.returncode == 4
+    assert text.stdout.startswith(
+        "kvtop check: UNKNOWN, STALLED (30s judged, 2027-01-15T08:00:00")
     assert "not enough data" in text.stdout
 
 
