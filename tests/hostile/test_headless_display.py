@@ -113,7 +113,8 @@ def test_check_replay_of_a_hostile_recording(tmp_path: Path) -> None:
     with path.open("a") as file:
         file.write('{"t": 1, "tar')  # a cut-off line: a warning on stderr
     run = run_in_pty("check", "--replay", str(path))
-    assert run.code in (0, 3), run.err
+    # The same bodies every 5 s: requests held and no token counted for 25 s is a stall (4)
+    assert run.code in (0, 3, 4), run.err
     assert foreign_controls(run.out) == [] and foreign_controls(run.err) == []
     assert "10.0.0.9:8000/metrics\\x1b]52" in _shown(run.out)
     assert "twin-llama" in run.out
