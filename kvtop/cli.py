@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -31,9 +29,10 @@ from kvtop.config import (
     resolve_prometheus,
     resolve_targets,
 )
+from kvtop.crash import write_crash_report
 from kvtop.exits import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
 from kvtop.runtime import tune_gc
-from kvtop.safe_text import display_text, warn
+from kvtop.safe_text import warn
 from kvtop.store.writer import DEFAULT_MAX_BYTES, parse_size, size_text
 
 if TYPE_CHECKING:
@@ -461,17 +460,8 @@ def _drop_stdout() -> None:
 
 def _internal_error() -> int:
     """A bug: one line on stderr, the traceback in a file (no locals, so no secrets)."""
-    error = sys.exc_info()[1]
-    summary = display_text(f"{type(error).__name__}: {error}", 200)
-    try:
-        fd, path = tempfile.mkstemp(prefix="kvtop-crash-", suffix=".txt")
-        with os.fdopen(fd, "w", encoding="utf-8") as report:
-            report.write(f"kvtop {__version__}, Python {sys.version.split()[0]}\n")
-            report.write("".join(traceback.format_exc()))
-        where = f"traceback in {path}"
-    except OSError as exc:
-        where = f"the traceback could not be written: {exc.strerror or exc}"
-    print(f"kvtop: internal error, a bug: {summary} ({where})", file=sys.stderr)
+    line = write_crash_report(sys.exc_info()[1] or RuntimeError("unknown error"))
+    print(f"kvtop: internal error, a bug: {line}", file=sys.stderr)
     return EXIT_INTERNAL
 
 

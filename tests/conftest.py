@@ -1,12 +1,23 @@
-"""Shared pytest fixtures. Each group lives in its own module; this file only exposes them."""
+"""Shared pytest fixtures and hooks. Each fixture group lives in its own module; this file
+only exposes them, and makes a skipped tier fail a CI run."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Generator
+from pathlib import Path
 
 import pytest
 
 from tests.faultserver import FaultServer
+
+TESTS = Path(__file__).resolve().parent
+# The tiers that need something outside Python: a user without it gets a skip that says
+# why; CI installs each (.ci/run), so there a skip means the tier silently did not run.
+# The tmux tier is every test_tmux*.py module; the others are folders.
+CI_FOLDERS = {"prometheus": TESTS / "prometheus", "twin": TESTS / "twin"}
+# The one deliberate way to leave a tier out, honoured in CI too (.ci/run skips the install).
+OPTED_OUT = {"twin": ("KVTOP_TWIN", "0")}
 
 
 @pytest.fixture
@@ -14,3 +25,35 @@ async def fault_server() -> AsyncIterator[FaultServer]:
     """A started FaultServer (mode "ok", the vLLM 0.33.0 under-load fixture, version 0.33.0)."""
     async with FaultServer() as server:
         yield server
+
+
+def in_ci() -> bool:
+    """CI=true, as CI services (and .ci/run) set it."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def ci_tier(path: Path) -> str | None:
+    """The CI tier a test file belongs to, unless it was deliberately left out."""
+    tier = "tmux" if path.name.startswith("test_tmux") else next(
+        (name for name, folder in CI_FOLDERS.items() if folder in path.parents), None)
+    variable, value = OPTED_OUT.get(tier or "", ("", None))
+    return None if variable and os.environ.get(variable) == value else tier
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, None]:
+    """Under CI=true, a skip in a CI tier is a failure that says which tier and why."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if not report.skipped or hasattr(report, "wasxfail") or not in_ci():
+        return
+    tier = ci_tier(Path(str(item.path)).resolve())
+    if tier is None:
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    report.outcome = "failed"
+    report.longrepr = (f"CI=true: the {tier} tier must run in CI, but it was skipped "
+                       f"({reason}); install what it needs (.ci/run does), or run without "
+                       f"CI=true")

@@ -9,7 +9,8 @@ Routes (any path, so ``/version`` next to ``/m/<mode>/metrics`` works too):
   it between scrapes).
 * ``/m/<mode>/metrics``: that mode, whatever the current one; ``?s=0.5`` style query
   arguments reach the handler (``slow`` and ``dribble`` read ``s``).
-* ``.../version``: ``{"version": <version>}``, or 404 when ``version`` is None.
+* ``.../version``: ``{"version": <version>}``, or 404 when ``version`` is None; or the
+  mode ``version_mode`` when set (``"hang"``: a server that never answers it).
 * a path ending in ``/`` (kvtop's narrowed read, ``/metrics/?name[]=…``): ``slash_mode``
   when set, so a test can make a server that cannot filter; else as above.
 
@@ -33,6 +34,7 @@ import random
 import socket
 import ssl
 import struct
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +90,7 @@ class Request:
     headers: dict[str, str]  # lower-case names
     target: str = ""  # the request target as sent: path and the whole query
     body: bytes = b""
+    at: float = field(default_factory=time.monotonic)  # when its head was read
 
 
 Handler = Callable[["FaultServer", Request, asyncio.StreamWriter], Awaitable[bool]]
@@ -108,6 +111,7 @@ class FaultServer:
     bodies: Sequence[bytes] = field(default_factory=lambda: [fixture()])
     version: str | None = "0.33.0"
     version_body: bytes | None = None  # served raw by /version instead, when set
+    version_mode: str | None = None  # the mode that answers /version instead, when set
     token: str | None = None  # mode "auth" wants "Bearer <token>"
     slash_mode: str | None = None  # the mode for paths ending in "/", when set
     delay_s: float = 0.5  # default for "slow"
@@ -186,6 +190,8 @@ class FaultServer:
 
     async def _dispatch(self, req: Request, w: asyncio.StreamWriter) -> bool:
         if req.path.endswith("/version"):
+            if self.version_mode is not None:
+                return await MODES[self.version_mode](self, req, w)
             return await self._version(w)
         parts = req.path.strip("/").split("/")
         name = parts[1] if len(parts) == 3 and parts[0] == "m" else self.mode

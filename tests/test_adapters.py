@@ -70,7 +70,7 @@ def check_029(e: EngineReading) -> None:
     assert e.model == "qwen2.5-1.5b" and e.engine == "0"
     assert e.kv_usage == 0.0
     assert e.blocks_total == 20183 and e.block_size == 16  # num_gpu_blocks="20184"
-    assert e.tokens_total == 322944  # kv_cache_size_tokens wins over blocks x size
+    assert e.tokens_total == 322944  # kv_cache_size_tokens, here also 20184 blocks x 16
     assert (e.prefix_queries_total, e.prefix_hits_total) == (530, 432)
     assert (e.prompt_tokens_total, e.generation_tokens_total) == (530, 584)
     assert e.preemptions_total == 0 and e.finished_total["length"] == 10
@@ -147,6 +147,18 @@ def test_version_from_server_overrides_inference() -> None:
         read_exposition(fixture_text("vllm-0.29.0-v1-inferstack-t4-capture.txt"), version="0.29.0")
     )
     assert (e.blocks_total, e.idle_floor_blocks) == (20183, 0)
+
+
+def test_kv_cache_size_tokens_wins_over_blocks_times_block_size() -> None:
+    # The 0.29 capture's two agree (322944 = 20184 x 16); where vLLM sizes the cache
+    # otherwise (hybrid attention, sliding windows) its own token count is the one shown.
+    text = fixture_text("vllm-0.29.0-v1-inferstack-t4-capture.txt")
+    label = 'kv_cache_size_tokens="322944",'
+    assert text.count(label) == 1
+    sized = only_engine(read_exposition(text.replace(label, 'kv_cache_size_tokens="300000",')))
+    assert (sized.tokens_total, sized.blocks_total) == (300000, 20183)
+    unsized = only_engine(read_exposition(text.replace(label, "")))
+    assert unsized.tokens_total == 20184 * 16  # num_gpu_blocks x block_size, null block too
 
 
 def test_data_parallel_engines_are_separate_rows() -> None:

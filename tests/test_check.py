@@ -46,9 +46,10 @@ async def test_live_check_finds_the_leak_and_replay_agrees(tmp_path: Path) -> No
     healthy = SimConfig(engine=engine, workload_params=BURSTS, seed=6)
     async with SimFleet([leaky, healthy]) as fleet:
         leak_run, ok_run = await asyncio.gather(
+            # --until-leak ends it at the verdict (~30 s); the duration is only "never"
             kvtop("check", fleet.urls[0] + "/metrics", "--config", str(config), "--interval",
-                  "0.5", "--duration", "90s", "--until-leak", "--json",
-                  "--record", str(tmp_path / "leaky.jsonl.gz")),
+                  "0.5", "--duration", "5m", "--until-leak", "--json",
+                  "--record", str(tmp_path / "leaky.jsonl.gz"), timeout=330),
             kvtop("check", fleet.urls[1] + "/metrics", "--config", str(config), "--interval",
                   "0.5", "--duration", "30s", "--json",
                   "--record", str(tmp_path / "healthy.jsonl")))

@@ -226,18 +226,19 @@ def test_an_internal_error_exits_70_with_one_line_and_the_traceback_in_a_file(
 
 APP_CRASH = ("import sys, kvtop.cli, kvtop.ui.app as a\n"
              "def boom(self):\n"
+             "    token = 'sk-LOCAL-SECRET-7f3a'  # a local, as the HTTP client has one\n"
              "    raise RuntimeError('a planted bug in the app')\n"
              "a.KvtopApp.on_mount = boom\n"
              "sys.exit(kvtop.cli.main(['127.0.0.1:1', '--no-gpu']))\n")
 
 
-def run_in_terminal(args: list[str], *, seconds: float, cols: int = 100,
-                    rows: int = 30) -> tuple[int, str]:
+def run_in_terminal(args: list[str], *, seconds: float, cols: int = 100, rows: int = 30,
+                    env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run with stdin, stdout and stderr on a pseudo-terminal; (exit code, what it wrote)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave,
-                            env={**os.environ, "TERM": "xterm-256color"},
+                            env={**os.environ, "TERM": "xterm-256color", **(env or {})},
                             start_new_session=True)
     os.close(slave)
     output = bytearray()
@@ -263,11 +264,18 @@ def run_in_terminal(args: list[str], *, seconds: float, cols: int = 100,
         os.close(master)
 
 
-def test_the_app_exits_70_after_a_crash() -> None:
-    code, output = run_in_terminal([sys.executable, "-c", APP_CRASH], seconds=60)
+def test_the_app_exits_70_after_a_crash_with_no_locals_shown(tmp_path: Path) -> None:
+    code, output = run_in_terminal([sys.executable, "-c", APP_CRASH], seconds=60,
+                                   env={"TMPDIR": str(tmp_path)})
     assert code == 70, output[-2000:]
-    assert "the app stopped on an internal error" in output
-    assert "a planted bug in the app" in output  # Textual's traceback, once the screen is back
+    assert "the app stopped on an internal error, a bug: RuntimeError: a planted bug in the "\
+        "app" in output
+    # Textual's own report prints each frame's locals; a token held in one must not show.
+    assert "sk-LOCAL-SECRET" not in output
+    (report,) = tmp_path.glob("kvtop-crash-*.txt")
+    assert str(report) in output.replace("\r\n", "").replace("\n", "")
+    text = report.read_text()
+    assert "boom" in text and "sk-LOCAL-SECRET" not in text
 
 
 # -- help, completion, man page ------------------------------------------------------------

@@ -12,6 +12,7 @@ from kvtop.collect.target import Scrape, Target
 from kvtop.derive.quantiles import quantile
 from kvtop.derive.rates import derive_engine_stats
 from kvtop.derive.tracker import TargetTracker
+from tests.derived_fixtures import vllm_08_idle
 from tests.paths import fixture_text
 
 INF = math.inf
@@ -125,3 +126,18 @@ def test_tracker_marks_restart_between_scrapes() -> None:
     assert state.restarted_at == 2.0 and state.engines[0].restarted
     assert state.engines[0].prompt_tps is None
     assert len(tracker.history[("twin-llama", "0")]) == 2
+
+
+def test_an_inferred_version_is_never_read_back_as_exact() -> None:
+    # "0.7+" read as exactly 0.7.0 once dropped the null block from the second scrape on
+    tracker = TargetTracker(Target.from_spec("127.0.0.1:8000"))
+    body = vllm_08_idle()
+    for t in (1.0, 2.0, 3.0):
+        state = tracker.update(Scrape(tracker.state.target, t, body=body))
+        (engine,) = state.engines
+        assert (engine.blocks_total, engine.idle_floor_blocks) == (600, 1), t
+        assert (state.version, state.version_inferred) == ("0.7+", True)
+    # the server's own /version wins, and is exact: 0.8.2 had no null block
+    state = tracker.update(Scrape(tracker.state.target, 4.0, body=body, version="0.8.2"))
+    assert (state.version, state.version_inferred) == ("0.8.2", False)
+    assert state.engines[0].idle_floor_blocks == 0

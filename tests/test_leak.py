@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import pickle
 import random
 import statistics
 from collections import deque
@@ -270,7 +271,8 @@ def test_pool_full_of_leaked_blocks_with_a_stuck_queue_is_a_leak() -> None:
     verdicts = run([EngineStats(t=T0 + i, blocks_used=989.0, waiting=float(1 + i), **base)
                     for i in range(90)])
     assert verdicts[-1].state == "leak" and verdicts[-1].leaked_blocks == 989.0
-    assert "waiting" in verdicts[-1].reason
+    # the queue is named ("…nothing running or waiting" also contains "waiting")
+    assert verdicts[-1].reason.endswith("; 90 waiting requests can't get blocks")
 
 
 def test_a_stalled_queue_on_an_empty_pool_is_not_a_leak() -> None:
@@ -461,7 +463,11 @@ def test_noise_alone_does_not_raise_a_flat_leak() -> None:
         estimates.append(leaked_now(fit, now, 4))
         lag_h = statistics.fmean(now - t for t in fit.times[-4:]) / 3600
         plain.append(statistics.fmean(fit.leaked[-4:]) + max(fit.slope_per_h, 0.0) * lag_h)
-    assert statistics.fmean(estimates) - statistics.fmean(plain) < 3
+    # A 3-sigma rule fires by chance in ~0.1 % of series: in at most one of these 40 (with its
+    # z at 0 it fires in 11, at 1 in 4), and the mean barely moves (2.9 blocks at z = 0).
+    lumped = sum(e - p > 1e-9 for e, p in zip(estimates, plain, strict=True))
+    assert lumped <= 1, lumped
+    assert statistics.fmean(estimates) - statistics.fmean(plain) < 1
     assert statistics.fmean(estimates) == pytest.approx(200, abs=20)  # the hinge's own lag
 
 
@@ -490,10 +496,20 @@ def test_usage_only_still_sees_an_idle_residual() -> None:
 
 
 def test_memory_is_bounded() -> None:
+    # Busy and idle in turn, 500 blocks held through both: every idle run records a
+    # residual, every minute closes a bucket. What the detector keeps (its pickled size)
+    # must stop growing: 1 000 scrapes fill every window (5.6 h, 50 idle runs), 3 000
+    # more must add nothing.
     detector = LeakDetector()
-    for i in range(5_000):
-        detector.update(EngineStats(model="m", engine="0", t=T0 + 20 * i, blocks_total=1000,
-                                    blocks_used=500.0 + (i % 7), running=10.0, waiting=0.0))
-    assert len(detector._buckets) <= detector._buckets.maxlen
-    assert len(detector._residuals) <= 16
-    assert len(detector._history) <= detector._history.maxlen
+
+    def feed(start: int, count: int) -> int:
+        for i in range(start, start + count):
+            idle = (i // 10) % 2 == 1
+            detector.update(EngineStats(model="m", engine="0", t=T0 + 20 * i,
+                                        blocks_total=1000, blocks_used=500.0 + (i % 7),
+                                        running=0.0 if idle else 10.0, waiting=0.0))
+        return len(pickle.dumps(detector))
+
+    filled = feed(0, 1_000)
+    assert detector.verdict.state == "leak"  # the idle residual was seen
+    assert feed(1_000, 3_000) <= filled * 1.05

@@ -66,24 +66,48 @@ def test_unknown_kinds_and_keys_are_ignored(tmp_path: Path) -> None:
     assert [(s.t, s.body) for s in back.scrapes] == [(2.0, "x 1\n")]
 
 
-def test_cut_off_file_keeps_what_was_written(tmp_path: Path) -> None:
-    path = tmp_path / "r.jsonl.gz"
+@pytest.mark.parametrize("name", ["r.jsonl", "r.jsonl.gz"])
+def test_a_crash_mid_write_keeps_every_scrape_flushed_before_it(tmp_path: Path,
+                                                                  name: str) -> None:
+    path = tmp_path / name
+    original = scrapes()
     with RecordingWriter(path, interval_s=1.0, targets=[]) as writer:
-        for scrape in scrapes():
+        for scrape in original[:3]:
             writer.write(scrape)
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) - 40])  # a crash mid-write
+        writer.flush()  # as the app does every few seconds
+        flushed = path.stat().st_size
+        writer.write(original[3])
+    path.write_bytes(path.read_bytes()[: flushed + 20])  # the crash: the last one half written
     back = read_recording(path)
-    assert back.warnings and back.scrapes  # what was there is read
+    assert [fields(s) for s in back.scrapes] == [fields(s) for s in original[:3]]
+    (warning,) = back.warnings
+    assert warning.startswith("the file ends early" if name.endswith(".gz") else
+                              "line 5: not JSON (cut off?)"), warning
 
 
-@pytest.mark.parametrize("content", [b"", b"not json\n", b'{"format": "other"}\n',
-                                     b'{"format": "kvtop-recording", "version": 99}\n'])
-def test_not_a_recording_is_a_clear_error(tmp_path: Path, content: bytes) -> None:
+@pytest.mark.parametrize(("content", "says"), [
+    (b"", "empty file, not a kvtop recording"),
+    (b"not json\n", "not a kvtop recording (line 1 is not JSON)"),
+    (b'{"format": "other", "version": 1}\n', "not a kvtop recording (no 'kvtop-recording' header)"),
+    (b'{"version": 1}\n', "not a kvtop recording (no 'kvtop-recording' header)"),
+    (b'{"format": "kvtop-recording", "version": 2}\n', "recording version 2 is newer"),
+    (b'{"format": "kvtop-recording", "version": "1"}\n',
+     "bad header: version '1' is not a format version"),
+    (b'{"format": "kvtop-recording"}\n', "bad header: version None is not a format version"),
+], ids=["empty", "not-json", "other-format", "no-format", "version-2", "version-text",
+        "no-version"])
+def test_not_a_recording_is_a_clear_error(tmp_path: Path, content: bytes, says: str) -> None:
     path = tmp_path / "x.jsonl"
     path.write_bytes(content)
-    with pytest.raises(RecordingError, match="recording"):
+    with pytest.raises(RecordingError) as raised:
         read_recording(path)
+    assert str(raised.value).startswith(f"{path}: {says}"), raised.value
+
+
+def test_the_newest_version_read_is_this_one(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"format": "kvtop-recording", "version": 1}\n')
+    assert read_recording(path).scrapes == []
 
 
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:

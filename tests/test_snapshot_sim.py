@@ -14,6 +14,7 @@ from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet, SimServer
 from kvtop.sim.simulation import Truth
 from tests.test_snapshot_cli import run_kvtop
+from tests.waiting import DEADLINE_S
 
 TOKEN = "sim-token-for-tests"
 ENGINE = EngineConfig(num_gpu_blocks=1000, max_num_seqs=32)
@@ -88,7 +89,7 @@ async def test_snapshot_equals_simulator_truth_for_every_fault() -> None:
     assert stalled["rates"]["generation_tokens_per_s"] == 0
 
 
-async def _wait_until_idle(server: SimServer, timeout_s: float = 20.0) -> None:
+async def _wait_until_idle(server: SimServer, timeout_s: float = DEADLINE_S) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         truth = server.truth()

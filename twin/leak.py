@@ -23,6 +23,7 @@ class FreeLeak:
 
     def __init__(self, fraction: float = 0.0, *, seed: int = 0) -> None:
         self.fraction = fraction  # may change while installed (calibrated leaks)
+        self.lump_blocks = 0  # a lump: the next finished requests leak until this many blocks
         self.rng = random.Random(seed)
         self.leaked: list[str] = []  # request ids whose blocks were never freed
         self.ended_blocks = 0  # blocks finished requests held alone (ref_cnt 1) when they ended
@@ -34,7 +35,12 @@ class FreeLeak:
         def free(manager: KVCacheManager, request: Any) -> None:
             if request.is_finished():
                 held = _blocks_of(manager).get(request.request_id, [])
-                leak.ended_blocks += sum(block.ref_cnt == 1 for block in held)
+                alone = sum(block.ref_cnt == 1 for block in held)
+                leak.ended_blocks += alone
+                if leak.lump_blocks > 0:  # whole requests, so a lump ends a little over
+                    leak.lump_blocks = max(0, leak.lump_blocks - alone)
+                    leak.leaked.append(request.request_id)
+                    return
                 if leak.rng.random() < leak.fraction:
                     leak.leaked.append(request.request_id)
                     return

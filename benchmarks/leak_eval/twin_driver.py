@@ -12,7 +12,8 @@ running or waiting the engine does not step (like vLLM's idle engine core) and t
 jumps to the next arrival. Every `interval_s` one line goes to OUT: the `/metrics` text that
 vLLM's own PrometheusStatLogger exposes, plus the ground truth. The leak is twin/leak.py's:
 `KVCacheManager.free` skips a fraction of finished requests, calibrated at `leak_at_s` from
-the requests finished so far so that the pool would fill in `leak_fill_h` hours.
+the requests finished so far so that the pool would fill in `leak_fill_h` hours; or, at each
+of `lumps` ([simulated s, blocks]), every finished request leaks until that many blocks have.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def run(spec: dict[str, Any], out: Any) -> None:
     step_s, interval = spec["step_s"], spec["interval_s"]
     t = next_scrape = 0.0
     mark: tuple[float, int] | None = None
+    lumps = sorted(spec.get("lumps", []))  # [simulated s, blocks]: whole requests leak at once
     while t < spec["duration_s"]:
         while pending and pending[0] <= t:
             twin.add_request(*request(rng, systems, spec.get("shared_frac", 0.5)))
@@ -76,6 +78,10 @@ def run(spec: dict[str, Any], out: Any) -> None:
         if spec.get("leak_fill_h") and leak.fraction == 0 and t >= spec["leak_at_s"] and mark:
             leak.fraction = _calibrate(spec, leak, mark, t)
             out.write(json.dumps({"leak_start_s": t, "leak_frac": leak.fraction}) + "\n")
+        if lumps and t >= lumps[0][0]:
+            if len(lumps) == len(spec["lumps"]):  # the first lump starts the leak
+                out.write(json.dumps({"leak_start_s": t, "leak_frac": 0.0}) + "\n")
+            leak.lump_blocks += lumps.pop(0)[1]
         if t >= next_scrape:
             if next_scrape >= spec["warmup_s"]:
                 _scrape(twin, leak, next_scrape, out)

@@ -37,7 +37,8 @@ def generate_twin(scenario: Scenario, out: Path, seed: int = 0) -> tuple[Path, P
     spec = {**scenario.params, "seed": seed, "blocks": scenario.blocks,
             "max_num_seqs": scenario.max_num_seqs, "warmup_s": WARMUP_S,
             "duration_s": WARMUP_S + scenario.duration_s, "interval_s": scenario.interval_s,
-            "leak_fill_h": scenario.leak_fill_h, "leak_at_s": WARMUP_S + scenario.leak_at_s}
+            "leak_fill_h": scenario.leak_fill_h, "leak_at_s": WARMUP_S + scenario.leak_at_s,
+            "lumps": [[WARMUP_S + at, frac * scenario.blocks] for at, frac in scenario.lumps]}
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     # run() kills the child on timeout, so no twin outlives this call.

@@ -42,7 +42,8 @@ class TargetState:
     error: str | None = None  # why the last scrape failed, if it did
     failure: TargetStatus | None = None  # how it failed (also while "stale": last values kept)
     kind: ServerKind | None = None
-    version: str | None = None
+    version: str | None = None  # from /version, else the adapter's inference ("0.7+")
+    version_inferred: bool = False  # version is the inference, never to be read as exact
     engines: list[EngineStats] = field(default_factory=list)  # last good values
     last_attempt_t: float | None = None
     last_good_t: float | None = None
@@ -97,7 +98,8 @@ class TargetTracker:
             return state
         state.last_attempt_t = scrape.t
         if scrape.version:
-            state.version = self._server_version = scrape.version
+            self._server_version = scrape.version
+            state.version, state.version_inferred = scrape.version, False
         if not scrape.ok:
             self._fold_failure(scrape.t, scrape.failure or "down", scrape.error)
             return state
@@ -110,7 +112,8 @@ class TargetTracker:
 
     def _reading(self, scrape: Scrape) -> ServerReading:
         """What the scrape says (the poller reads live bodies off the event loop; a
-        recording's or Prometheus's are read here)."""
+        recording's or Prometheus's are read here). Only an exact version goes back in: an
+        inferred "0.7+" read as 0.7.0 would drop the null block the names' release counts."""
         if scrape.reading is not None:
             return scrape.reading
         if scrape.samples is not None:
@@ -121,8 +124,8 @@ class TargetTracker:
     def _fold_good(self, scrape: Scrape, reading: ServerReading) -> None:
         state = self.state
         state.kind = reading.kind
-        if reading.version and not state.version:
-            state.version = reading.version
+        if self._server_version is None:  # inferred from each scrape: a restart may change it
+            state.version, state.version_inferred = reading.version, reading.version is not None
         state.notes = reading.notes
         state.engines_over_cap = reading.engines_over_cap
         state.impossible_values = reading.impossible_values

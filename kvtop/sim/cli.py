@@ -1,10 +1,11 @@
-"""`kvtop sim`: serve one or more simulated vLLM servers until Ctrl-C."""
+"""`kvtop sim`: serve one or more simulated vLLM servers until Ctrl-C (or SIGTERM)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -115,21 +116,30 @@ def run_sim(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"kvtop sim: {exc}", file=sys.stderr)
         return 2
-    with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_serve(fleet))
-    return 0
+    code = 0
+    with contextlib.suppress(KeyboardInterrupt):  # where signal handlers can't be set
+        code = asyncio.run(_serve(fleet))
+    # The servers are closed. What is left is the interpreter's teardown, whose garbage
+    # collections over every object alive took 1.3-5.9 s on a loaded 2-core machine (load
+    # 14) and 0.15 s of CPU when idle; frozen objects are not scanned (0.03 s), so a stop
+    # signal ends the process within a fraction of a second whatever the load.
+    gc.freeze()
+    return code
 
 
 async def _serve(fleet: SimFleet) -> int:
+    from kvtop.headless.lifetime import stop_event
+
     try:
         await fleet.start()
     except OSError as exc:
         print(f"kvtop sim: cannot listen: {exc}", file=sys.stderr)
         return 1
+    stop = stop_event()  # SIGINT/SIGTERM end the wait below, not a KeyboardInterrupt
     for server in fleet.servers:
         print(f"{server.url}/metrics", flush=True)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         await fleet.stop()
     return 0

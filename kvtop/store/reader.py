@@ -160,9 +160,10 @@ def _header(raw: bytes | None, path: Path) -> dict[str, Any]:
     if not raw:
         raise RecordingError(f"{path}: empty file, not a kvtop recording")
     line = _json_object(raw)
-    if isinstance(line, str) or line.get("format") != FORMAT:
-        raise RecordingError(f"{path}: not a kvtop recording (line 1 is not a {FORMAT!r} "
-                             "header)")
+    if isinstance(line, str):
+        raise RecordingError(f"{path}: not a kvtop recording (line 1 is {line})")
+    if line.get("format") != FORMAT:
+        raise RecordingError(f"{path}: not a kvtop recording (no {FORMAT!r} header)")
     version = line.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise RecordingError(f"{path}: bad header: version {_show(version)} is not a "

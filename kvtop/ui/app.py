@@ -35,6 +35,7 @@ from kvtop.collect.ownership import PortOwners
 from kvtop.collect.reading import GPU_EXPORTER_KINDS
 from kvtop.collect.target import Scrape, Target
 from kvtop.config import AlertSettings
+from kvtop.crash import write_crash_report
 from kvtop.derive.gpu_owners import (
     GpuMemoryHistory,
     GpuSource,
@@ -202,6 +203,7 @@ class KvtopApp(App[None]):
         self._nvml_answered = config.no_gpu  # until then "no GPU found" would be a guess
         self._stop = asyncio.Event()
         self._paused = False
+        self.crash_line: str | None = None  # set by _fatal_error: what went wrong, and where
         self._sort_key = "name"
         self._sort_reverse = False
         self._sort_chosen = False  # until a sort is chosen, the fleet's size picks the order
@@ -811,6 +813,14 @@ class KvtopApp(App[None]):
         self._stop.set()
         super().exit(*args, **kwargs)
 
+    def _fatal_error(self) -> None:
+        """Textual's crash report prints every frame's locals, where a bearer token may sit;
+        kvtop's (kvtop/crash.py) has none and goes to a file, named after the app exits."""
+        error = sys.exc_info()[1] or self._exception or RuntimeError("unknown error")
+        self.crash_line = write_crash_report(error)
+        self.bell()
+        self._close_messages_no_wait()
+
     async def on_unmount(self) -> None:
         self._stop.set()
         recorder, self._recorder = self._recorder, None  # a late scrape must not write
@@ -837,7 +847,7 @@ def app_exit_code(app: App[object]) -> int:
     """0 when the user quit; 70 when Textual stopped the app on an unhandled exception (it
     prints the traceback itself once the terminal is restored)."""
     if app.return_code:
-        print("kvtop: the app stopped on an internal error, a bug (traceback above)",
-              file=sys.stderr)
+        line = getattr(app, "crash_line", None) or "traceback above"
+        print(f"kvtop: the app stopped on an internal error, a bug: {line}", file=sys.stderr)
         return EXIT_INTERNAL
     return 0

@@ -25,7 +25,7 @@ TARGETS = 5_000
 async def test_thousands_of_refused_ports_are_all_reported_refused() -> None:
     port = closed_port()  # one closed port, many targets (one connection attempt each)
     targets = [Target(f"http://127.0.0.1:{port}/metrics?n={n}") for n in range(TARGETS)]
-    async with Poller(targets, narrow=True, timeout_s=2.0) as poller:
+    async with Poller(targets, narrow=True, timeout_s=5.0) as poller:
         scrapes = await poller.poll_once()
     said = collections.Counter((s.failure, s.error) for s in scrapes)
     assert said == {("down", "connection refused: nothing listens on that port"): TARGETS}

@@ -314,8 +314,11 @@ def summary(app: KvtopApp) -> str:
 
 async def test_record_stops_at_max_size_with_a_whole_file(tmp_path: Path) -> None:
     output = tmp_path / "big.jsonl"
-    line = "vllm:num_requests_running{model_name=\"%s\"} 1\n"
-    big = "".join(line % f"m{i:07d}" for i in range(60_000)).encode()  # ~3 MB, just valid
+    # ~3 MB that is one real server plus families kvtop does not read (--full-metrics keeps
+    # them): a body of that many lines kvtop *reads* is refused as no single server's.
+    line = "exporter_padding_total{series=\"%s\"} 1\n"
+    big = (fixture_text(UNDER_LOAD)
+           + "".join(line % f"s{i:07d}" for i in range(60_000))).encode()
     async with FaultServer(bodies=[big]) as server, KvtopProcess(
             "record", server.url(), "-o", str(output), "--interval", "0.1",
             "--full-metrics", "--max-size", "8M", "--duration", "120") as kvtop:

@@ -1,6 +1,8 @@
 """Simulated vLLM servers for the Prometheus tier, in their own process (Prometheus scrapes
-them while the tests run kvtop): ``python -m tests.prometheus.fleet`` prints one JSON line
-``{"leaky": url, "healthy": [url, url], "paused": url}`` and serves until stdin closes."""
+them while the tests run kvtop), and an idle vLLM 0.8 without ``/version`` (its version can
+only be inferred): ``python -m tests.prometheus.fleet`` prints one JSON line
+``{"leaky": url, "healthy": [url, url], "paused": url, "old": url}`` and serves until stdin
+closes."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import sys
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet
+from tests.derived_fixtures import vllm_08_idle
+from tests.faultserver import FaultServer
 
 # Bursts with idle gaps (~20 s): a leak shows as blocks held while nothing runs.
 BURSTS = {"rate": 0.4, "arrival": "bursty", "burst_factor": 8.0, "burst_len": 4.0,
@@ -30,12 +34,13 @@ def configs() -> list[SimConfig]:
 
 
 async def serve() -> None:
-    async with SimFleet(configs()) as fleet:
+    old = FaultServer(bodies=[vllm_08_idle().encode()], version=None)
+    async with SimFleet(configs()) as fleet, old:
         paused = fleet.servers[3]
         paused.simulation.advance_to(PAUSED_AT)
         urls = [f"{url}/metrics" for url in fleet.urls]
-        print(json.dumps({"leaky": urls[0], "healthy": urls[1:3], "paused": urls[3]}),
-              flush=True)
+        print(json.dumps({"leaky": urls[0], "healthy": urls[1:3], "paused": urls[3],
+                          "old": old.url()}), flush=True)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, sys.stdin.read)  # until the test closes stdin
 

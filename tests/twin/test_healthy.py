@@ -92,7 +92,8 @@ def run(twin_healthy: TwinServer) -> HealthyRun:
 
 def test_version_is_the_servers(run: HealthyRun) -> None:
     assert run.version == "0.33.0"
-    assert run.fresh["server"] == {"kind": "vllm", "version": run.version}
+    assert run.fresh["server"] == {"kind": "vllm", "version": run.version,
+                                   "version_inferred": False}
     assert run.idle["server"]["version"] == run.version
 
 

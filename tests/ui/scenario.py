@@ -17,12 +17,14 @@ from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import EngineKey, TargetState
+from kvtop.store.recording import RecordingWriter
 from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.ui.widgets.fleet_table import FleetTable
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_source import FakeSource
 from tests.gpu_fixtures import DCGM_MIG, gpu_fixture
 from tests.paths import fixture_text
+from tests.waiting import DEADLINE_S
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
 TOKEN = "sekrit-token-do-not-leak"
@@ -61,10 +63,12 @@ def live_app(
     return app, source
 
 
-async def until(pilot: Pilot, ready: Callable[[], object], timeout_s: float = 10.0) -> bool:
+async def until(pilot: Pilot, ready: Callable[[], object],
+                timeout_s: float = DEADLINE_S) -> bool:
     """Whether ``ready()`` turns true within ``timeout_s``, checked between short pauses.
     A loaded CI machine takes its time to fold a scrape, push a screen or lay out a table:
-    a fixed pause there makes a flaky test. A check that raises (no screen yet) is not ready."""
+    a fixed pause there makes a flaky test. A check that raises (no screen yet) is not ready.
+    (tests.waiting.eventually does the same and fails itself, saying what it waited for.)"""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -77,7 +81,7 @@ async def until(pilot: Pilot, ready: Callable[[], object], timeout_s: float = 10
         await pilot.pause(0.05)
 
 
-async def screen_shows(pilot: Pilot, text: str, timeout_s: float = 10.0) -> bool:
+async def screen_shows(pilot: Pilot, text: str, timeout_s: float = DEADLINE_S) -> bool:
     """Whether the painted screen shows ``text`` within ``timeout_s``."""
     return await until(
         pilot, lambda: text in pilot.app.export_screenshot().replace("&#160;", " "), timeout_s
@@ -95,6 +99,17 @@ async def live_data_shown(pilot: Pilot) -> bool:
                 and "…" not in statuses.values())
 
     return await until(pilot, drawn)
+
+
+def write_recording(path: Path, seconds: int = 300) -> Path:
+    """A recording of two hosts every 5 s: one loaded, one idle with 828 of 1000 blocks held
+    (a leak: the detector says LEAK after a minute of it)."""
+    loaded, idle = fixture_text(UNDER_LOAD), fixture_text(LEAKING_IDLE)
+    with RecordingWriter(path, interval_s=5.0, targets=[HOST_A, HOST_B]) as writer:
+        for t in range(0, seconds, 5):
+            writer.write(Scrape(HOST_A, T0 + t, loaded))
+            writer.write(Scrape(HOST_B, T0 + t, idle))
+    return path
 
 
 def table_rows(app: KvtopApp) -> list[dict[str, str]]:
@@ -189,6 +204,7 @@ def static_trackers() -> dict[str, StaticTracker]:
         ),
         stale.url: StaticTracker(
             TargetState(stale, "stale", kind="sglang", error="timed out after 5s",
+                        failure="timeout",
                         engines=[EngineStats("Qwen/Qwen2.5-7B", None, now - 12, kv_usage=0.31,
                                              running=7, waiting=0, tokens_total=400000,
                                              generation_tps=310.0)],

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from kvtop.collect.target import Scrape, Target
-from kvtop.ui.app import AppConfig, KvtopApp
-from kvtop.ui.format import kv_cell
+from kvtop.ui.app import GPU_MIN_PERIOD_S, AppConfig, KvtopApp
 from kvtop.ui.screens.detail import DetailScreen
 from kvtop.ui.widgets.gpu_pane import GpuPane
 from tests.fakes.fake_nvml import FakeGpuReader
@@ -27,6 +30,7 @@ from tests.ui.scenario import (
     table_rows,
     until,
 )
+from tests.waiting import eventually
 
 WIDE = (200, 40)  # every column fits beside the GPU pane
 
@@ -35,10 +39,22 @@ def _by_name(app: KvtopApp) -> dict[str, dict[str, str]]:
     return {row["name"]: row for row in table_rows(app)}
 
 
-def _kv_of(app: KvtopApp, url: str) -> str:
-    """The KV cell the tracker's numbers call for."""
-    stats = app.trackers[url].state.engines[0]
-    return kv_cell(stats.kv_usage, stats.blocks_used, stats.blocks_total)
+# The leaking-idle 0.10.1.1 scrape: 172 of 1000 blocks free (fixtures' INDEX.md)
+LEAKING_IDLE_KV = " 828/1000"
+
+
+def _draws(app: KvtopApp, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every call of the app's draw from now on, paused or not (its ``force`` flag): the
+    redraw timer's ticks, as events a test can wait for."""
+    calls: list[bool] = []
+    real = app._draw
+
+    def draw(*, force: bool = False) -> None:
+        calls.append(force)
+        real(force=force)
+
+    monkeypatch.setattr(app, "_draw", draw)
+    return calls
 
 
 def _names(app: KvtopApp) -> list[str]:
@@ -90,20 +106,24 @@ async def test_selection_and_detail(tmp_path: Path) -> None:
         assert not isinstance(app.screen, DetailScreen)
 
 
-async def test_pause_freezes_display_while_collection_goes_on(tmp_path: Path) -> None:
+async def test_pause_freezes_display_while_collection_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app, source = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
         assert await live_data_shown(pilot)
         before = table_rows(app)
         await pilot.press("p")
         assert "PAUSED" in str(app.query_one("#summary").render())
+        draws = _draws(app, monkeypatch)
         source.push(Scrape(HOST_A, T0 + 1, fixture_text(LEAKING_IDLE)))
-        await pilot.pause(0.3)
-        assert app.trackers[HOST_A.url].state.last_good_t == T0 + 1  # collected
-        assert table_rows(app) == before  # not drawn
+        await eventually(lambda: app.trackers[HOST_A.url].state.last_good_t == T0 + 1,
+                         "the scrape collected while paused", pause=pilot.pause)
+        folded = len(draws)
+        await eventually(lambda: len(draws) > folded, "a redraw after it", pause=pilot.pause)
+        assert table_rows(app) == before  # asked to draw, drew nothing
         await pilot.press("p")
-        assert _by_name(app)["10.0.0.5:8000"]["kv"] == _kv_of(app, HOST_A.url)
-        assert _kv_of(app, HOST_A.url) != "████▉ 588/599"
+        assert _by_name(app)["10.0.0.5:8000"]["kv"].endswith(LEAKING_IDLE_KV)  # caught up
 
 
 async def test_host_down_while_others_keep_updating(tmp_path: Path) -> None:
@@ -114,11 +134,12 @@ async def test_host_down_while_others_keep_updating(tmp_path: Path) -> None:
             Scrape(HOST_B, T0 + 99, failure="down", error="connection refused"),
             Scrape(HOST_A, T0 + 99, fixture_text(LEAKING_IDLE)),
         )
-        await pilot.pause(1.3)  # past one redraw period
+        await eventually(lambda: _by_name(app)["10.0.0.5:8000"]["kv"].endswith(LEAKING_IDLE_KV)
+                         and _by_name(app)["10.0.0.5:8001"]["status"] != "up",
+                         "both scrapes drawn", pause=pilot.pause)
         rows = _by_name(app)
         assert rows["10.0.0.5:8001"]["status"] == "down 2m"  # age of the last good scrape
         assert rows["10.0.0.5:8001"]["model"] == "connection refused"
-        assert rows["10.0.0.5:8000"]["kv"] == _kv_of(app, HOST_A.url) != "████▉ 588/599"
 
 
 async def test_filter_and_sort(tmp_path: Path) -> None:
@@ -150,11 +171,9 @@ async def test_snapshot_writes_json_bodies_and_svg(tmp_path: Path) -> None:
     async with app.run_test(size=WIDE) as pilot:
         assert await screen_shows(pilot, "588/599")
         await pilot.press("s")
-        for _ in range(50):  # the files are written in a thread
-            if list(tmp_path.glob("kvtop-snapshot-*")):
-                break
-            await pilot.pause(0.1)
-        assert any("Snapshot saved to" in n.message for n in app._notifications)
+        await eventually(lambda: any("Snapshot saved to" in n.message
+                                     for n in app._notifications),
+                         "the snapshot written (in a thread) and told", pause=pilot.pause)
     [folder] = tmp_path.glob("kvtop-snapshot-*")
     assert folder.name == "kvtop-snapshot-20260101T000002Z"
     document = json.loads((folder / f"{folder.name}.json").read_text())
@@ -179,18 +198,17 @@ async def test_snapshot_to_unwritable_folder_is_a_message(tmp_path: Path) -> Non
     async with app.run_test(size=WIDE) as pilot:
         assert await live_data_shown(pilot)
         await pilot.press("s")
-        await pilot.pause(0.3)
-        messages = [n.message for n in app._notifications]
-        assert any(m.startswith("Snapshot not written") for m in messages)
+        await eventually(lambda: any(n.message.startswith("Snapshot not written")
+                                     for n in app._notifications),
+                         "the failure told", pause=pilot.pause)
         assert app.is_running
 
 
 async def test_gpu_pane_with_fake_nvml(tmp_path: Path) -> None:
     app, _ = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
-        await pilot.pause(0.3)
-        text = str(app.query_one(GpuPane).render())
-        assert "74.0/80.0 GiB" in text
+        text = await eventually(lambda: "74.0/80.0 GiB" in _gpu_text(app) and _gpu_text(app),
+                                "the GPU read (in a thread) drawn", pause=pilot.pause)
         assert "4242" in text and "vLLM python3 -m vllm" in text
         await pilot.press("g")
         assert not app.query_one(GpuPane).display
@@ -198,14 +216,20 @@ async def test_gpu_pane_with_fake_nvml(tmp_path: Path) -> None:
         assert app.query_one(GpuPane).display
 
 
-async def test_no_nvml_is_one_short_line_in_the_header(tmp_path: Path) -> None:
+async def test_no_nvml_is_one_short_line_in_the_header(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     reader = FakeGpuReader(unavailable="NVML Shared Library Not Found")
     app, _ = live_app(tmp_path, gpu_reader=reader)
     async with app.run_test(size=WIDE) as pilot:
-        assert await until(pilot, lambda: "GPU NVML: NVML Shared Library Not Found"
-                           in str(app.query_one("#summary").render()))
+        await eventually(lambda: "GPU NVML: NVML Shared Library Not Found"
+                         in str(app.query_one("#summary").render()),
+                         "the NVML failure in the header", pause=pilot.pause)
         assert not app.query_one(GpuPane).display  # no pane to say there is nothing
-        await pilot.pause(2.2)
+        draws = _draws(app, monkeypatch)
+        # a read every tick would have come within a GPU period; wait out two of them
+        periods = 2 * GPU_MIN_PERIOD_S / app.redraw_s
+        await eventually(lambda: len(draws) > periods, "two GPU periods of redraws",
+                         pause=pilot.pause)
         assert reader.reads == 1  # said once, not retried every tick
         assert len(table_rows(app)) == 3
 
@@ -253,12 +277,31 @@ async def test_a_large_fleet_shows_the_worst_first_and_scrolls(tmp_path: Path) -
         assert app.table.selected_row.name == "10.1.0.39:8000"  # the cursor follows its row
 
 
-async def test_a_scrape_or_gpu_read_landing_at_shutdown_paints_nothing(tmp_path: Path) -> None:
+async def test_a_scrape_or_gpu_read_landing_at_shutdown_paints_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a slow machine once delivered a draw after the widgets were gone: KeyError/ScreenStackError
     app, _ = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
         assert await live_data_shown(pilot)
+    painted: list[str] = []
+    for widget, method in ((app.table, "show"), (app.table, "show_gpu_column"),
+                           (app.summary, "show"), (app.engine_panel, "show"),
+                           (app.gpu_pane, "show")):
+        real = getattr(widget, method)
+        monkeypatch.setattr(widget, method, functools.partial(_record, painted, method, real))
     app._draw(force=True)
     app._gpus_read([])
     app._gpu_failed("NVML gone")
-    assert app.gpu_unavailable == "NVML gone"
+    assert painted == []  # nothing reached a widget taken off the screen
+    assert app.gpu_unavailable == "NVML gone"  # what was learned is kept
+
+
+def _record(calls: list[str], name: str, real: Callable[..., object], *args: object,
+            **kwargs: object) -> object:
+    calls.append(name)
+    return real(*args, **kwargs)
+
+
+def _gpu_text(app: KvtopApp) -> str:
+    return str(app.query_one(GpuPane).render())

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from kvtop.collect.target import Target
 from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
 from kvtop.ui import format as fmt
+from kvtop.ui.app import KvtopApp
 from kvtop.ui.fleet import build_rows, leak_cell, leak_changes, order_rows, summarise
 from kvtop.ui.widgets.engine_panel import kv_points
 from tests.ui.scenario import (
@@ -20,6 +23,7 @@ from tests.ui.scenario import (
     table_rows,
     until,
 )
+from tests.waiting import eventually
 
 NOW = 1000.0
 WARMUP = LeakVerdict("warmup", "collecting data", None, None, None)
@@ -82,12 +86,12 @@ async def test_fleet_summary_panel_and_single_alert() -> None:
         assert rows["sglang-qwen"]["leak"] == fmt.DASH
         assert "LEAK 1" in str(app.query_one("#summary").render())
         await pilot.press("j", "j")  # llama-70b-a, third by name
-        await pilot.pause(0.1)
-        panel = str(app.query_one("#engine").render())
-        assert "~2140 blocks leaked" in panel and "full in 4.3h" in panel
+        panel = await eventually(lambda: "~2140 blocks leaked" in _panel(app) and _panel(app),
+                                 "the selected engine's panel", pause=pilot.pause)
+        assert "full in 4.3h" in panel
         for _ in range(3):  # redraws at every poll must not repeat the alert
             app._draw(force=True)
-        await pilot.pause(0.1)
+        await pilot.pause()  # every message those draws posted is handled
         alerts = [n for n in app._notifications if n.title == "KV LEAK"]
         assert len(alerts) == 1 and alerts[0].message.startswith("llama-70b-a: idle floor")
 
@@ -109,5 +113,17 @@ async def test_detail_shows_verdict_evidence_and_kv_config() -> None:
         assert "cache_dtype auto  gpu_memory_utilization 0.9" in info
 
 
-def test_scenario_clock() -> None:
-    assert T0 == 1_767_225_600.0  # the snapshots' fixed time; keep in step with the SVGs
+def _panel(app: KvtopApp) -> str:
+    return str(app.query_one("#engine").render())
+
+
+@pytest.mark.parametrize(("later", "down", "stale"),
+                         [(0, "down 2m", "timeout 12s"), (600, "down 12m", "timeout 10m")])
+async def test_ages_count_on_the_app_clock(later: float, down: str, stale: str) -> None:
+    # the scene's down host was last read 125 s before its clock, the one timing out 12 s: the
+    # ages shown (and the SVG snapshots) follow the configured clock, not the wall clock
+    app = static_app(clock=lambda: T0 + 300 + later)
+    async with app.run_test(size=(160, 48)) as pilot:
+        rows = await eventually(lambda: {r["name"]: r["status"] for r in table_rows(app)},
+                                "the rows drawn", pause=pilot.pause)
+        assert (rows["10.0.0.6:8000"], rows["sglang-qwen"]) == (down, stale)

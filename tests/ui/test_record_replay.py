@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvtop.collect.target import Scrape
-from kvtop.store.recording import RecordingWriter, read_recording
+from kvtop.store.recording import read_recording
 from kvtop.store.replay import ReplaySource
 from kvtop.ui.app import AppConfig, run_app
 from kvtop.ui.replay import ReplayApp, run_replay
@@ -17,7 +17,6 @@ from tests.paths import fixture_text
 from tests.ui.scenario import (
     HOST_A,
     HOST_B,
-    LEAKING_IDLE,
     T0,
     TOKEN,
     UNDER_LOAD,
@@ -25,7 +24,9 @@ from tests.ui.scenario import (
     live_data_shown,
     table_rows,
     until,
+    write_recording,
 )
+from tests.waiting import eventually
 
 SIZE = (120, 30)
 
@@ -55,14 +56,7 @@ def test_an_unwritable_recording_is_a_message(tmp_path: Path, capsys) -> None:
 
 
 def _recording(tmp_path: Path, seconds: int = 300) -> Path:
-    """Two hosts every 5 s: one loaded, one idle with blocks held."""
-    path = tmp_path / "rec.jsonl"
-    loaded, idle = fixture_text(UNDER_LOAD), fixture_text(LEAKING_IDLE)
-    with RecordingWriter(path, interval_s=5.0, targets=[HOST_A, HOST_B]) as writer:
-        for t in range(0, seconds, 5):
-            writer.write(Scrape(HOST_A, T0 + t, loaded))
-            writer.write(Scrape(HOST_B, T0 + t, idle))
-    return path
+    return write_recording(tmp_path / "rec.jsonl", seconds)
 
 
 def _replay_app(path: Path, tmp_path: Path, speed: float = 1.0) -> ReplayApp:
@@ -111,15 +105,12 @@ async def test_replay_keys_pause_step_seek_and_speed(tmp_path: Path) -> None:
 async def test_replay_runs_on_the_recording_clock(tmp_path: Path) -> None:
     app = _replay_app(_recording(tmp_path, seconds=30), tmp_path, speed=100.0)
     async with app.run_test(size=SIZE) as pilot:
-        for _ in range(40):
-            await pilot.pause(0.05)
-            if app.replay.finished:
-                break
-        await pilot.pause(1.2)  # one redraw period
-        assert app.replay.now() == T0 + 25
-        assert "■ END" in _bar(app)
-        # ages count on the recording's clock: the wall clock is months past the recording
-        assert [r["status"] for r in table_rows(app)] == ["up", "up"]
+        await eventually(lambda: "■ END" in _bar(app), "the replay's end", pause=pilot.pause)
+        assert app.replay.finished and app.replay.now() == T0 + 25
+        await eventually(lambda: [r["status"] for r in table_rows(app)] == ["up", "up"],
+                         "both rows drawn up", pause=pilot.pause)
+        rows = {r["name"]: r for r in table_rows(app)}
+        assert rows["10.0.0.5:8001"]["kv"].endswith(" 828/1000")  # 172 of 1000 free
 
 
 @pytest.mark.parametrize("content", [b"", b"not json\n", b'{"format": "other"}\n'])

@@ -1,18 +1,31 @@
 """SVG snapshots of the main screen at 80x24, 120x40, 160x48 and 200x60, a resize, the
-detail view and the help (fixed clock and data: tests/ui/scenario.py). The README's
-screenshots are these renders (scripts/screenshots.py)."""
+detail view and the help (fixed clock and data: tests/ui/scenario.py), and of a recording
+replayed through the real adapters and derivations. The README's screenshots are these
+renders (scripts/screenshots.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.ui.scenario import static_app
+from kvtop.store.recording import read_recording
+from kvtop.store.replay import MAX_SPEED, ReplaySource
+from kvtop.ui.app import AppConfig
+from kvtop.ui.replay import ReplayApp
+from kvtop.ui.screens.detail import DetailScreen
+from tests.fakes.fake_nvml import FakeGpuReader
+from tests.ui.scenario import static_app, table_rows, write_recording
+from tests.waiting import eventually
 
 SIZES = [(80, 24), (120, 40), (160, 48), (200, 60)]
 
 
 async def _settle(pilot) -> None:
-    await pilot.pause(0.3)  # the GPU read runs in a thread
+    """Until the GPU read (in a thread) has landed and what it posted is handled."""
+    app = pilot.app
+    await eventually(lambda: app.gpus or app.gpu_unavailable, "the GPU read", pause=pilot.pause)
+    await pilot.pause()
 
 
 async def _repainted(pilot) -> None:
@@ -72,7 +85,11 @@ def test_detail_view(snap_compare, size: tuple[int, int]) -> None:
     async def open_detail(pilot) -> None:
         await _settle(pilot)
         await pilot.press("j", "j", "enter")  # the loaded llama-70b-a, third by name
-        await pilot.pause(0.3)
+        app = pilot.app
+        await eventually(lambda: isinstance(app.screen, DetailScreen) and "num_gpu_blocks" in
+                         str(app.screen.query_one("#detail-info").render()),
+                         "the detail screen filled", pause=pilot.pause)
+        await pilot.pause()
 
     assert snap_compare(static_app(), terminal_size=size, run_before=_then_repaint(open_detail))
 
@@ -98,8 +115,6 @@ def test_groups_by_model(snap_compare) -> None:
 
 
 def test_gpu_unavailable_and_filtered(snap_compare) -> None:
-    from tests.fakes.fake_nvml import FakeGpuReader
-
     app = static_app(gpu_reader=FakeGpuReader(unavailable="NVML Shared Library Not Found"))
 
     async def filter_llama(pilot) -> None:
@@ -107,3 +122,23 @@ def test_gpu_unavailable_and_filtered(snap_compare) -> None:
         await pilot.press("slash", *"llama", "enter")
 
     assert snap_compare(app, terminal_size=(120, 30), run_before=_then_repaint(filter_llama))
+
+
+def test_a_recording_replayed_to_its_end(snap_compare, tmp_path: Path) -> None:
+    # Nothing made up: real scrapes through the adapters, rates, history and the leak
+    # detector (the idle host holding 828 blocks is a LEAK by the end), as `kvtop replay`.
+    path = write_recording(tmp_path / "rec.jsonl")
+    recording = read_recording(path)
+    source = ReplaySource(recording, speed=MAX_SPEED)
+    config = AppConfig(targets=recording.targets(), source_factory=lambda _: source,
+                       clock=source.now, no_gpu=True, snapshot_dir=tmp_path)
+    app = ReplayApp(config, source, path.name)
+
+    async def to_the_end(pilot) -> None:
+        await eventually(lambda: source.finished and "■ END" in str(
+            app.query_one("#replay").render()) and [r["leak"] for r in table_rows(app)][-1]
+            .startswith("LEAK"), "the replay's end drawn", pause=pilot.pause)
+        app.clear_notifications()  # the LEAK toast times out on the wall clock
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 30), run_before=to_the_end)
