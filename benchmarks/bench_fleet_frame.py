@@ -7,6 +7,8 @@ no scrape arrives during the measurement, so only UI work is timed:
 
 * frame: new values for every engine (as after one poll), then the app's draw, Textual's
   message processing, layout and the compositor's paint of the screen;
+* frame CPU: the CPU time the process spent on that frame (on a loaded machine the wall
+  time also holds the waits for a core; this does not);
 * draw: the app's own part of that (rows, table, panel, summary);
 * sort ``o``, filter (``/`` then one key), page down: key press to painted screen; this
   includes the test pilot's own idle waits, measured alone as "no-op key" (an unbound key).
@@ -127,19 +129,21 @@ async def measure(count: int, frames: int, size: tuple[int, int]) -> dict[str, l
         clock=lambda: clock[0],
     )
     app = KvtopApp(config)
-    times: dict[str, list[float]] = {"first frame": [], "frame": [], "draw": [], "sort o": [],
-                                      "filter key": [], "page down": [], "no-op key": []}
+    times: dict[str, list[float]] = {"first frame": [], "frame": [], "frame CPU": [], "draw": [],
+                                      "sort o": [], "filter key": [], "page down": [],
+                                      "no-op key": []}
     rng = random.Random(1)
     async with app.run_test(size=size) as pilot:
         times["first frame"].append(await timed(lambda: painted(pilot)))
         for i in range(frames):
             clock[0] += 1
             new_values(trackers, rng, clock[0])
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             app._draw(force=True)
             times["draw"].append(1000 * (time.perf_counter() - start))
             await painted(pilot)
             times["frame"].append(1000 * (time.perf_counter() - start))
+            times["frame CPU"].append(1000 * (time.process_time() - cpu))
             if i % 4 == 0:
                 times["page down"].append(await timed(lambda: _press(pilot, "pagedown")))
                 times["no-op key"].append(await timed(lambda: _press(pilot, "x")))

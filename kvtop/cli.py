@@ -406,14 +406,14 @@ def _baseline_overlay(name: str | None, config: Config) -> BaselineOverlay | Non
 
 
 def _app_config(args: argparse.Namespace, targets: list[Target], interval: float,
-                **extra: Any) -> AppConfig:
+                config: Config, **extra: Any) -> AppConfig:
     from kvtop.ui.app import AppConfig
 
     return AppConfig(targets=targets, interval_s=interval, no_gpu=args.no_gpu,
                      snapshot_dir=args.snapshot_dir, low_bandwidth=args.low_bandwidth,
                      insecure=args.insecure, record=args.record,
                      record_max_bytes=args.record_max_size,
-                     full_metrics=args.full_metrics, **extra)
+                     full_metrics=args.full_metrics, alerts=config.alerts, **extra)
 
 
 def _run_app(args: argparse.Namespace) -> int:
@@ -424,18 +424,19 @@ def _run_app(args: argparse.Namespace) -> int:
     baseline = _baseline_overlay(args.baseline, config)
     if (prometheus := resolve_prometheus(args, config)) is not None:
         return _run_app_prometheus(prometheus, args, args.interval or config.interval_s,
-                                   baseline)
+                                   config, baseline)
     if not args.demo:
-        return run_app(_app_config(args, resolve_targets(args, config), interval,
+        return run_app(_app_config(args, resolve_targets(args, config), interval, config,
                                    baseline=baseline))
     from kvtop.sim.demo import demo_fleet
 
     with demo_fleet() as targets:
-        return run_app(_app_config(args, targets, interval, baseline=baseline))
+        return run_app(_app_config(args, targets, interval, config, baseline=baseline))
 
 
 def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace,
-                        interval: float | None, baseline: BaselineOverlay | None) -> int:
+                        interval: float | None, config: Config,
+                        baseline: BaselineOverlay | None) -> int:
     """The app on the instances Prometheus knows now, fed (and backfilled) through it."""
     import asyncio
 
@@ -452,7 +453,7 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
     except PrometheusError as exc:
         warn(f"kvtop: {exc}")
         return EXIT_UNREADABLE
-    return run_app(_app_config(args, targets, interval, baseline=baseline,
+    return run_app(_app_config(args, targets, interval, config, baseline=baseline,
                                source_factory=lambda _config: source))
 
 

@@ -12,6 +12,10 @@ Default file: ``$XDG_CONFIG_HOME/kvtop/config.toml`` (``~/.config/kvtop/config.t
     url = "http://prometheus:9090"
     selector = '{namespace="prod"}'
     token_env = "PROM_TOKEN"           # or token_file
+    [alerts]                           # when an engine enters LEAK or STALLED (docs/alerts.md)
+    bell = true
+    command = ["notify-send", "kvtop"] # run without a shell, the event as JSON on stdin
+    min_interval_s = 300               # per engine and verdict
 
 Tokens come only from environment variables or files, never from argv, and are never printed.
 """
@@ -41,9 +45,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_TOKEN_ENV = "KVTOP_TOKEN"
-TOP_KEYS = ("interval", "targets", "thresholds", "prometheus")
+TOP_KEYS = ("interval", "targets", "thresholds", "prometheus", "alerts")
 TARGET_KEYS = ("url", "name", "group", "token_env", "token_file", "baseline")
 PROMETHEUS_KEYS = ("url", "selector", "token_env", "token_file", "backfill_step")
+ALERT_KEYS = ("bell", "command", "min_interval_s", "max_per_minute", "timeout_s")
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a huge one is a mistake
 
 # [thresholds] beyond "a finite number >= 0": what each must also be for the detector to work
@@ -52,6 +57,17 @@ THRESHOLD_POSITIVE = frozenset({"bucket_s", "window_s", "max_gap_s", "history_s"
                                 "max_hours_to_full", "pinned_frac", *THRESHOLD_INTS})
 THRESHOLD_FRACTIONS = frozenset({"residual_min_frac", "watch_rise_frac", "leak_rise_frac",
                                  "max_load_share", "pinned_frac"})
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSettings:
+    """The ``[alerts]`` table (kvtop/ui/alerts.py runs them)."""
+
+    bell: bool = True
+    command: tuple[str, ...] = ()  # argv; empty: no command
+    min_interval_s: float = 300.0  # one run per engine and verdict in this long
+    max_per_minute: int = 6  # runs in all
+    timeout_s: float = 10.0  # then the command is killed and reported
 
 
 class ConfigError(ValueError):
@@ -155,6 +171,7 @@ class Config:
     thresholds: dict[str, Any] = field(default_factory=dict)
     prometheus: dict[str, Any] = field(default_factory=dict)  # the [prometheus] table
     baselines: dict[str, str] = field(default_factory=dict)  # target URL -> baseline name
+    alerts: AlertSettings = field(default_factory=AlertSettings)
 
 
 def _target_from_table(entry: object, where: str) -> Target:
@@ -206,7 +223,7 @@ def load_config(path: Path | None) -> Config:
         interval = finite_number(interval, f"{where}: interval (seconds)")
     thresholds = _table(data.get("thresholds", {}), f"{where}: [thresholds]")
     config = Config(targets, interval, dict(thresholds), _prometheus_table(data, where),
-                    baselines)
+                    baselines, alert_settings(data.get("alerts", {}), f"{where}: [alerts]"))
     try:
         leak_params(config)
     except ConfigError as exc:
@@ -222,6 +239,25 @@ def _prometheus_table(data: dict[str, Any], where: str) -> dict[str, Any]:
     if table.get("backfill_step") is not None:
         finite_number(table["backfill_step"], f"{where} [prometheus] backfill_step (seconds)")
     return dict(table)
+
+
+def alert_settings(table: object, where: str) -> AlertSettings:
+    """The ``[alerts]`` table: a bell, and an argv list (never a shell line) to run."""
+    table = _table(table, where)
+    check_keys(table, ALERT_KEYS, where)
+    bell = table.get("bell", True)
+    if not isinstance(bell, bool):
+        raise ConfigError(f"{where}: bell must be true or false (got {quoted(bell)})")
+    command = table.get("command", [])
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command) or (
+            command and not command[0]):
+        raise ConfigError(f"{where}: command must be a list of strings, the program first "
+                          "(it is run without a shell), e.g. [\"notify-send\", \"kvtop\"]")
+    numbers: dict[str, Any] = {}
+    for key, kind in (("min_interval_s", float), ("max_per_minute", int), ("timeout_s", float)):
+        if table.get(key) is not None:
+            numbers[key] = kind(finite_number(table[key], f"{where}: {key}"))
+    return AlertSettings(bell=bell, command=tuple(command), **numbers)
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:

@@ -153,4 +153,7 @@ def test_the_fleet_table_says_stall_unless_a_leak_explains_it() -> None:
     assert leak_cell(None, stalled).text == "STALL"
     assert leak_cell(leaking, stalled).text == "LEAK"
     saturated = StallVerdict("saturated", "KV pool pinned full", T0)
-    assert leak_cell(quiet, saturated).text == leak_cell(quiet).text == "OK"
+    # issue 12: a saturated pool that still moves shows as such, unless a floor says more
+    assert (leak_cell(quiet, saturated).text, leak_cell(quiet).text) == ("SATURATED", "OK")
+    watching = LeakVerdict("watch", "floor rising", 100.0, 50.0, None)
+    assert leak_cell(watching, saturated).text.startswith("WATCH")

@@ -29,6 +29,16 @@ class Histogram:
     sum: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LoraInfo:
+    """vLLM's ``lora_requests_info``: the LoRA adapters with requests running and waiting
+    (names as the server sent them) and how many adapters fit at once."""
+
+    max_lora: int | None
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+
+
 @dataclass(slots=True)
 class EngineReading:
     """One engine (one KV pool) of one server at one scrape."""
@@ -66,6 +76,7 @@ class EngineReading:
     itl: Histogram | None = None
     e2e: Histogram | None = None
     cache_config: dict[str, str] = field(default_factory=dict)
+    lora: LoraInfo | None = None  # None: LoRA not enabled, or not exported
 
 
 @dataclass(slots=True)

@@ -67,6 +67,7 @@ def _window_rates(stats: EngineStats, now: EngineReading, before: EngineReading,
     stats.prompt_tps = _rate(now.prompt_tokens_total, before.prompt_tokens_total, dt)
     stats.generation_tps = _rate(now.generation_tokens_total, before.generation_tokens_total, dt)
     stats.preemptions_per_s = _rate(now.preemptions_total, before.preemptions_total, dt)
+    stats.prefix_queries_per_s = _rate(now.prefix_queries_total, before.prefix_queries_total, dt)
     stats.finished_per_s = {
         reason: rate for reason, count in now.finished_total.items()
         if (rate := _rate(count, before.finished_total.get(reason, 0.0), dt)) is not None
@@ -87,7 +88,7 @@ def derive_engine_stats(now: EngineReading, before: EngineReading | None, t: flo
         prefix_hits_total=now.prefix_hits_total, idle_floor_blocks=now.idle_floor_blocks,
         idle_floor_exact=now.idle_floor_exact,
         prefix_caching=now.prefix_caching, cache_config=now.cache_config,
-        prefix_unit=now.prefix_unit, cpu_kv_usage=now.cpu_kv_usage,
+        prefix_unit=now.prefix_unit, cpu_kv_usage=now.cpu_kv_usage, lora=now.lora,
     )
     _usage_numbers(stats, now)
     if before is not None and went_backwards(now, before):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from kvtop.collect.reading import LoraInfo
     from kvtop.derive.leak import LeakVerdict
     from kvtop.derive.stall import StallVerdict
 
@@ -50,6 +51,7 @@ class EngineStats:
     prompt_tps: float | None = None
     generation_tps: float | None = None
     preemptions_per_s: float | None = None
+    prefix_queries_per_s: float | None = None  # weighs a fleet's hit rate by its lookups
     finished_per_s: dict[str, float] = field(default_factory=dict)
     ttft: Quantiles | None = None
     itl: Quantiles | None = None
@@ -60,5 +62,6 @@ class EngineStats:
     idle_floor_exact: bool = True  # False: assumed (the larger floor the version may have)
     prefix_caching: bool | None = None  # None: the server does not say
     cache_config: dict[str, str] = field(default_factory=dict)  # vLLM cache_config_info labels
+    lora: LoraInfo | None = None  # LoRA adapters with requests running / waiting
     leak: LeakVerdict | None = None  # the leak detector's verdict after this scrape
     stall: StallVerdict | None = None  # the stall verdict after this scrape

@@ -40,6 +40,7 @@ class TargetState:
     target: Target
     status: TargetStatus = "pending"
     error: str | None = None  # why the last scrape failed, if it did
+    failure: TargetStatus | None = None  # how it failed (also while "stale": last values kept)
     kind: ServerKind | None = None
     version: str | None = None  # from /version, else the adapter's inference ("0.7+")
     version_inferred: bool = False  # version is the inference, never to be read as exact
@@ -156,13 +157,14 @@ class TargetTracker:
         self._previous, self._previous_t = current, scrape.t
         state.engines = stats
         state.status = "up"
-        state.error = None
+        state.error = state.failure = None
         state.last_good_t = scrape.t
         state.last_good = scrape
 
     def _fold_failure(self, t: float, failure: TargetStatus, error: str | None) -> None:
         state = self.state
         state.error = error
+        state.failure = failure
         fresh = state.last_good_t is not None and t - state.last_good_t <= self.stale_after_s
         if fresh:
             state.status = "stale"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Footer, Input
 
@@ -34,6 +34,7 @@ from kvtop.collect.nvml import GpuReader, NvmlReader, NvmlUnavailable
 from kvtop.collect.ownership import PortOwners
 from kvtop.collect.reading import GPU_EXPORTER_KINDS
 from kvtop.collect.target import Scrape, Target
+from kvtop.config import AlertSettings
 from kvtop.crash import write_crash_report
 from kvtop.derive.gpu_owners import (
     GpuMemoryHistory,
@@ -53,10 +54,14 @@ from kvtop.exits import EXIT_INTERNAL
 from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingWriter
 from kvtop.ui import format as fmt
+from kvtop.ui.alerts import AlertEvent, AlertRunner
+from kvtop.ui.engine_view import engine_view, group_view
 from kvtop.ui.fleet import (
+    COLUMN_SORT,
     LARGE_FLEET,
-    SORT_KEYS,
-    WORST_FIRST,
+    SORT_CYCLE,
+    SORT_LABELS,
+    TEXT_SORTS,
     FleetRow,
     LeakChange,
     RowCache,
@@ -64,15 +69,19 @@ from kvtop.ui.fleet import (
     filter_rows,
     leak_changes,
     order_rows,
+    stall_entries,
     summarise,
 )
-from kvtop.ui.gpus import failed_sources, owned_cell, pane_lines
+from kvtop.ui.gpus import GpuTrails, failed_sources, gpu_note, owned_cell, pane_lines
+from kvtop.ui.groups import NONE, GroupRow, group_modes, group_rows, mode_label
 from kvtop.ui.screens.detail import DetailScreen
 from kvtop.ui.screens.help import KEYS, HelpScreen
+from kvtop.ui.screens.sort_menu import SortMenu
 from kvtop.ui.snapshot_files import SnapshotFiles, stamp, write_snapshot
 from kvtop.ui.widgets.engine_panel import EnginePanel
 from kvtop.ui.widgets.fleet_table import FleetTable
 from kvtop.ui.widgets.gpu_pane import GpuPane
+from kvtop.ui.widgets.panes import EnginePanes
 from kvtop.ui.widgets.summary import SummaryBar
 
 if TYPE_CHECKING:
@@ -80,7 +89,10 @@ if TYPE_CHECKING:
     from kvtop.collect.reading import EngineReading
 
 INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-COMPACT_WIDTH = 120  # below this the GPU pane goes under the table
+COMPACT_WIDTH = 120  # below this the detail's plots go one per row
+# Below this size the engine's charts shrink to sparklines under the table (80x24 over ssh)
+CHARTS_MIN_SIZE = (100, 30)
+GRID2_SIZE = (120, 45)  # narrower and at least this tall: the small charts two by two
 GPU_MIN_PERIOD_S = 2.0  # NVML reads are costly (gpustat#54); no need to go faster
 TTY_CHECK_S = 2.0
 TERMINAL_GONE_GRACE_S = 3.0  # then the process ends even if shutting down hangs
@@ -136,6 +148,7 @@ class AppConfig:
     record: Path | None = None  # write every scrape to this recording while running
     record_max_bytes: int | None = DEFAULT_MAX_BYTES  # the recording stops there
     baseline: BaselineOverlay | None = None  # drawn in the panes and the Δ column
+    alerts: AlertSettings = field(default_factory=AlertSettings)  # bell, command on LEAK/STALL
 
 
 class KvtopApp(App[None]):
@@ -143,14 +156,21 @@ class KvtopApp(App[None]):
     TITLE = "kvtop"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [  # noqa: RUF012 - Textual's class-level binding list
-        # The footer shows the few keys a newcomer needs at 80 columns; `?` lists them all.
+        # The footer shows the few keys a newcomer needs at 80 columns; F1 lists them all.
+        # htop's keys work too: F1 help, F3 search, F5 groups, F6 sort, F10 quit.
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # at once, as htop
         Binding("q", "quit", "Quit"),
+        Binding("f10", "quit", "Quit", show=False),
+        Binding("f1", "help", "Help", key_display="F1"),
+        Binding("question_mark", "help", "Help", key_display="?", show=False),
+        Binding("slash", "filter", "Search", key_display="/"),
+        Binding("f3", "filter", "Search", show=False),
+        Binding("f5", "group", "Groups", key_display="F5"),
+        Binding("f6", "sort_menu", "Sort", key_display="F6"),
+        Binding("o", "sort", "Sort", show=False),
         Binding("s", "snapshot", "Snapshot"),
         Binding("p", "pause", "Pause"),
-        Binding("slash", "filter", "Filter"),
-        Binding("o", "sort", "Sort"),
         Binding("enter", "detail", "Detail", show=False),  # from the GPU pane too
-        Binding("question_mark", "help", "Help", key_display="?"),
         Binding("g", "toggle_gpu", "GPU", show=False),
         Binding("tab", "focus_next", "Pane", priority=True, show=False),
         Binding("plus,equals_sign", "interval(1)", "Interval+", key_display="+", show=False),
@@ -174,6 +194,7 @@ class KvtopApp(App[None]):
         )  # opened here so an unwritable path fails before the screen is taken over
         self._record_told = (False, False, False)  # recording trouble already notified
         self._leak_seen: dict[str, str] = {}  # row key -> last leak state told to the user
+        self._stall_seen: dict[str, str] = {}  # row key -> last stall state
         self.interval_s = config.interval_s
         self.gpus: list[GpuReading] = []  # local, from NVML
         self.gpu_unavailable: str | None = None
@@ -193,8 +214,14 @@ class KvtopApp(App[None]):
         self._stop = asyncio.Event()
         self._paused = False
         self.crash_line: str | None = None  # set by _fatal_error: what went wrong, and where
-        self._sort_index = 0
-        self._sort_chosen = False  # until `o` is pressed, the fleet's size picks the order
+        self._sort_key = "name"
+        self._sort_reverse = False
+        self._sort_chosen = False  # until a sort is chosen, the fleet's size picks the order
+        self._group_mode = NONE
+        self._collapsed: set[str] = set()  # aggregate rows' keys of closed groups
+        self._gpu_wanted = True  # `g` hides the GPU pane
+        self._gpu_trails = GpuTrails(config.history_s)
+        self._alerts = AlertRunner(config.alerts)
         self._row_cache = RowCache()
         self._filter = ""
         self._draw_timer_armed = False
@@ -207,12 +234,11 @@ class KvtopApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield SummaryBar(id="summary")
-        with Horizontal(id="body"):
-            with Vertical(id="main"):
-                yield FleetTable(id="fleet")
-                yield EnginePanel(id="engine")
-            yield GpuPane(id="gpu")
-        yield Input(placeholder="filter: words that every row shown must contain", id="filter")
+        with Vertical(id="body"):
+            yield FleetTable(id="fleet")
+            yield EnginePanel(id="engine")  # small terminals: sparklines
+            yield EnginePanes(GpuPane(id="gpu"), id="panes")  # the charts
+        yield Input(placeholder="search: words that every row shown must contain", id="filter")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -221,8 +247,9 @@ class KvtopApp(App[None]):
         self.summary = self.query_one(SummaryBar)
         self.gpu_pane = self.query_one(GpuPane)
         self.engine_panel = self.query_one(EnginePanel)
+        self.panes = self.query_one(EnginePanes)
         self.filter_box = self.query_one("#filter", Input)
-        self.gpu_pane.display = not self.config.no_gpu
+        self.gpu_pane.display = False  # until some GPU is known
         self.table.focus()
         self._draw()
         self.call_after_refresh(self._collect)  # the first frame (the hosts) is painted first
@@ -235,7 +262,23 @@ class KvtopApp(App[None]):
             self.set_interval(RECORD_FLUSH_S, self._flush_recording, name="record-flush")
 
     def on_resize(self, event: Resize) -> None:
-        self.set_class(event.size.width < COMPACT_WIDTH, "compact")
+        self._lay_out(event.size.width, event.size.height)
+
+    def _lay_out(self, width: int, height: int) -> None:
+        """Charts where they fit, sparklines under the table where they don't; whichever
+        is shown now is drawn now (a chart takes its new size at once by itself)."""
+        min_w, min_h = CHARTS_MIN_SIZE
+        sparks = width < min_w or height < min_h or self.config.low_bandwidth
+        changed = not self.has_class("-sparks" if sparks else "-charts")
+        self.update_classes({  # one restyle of the screen for them all
+            "compact": width < COMPACT_WIDTH, "-sparks": sparks, "-charts": not sparks,
+            "-grid2": width < GRID2_SIZE[0] and height >= GRID2_SIZE[1]})
+        if changed and hasattr(self, "table"):
+            self.call_after_refresh(self._redraw_panel)
+
+    @property
+    def charts_shown(self) -> bool:
+        return not self.has_class("-sparks")
 
     @property
     def redraw_s(self) -> float:
@@ -256,6 +299,7 @@ class KvtopApp(App[None]):
         self._leak_seen.clear()
         if self.overlay is not None:
             self.overlay.clear()
+        self._stall_seen.clear()
 
     @work(group="collect", exit_on_error=False)
     async def _collect(self) -> None:
@@ -338,6 +382,7 @@ class KvtopApp(App[None]):
         self.gpu_views = gpu_views(self.gpus, self._pid_owners, states)
         self.owned_gpu_memory = owned_memory(self.gpu_views)
         self._gpu_history.record(self.config.clock(), self.owned_gpu_memory)
+        self._gpu_trails.record(self.config.clock(), self.gpu_views)
         self._failed_gpu_sources = failed_sources(exporter_sources(states))
         if not self._paused:
             self._show_gpu_pane()
@@ -345,9 +390,14 @@ class KvtopApp(App[None]):
                 self._draw_soon()  # a server's GPU column and line appear now, not next tick
 
     def _show_gpu_pane(self) -> None:
-        if self._nvml_answered or self.gpu_views:
-            self.gpu_pane.show(pane_lines(self.gpu_views, self.gpu_unavailable,
-                                          self._failed_gpu_sources))
+        """Beside the KV chart while some GPU is known (NVML's absence is a note in the
+        header, not a pane)."""
+        pane = self.gpu_pane
+        pane.display = bool(self.gpu_views or self._failed_gpu_sources) and self._gpu_wanted
+        if pane.display:
+            views, failed, now = self.gpu_views, self._failed_gpu_sources, self.config.clock()
+            pane.show(lambda cells: pane_lines(views, None, failed, trails=self._gpu_trails,
+                                               now=now, cells=cells))
 
     # -- recording ------------------------------------------------------------------------
 
@@ -430,22 +480,37 @@ class KvtopApp(App[None]):
         now = self.config.clock()
         rows = self._row_cache.rows(states, now)
         if not self._sort_chosen:
-            self._sort_index = WORST_FIRST if len(rows) > LARGE_FLEET else 0
-        rows = filter_rows(order_rows(rows, SORT_KEYS[self._sort_index][0]), self._filter)
+            self._sort_key = "worst" if len(rows) > LARGE_FLEET else "name"
+        rows = filter_rows(rows, self._filter)  # the header counts what is shown
         self._set_gpu_cells(rows)
         self._set_delta_cells(rows)
-        self.table.show(rows)
+        ordered = order_rows(rows, self._sort_key, self._sort_reverse)
+        self.table.show(group_rows(ordered, self._group_mode, self._collapsed, self._sort_key,
+                                   self._sort_reverse))
+        self.table.show_sort(self._sort_column(),
+                             (self._sort_key in TEXT_SORTS) != self._sort_reverse)
         self._show_panel(self.table.selected_row, now)
         self.summary.show(
-            summarise(states),
+            summarise(rows),
             interval_s=self.interval_s,
-            sort_label=SORT_KEYS[self._sort_index][1],
+            sort_label=self._sort_label(),
             filter_text=self._filter,
             paused=self._paused,
             recording=self.recording_status(),
+            group_label="" if self._group_mode == NONE else mode_label(self._group_mode),
+            gpu_note=None if self.config.no_gpu else gpu_note(
+                self.gpu_unavailable, self._failed_gpu_sources, bool(self.gpu_views)),
         )
         if isinstance(self.screen, DetailScreen):
             self.screen.show(now)
+
+    def _sort_column(self) -> str:
+        return next((c for c, k in COLUMN_SORT.items() if k == self._sort_key), self._sort_key)
+
+    def _sort_label(self) -> str:
+        natural = "A-Z" if self._sort_key in TEXT_SORTS else "↓"
+        turned = "Z-A" if self._sort_key in TEXT_SORTS else "↑"
+        return f"{SORT_LABELS[self._sort_key]} {turned if self._sort_reverse else natural}"
 
     def _set_gpu_cells(self, rows: list[FleetRow]) -> None:
         """The GPU column: shown once some server owns a GPU."""
@@ -469,26 +534,104 @@ class KvtopApp(App[None]):
             return None
         return self.overlay.band(url, engine)
 
-    def _show_panel(self, row: FleetRow | None, now: float) -> None:
+    def _history(self, row: FleetRow | None) -> list[EngineStats]:
+        """The row's engine's history; a server down long enough to lose its engines
+        keeps showing the history it had."""
         tracker = self.trackers.get(row.url) if row is not None else None
-        history = tracker.history.get(row.engine, ()) if tracker and row and row.engine else ()
+        if tracker is None or row is None:
+            return []
+        key = row.engine if row.engine is not None else next(iter(tracker.history), None)
+        return list(tracker.history.get(key, ())) if key is not None else []
+
+    def _show_panel(self, row: FleetRow | None, now: float) -> None:
+        group = row if isinstance(row, GroupRow) else None
+        if group is not None:  # a group shows its worst member's panes
+            row = max(group.members, key=lambda m: m.sort_values.get("worst") or -1.0)
+        tracker = self.trackers.get(row.url) if row is not None else None
         url = row.url if row is not None else ""
-        engine = row.engine if row is not None else None
-        delta = self.overlay.delta(url, engine) if self.overlay and engine else None
-        self.engine_panel.show(row, tracker.state if tracker else None, list(history), now,
-                               self.config.history_s, gpu_series=self._gpu_history.series(url),
-                               gpu_owned=self.owned_gpu_memory.get(url),
-                               band=self._band(url, engine), delta=delta)
+        charts = self.charts_shown
+        view = engine_view(row, tracker.state if tracker else None, self._history(row), now,
+                           self.config.history_s, gpu=self.owned_gpu_memory.get(url),
+                           with_gpu=charts and bool(self.gpu_views),
+                           band=self._band(url, row.engine if row is not None else None))
+        if group is not None:
+            view = group_view(group, view)
+        if charts:
+            self.panes.show(view)
+            return
+        self.engine_panel.show(view, gpu_series=self._gpu_history.series(url),
+                               gpu_owned=self.owned_gpu_memory.get(url), now=now,
+                               span_s=self.config.history_s,
+                               charts=not self.config.low_bandwidth)
+
+    def _redraw_panel(self) -> None:
+        if self._on_screen():
+            self._show_panel(self.table.selected_row, self.config.clock())
+            self._show_gpu_pane()
 
     @on(FleetTable.RowHighlighted, "#fleet")
-    def _row_highlighted(self) -> None:
-        if not self._paused:
+    def _row_highlighted(self, event: FleetTable.RowHighlighted) -> None:
+        if type(event) is FleetTable.RowHighlighted and not self._paused:
             self._show_panel(self.table.selected_row, self.config.clock())
+
+    @on(FleetTable.HeaderClicked, "#fleet")
+    def _header_clicked(self, event: FleetTable.HeaderClicked) -> None:
+        key = COLUMN_SORT.get(event.column, event.column)
+        if key in SORT_LABELS:
+            self.sort_by(key)
+
+    @on(FleetTable.GroupToggled, "#fleet")
+    def _group_toggled(self, event: FleetTable.GroupToggled) -> None:
+        closed = event.key in self._collapsed
+        if event.open is None or event.open == closed:
+            self._collapsed.symmetric_difference_update({event.key})
+            self._draw(force=True)
+
+    def sort_by(self, key: str, reverse: bool | None = None) -> None:
+        """Sort by ``key``; the key already sorted by again turns the order round."""
+        if reverse is None:
+            reverse = not self._sort_reverse if key == self._sort_key else False
+        self._sort_key, self._sort_reverse, self._sort_chosen = key, reverse, True
+        self._draw(force=True)
 
     def _tell_leak_changes(self, states: list[TargetState]) -> None:
         changes, self._leak_seen = leak_changes(states, self._leak_seen)
         for change in changes:
             self._notify_leak(change)
+        entered = [change for change in changes if change.verdict.state == "leak"]
+        events = [self._leak_event(change, states) for change in entered]
+        stalled, self._stall_seen = stall_entries(states, self._stall_seen)
+        for entry in stalled:
+            assert entry.stats.stall is not None
+            self.notify(f"{entry.name}: {display_text(entry.stats.stall.reason)}", title="STALLED",
+                        severity="error", timeout=LEAK_NOTIFY_S["leak"], markup=False)
+            events.append(AlertEvent("stall", entry.key, entry.name, entry.state, entry.stats,
+                                     self.config.clock()))
+        if events:
+            self._alert(events)
+
+    def _leak_event(self, change: LeakChange, states: list[TargetState]) -> AlertEvent:
+        state, stats = next((state, stats) for state in states for stats in state.engines
+                            if stats.leak is change.verdict)
+        return AlertEvent("leak", change.key, change.name, state, stats, self.config.clock())
+
+    def _alert(self, events: list[AlertEvent]) -> None:
+        """A bell for the lot, and the configured command for each (rate-limited)."""
+        if self.config.alerts.bell:
+            self.bell()
+        for event in events:
+            if self._alerts.due(event):
+                self._run_alert(event)
+
+    @work(group="alerts", exit_on_error=False)
+    async def _run_alert(self, event: AlertEvent) -> None:
+        try:
+            failure = await self._alerts.run(event)
+        except Exception as exc:  # an alert command must never take the app down
+            failure = display_text(f"alert command: {type(exc).__name__}: {exc}", 300)
+        if failure is not None:
+            self.notify(failure, title="Alert command failed", severity="error", timeout=10,
+                        markup=False)
 
     def _notify_leak(self, change: LeakChange) -> None:
         verdict = change.verdict
@@ -513,8 +656,27 @@ class KvtopApp(App[None]):
             self._show_gpu_pane()
 
     def action_sort(self) -> None:
-        self._sort_chosen = True
-        self._sort_index = (self._sort_index + 1) % len(SORT_KEYS)
+        """`o`: the next of the usual sort keys."""
+        cycle = SORT_CYCLE
+        index = cycle.index(self._sort_key) if self._sort_key in cycle else -1
+        self.sort_by(cycle[(index + 1) % len(cycle)], reverse=False)
+
+    def action_sort_menu(self) -> None:
+        if not isinstance(self.screen, SortMenu):
+            self.push_screen(SortMenu(self._sort_key, self._sort_reverse), self._sort_chosen_in)
+
+    def _sort_chosen_in(self, key: str | None) -> None:
+        if key is not None:
+            self.sort_by(key)
+
+    def action_group(self) -> None:
+        """F5: no groups, config group, model, then each Prometheus label, like htop's tree."""
+        modes = group_modes(self.table.rows if self._group_mode == NONE else
+                            self._row_cache.rows(self.states(), self.config.clock()))
+        index = modes.index(self._group_mode) if self._group_mode in modes else -1
+        self._group_mode = modes[(index + 1) % len(modes)]
+        label = "off" if self._group_mode == NONE else f"by {mode_label(self._group_mode)}"
+        self.notify(f"groups {label}", timeout=2)
         self._draw(force=True)
 
     def action_filter(self) -> None:
@@ -534,17 +696,24 @@ class KvtopApp(App[None]):
         self.table.focus()
 
     def action_close_filter(self) -> None:
+        """Escape clears the search, whether it is being typed or was confirmed."""
         box = self.filter_box
         if box.display:
             box.value = ""
             self._filter_done()
+        elif self._filter:
+            self._filter = ""
+            self._draw(force=True)
 
     def action_toggle_gpu(self) -> None:
         if self.config.no_gpu:
             self.notify("GPU pane off (--no-gpu)")
             return
-        pane = self.gpu_pane
-        pane.display = not pane.display
+        self._gpu_wanted = not self._gpu_wanted
+        self._show_gpu_pane()
+        if not self.charts_shown:
+            self.notify("the GPU pane is beside the KV chart: a terminal of at least "
+                        f"{CHARTS_MIN_SIZE[0]}x{CHARTS_MIN_SIZE[1]}", timeout=4)
 
     def action_interval(self, step: int) -> None:
         position = min(range(len(INTERVALS)), key=lambda i: abs(INTERVALS[i] - self.interval_s))
@@ -562,7 +731,7 @@ class KvtopApp(App[None]):
     @on(FleetTable.RowSelected, "#fleet")
     def action_detail(self) -> None:
         row = self.table.selected_row
-        if row is None or isinstance(self.screen, DetailScreen):
+        if row is None or row.is_group or isinstance(self.screen, DetailScreen):
             return
 
         def source() -> tuple[TargetState, list[EngineStats], EngineKey | None]:
@@ -571,6 +740,8 @@ class KvtopApp(App[None]):
             key = row.engine
             if key is None and state.engines:  # chosen while pending or down: show what came
                 key = (state.engines[0].model, state.engines[0].engine)
+            if key is None:  # down long enough to lose its engines: its history stays
+                key = next(iter(tracker.history), None)
             history = list(tracker.history.get(key, ())) if key else []
             return state, history, key
 

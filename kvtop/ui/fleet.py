@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from kvtop.collect.target import Target
     from kvtop.derive.leak import LeakVerdict
     from kvtop.derive.stall import StallVerdict
-    from kvtop.derive.stats import EngineStats
+    from kvtop.derive.stats import EngineStats, Quantiles
     from kvtop.derive.tracker import EngineKey, TargetState
 
 Level = Literal["ok", "warn", "bad", "alarm", "dim"]
@@ -36,6 +36,7 @@ RESTART_BADGE_S = 300.0  # how long a restart stays flagged in the status column
 class Cell:
     text: str
     level: Level | None = None  # mapped to a style by the table's .tcss component classes
+    keep: int = 0  # last characters that survive when the cell is cut (a DP engine's " e1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("running", "RUN", 4, 1),
     Column("waiting", "WAIT", 4, 1),
     Column("preempt", "PRE/s", 5, 3),
-    Column("hit", "HIT", 4, 2),
+    Column("hit", "HIT", 5, 2),
     Column("prompt", "PP t/s", 6, 4),
     Column("gen", "GEN t/s", 7, 2),
     Column("ttft", "TTFT 50/99", 11, 3),
@@ -86,23 +87,27 @@ def visible_columns(width: int, *, gpu: bool = False, delta: bool = False) -> li
     return shown
 
 
-SORT_KEYS: tuple[tuple[str, str], ...] = (
-    ("name", "name"),
-    ("kv", "KV use"),
-    ("waiting", "queue"),
-    ("preempt", "preemptions"),
-    ("gen", "generation"),
-    ("leak", "leak"),
-    ("worst", "worst first"),  # a big fleet's default: what needs a look on the first screen
-)
-WORST_FIRST = len(SORT_KEYS) - 1
+# Sort keys: a column's key (its values in FleetRow.sort_values), or "worst".
+TEXT_SORTS = frozenset({"name", "model"})  # alphabetical; every other key biggest first
+SORT_LABELS: dict[str, str] = {
+    "name": "name", "model": "model", "worst": "worst first", "kv": "KV use",
+    "leak": "leak/stall", "running": "running", "waiting": "queue", "preempt": "preemptions",
+    "hit": "hit rate", "prompt": "prompt tok/s", "gen": "generation", "ttft": "TTFT p99",
+}
+SORT_CYCLE = ("name", "kv", "waiting", "preempt", "gen", "leak", "worst")  # the `o` key
+COLUMN_SORT = {"status": "worst"}  # a column sorted by another key than its own
 LARGE_FLEET = 32  # rows; past this the default sort is worst first instead of by name
 PROBLEM_STATUSES = frozenset({"down", "timeout", "auth", "bad_payload", "stale"})
+INFERENCE_KINDS = frozenset({"vllm", "sglang", "llamacpp", "trtllm"})
+FAILURE_LABEL: dict[str, str] = {"down": "down", "timeout": "timeout", "auth": "auth",
+                                 "bad_payload": "bad data"}
+NOT_FOUND = "HTTP 404"  # how the poller's message for a 404 starts
 
 # The leak indicator's text and colour level per detector state, in one place.
 LEAK_LABEL: dict[str, str] = {"warmup": "…", "ok": "OK", "watch": "WATCH", "leak": "LEAK"}
 LEAK_LEVEL: dict[str, Level] = {"warmup": "dim", "ok": "ok", "watch": "warn", "leak": "alarm"}
 LEAK_RANK: dict[str, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
+STALL_RANK: dict[str, int] = {"saturated": 1, "stalled": 2}  # as urgent as WATCH, LEAK
 
 
 @dataclass(slots=True, eq=False)
@@ -118,16 +123,25 @@ class FleetRow:
     search: str = ""  # lower-case text the filter matches
     gpu: Cell = NO_GPU  # the GPU column: changes with GPU reads, not with the server's state
     delta: Cell = NO_DELTA  # the baseline column: changes with the window, set by the app
+    name_keep: int = 0  # characters at the end of the name kept when it is cut (" e1")
     _cells: dict[str, Cell] | None = field(default=None, repr=False)
 
     @property
     def cells(self) -> dict[str, Cell]:
         """Column key -> cell; made on first use, so only rows drawn pay for formatting."""
         if self._cells is None:
-            cells = _empty_cells(self.state) if self.stats is None else engine_cells(self.stats)
-            self._cells = cells | {"name": Cell(self.name), "status": self.status,
-                                   "gpu": self.gpu, "delta": self.delta}
+            if self.stats is None:
+                cells = _empty_cells(self.state)
+            else:
+                cells = engine_cells(self.stats, live=self.state.status == "up")
+            self._cells = cells | {"name": Cell(self.name, keep=self.name_keep),
+                                   "status": self.status, "gpu": self.gpu,
+                                   "delta": self.delta}
         return self._cells
+
+    @property
+    def is_group(self) -> bool:
+        return False
 
     def set_gpu(self, cell: Cell) -> None:
         """A new GPU cell; the cells become a new dict, so the table sees the row changed."""
@@ -150,7 +164,17 @@ def row_key(url: str, engine: EngineKey | None) -> str:
     return f"{url}|{engine[0] or ''}|{engine[1] or ''}"
 
 
+def failure_label(state: TargetState) -> str:
+    """How the last scrape failed, in a word or two: a 404 is "not found", not bad data."""
+    if state.error and state.error.startswith(NOT_FOUND):
+        return "not found"
+    kind = state.failure or (state.status if state.status != "stale" else "down")
+    return FAILURE_LABEL.get(kind, kind)
+
+
 def status_cell(state: TargetState, now: float) -> Cell:
+    """up / restarted / unknown, or how it failed and how long ago it last answered. A
+    target that failed once already says so: its numbers are the last good ones, dimmed."""
     status = state.status
     if status == "pending":
         return Cell("…", "dim")
@@ -161,10 +185,10 @@ def status_cell(state: TargetState, now: float) -> Cell:
             return Cell("unknown", "warn")
         return Cell("up", "ok")
     ago = state.age_s(now)
-    if status == "stale":
-        return Cell(f"stale {fmt.age(ago)}", "warn")
-    label = "bad data" if status == "bad_payload" else status
-    return Cell(label if ago is None else f"{label} {fmt.age(ago)}", "bad")
+    label = failure_label(state)
+    if ago is None:
+        return Cell(label, "bad")
+    return Cell(f"{label} {fmt.age(ago)}", "warn" if status == "stale" else "bad")
 
 
 def _kv_level(usage: float | None) -> Level | None:
@@ -184,20 +208,25 @@ def _usage(stats: EngineStats) -> float | None:
 
 
 def _engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
+    """What tells one server's engines apart: " e1" for data-parallel ranks of one model."""
     if len(engines) < 2:
         return ""
     if len({e.model for e in engines}) == 1:
-        return f" e{display_text(stats.engine)}" if stats.engine is not None else ""
+        return f" e{display_text(stats.engine, 12)}" if stats.engine is not None else ""
     parts = [p for p in (stats.model, stats.engine) if p]
     return " " + display_text("/".join(parts))
 
 
 def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) -> Cell:
     """``LEAK +420/h``: the state, and the floor's slope once a rising floor is measured;
-    ``STALL`` when the engine makes no progress and no leak explains it."""
-    if stall is not None and stall.state == "stalled" and (
-            verdict is None or verdict.state != "leak"):
+    ``STALL`` when the engine makes no progress and no leak explains it (at once, whatever
+    the leak detector's warm-up); ``SATURATED`` for a pool pinned full that still moves,
+    unless a rising floor says more."""
+    state = verdict.state if verdict is not None else None
+    if stall is not None and stall.state == "stalled" and state != "leak":
         return Cell("STALL", "alarm")
+    if stall is not None and stall.state == "saturated" and state not in ("leak", "watch"):
+        return Cell("SATURATED", "warn")
     if verdict is None:
         return Cell(fmt.DASH, "dim")
     text = LEAK_LABEL[verdict.state]
@@ -208,41 +237,79 @@ def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) ->
 
 
 def _leak_rank(stats: EngineStats) -> float | None:
-    return None if stats.leak is None else LEAK_RANK[stats.leak.state]
+    """LEAK and STALLED first (either is an outage now or soon), then WATCH, SATURATED."""
+    stall = STALL_RANK.get(stats.stall.state) if stats.stall is not None else None
+    leak = LEAK_RANK[stats.leak.state] if stats.leak is not None else None
+    if stall is None:
+        return leak
+    return max(leak or 0, stall)
 
 
 def _worst(state: TargetState, stats: EngineStats | None) -> float | None:
     """LEAK, then WATCH, then unreachable or stale; within each, the fullest KV first."""
     if state.status == "pending":
         return None
-    verdict = stats.leak if stats is not None else None
-    if verdict is not None and verdict.state in ("leak", "watch"):
-        rank = 2 + LEAK_RANK[verdict.state]
-    else:
-        rank = 1 if state.status in PROBLEM_STATUSES else 0
+    leak = _leak_rank(stats) if stats is not None else None
+    problem = 1 if state.status in PROBLEM_STATUSES else 0
+    rank = 2 + leak if leak else problem
     usage = _usage(stats) if stats is not None else None
     return 2 * rank + min(usage or 0.0, 1.0)  # usage never crosses into the next rank
 
 
-def engine_cells(stats: EngineStats) -> dict[str, Cell]:
+def window_hit(stats: EngineStats) -> float | None:
+    """The prefix hit rate over the last scrape window: the one HIT kvtop shows as such."""
+    return stats.hit_rate if stats.hit_rate_scope == "window" else None
+
+
+def lifetime_hit(stats: EngineStats) -> float | None:
+    """Hits over lookups since the server started (or the rate it reports itself)."""
+    if stats.prefix_queries_total and stats.prefix_hits_total is not None:
+        return stats.prefix_hits_total / stats.prefix_queries_total
+    return stats.hit_rate if stats.hit_rate_scope in ("lifetime", "reported") else None
+
+
+def hit_cell(stats: EngineStats) -> Cell:
+    """``42%`` over the window; ``(38%)`` dimmed when the window saw no lookup and only the
+    lifetime (or server-reported) rate is known."""
+    window = window_hit(stats)
+    if window is not None:
+        return Cell(fmt.percent(window))
+    if stats.hit_rate is not None:
+        return Cell(f"({fmt.percent(stats.hit_rate)})", "dim")
+    return Cell(fmt.DASH)
+
+
+def window_quantiles(q: Quantiles | None) -> Quantiles | None:
+    """Latency estimates of the last window only: a first scrape's lifetime figures would
+    turn into "–" at the next one, so they are never shown as current."""
+    return q if q is not None and q.scope == "window" else None
+
+
+def latency_text(q: Quantiles | None) -> str:
+    q = window_quantiles(q)
+    return fmt.DASH if q is None else f"{fmt.seconds(q.p50)}/{fmt.seconds(q.p99)}"
+
+
+def engine_cells(stats: EngineStats, *, live: bool = True) -> dict[str, Cell]:
+    """An engine's cells; not ``live`` (the last scrape failed), its numbers are dimmed."""
     usage = _usage(stats)
-    ttft = stats.ttft
     waiting = stats.waiting
     preempt = stats.preemptions_per_s
-    return {
-        "model": Cell(display_text(stats.model) if stats.model else fmt.DASH),
-        "leak": leak_cell(stats.leak, stats.stall),
+    cells = {
         "kv": Cell(fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total), _kv_level(usage)),
         "running": Cell(fmt.count(stats.running)),
         "waiting": Cell(fmt.count(waiting), "warn" if waiting else None),
         "preempt": Cell(fmt.rate(preempt), "bad" if preempt else None),
-        "hit": Cell(fmt.percent(stats.hit_rate)),
+        "hit": hit_cell(stats),
         "prompt": Cell(fmt.rate(stats.prompt_tps)),
         "gen": Cell(fmt.rate(stats.generation_tps)),
-        "ttft": Cell(
-            fmt.DASH if ttft is None else f"{fmt.seconds(ttft.p50)}/{fmt.seconds(ttft.p99)}"
-        ),
+        "ttft": Cell(latency_text(stats.ttft)),
     }
+    if not live:
+        cells = {key: Cell(cell.text, "dim") for key, cell in cells.items()}
+    cells["model"] = Cell(display_text(stats.model) if stats.model else fmt.DASH)
+    cells["leak"] = leak_cell(stats.leak, stats.stall)
+    return cells
 
 
 def delta_cell(delta: Delta | None) -> Cell:
@@ -326,6 +393,22 @@ def shown_label(target: Target) -> str:
     return display_text(target.label)
 
 
+def _sort_values(state: TargetState, stats: EngineStats) -> dict[str, float | None]:
+    ttft = window_quantiles(stats.ttft)
+    return {
+        "kv": _usage(stats),
+        "running": stats.running,
+        "waiting": stats.waiting,
+        "preempt": stats.preemptions_per_s,
+        "hit": window_hit(stats),
+        "prompt": stats.prompt_tps,
+        "gen": stats.generation_tps,
+        "ttft": None if ttft is None else ttft.p99,
+        "leak": _leak_rank(stats),
+        "worst": _worst(state, stats),
+    }
+
+
 def target_rows(state: TargetState, status: Cell) -> list[FleetRow]:
     """A target's rows: one per engine, or one that says why there is none."""
     target = state.target
@@ -341,34 +424,36 @@ def target_rows(state: TargetState, status: Cell) -> list[FleetRow]:
         return [row]
     rows = []
     for stats in state.engines:
-        name = label + _engine_suffix(stats, state.engines)
+        suffix = _engine_suffix(stats, state.engines)
+        name = label + suffix
         engine: EngineKey = (stats.model, stats.engine)
         rows.append(FleetRow(
             key=row_key(target.url, engine), url=target.url, engine=engine, name=name,
-            state=state, stats=stats, status=status,
-            sort_values={
-                "kv": _usage(stats),
-                "waiting": stats.waiting,
-                "preempt": stats.preemptions_per_s,
-                "gen": stats.generation_tps,
-                "leak": _leak_rank(stats),
-                "worst": _worst(state, stats),
-            },
+            state=state, stats=stats, status=status, sort_values=_sort_values(state, stats),
             search=f"{base_search} {name} {stats.model or ''}".lower(),
+            name_keep=len(suffix) if len(suffix) <= 6 else 0,
         ))
     return rows
 
 
-def order_rows(rows: list[FleetRow], sort_key: str) -> list[FleetRow]:
-    """Name ascending, or a number descending with unknowns last."""
-    if sort_key == "name":
-        return sorted(rows, key=lambda r: r.name.lower())
+def _text_key(row: FleetRow, sort_key: str) -> str:
+    if sort_key == "model":
+        return row.cells["model"].text.lower()
+    return row.name.lower()
 
-    def key(row: FleetRow) -> tuple[bool, float, str]:
-        value = row.sort_values.get(sort_key)
-        return (value is None, -(value or 0.0), row.name.lower())
 
-    return sorted(rows, key=key)
+def order_rows(rows: list[FleetRow], sort_key: str, reverse: bool = False) -> list[FleetRow]:
+    """Names A-Z, or numbers biggest first (``reverse`` turns either round); unknown values
+    stay last either way, and ties go by name."""
+    if sort_key in TEXT_SORTS:
+        return sorted(rows, key=lambda r: (_text_key(r, sort_key), r.name.lower()),
+                      reverse=reverse)
+    known = [r for r in rows if r.sort_values.get(sort_key) is not None]
+    unknown = [r for r in rows if r.sort_values.get(sort_key) is None]
+    sign = 1.0 if reverse else -1.0
+    known.sort(key=lambda r: (sign * (r.sort_values[sort_key] or 0.0), r.name.lower()))
+    unknown.sort(key=lambda r: r.name.lower())
+    return known + unknown
 
 
 def filter_rows(rows: list[FleetRow], text: str) -> list[FleetRow]:
@@ -379,8 +464,10 @@ def filter_rows(rows: list[FleetRow], text: str) -> list[FleetRow]:
 
 @dataclass(frozen=True, slots=True)
 class FleetSummary:
-    hosts_up: int
-    hosts_total: int
+    """The header's numbers, over the rows shown (a filter narrows them too)."""
+
+    hosts_up: int  # inference servers answering now (not GPU exporters, not unknown ones)
+    hosts_total: int  # targets that are not GPU exporters
     blocks_used: float | None  # summed over engines that report both used and total
     blocks_total: int | None
     running: float
@@ -388,6 +475,11 @@ class FleetSummary:
     leaks: int = 0  # engines whose indicator says LEAK
     watches: int = 0  # ... and WATCH
     judged: int = 0  # engines past the detector's warmup
+    stalls: int = 0  # engines whose stall verdict says STALLED
+    saturated: int = 0  # ... and SATURATED
+    hit_rate: float | None = None  # window hits over window lookups, all engines together
+    prompt_tps: float | None = None
+    generation_tps: float | None = None
 
     @property
     def kv_usage(self) -> float | None:
@@ -397,36 +489,80 @@ class FleetSummary:
         return self.blocks_used / self.blocks_total
 
 
-def summarise(states: list[TargetState]) -> FleetSummary:
-    used = 0.0
-    total = 0
-    running = waiting = 0.0
-    leak_states: list[str] = []
-    for state in states:
-        if state.status not in ("up", "stale"):
-            continue
-        for stats in state.engines:
-            usage = _usage(stats)
-            if stats.blocks_total and usage is not None:
-                used += stats.blocks_used if stats.blocks_used is not None else (
-                    usage * stats.blocks_total
-                )
-                total += stats.blocks_total
-            running += stats.running or 0.0
-            waiting += stats.waiting or 0.0
-            if stats.leak is not None:
-                leak_states.append(stats.leak.state)
+class _Totals:
+    """Running sums for :func:`summarise`."""
+
+    def __init__(self) -> None:
+        self.used = self.running = self.waiting = 0.0
+        self.total = 0
+        self.lookups = self.hits = 0.0
+        self.rates: dict[str, float] = {}
+        self.leak_states: list[str] = []
+        self.stalls = self.saturated = 0
+
+    def add(self, stats: EngineStats) -> None:
+        usage = _usage(stats)
+        if stats.blocks_total and usage is not None:
+            used = stats.blocks_used
+            self.used += used if used is not None else usage * stats.blocks_total
+            self.total += stats.blocks_total
+        self.running += stats.running or 0.0
+        self.waiting += stats.waiting or 0.0
+        hit, lookups = window_hit(stats), stats.prefix_queries_per_s
+        if hit is not None and lookups:
+            self.hits += hit * lookups
+            self.lookups += lookups
+        for name in ("prompt_tps", "generation_tps"):
+            value = getattr(stats, name)
+            if value is not None:
+                self.rates[name] = self.rates.get(name, 0.0) + value
+        if stats.leak is not None:
+            self.leak_states.append(stats.leak.state)
+        if stats.stall is not None:
+            self.stalls += stats.stall.state == "stalled"
+            self.saturated += stats.stall.state == "saturated"
+
+
+def summarise(rows: list[FleetRow] | list[TargetState]) -> FleetSummary:
+    """The header's numbers over ``rows`` (or every engine of ``states``)."""
+    states = {id(s): s for s in _states_of(rows)}.values()
+    totals = _Totals()
+    for stats in _engines_of(rows):
+        totals.add(stats)
+    hosts = [s for s in states if s.kind not in GPU_EXPORTER_KINDS]
+    leaks = totals.leak_states
     return FleetSummary(
-        hosts_up=sum(1 for s in states if s.status == "up"),
-        hosts_total=len(states),
-        blocks_used=used if total else None,
-        blocks_total=total or None,
-        running=running,
-        waiting=waiting,
-        leaks=leak_states.count("leak"),
-        watches=leak_states.count("watch"),
-        judged=len(leak_states) - leak_states.count("warmup"),
+        hosts_up=sum(1 for s in hosts if s.status == "up" and s.kind in INFERENCE_KINDS),
+        hosts_total=len(hosts),
+        blocks_used=totals.used if totals.total else None,
+        blocks_total=totals.total or None,
+        running=totals.running,
+        waiting=totals.waiting,
+        leaks=leaks.count("leak"),
+        watches=leaks.count("watch"),
+        judged=len(leaks) - leaks.count("warmup"),
+        stalls=totals.stalls,
+        saturated=totals.saturated,
+        hit_rate=totals.hits / totals.lookups if totals.lookups else None,
+        prompt_tps=totals.rates.get("prompt_tps"),
+        generation_tps=totals.rates.get("generation_tps"),
     )
+
+
+def _states_of(rows: list[FleetRow] | list[TargetState]) -> list[TargetState]:
+    return [r.state if isinstance(r, FleetRow) else r for r in rows]
+
+
+def _engines_of(rows: list[FleetRow] | list[TargetState]) -> list[EngineStats]:
+    """The engines whose numbers count: those of servers up or just missed (stale)."""
+    engines: list[EngineStats] = []
+    for row in rows:
+        if isinstance(row, FleetRow):
+            if row.stats is not None and row.state.status in ("up", "stale"):
+                engines.append(row.stats)
+        elif row.status in ("up", "stale"):
+            engines += row.engines
+    return engines
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,6 +572,35 @@ class LeakChange:
     key: str
     name: str
     verdict: LeakVerdict
+
+
+@dataclass(frozen=True, slots=True)
+class StallEntry:
+    """An engine whose stall verdict has just turned STALLED: a bell and an alert."""
+
+    key: str
+    name: str
+    state: TargetState
+    stats: EngineStats
+
+
+def stall_entries(
+    states: list[TargetState], seen: dict[str, str]
+) -> tuple[list[StallEntry], dict[str, str]]:
+    """Engines that entered STALLED since ``seen`` (row key -> stall state) and the new
+    ``seen``: a held STALLED is told once, again only after it made progress."""
+    entries: list[StallEntry] = []
+    now_seen = dict(seen)
+    for state in states:
+        for stats in state.engines:
+            if stats.stall is None:
+                continue
+            key = row_key(state.target.url, (stats.model, stats.engine))
+            now_seen[key] = stats.stall.state
+            if stats.stall.state == "stalled" and seen.get(key) != "stalled":
+                name = shown_label(state.target) + _engine_suffix(stats, state.engines)
+                entries.append(StallEntry(key, name, state, stats))
+    return entries, now_seen
 
 
 def leak_changes(

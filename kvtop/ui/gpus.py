@@ -7,11 +7,14 @@ each goes through :func:`display_text` here, the one place these views take them
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
+from kvtop.collect.gpu import GpuReading
 from kvtop.derive.gpu_owners import GpuSource, GpuView, Owner
 from kvtop.safe_text import display_text
 from kvtop.ui import format as fmt
+from kvtop.ui.chart import Point, bins, spark_rows
 from kvtop.ui.fleet import Cell
 
 Piece = tuple[str, str]  # (text, role): the pane maps a role to a component style
@@ -19,6 +22,47 @@ Line = list[Piece]
 GIB = 2**30
 MAX_NAME = 80  # cells; the pane cuts lines at its width anyway
 SOURCE_LABEL = {"dcgm": "dcgm-exporter", "nvidia_gpu_exporter": "nvidia_gpu_exporter"}
+NOTE_CHARS = 40  # the header's GPU note: one short line
+GpuKey = tuple[str, "str | None", "str | None"]
+
+
+class GpuTrails:
+    """Each GPU's memory used over the last ``span_s``: the history line under its bar."""
+
+    def __init__(self, span_s: float) -> None:
+        self.span_s = span_s
+        self._trails: dict[GpuKey, deque[Point]] = {}
+
+    def record(self, t: float, views: Sequence[GpuView]) -> None:
+        for view in views:
+            trail = self._trails.setdefault(view.gpu.key, deque())
+            trail.append((t, view.gpu.memory_used_bytes))
+            while trail and t - trail[0][0] > self.span_s:
+                trail.popleft()
+
+    def of(self, gpu: GpuReading) -> Sequence[Point]:
+        return self._trails.get(gpu.key, ())
+
+
+def gpu_note(nvml_unavailable: str | None, failed: Sequence[GpuSource],
+             any_gpu: bool) -> tuple[str, str] | None:
+    """The header's one short line about GPUs that could not be read (never a pane):
+    (short, with the reason)."""
+    short, full = [], []
+    if nvml_unavailable is not None:
+        reason = _text(nvml_unavailable.removeprefix("NVML init failed: "))
+        short.append("no NVML")
+        full.append("no NVML" if any_gpu else f"NVML: {reason}")
+    if failed:
+        count = f"{len(failed)} exporter{'' if len(failed) == 1 else 's'} failing"
+        short.append(count)
+        full.append(count)
+    if not short:
+        return None
+    note = "; ".join(full)
+    if len(note) > NOTE_CHARS:
+        note = note[:NOTE_CHARS - 1] + "…"
+    return "; ".join(short), note
 
 
 def _text(value: object) -> str:
@@ -38,17 +82,23 @@ def _title(view: GpuView) -> Line:
     return [(title, "title")]
 
 
-def _numbers(view: GpuView) -> list[Line]:
+def _numbers(view: GpuView, trail: Sequence[Point], now: float, cells: int,
+             span_s: float) -> list[Line]:
     gpu = view.gpu
     used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
     share = used / total if used is not None and total else None
     util = fmt.DASH if gpu.util_percent is None else f"{gpu.util_percent:.0f}%"
     temp = fmt.DASH if gpu.temperature_c is None else f"{gpu.temperature_c:.0f}°C"
     power = fmt.DASH if gpu.power_w is None else f"{gpu.power_w:.0f}W"
-    return [
+    lines: list[Line] = [
         [(f" mem {fmt.bar(share, 8)} {fmt.bytes_gib(used)}/{fmt.bytes_gib(total)} GiB", "")],
-        [(f" util {util}  {temp}  {power}", "")],
     ]
+    width = cells - 9
+    if trail and total and width >= 8:  # memory over time, 0 to the GPU's total
+        [spark] = spark_rows(bins(trail, now, span_s, width), float(total), 1)
+        lines.append([(" ", ""), (spark, "spark"), (f" {fmt.age(span_s)}", "dim")])
+    lines.append([(f" util {util}  {temp}  {power}", "")])
+    return lines
 
 
 def _owner_names(owners: Sequence[Owner]) -> str:
@@ -87,9 +137,11 @@ def _processes(view: GpuView) -> list[Line]:
 
 
 def pane_lines(views: Sequence[GpuView], nvml_unavailable: str | None,
-               failed: Sequence[GpuSource] = ()) -> list[Line]:
-    """Per GPU: title, memory, use, owners and processes (each process with the server it
-    belongs to); then why a source gave nothing."""
+               failed: Sequence[GpuSource] = (), *, trails: GpuTrails | None = None,
+               now: float = 0.0, cells: int = 0) -> list[Line]:
+    """Per GPU: title, memory (with its history over ``cells`` when ``trails`` are
+    given), use, owners and processes (each process with the server it belongs to); then
+    why a source gave nothing."""
     lines: list[Line] = []
     if nvml_unavailable is not None:
         lines.append([(f"NVML unavailable: {_text(nvml_unavailable)}", "bad")])
@@ -100,7 +152,10 @@ def pane_lines(views: Sequence[GpuView], nvml_unavailable: str | None,
     for view in views:
         if lines:
             lines.append([])
-        lines += [_title(view), *_numbers(view), *_owners(view), *_processes(view)]
+        trail = trails.of(view.gpu) if trails is not None else ()
+        span = trails.span_s if trails is not None else 0.0
+        lines += [_title(view), *_numbers(view, trail, now, cells, span), *_owners(view),
+                  *_processes(view)]
     if not lines:
         lines.append([("no GPU found", "dim")])
     return lines

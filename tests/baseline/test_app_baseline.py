@@ -4,6 +4,7 @@ and the detail view's levels, on real /metrics bodies of the simulated server.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from kvtop.config import ConfigError, load_config
 from kvtop.derive.tracker import TargetTracker
 from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.ui.screens.detail import DetailScreen, references
+from kvtop.ui.widgets.panes import ChartPane
 from tests.baseline.conftest import Recordings, summarise
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_source import FakeSource
@@ -63,6 +65,11 @@ def test_the_same_server_stays_within_the_baseline(recordings: Recordings) -> No
     assert delta is not None and not (delta.kv_worse or delta.ttft_worse)
 
 
+def screen_text(app: KvtopApp) -> str:
+    """What the terminal shows, as text (the SVG screenshot's characters)."""
+    return app.export_screenshot().replace("&#160;", " ")
+
+
 async def test_the_app_draws_the_baseline(overlay: BaselineOverlay, tmp_path: Path) -> None:
     target = Target(url="sim://server")
     run = list(scrapes(SMALL_POOL))
@@ -79,15 +86,11 @@ async def test_the_app_draws_the_baseline(overlay: BaselineOverlay, tmp_path: Pa
                            == ["bad"])
         (row,) = app.table.rows
         assert row.cells["delta"].text.startswith("+") and row.cells["delta"].text.endswith("%")
-        panel = app.engine_panel
-        assert await until(pilot, lambda: any(
-            line.startswith("base") for line in str(panel.render()).splitlines()))
-        assert panel.has_class("with-baseline")
-        lines = str(panel.render()).splitlines()
-        base = next(line for line in lines if line.startswith("base"))
-        assert "p50" in base and "healthy" in base and "now +" in base
-        dim = panel.get_component_rich_style("panel--base")
-        assert dim.dim  # the baseline line is drawn dim, under the live sparkline
+        # the KV pane: the baseline's median as a dim level line, named in its legend
+        kv = app.query_one("#pane-kv", ChartPane)
+        assert await until(pilot, lambda: "base p50 (healthy)" in screen_text(app))
+        assert await until(pilot, lambda: re.search(r"base \d+(\.\d)?%", screen_text(app)))
+        assert kv.get_component_rich_style("pane--base").dim
         await pilot.press("enter")
         assert await until(pilot, lambda: isinstance(app.screen, DetailScreen))
         assert await until(pilot, lambda: "base    KV p50" in str(

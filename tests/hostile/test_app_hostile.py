@@ -78,7 +78,7 @@ async def test_hostile_names_are_drawn_as_text_and_the_detail_opens(tmp_path: Pa
 
             app.table.action_cursor_to(0)  # the hostile row: "cfg…" sorts first
             await pilot.pause(0.1)
-            title = app.engine_panel._border_title
+            title = app.panes._border_title  # the charts' pane at 160x48
             assert title is not None
             assert "[link='http://evil.example/x']click[/link]" in title.plain  # not a link
 
@@ -176,11 +176,16 @@ HOSTILE_GPU = GpuReading(0, f"H100{OSC52}", "GPU-0", 1, 2, 50.0, 60.0, 300.0, pr
 ], ids=["names", "nvml-error"])
 async def test_gpu_and_process_names_are_written_out(reader: FakeGpuReader,
                                                      tmp_path: Path) -> None:
-    """Any local user names their own processes (the GPU pane shows their command lines)."""
+    """Any local user names their own processes (the GPU pane shows their command lines);
+    an NVML error is a note in the header."""
     app = KvtopApp(AppConfig(targets=[], source_factory=lambda _: FakeSource(),
                              gpu_reader=reader, snapshot_dir=tmp_path))
+
+    def gpu_text() -> str:
+        return str(app.gpu_pane.render()) + str(app.summary.render())
+
     async with app.run_test(size=SIZE) as pilot:
-        assert await until(pilot, lambda: "\\x1b]52" in str(app.gpu_pane.render()))
-        shown = str(app.gpu_pane.render())
+        assert await until(pilot, lambda: "\\x1b]52" in gpu_text())
+        shown = gpu_text()
         assert "\x1b" not in shown and "FAKE" not in shown.replace("\\x0aFAKE", "")
         assert foreign_controls(terminal_output(app), repaint=True) == []

@@ -11,8 +11,10 @@ from pathlib import Path
 from textual.pilot import Pilot
 
 from kvtop.collect.adapters import read_exposition
+from kvtop.collect.reading import LoraInfo
 from kvtop.collect.target import Scrape, Secret, Target
 from kvtop.derive.leak import LeakVerdict
+from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import EngineKey, TargetState
 from kvtop.store.recording import RecordingWriter
@@ -90,8 +92,13 @@ async def live_data_shown(pilot: Pilot) -> bool:
     """The live scene's first scrapes are folded and drawn: every host's row has a status."""
     app = pilot.app
     assert isinstance(app, KvtopApp)
-    return await until(pilot, lambda: {r["name"]: r["status"] for r in table_rows(app)}.get(
-        "10.0.0.5:8000") == "up" and len(table_rows(app)) == len(LIVE_TARGETS))
+
+    def drawn() -> bool:
+        statuses = {r["name"]: r["status"] for r in table_rows(app)}
+        return (statuses.get("10.0.0.5:8000") == "up" and len(statuses) == len(LIVE_TARGETS)
+                and "…" not in statuses.values())
+
+    return await until(pilot, drawn)
 
 
 def write_recording(path: Path, seconds: int = 300) -> Path:
@@ -135,7 +142,7 @@ def _stats(model: str, t: float, phase: float, blocks_total: int) -> EngineStats
         running=round(running), waiting=round(waiting), hit_rate=0.42 + 0.2 * math.cos(phase),
         hit_rate_scope="window", prompt_tps=1800 + 400 * math.sin(phase),
         generation_tps=950 + 150 * math.cos(phase), preemptions_per_s=0.0 if waiting < 8 else 0.5,
-        prefix_queries_total=1e6,
+        prefix_queries_total=1e6, prefix_hits_total=3.8e5, prefix_queries_per_s=2000.0,
         ttft=Quantiles(0.08 + 0.05 * math.sin(phase), None, 0.9 + 0.3 * math.sin(phase), 40),
         itl=Quantiles(0.021, None, 0.05, 900), window_s=5.0,
     )
@@ -148,24 +155,32 @@ LEAKING = LeakVerdict(
 )
 QUIET = LeakVerdict("ok", "pool drained to its idle floor: nothing leaked so far", 0.0, None,
                     None, {"used": 0.0, "pool": 20184.0})
+WARMING = LeakVerdict("warmup", "8000 blocks held with nothing running: confirming they are "
+                      "not in flight (8 s)", None, None, None)
+WEDGED = StallVerdict("stalled", "KV pool 100% full with 33 requests waiting: no token "
+                      "generated for 8 s (0 running)", T0 + 292,
+                      {"running": 0.0, "waiting": 33.0, "kv_usage": 1.0})
 CACHE_CONFIG = {"block_size": "16", "num_gpu_blocks": "20184", "enable_prefix_caching": "True",
                 "cache_dtype": "auto", "gpu_memory_utilization": "0.9"}
 
 
 def static_trackers() -> dict[str, StaticTracker]:
-    """Six targets: loaded, idle, down, stale, not an inference server, and the
-    dcgm-exporter on the host of the first two (so they own its GPUs); 5 min of history."""
+    """Seven targets: loaded, idle, down, stale, not an inference server, the
+    dcgm-exporter on the host of the first two (so they own its GPUs), and one wedged
+    (STALLED, its leak detector still warming up); 5 min of history."""
     loaded = Target.from_spec("10.0.0.5:8000", name="llama-70b-a")
     second = Target.from_spec("10.0.0.5:8001", name="llama-70b-b")
     down = Target.from_spec("10.0.0.6:8000")
     stale = Target.from_spec("10.0.0.7:30000", name="sglang-qwen")
     other = Target.from_spec("gw.internal:9090", name="gateway")
-    exporter = Target.from_spec("10.0.0.5:9400", name="ub20-a100-k8s")  # sorts last
+    exporter = Target.from_spec("10.0.0.5:9400", name="ub20-a100-k8s")
+    wedged = Target.from_spec("10.0.0.8:8000", name="vllm-wedged")  # sorts last
     now = T0 + 300
     history = deque(_stats("meta-llama/Llama-3.3-70B", T0 + i * 5, i / 9, 20184) for i in range(61))
     history[-1].leak = LEAKING
     history[-1].cache_config = CACHE_CONFIG
     history[-1].prefix_caching = True
+    history[-1].lora = LoraInfo(4, ("sql-lora", "chat-lora"), ("summarise-lora",))
     trackers = {
         loaded.url: StaticTracker(
             TargetState(loaded, "up", kind="vllm", version="0.33.0", engines=[history[-1]],
@@ -189,6 +204,7 @@ def static_trackers() -> dict[str, StaticTracker]:
         ),
         stale.url: StaticTracker(
             TargetState(stale, "stale", kind="sglang", error="timed out after 5s",
+                        failure="timeout",
                         engines=[EngineStats("Qwen/Qwen2.5-7B", None, now - 12, kv_usage=0.31,
                                              running=7, waiting=0, tokens_total=400000,
                                              generation_tps=310.0)],
@@ -202,6 +218,16 @@ def static_trackers() -> dict[str, StaticTracker]:
         exporter.url: StaticTracker(
             TargetState(exporter, "up", kind="dcgm", last_attempt_t=now, last_good_t=now,
                         gpus=read_exposition(gpu_fixture(DCGM_MIG)).gpus),
+            {},
+        ),
+        wedged.url: StaticTracker(
+            TargetState(wedged, "up", kind="vllm", version="0.33.0",
+                        engines=[EngineStats("mistralai/Mistral-7B-v0.3", "0", now,
+                                             kv_usage=1.0, blocks_total=8000, blocks_used=8000,
+                                             running=0, waiting=33, prompt_tps=0,
+                                             generation_tps=0, preemptions_per_s=0,
+                                             leak=WARMING, stall=WEDGED)],
+                        last_attempt_t=now, last_good_t=now),
             {},
         ),
     }

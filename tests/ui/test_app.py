@@ -71,7 +71,7 @@ async def test_rows_show_what_the_servers_serve(tmp_path: Path) -> None:
         host = rows["10.0.0.5:8000"]
         # vllm-0.33.0 under load: 588 of 599 blocks, 30 running, 149 waiting
         assert host["status"] == "up"
-        assert (host["kv"], host["running"], host["waiting"]) == ("▇▇▇▇░ 588/599", "30", "149")
+        assert (host["kv"], host["running"], host["waiting"]) == ("████▉ 588/599", "30", "149")
         assert host["model"] == "twin-llama"
         # only one scrape: no rate yet, shown as a dash rather than 0
         assert host["gen"] == host["prompt"] == "–"
@@ -79,7 +79,8 @@ async def test_rows_show_what_the_servers_serve(tmp_path: Path) -> None:
         assert gateway["model"] == "not an inference server?"
         assert gateway["status"] == "unknown"
         assert not any(v.startswith("0") for v in gateway.values())
-        assert "hosts 3/3" in str(app.query_one("#summary").render())
+        # an endpoint that is not an inference server is no host up
+        assert "hosts 2/3 up" in str(app.query_one("#summary").render())
 
 
 async def test_compact_layout_keeps_the_key_columns(tmp_path: Path) -> None:
@@ -151,7 +152,7 @@ async def test_filter_and_sort(tmp_path: Path) -> None:
         assert len(table_rows(app)) == 3
         await pilot.press("o")  # by KV use, fullest first, unknown last
         assert _names(app) == ["10.0.0.5:8000", "10.0.0.5:8001", "gateway"]
-        assert "sort KV use" in str(app.query_one("#summary").render())
+        assert "sort KV use ↓" in str(app.query_one("#summary").render())
         await pilot.press("o")  # by queue
         assert _names(app)[0] == "10.0.0.5:8000"
 
@@ -215,12 +216,15 @@ async def test_gpu_pane_with_fake_nvml(tmp_path: Path) -> None:
         assert app.query_one(GpuPane).display
 
 
-async def test_gpu_pane_without_nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_no_nvml_is_one_short_line_in_the_header(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     reader = FakeGpuReader(unavailable="NVML Shared Library Not Found")
     app, _ = live_app(tmp_path, gpu_reader=reader)
     async with app.run_test(size=WIDE) as pilot:
-        await eventually(lambda: _gpu_text(app) == "NVML unavailable: NVML Shared Library "
-                         "Not Found", "the NVML failure drawn", pause=pilot.pause)
+        await eventually(lambda: "GPU NVML: NVML Shared Library Not Found"
+                         in str(app.query_one("#summary").render()),
+                         "the NVML failure in the header", pause=pilot.pause)
+        assert not app.query_one(GpuPane).display  # no pane to say there is nothing
         draws = _draws(app, monkeypatch)
         # a read every tick would have come within a GPU period; wait out two of them
         periods = 2 * GPU_MIN_PERIOD_S / app.redraw_s

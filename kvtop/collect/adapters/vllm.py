@@ -17,7 +17,7 @@ from kvtop.collect.adapters.common import (
     whole_number,
 )
 from kvtop.collect.exposition import Exposition, Sample
-from kvtop.collect.reading import EngineReading, ServerReading
+from kvtop.collect.reading import EngineReading, LoraInfo, ServerReading
 
 USAGE_NEW, USAGE_OLD = "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"
 PREFIX_NEW = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
@@ -27,9 +27,10 @@ V0_ONLY = ("vllm:gpu_prefix_cache_hit_rate", "vllm:num_requests_swapped",
 TTFT, E2E = "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"
 ITL_NEW, ITL_OLD = "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
 CACHE_CONFIG = "vllm:cache_config_info"
+LORA_INFO = "vllm:lora_requests_info"
 
 NAMES = frozenset({
-    USAGE_NEW, USAGE_OLD, *PREFIX_NEW, *PREFIX_OLD, *V0_ONLY, CACHE_CONFIG,
+    USAGE_NEW, USAGE_OLD, *PREFIX_NEW, *PREFIX_OLD, *V0_ONLY, CACHE_CONFIG, LORA_INFO,
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
     *histogram_names(TTFT), *histogram_names(E2E),
@@ -170,6 +171,28 @@ def _latency(expo: Exposition, readings: dict[EngineKey, EngineReading]) -> None
                 setattr(readings[key], field, histogram)
 
 
+def _adapters(text: str | None) -> tuple[str, ...]:
+    return tuple(name for name in (text or "").split(",") if name)
+
+
+def lora_info(expo: Exposition) -> LoraInfo | None:
+    """The newest ``lora_requests_info`` series: vLLM sets a new label set to the current
+    time whenever the adapters change and never removes the old ones, so the series with
+    the latest timestamp (its value) is now. None when LoRA is off (no series, or max_lora
+    0 with no adapter)."""
+    newest = max((s for s in expo.series(LORA_INFO) if finite(s.value) is not None),
+                 key=lambda s: s.value, default=None)
+    if newest is None:
+        return None
+    labels = newest.labels
+    running = _adapters(labels.get("running_lora_adapters"))
+    waiting = _adapters(labels.get("waiting_lora_adapters"))
+    most = _int_label(labels, "max_lora")
+    if most is None and not running and not waiting:
+        return None
+    return LoraInfo(most, running, waiting)
+
+
 def _engine_keys(expo: Exposition) -> set[EngineKey]:
     keys: set[EngineKey] = set()
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", USAGE_NEW, USAGE_OLD,
@@ -193,6 +216,9 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     _v0_hit_rate(expo, readings)
     _finished(expo, readings)
     _latency(expo, readings)
+    lora = lora_info(expo)  # one per server: the series has no engine label
+    for reading in readings.values():
+        reading.lora = lora
     notes = [] if readings else ["vLLM without engine series (started with --disable-log-stats?)"]
     return ServerReading("vllm", list(readings.values()), version or inferred, notes,
                          engines_over_cap=readings.over_cap)

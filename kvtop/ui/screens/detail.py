@@ -14,13 +14,21 @@ from textual.widgets import Footer, Static
 
 from kvtop.safe_text import display_text as shown
 from kvtop.ui import format as fmt
-from kvtop.ui.fleet import LEAK_LABEL, shown_label, status_cell
+from kvtop.ui.fleet import (
+    LEAK_LABEL,
+    lifetime_hit,
+    shown_label,
+    status_cell,
+    window_hit,
+    window_quantiles,
+)
 from kvtop.ui.widgets.history_plot import HistoryPlot, Reference, Series
 
 if TYPE_CHECKING:
     from kvtop.baseline.overlay import Band
     from kvtop.derive.leak import LeakVerdict
-    from kvtop.derive.stats import EngineStats
+    from kvtop.derive.stall import StallVerdict
+    from kvtop.derive.stats import EngineStats, Quantiles
     from kvtop.derive.tracker import EngineKey, TargetState
 
 Getters = tuple[tuple[str, Callable[["EngineStats"], "float | None"]], ...]
@@ -29,12 +37,13 @@ PLOTS: tuple[tuple[str, str, Getters], ...] = (
     ("plot-kv", "KV used blocks", (("used", lambda s: s.blocks_used),)),
     ("plot-queue", "running vs waiting", (("running", lambda s: s.running),
                                           ("waiting", lambda s: s.waiting))),
-    ("plot-hit", "prefix hit %", (("hit", lambda s: _pct(s.hit_rate)),)),
+    ("plot-hit", "prefix hit % (window)", (("hit", lambda s: _pct(window_hit(s))),)),
     ("plot-tps", "throughput tok/s", (("prompt", lambda s: s.prompt_tps),
                                       ("generation", lambda s: s.generation_tps))),
-    ("plot-lat", "latency s", (("TTFT p50", lambda s: s.ttft and s.ttft.p50),
-                               ("TTFT p99", lambda s: s.ttft and s.ttft.p99),
-                               ("ITL p50", lambda s: s.itl and s.itl.p50))),
+    ("plot-lat", "latency s (window estimates)", (
+        ("TTFT p50", lambda s: _window(s.ttft, "p50")),
+        ("TTFT p99", lambda s: _window(s.ttft, "p99")),
+        ("ITL p50", lambda s: _window(s.itl, "p50")))),
 )
 
 # -> (state, history of the engine, the engine shown); called at each redraw
@@ -74,6 +83,13 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else value * 100
 
 
+def _window(q: Quantiles | None, part: str) -> float | None:
+    """A percentile of the last window only: the lifetime figures of a first scrape are
+    another measure, never a point on the same line."""
+    q = window_quantiles(q)
+    return None if q is None else getattr(q, part)
+
+
 def series_for(
     history: Iterable[EngineStats],
     getters: Getters,
@@ -99,7 +115,7 @@ def describe(state: TargetState, stats: EngineStats | None, now: float,
     lines = [
         f"{shown_label(target)}  {shown(target.url)}",
         f"server  {shown(state.kind or fmt.DASH)} {shown(state.version or '')}".rstrip(),
-        f"status  {status.text}   last good {fmt.age(state.age_s(now))} ago",
+        f"status  {status.text}   last good {_ago(state.age_s(now))}",
     ]
     if state.error:
         lines.append(f"error   {shown(state.error)}")
@@ -112,9 +128,11 @@ def describe(state: TargetState, stats: EngineStats | None, now: float,
             f"  ({fmt.percent(stats.kv_usage)})",
             *config_lines(stats),
             *leak_lines(stats.leak),
+            *stall_lines(stats.stall),
             f"now     run {fmt.count(stats.running)}  wait {fmt.count(stats.waiting)}"
             f"  preempt/s {fmt.rate(stats.preemptions_per_s)}"
-            f"  hit {fmt.percent(stats.hit_rate)} ({stats.hit_rate_scope or fmt.DASH})",
+            f"  hit {fmt.percent(window_hit(stats))} (window)"
+            f"  lifetime {fmt.percent(lifetime_hit(stats))}",
             f"tok/s   prompt {fmt.rate(stats.prompt_tps)}"
             f"  gen {fmt.rate(stats.generation_tps)}   window {fmt.age(stats.window_s)}",
             f"TTFT    {_quantiles(stats.ttft)}   ITL {_quantiles(stats.itl)}"
@@ -164,6 +182,15 @@ def leak_lines(verdict: LeakVerdict | None) -> list[str]:
     return lines
 
 
+def stall_lines(verdict: StallVerdict | None) -> list[str]:
+    """The stall verdict: state, reason and the numbers it rests on."""
+    if verdict is None:
+        return []
+    evidence = "  ".join(f"{k}={_evidence_value(v)}" for k, v in verdict.evidence.items())
+    return [f"stall   {verdict.state.upper()}  {shown(verdict.reason)}"] + (
+        [f"         {evidence}"] if evidence else [])
+
+
 EVIDENCE_PER_LINE = 4
 
 
@@ -171,10 +198,16 @@ def _evidence_value(value: float | str) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _quantiles(q: object) -> str:
+def _ago(age: float | None) -> str:
+    return "never" if age is None else f"{fmt.age(age)} ago"
+
+
+def _quantiles(q: Quantiles | None) -> str:
+    """p50/p90/p99, estimated from histogram buckets; labelled when over the lifetime."""
     if q is None:
         return fmt.DASH
-    return "/".join(fmt.seconds(getattr(q, p)) for p in ("p50", "p90", "p99"))
+    text = "/".join(fmt.seconds(getattr(q, p)) for p in ("p50", "p90", "p99"))
+    return text if q.scope == "window" else f"{text} (lifetime)"
 
 
 class DetailScreen(Screen[None]):

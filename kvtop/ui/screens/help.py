@@ -1,7 +1,8 @@
-"""The `?` help screen: every key the app and the fleet table answer to."""
+"""F1 / `?`: every key, and what each column and state means, on one 80x24 screen."""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import ModalScreen
@@ -10,28 +11,68 @@ from textual.widgets import Static
 Keys = tuple[tuple[str, str], ...]
 
 KEYS: Keys = (
-    ("q", "quit"),
-    ("s", "snapshot: JSON, raw /metrics and an SVG of the screen"),
-    ("p", "pause the display (collection goes on)"),
-    ("↑ ↓ j k", "select a row (its numbers and KV sparkline show below)"),
-    ("enter", "detail of the selected engine (escape goes back)"),
-    ("tab", "switch pane (fleet / GPUs)"),
-    ("/", "filter rows (all hosts); escape clears"),
-    ("o", "cycle the sort key (name, KV, queue, preemptions, generation, leak)"),
-    ("+ -", "longer / shorter polling interval"),
-    ("g", "show or hide the GPU pane"),
-    ("?", "this help"),
+    ("q F10 ^C", "quit"),
+    ("F1 ?", "this help"),
+    ("↑↓ j k", "select (the panes follow)"),
+    ("enter", "detail / open a group"),
+    ("← →", "close / open a group"),
+    ("F3 /", "search every host"),
+    ("escape", "clear the search"),
+    ("F5", "groups: config/model/label"),
+    ("F6 o", "sort menu / next sort"),
+    ("click", "header: sort, again: reverse"),
+    ("p", "pause display (collects)"),
+    ("s", "snapshot JSON+metrics+SVG"),
+    ("g", "GPU pane on / off"),
+    ("+ -", "longer / shorter interval"),
 )
 
-LEAK_LEGEND = (
-    "LEAK column: OK · WATCH (weak evidence) · LEAK (strong) · … warming up;\n"
-    "+N/h is how fast the used-block floor rises, in blocks per hour."
+# (term, lines): what a person needs to read the screen; kept to one 80x24 screen
+LEGEND: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("STATUS", ("up · restarted (counters reset in the last 5m) · unknown: not LLM",
+                "down/timeout/auth/not found/bad data 12s: no answer for 12 s; the",
+                "numbers dimmed are the last good ones, dashes after a minute")),
+    ("KV", ("████▉ 588/599 blocks used/pool, in eighths; amber ≥80%, red ≥95%",)),
+    ("PRE/s", ("preemptions a second: the pool ran out, requests were evicted",)),
+    ("HIT", ("prefix-cache hits over the last scrape window; (38%) dimmed is the",
+             "lifetime rate, while no lookup came in the window")),
+    ("TTFT", ("time to first token p50/p99, last window, estimated from buckets",)),
+    ("LEAK", ("… warming up · OK · WATCH some evidence · LEAK strong; +N/h: floor",
+              "rise in blocks an hour")),
+    ("STALL", ("requests held, no token for a few scrapes; SATURATED: full, moving",)),
 )
+KEY_COLUMNS = 2
+TERM_W = 7
+WIDTH = 74  # inside the box at 80 columns
+
+
+def help_text(keys: Keys) -> Text:
+    """The keys in two columns, then the legend; no markup is parsed."""
+    text = Text(no_wrap=True)
+    text.append("kvtop · keys and legend", "bold")
+    text.append("  (escape closes)\n", "dim")
+    key_w = max(len(k) for k, _ in keys)
+    what_w = WIDTH // KEY_COLUMNS - key_w - 1
+    rows = (len(keys) + KEY_COLUMNS - 1) // KEY_COLUMNS
+    for row in range(rows):
+        for column in range(KEY_COLUMNS):
+            index = column * rows + row
+            if index < len(keys):
+                key, what = keys[index]
+                text.append(f"{key:>{key_w}} ", "bold")
+                text.append(f"{what[:what_w]:<{what_w}}" if column < KEY_COLUMNS - 1 else what)
+        text.append("\n")
+    for term, lines in LEGEND:
+        for number, line in enumerate(lines):
+            text.append(f"{term if number == 0 else '':<{TERM_W}}", "bold")
+            text.append(line + "\n")
+    text.rstrip()
+    return text
 
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [  # noqa: RUF012 - Textual's class-level binding list
-        Binding("escape,q,question_mark", "dismiss", "Close"),
+        Binding("escape,q,question_mark,f1", "dismiss", "Close"),
     ]
 
     def __init__(self, keys: Keys = KEYS) -> None:
@@ -39,6 +80,4 @@ class HelpScreen(ModalScreen[None]):
         self._keys = keys
 
     def compose(self) -> ComposeResult:
-        width = max(len(k) for k, _ in self._keys)
-        lines = "\n".join(f"{key:>{width}}  {what}" for key, what in self._keys)
-        yield Static(f"kvtop keys\n\n{lines}\n\n{LEAK_LEGEND}\n\nescape closes", id="help-body")
+        yield Static(help_text(self._keys), id="help-body")

@@ -1,159 +1,154 @@
-"""Under the table: the selected engine's key numbers, its KV sparkline over the GPU memory
-sparkline of its GPUs (one time axis: the pool filling while nvidia-smi stays flat), and its
-leak verdict. With a baseline (--baseline), a dim line under the KV sparkline at the
-baseline's median KV use, on the same scale."""
+"""The selected engine on a small terminal: its verdict lines, then each chart shrunk to a
+sparkline (KV over the GPU memory of its GPUs on one time axis, requests, hit rate,
+tokens/s, latency), as many rows tall as the space under the table allows."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from kvtop.safe_text import display_text
-from kvtop.ui import format as fmt
-from kvtop.ui.fleet import LEAK_LEVEL, Cell, FleetRow
-from kvtop.ui.gpus import memory_points, memory_tail, memory_top
+from kvtop.ui.chart import Point, bins, spark_rows
+from kvtop.ui.engine_view import EngineView, Line, PaneView
+from kvtop.ui.gpus import memory_tail, memory_top
+from kvtop.ui.widgets.panes import ROLES, Styled
 
 if TYPE_CHECKING:
-    from kvtop.baseline.overlay import Band, Delta
     from kvtop.derive.stats import EngineStats
-    from kvtop.derive.tracker import TargetState
 
 GpuSeries = Sequence[tuple[float, "int | None", "int | None"]]  # (t, used, total) bytes
+LABEL_W = 5  # "KV   ", "wait "
+MAX_ROWS = 4  # a sparkline taller than this says nothing more
+# (pane, series label, sparkline label): in the order they are shown and kept
+SPARKS = (("kv", "used", "KV"), ("gpu", "", "GPU"), ("queue", "running", "run"),
+          ("queue", "waiting", "wait"), ("hit", "window", "hit"),
+          ("tps", "generated", "gen"), ("lat", "p99", "TTFT"))
 
 
-def kv_points(
-    history: Sequence[EngineStats], now: float, span_s: float, cells: int
-) -> list[float | None]:
-    """Mean used blocks per cell over the last ``span_s``; cells align to the wall clock,
-    so the line only shifts when a new cell starts (less redraw than a sliding window)."""
-    if cells <= 0:
-        return []
-    step = span_s / cells
-    last = int(now // step)
-    sums = [0.0] * cells
-    counts = [0] * cells
-    for stats in history:
-        index = cells - 1 - (last - int(stats.t // step))
-        if 0 <= index < cells and stats.blocks_used is not None:
-            sums[index] += stats.blocks_used
-            counts[index] += 1
-    return [s / c if c else None for s, c in zip(sums, counts, strict=True)]
+def kv_points(history: Sequence[EngineStats], now: float, span_s: float,
+              cells: int) -> list[float | None]:
+    """Mean used blocks per cell over the last ``span_s`` (cells on the wall clock)."""
+    return bins([(s.t, s.blocks_used) for s in history], now, span_s, cells)
 
 
-class EnginePanel(Static):
+@dataclass(frozen=True, slots=True)
+class Spark:
+    label: str
+    points: Sequence[Point]
+    top: float
+    tail: Line
+    role: str = "s1"
+
+
+def sparks(view: EngineView, gpu_series: GpuSeries,
+           gpu_owned: tuple[int | None, int | None] | None) -> list[Spark]:
+    """The sparklines for ``view``'s charts, in the order of :data:`SPARKS`."""
+    panes = {pane.key: pane for pane in view.panes}
+    out: list[Spark] = []
+    for pane_key, series_label, label in SPARKS:
+        if pane_key == "gpu":
+            if gpu_owned is not None:
+                points = [(t, used) for t, used, _ in gpu_series]
+                out.append(Spark(label, points, memory_top(gpu_series, gpu_owned),
+                                 [(memory_tail(gpu_owned), "")]))
+            continue
+        pane = panes.get(pane_key)
+        spark = _pane_spark(pane, series_label, label) if pane is not None else None
+        if spark is not None:
+            out.append(spark)
+    return out
+
+
+def _pane_spark(pane: PaneView, series_label: str, label: str) -> Spark | None:
+    chart = pane.chart
+    tail = _tail(pane, series_label)
+    if chart is None:
+        return Spark(label, (), 1.0, tail)
+    series = next((s for s in chart.series if s.label == series_label), None)
+    if series is None:
+        return None
+    return Spark(label, series.points, chart.axis_top(), tail, series.role)
+
+
+def _tail(pane: PaneView, series_label: str) -> Line:
+    """The latest value beside a sparkline: its series' own where the pane has one per
+    series (run / wait), else the pane's."""
+    own = pane.by_series.get(series_label)
+    return own if own is not None else pane.latest
+
+
+def allot_rows(count: int, height: int) -> list[int]:
+    """Rows per sparkline: one each while they fit; the rest to KV first (up to
+    :data:`MAX_ROWS`), then to the others in turn."""
+    rows = [1] * min(count, max(height, 0))
+    spare = height - len(rows)
+    if rows:
+        extra = min(spare, MAX_ROWS - 1)
+        rows[0] += extra
+        spare -= extra
+    while spare > 0 and any(r < MAX_ROWS for r in rows[1:]):
+        for i in range(1, len(rows)):
+            if spare and rows[i] < MAX_ROWS:
+                rows[i] += 1
+                spare -= 1
+    return rows
+
+
+class EnginePanel(Styled, Static):
     """Draws the engine it is handed; the app picks the engine and its history."""
 
-    COMPONENT_CLASSES = {  # noqa: RUF012
-        "panel--key", "panel--spark", "panel--ok", "panel--warn", "panel--bad",
-        "panel--alarm", "panel--dim", "panel--base",
-    }
-    _shown: Text | None = None
+    COMPONENT_CLASSES = {f"pane--{role}" for role in ROLES}  # noqa: RUF012
+    PREFIX = "pane"
 
-    def show(self, row: FleetRow | None, state: TargetState | None,
-             history: Sequence[EngineStats], now: float, span_s: float, *,
-             gpu_series: GpuSeries = (),
-             gpu_owned: tuple[int | None, int | None] | None = None,
-             band: Band | None = None, delta: Delta | None = None) -> None:
-        self.set_class(band is not None, "with-baseline")  # one line more: tcss
-        if row is None or state is None:
-            self.border_title = "no engine selected"
-            self._set(Text())
-            return
-        # A Text, not a str: Textual would read a str title as markup ("[link=…]" in a name).
-        self.border_title = Text(f"{row.name} · {row.cells['model'].text}")
-        stats = next((s for s in state.engines if (s.model, s.engine) == row.engine), None)
-        if stats is None:
-            self._set(self._line(("status ", "key"), _cell(row.cells["status"]),
-                                 ("  ", ""), _cell(row.cells["model"])))
-            return
-        self._set(Text("\n").join([
-            *self._spark_lines(stats, history, now, span_s, gpu_series, gpu_owned, band,
-                               delta),
-            self._leak_line(row, stats),
-            self._numbers_line(row, stats),
-        ]))
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._styles = {}
+        self._shown: Text | None = None
+        self._args: tuple[EngineView, GpuSeries, tuple[int | None, int | None] | None,
+                          float, float, bool] | None = None
 
-    def _set(self, text: Text) -> None:
-        """Repaint only when the text differs; the panel's height is fixed, so no layout."""
-        if text != self._shown:
+    def show(self, view: EngineView, *, gpu_series: GpuSeries = (),
+             gpu_owned: tuple[int | None, int | None] | None = None, now: float = 0.0,
+             span_s: float = 300.0, charts: bool = True) -> None:
+        self.border_title = Text(view.title)  # a Text: a name is never read as markup
+        self._args = (view, gpu_series, gpu_owned, now, span_s, charts)
+        self._draw()
+
+    def on_resize(self) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        if self._args is None:
+            return
+        view, gpu_series, gpu_owned, now, span_s, charts = self._args
+        width, height = self.content_size
+        lines = [self.line_text(line) for line in view.lines]
+        if charts and view.panes:
+            lines += self._spark_lines(sparks(view, gpu_series, gpu_owned), now, span_s,
+                                       width, height - len(lines))
+        text = Text("\n").join(lines)
+        if text != self._shown:  # the panel's height is fixed: repaint, no layout
             self._shown = text
             self.update(text, layout=False)
 
-    def _line(self, *pieces: tuple[str, str]) -> Text:
-        text = Text(no_wrap=True, overflow="ellipsis")
-        for piece, role in pieces:
-            text.append(piece, self._style(role) if role else "")
-        return text
+    def _spark_lines(self, items: list[Spark], now: float, span_s: float, width: int,
+                     height: int) -> list[Text]:
+        rows = allot_rows(len(items), height)
+        tail_w = max((sum(len(p) for p, _ in s.tail) for s in items), default=0) + 1
+        cells = max(width - LABEL_W - tail_w, 0)
+        out: list[Text] = []
+        for spark, count in zip(items, rows, strict=False):
+            values = bins(spark.points, now, span_s, cells)
+            blocks = spark_rows(values, spark.top, count)
+            for i, block in enumerate(blocks):
+                last = i == len(blocks) - 1
+                line: Line = [(spark.label.ljust(LABEL_W) if last else " " * LABEL_W, "key"),
+                              (block, spark.role)]
+                if last:
+                    line += [(" ", ""), *spark.tail]
+                out.append(self.line_text(line))
+        return out
 
-    def _style(self, role: str) -> Style | str:
-        # A row highlighted while the app tears down reaches a panel whose styles are gone.
-        try:
-            return self.get_component_rich_style(f"panel--{role}")
-        except KeyError:
-            return ""
-
-    def _spark_lines(self, stats: EngineStats, history: Sequence[EngineStats], now: float,
-                     span_s: float, gpu_series: GpuSeries,
-                     gpu_owned: tuple[int | None, int | None] | None,
-                     band: Band | None, delta: Delta | None) -> list[Text]:
-        """KV blocks used over GPU memory used, drawn on the same cells of the same span;
-        between them the baseline's median KV use, flat, on the KV line's scale."""
-        usage = fmt.kv_cell(stats.kv_usage, stats.blocks_used, stats.blocks_total)
-        kv_tail = f" {usage} {fmt.percent(stats.kv_usage)}  last {fmt.age(span_s)}"
-        gpu_tail = memory_tail(gpu_owned)
-        cells = max(self.content_size.width - 4 - max(len(kv_tail), len(gpu_tail)), 0)
-        points = kv_points(history, now, span_s, cells)
-        top = float(stats.blocks_total or max((p for p in points if p), default=0.0))
-        kv = self._line(("KV  ", "key"), (fmt.sparkline(points, top), "spark"), (kv_tail, ""))
-        base = [] if band is None else [self._base_line(band, delta, cells, top)]
-        if gpu_owned is None:
-            return [kv, *base, self._line(("GPU ", "key"), (gpu_tail.lstrip(), "dim"))]
-        gpu_points = memory_points(gpu_series, now, span_s, cells)
-        spark = fmt.sparkline(gpu_points, memory_top(gpu_series, gpu_owned))
-        return [kv, *base, self._line(("GPU ", "key"), (spark, "spark"), (gpu_tail, ""))]
-
-    def _base_line(self, band: Band, delta: Delta | None, cells: int, top: float) -> Text:
-        level = None if band.kv_p50 is None else band.kv_p50 * top  # fullness, as KV's line
-        line = fmt.sparkline([level] * cells, top) if level is not None else " " * cells
-        spread = f"{fmt.percent(band.kv_p5)}-{fmt.percent(band.kv_p95)}"
-        now = "" if delta is None or delta.kv_points is None else (
-            f"  now {delta.kv_points * 100:+.0f}pt")
-        return self._line(("base", "key"), (line, "base"),
-                          (f" p50 {fmt.percent(band.kv_p50)} (p5-95 {spread}){now}  "
-                           f"{display_text(band.name, 40)}", "dim"))
-
-    def _leak_line(self, row: FleetRow, stats: EngineStats) -> Text:
-        verdict = stats.leak
-        if verdict is None:
-            return self._line(("leak ", "key"), ("not judged for this server", "dim"))
-        label = row.cells["leak"].text if verdict.state != "warmup" else "warming up"
-        pieces = [("leak ", "key"), (label, LEAK_LEVEL[verdict.state]), ("  ", "")]
-        if verdict.hours_to_full is not None and verdict.state != "ok":
-            pieces.append((f"full in {fmt.hours(verdict.hours_to_full)}  ", "bad"))
-        leaked = fmt.count(verdict.leaked_blocks)
-        if verdict.leaked_blocks and leaked not in verdict.reason:  # say each number once
-            pieces.append((f"~{leaked} blocks leaked  ", ""))
-        pieces.append((verdict.reason, ""))
-        return self._line(*pieces)
-
-    def _numbers_line(self, row: FleetRow, stats: EngineStats) -> Text:
-        ttft = stats.ttft
-        return self._line(
-            ("run ", "key"), (fmt.count(stats.running), ""),
-            ("  wait ", "key"), _cell(row.cells["waiting"]),
-            ("  preempt/s ", "key"), _cell(row.cells["preempt"]),
-            ("  hit ", "key"), (fmt.percent(stats.hit_rate), ""),
-            ("  tok/s ", "key"), (f"{fmt.rate(stats.prompt_tps)} in "
-                                  f"{fmt.rate(stats.generation_tps)} out", ""),
-            ("  TTFT ", "key"),
-            (fmt.DASH if ttft is None else f"{fmt.seconds(ttft.p50)}/{fmt.seconds(ttft.p99)}",
-             ""),
-        )
-
-
-def _cell(cell: Cell) -> tuple[str, str]:
-    return cell.text, cell.level or ""

@@ -24,12 +24,15 @@ ELLIPSIS = "…"
 MAX_STRIPS = 1024  # cached row lines (a few screens' worth); then start afresh
 
 
-def fit(text: str, width: int) -> str:
-    """``text`` padded or cut (with an ellipsis) to exactly ``width`` cells."""
+def fit(text: str, width: int, keep: int = 0) -> str:
+    """``text`` padded or cut (with an ellipsis) to exactly ``width`` cells; the last
+    ``keep`` characters survive a cut (``llama-70b-prod-… e1``)."""
     size = len(text) if text.isascii() else cell_len(text)
     if size <= width:
         return text + " " * (width - size)
-    return set_cell_size(text, width - 1) + ELLIPSIS
+    tail = text[len(text) - keep:] if 0 < keep < width - 1 else ""
+    head = text[: len(text) - len(tail)]
+    return set_cell_size(head, width - 1 - cell_len(tail)) + ELLIPSIS + tail
 
 
 class FleetTable(ScrollView, can_focus=True):
@@ -47,6 +50,8 @@ class FleetTable(ScrollView, can_focus=True):
         Binding("home", "cursor_to(0)", "First", show=False),
         Binding("end", "cursor_to(-1)", "Last", show=False),
         Binding("enter", "select", "Detail"),
+        Binding("left", "toggle_group(False)", "Close group", show=False),
+        Binding("right", "toggle_group(True)", "Open group", show=False),
     ]
 
     class RowHighlighted(Message):
@@ -63,6 +68,21 @@ class FleetTable(ScrollView, can_focus=True):
     class RowSelected(RowHighlighted):
         """Enter (or a click) on the cursor's row."""
 
+    class HeaderClicked(RowHighlighted):
+        """A click on a column's header: sort by it (again: the other way round)."""
+
+        def __init__(self, table: FleetTable, column: str) -> None:
+            super().__init__(table)
+            self.column = column
+
+    class GroupToggled(RowHighlighted):
+        """Open or close the group whose aggregate row has the cursor."""
+
+        def __init__(self, table: FleetTable, key: str, open_: bool | None) -> None:
+            super().__init__(table)
+            self.key = key
+            self.open = open_  # None: the other way round
+
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._columns: list[Column] = []
@@ -73,6 +93,7 @@ class FleetTable(ScrollView, can_focus=True):
         self._styles: dict[str, Style] = {}
         self._gpu_column = False
         self._delta_column = False
+        self._sorted: tuple[str, bool] = ("", False)  # (column key, ascending) for the marker
 
     # -- what the app uses ----------------------------------------------------------------
 
@@ -89,17 +110,28 @@ class FleetTable(ScrollView, can_focus=True):
         return self._columns
 
     def show(self, rows: list[FleetRow]) -> None:
-        """Show ``rows`` in this order; repaint only the screen lines that change."""
+        """Show ``rows`` in this order; repaint only the screen lines that change. The
+        view follows the selected row only while it is on screen: a table scrolled away
+        with the mouse wheel stays where it was put."""
         before = self._visible_lines()
         selected = self.selected_row
+        following = self._cursor_visible()
         self._rows = rows
         self._cursor = self._index_of(selected)
         if len(self._strips) > MAX_STRIPS:  # rows scrolled past or gone: start afresh
             self._strips.clear()
         if self.virtual_size.height != len(rows) + 1:
             self._set_virtual_size()
-        self._scroll_to_cursor()
+        if following:
+            self._scroll_to_cursor()
         self._refresh_changed(before)
+
+    def show_sort(self, column: str, ascending: bool) -> None:
+        """Mark the column the rows are sorted by: ▲ smallest (or A) first, ▼ biggest."""
+        if (column, ascending) != self._sorted:
+            self._sorted = (column, ascending)
+            self._header = None
+            self.refresh(Region(0, 0, self.size.width, 1))
 
     @property
     def columns_with_gpu(self) -> bool:
@@ -138,6 +170,10 @@ class FleetTable(ScrollView, can_focus=True):
     @property
     def _page(self) -> int:
         return max(self.scrollable_content_region.height - 1, 1)  # less the header
+
+    def _cursor_visible(self) -> bool:
+        top = round(self.scroll_y)
+        return top <= self._cursor < top + self._page
 
     def _scroll_to_cursor(self) -> None:
         top = round(self.scroll_y)
@@ -178,17 +214,43 @@ class FleetTable(ScrollView, can_focus=True):
         self._move(index if index >= 0 else len(self._rows) - 1)
 
     def action_select(self) -> None:
-        if self._rows:
+        row = self.selected_row
+        if row is not None and row.is_group:  # enter opens or closes a group
+            self.post_message(self.GroupToggled(self, row.key, None))
+        elif row is not None:
             self.post_message(self.RowSelected(self))
 
+    def action_toggle_group(self, open_: bool | None = None) -> None:
+        row = self.selected_row
+        if row is not None and row.is_group:
+            self.post_message(self.GroupToggled(self, row.key, open_))
+
     def on_click(self, event: events.Click) -> None:
-        index = round(self.scroll_y) + event.y - 1
-        if event.y < 1 or not 0 <= index < len(self._rows):
+        if event.y == 0:
+            column = self._column_at(event.x + round(self.scroll_x))
+            if column is not None:
+                self.post_message(self.HeaderClicked(self, column))
             return
-        if index == self._cursor:
+        index = round(self.scroll_y) + event.y - 1
+        if not 0 <= index < len(self._rows):
+            return
+        row = self._rows[index]
+        if row.is_group and event.x <= 2:  # the ▸/▾ marker
+            self._move(index)
+            self.post_message(self.GroupToggled(self, row.key, None))
+        elif index == self._cursor:
             self.action_select()
         else:
             self._move(index)
+
+    def _column_at(self, x: int) -> str | None:
+        start = 0
+        for column in self._columns:
+            end = start + column.width + CELL_PADDING
+            if start <= x < end:
+                return column.key
+            start = end
+        return None
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -245,7 +307,11 @@ class FleetTable(ScrollView, can_focus=True):
     def _header_strip(self, width: int) -> Strip:
         if self._header is None or self._header.cell_length != width:
             style = self._style("header")
-            text = "".join(f" {fit(c.label, c.width)} " for c in self._columns)
+            column, ascending = self._sorted
+            marker = "▲" if ascending else "▼"
+            text = "".join(
+                f" {fit(c.label + marker if c.key == column else c.label, c.width)} "
+                for c in self._columns)
             self._header = Strip([Segment(fit(text, width), style)], width)
         return self._header
 
@@ -258,13 +324,14 @@ class FleetTable(ScrollView, can_focus=True):
         segments = []
         for column in self._columns:
             cell = row.cells[column.key]
-            if cursor or cell.level is None:  # the cursor's row in one colour, as htop does
-                segments.append(Segment(f" {fit(cell.text, column.width)} ", base))
+            text = fit(cell.text, column.width, cell.keep)
+            if cell.level is None:
+                segments.append(Segment(f" {text} ", base))
                 continue
-            text = fit(cell.text, column.width)
+            # State colours stay on the cursor's row too: a LEAK cell is red when selected.
             shown = text.rstrip(" ")  # padding stays plain: a LEAK badge is its text only
             segments += [Segment(" ", base), Segment(shown, base + self._style(cell.level)),
                          Segment(text[len(shown):] + " ", base)]
-        strip = Strip(segments).extend_cell_length(width, plain).crop(0, width)
+        strip = Strip(Segment.simplify(segments)).extend_cell_length(width, plain).crop(0, width)
         self._strips[(row.key, cursor)] = (row.cells, strip)
         return strip

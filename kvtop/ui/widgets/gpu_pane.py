@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
@@ -14,11 +16,24 @@ class GpuPane(Static, can_focus=True):
     use, temperature, power, its servers, and processes (vLLM marked)."""
 
     COMPONENT_CLASSES = {  # noqa: RUF012
-        "gpu--title", "gpu--vllm", "gpu--dim", "gpu--bad", "gpu--owner",
+        "gpu--title", "gpu--vllm", "gpu--dim", "gpu--bad", "gpu--owner", "gpu--spark",
     }
     _shown: Text | None = None
+    _lines_at: Callable[[int], list[Line]] | None = None
 
-    def show(self, lines: list[Line]) -> None:
+    def show(self, lines_at: Callable[[int], list[Line]]) -> None:
+        """Draw ``lines_at(cells)``, the lines for a history ``cells`` wide; again on each
+        resize, so the history takes the pane's width as soon as it has one."""
+        self._lines_at = lines_at
+        self._draw()
+
+    def on_resize(self) -> None:
+        if self._lines_at is not None:
+            self._draw()
+
+    def _draw(self) -> None:
+        assert self._lines_at is not None
+        lines = self._lines_at(self.content_size.width - 2)
         text = Text(no_wrap=True, overflow="ellipsis")
         styles: dict[str, Style | str] = {}
         for number, line in enumerate(lines):

@@ -1,4 +1,6 @@
-"""The one-line fleet summary above the table."""
+"""The header's meters, as htop has them: the fleet's KV blocks on a bar with eighth-cell
+resolution, hosts up, leak and stall counts; then requests, hit rate, tokens/s and the
+view's settings. Every number is over the rows shown (a filter narrows them too)."""
 
 from __future__ import annotations
 
@@ -8,18 +10,32 @@ from textual.widgets import Static
 from kvtop.ui import format as fmt
 from kvtop.ui.fleet import FleetSummary
 
-# (priority, text pieces): a lower priority survives a narrower terminal
-Part = tuple[int, list[tuple[str, str]]]
+Pieces = list[tuple[str, str]]
+Part = tuple[int, Pieces]  # (priority, pieces): a lower priority survives a narrower terminal
+BAR_MIN, BAR_MAX = 10, 60  # cells of the KV meter's bar
 
 
 class SummaryBar(Static):
-    """Hosts up, leak counts, fleet KV weighted by capacity, queue, view settings, and
-    whether a recording is being written (and what went wrong with it)."""
+    """Two lines: the KV meter with hosts and verdict counts, then load and settings
+    (and whether a recording is being written, and what went wrong with it)."""
 
     COMPONENT_CLASSES = {  # noqa: RUF012
         "summary--key", "summary--bad", "summary--flag", "summary--ok", "summary--warn",
+        "summary--bar", "summary--track",
     }
     _shown: Text | None = None
+    _last: tuple[FleetSummary, dict[str, object]] | None = None
+    _styles: dict[str, object] | None = None
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._styles = None
+
+    def on_resize(self) -> None:
+        """The bar takes the new width at once, not at the next refresh."""
+        if self._last is not None:
+            summary, options = self._last
+            self.show(summary, **options)  # type: ignore[arg-type]
 
     def show(
         self,
@@ -30,30 +46,48 @@ class SummaryBar(Static):
         filter_text: str,
         paused: bool,
         recording: str | None = None,
+        group_label: str = "",
+        gpu_note: tuple[str, str] | None = None,
     ) -> None:
-        down = summary.hosts_up < summary.hosts_total
-        parts: list[Part] = [
-            (0, [("hosts ", "key"), (f"{summary.hosts_up}/{summary.hosts_total}",
-                                     "bad" if down else "")]),
-            (0, _leak_part(summary)),
-            (1, [("KV ", "key"), (fmt.kv_cell(summary.kv_usage, summary.blocks_used,
-                                              summary.blocks_total), "")]),
-            (2, [("run ", "key"), (fmt.count(summary.running), "")]),
-            (1, [("queue ", "key"), (fmt.count(summary.waiting), "")]),
+        self._last = (summary, {"interval_s": interval_s, "sort_label": sort_label,
+                                "filter_text": filter_text, "paused": paused,
+                                "recording": recording, "group_label": group_label,
+                                "gpu_note": gpu_note})
+        width = self.content_size.width or 200
+        settings: list[Part] = [
             (4, [("every ", "key"), (f"{interval_s:g}s", "")]),
             (3, [("sort ", "key"), (sort_label, "")]),
         ]
+        if group_label:
+            settings.append((2, [("groups ", "key"), (group_label, "")]))
         if filter_text:
-            parts.append((0, [("filter ", "key"), (repr(filter_text), "")]))
+            settings.append((0, [("filter ", "key"), (repr(filter_text), "warn")]))
         if paused:
-            parts.append((0, [("PAUSED", "flag")]))
+            settings.append((0, [("PAUSED", "flag")]))
         if recording is not None:  # "" while recording well; else what went wrong
-            parts.append((0, [("REC ", "bad"), (recording, "bad")]) if recording
-                         else (3, [("REC", "key")]))
-        text = self._assemble(_fit(parts, self.content_size.width or 200))
-        if text != self._shown:  # one line, fixed height: repaint, no layout
+            settings.append((0, [("REC ", "bad"), (recording, "bad")]) if recording
+                            else (3, [("REC", "key")]))
+        first = self._meter_line(summary, width)
+        second = self._assemble(_with_note([*_load_parts(summary), *settings], gpu_note, width))
+        text = Text("\n", no_wrap=True, overflow="ellipsis").join([first, second])
+        if text != self._shown:  # fixed height: repaint, no layout
             self._shown = text
             self.update(text, layout=False)
+
+    def _meter_line(self, summary: FleetSummary, width: int) -> Text:
+        """``KV [████████▉     ] 2258/7996 28%  hosts 4/4  LEAK 1  STALL 0``: the bar
+        takes the width the rest leaves."""
+        usage = summary.kv_usage
+        blocks = (f" {fmt.count(summary.blocks_used)}/{fmt.count(summary.blocks_total)} "
+                  f"blocks {fmt.percent(usage)}" if usage is not None else " –")
+        right = _fit([_hosts_part(summary), (0, _verdict_part(summary))], width)
+        right_w = sum(len(p) for _, pieces in right for p, _ in pieces) + 2 * len(right)
+        cells = min(max(width - right_w - len(blocks) - 5, BAR_MIN), BAR_MAX)
+        bar = fmt.bar(usage, cells)
+        filled = bar.rstrip("░·")
+        head: Pieces = [("KV ", "key"), ("[", "key"), (filled, _usage_role(usage)),
+                        (bar[len(filled):], "track"), ("]", "key"), (blocks, "")]
+        return self._assemble([(0, head), *right])
 
     def _assemble(self, parts: list[Part]) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
@@ -61,20 +95,73 @@ class SummaryBar(Static):
             if text:
                 text.append("  ")
             for piece, role in pieces:
-                text.append(piece, self.get_component_rich_style(f"summary--{role}")
-                            if role else "")
+                text.append(piece, self._style(role))
         return text
 
+    def _style(self, role: str) -> str | object:
+        if not role:
+            return ""
+        if self._styles is None:
+            self._styles = {}
+        style = self._styles.get(role)
+        if style is None:
+            try:
+                style = self._styles[role] = self.get_component_rich_style(f"summary--{role}")
+            except KeyError:  # the app is tearing down: its stylesheet is gone
+                return ""
+        return style
 
-def _leak_part(summary: FleetSummary) -> list[tuple[str, str]]:
-    if summary.leaks or summary.watches:
-        pieces = [(f"LEAK {summary.leaks}", "flag")] if summary.leaks else []
-        if summary.watches:
-            pieces += [(" " if pieces else "", ""), (f"WATCH {summary.watches}", "warn")]
-        return pieces
-    if summary.judged:
-        return [("no leak", "ok")]
-    return [("leak check …", "key")]
+
+def _usage_role(usage: float | None) -> str:
+    if usage is not None and usage >= 0.95:
+        return "bad"
+    return "warn" if usage is not None and usage >= 0.8 else "bar"
+
+
+def _hosts_part(summary: FleetSummary) -> Part:
+    down = summary.hosts_up < summary.hosts_total
+    return (0, [("hosts ", "key"), (f"{summary.hosts_up}/{summary.hosts_total}",
+                                    "bad" if down else ""), (" up", "key")])
+
+
+def _verdict_part(summary: FleetSummary) -> Pieces:
+    """LEAK / WATCH / STALL counts, loud only when not zero; SATURATED only when some
+    pool is (full but moving: worth seeing, not worth a permanent slot)."""
+    counts = [("LEAK", summary.leaks, "flag"), ("WATCH", summary.watches, "warn"),
+              ("STALL", summary.stalls, "flag")]
+    if summary.saturated:
+        counts.append(("SATURATED", summary.saturated, "warn"))
+    pieces: Pieces = []
+    for label, count, role in counts:
+        if pieces:
+            pieces.append((" ", ""))
+        pieces.append((f"{label} {count}", role if count else "key"))
+    return pieces
+
+
+def _load_parts(summary: FleetSummary) -> list[Part]:
+    waiting = summary.waiting
+    return [
+        (0, [("run ", "key"), (fmt.count(summary.running), "")]),
+        (0, [("wait ", "key"), (fmt.count(waiting), "warn" if waiting else "")]),
+        (1, [("hit ", "key"), (fmt.percent(summary.hit_rate), "")]),
+        (1, [("tok/s ", "key"), (f"{fmt.rate(summary.prompt_tps)} in "
+                                 f"{fmt.rate(summary.generation_tps)} out", "")]),
+    ]
+
+
+def _with_note(parts: list[Part], note: tuple[str, str] | None, width: int) -> list[Part]:
+    """``parts`` fitted to ``width`` with the GPU note (short, full): the full one where it
+    fits, else the short one."""
+    if note is None:
+        return _fit(parts, width)
+    short, full = note
+    for text in (full, short):
+        part: Part = (1, [("GPU ", "key"), (text, "warn")])
+        fitted = _fit([*parts, part], width)
+        if part in fitted:
+            return fitted
+    return fitted
 
 
 def _fit(parts: list[Part], width: int) -> list[Part]:

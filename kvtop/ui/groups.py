@@ -1,0 +1,185 @@
+"""Fleet structure: rows grouped by config group, model or a Prometheus label, under an
+aggregate row per group (summed blocks, running and waiting; the worst state), collapsible
+like htop's tree. Pure functions of the rows, so the table only draws what it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvtop.safe_text import display_text
+from kvtop.ui import format as fmt
+from kvtop.ui.fleet import (
+    LEAK_RANK,
+    TEXT_SORTS,
+    Cell,
+    FleetRow,
+    Level,
+    order_rows,
+    summarise,
+)
+
+NONE = "none"
+BASE_MODES = (NONE, "group", "model")
+LABEL_PREFIX = "label:"
+NO_VALUE = "(none)"
+# Labels of single series, not of the server: never offered for grouping.
+SERIES_LABELS = frozenset({"__name__", "model_name", "engine", "le", "quantile",
+                           "finished_reason", "reason", "position", "source", "stage",
+                           "max_lora", "running_lora_adapters", "waiting_lora_adapters"})
+MAX_LABEL_MODES = 8
+STATUS_RANK: dict[str | None, int] = {"ok": 0, None: 0, "dim": 1, "warn": 2, "bad": 3,
+                                      "alarm": 4}
+OPEN, SHUT = "▾", "▸"
+
+
+def target_labels(row: FleetRow) -> dict[str, str]:
+    """The labels a Prometheus puts on every series of an instance (namespace, cluster,
+    pod…): those of its first series, less the labels that tell series apart. A server
+    read directly carries none."""
+    scrape = row.state.last_good
+    samples = scrape.samples if scrape is not None else None
+    if samples is None or not samples.samples:
+        return {}
+    labels = samples.samples[0].labels
+    return {k: v for k, v in labels.items() if k not in SERIES_LABELS}
+
+
+def group_modes(rows: Iterable[FleetRow]) -> list[str]:
+    """What F5 cycles through: no groups, config group, model, then each label seen."""
+    names: set[str] = set()
+    for row in rows:
+        names.update(target_labels(row))
+        if len(names) > MAX_LABEL_MODES:
+            break
+    return [*BASE_MODES, *(LABEL_PREFIX + n for n in sorted(names)[:MAX_LABEL_MODES])]
+
+
+def mode_label(mode: str) -> str:
+    return mode.removeprefix(LABEL_PREFIX)
+
+
+def group_value(row: FleetRow, mode: str) -> str:
+    if mode == "group":
+        value = row.state.target.group
+    elif mode == "model":
+        value = row.stats.model if row.stats is not None else None
+    else:
+        value = target_labels(row).get(mode.removeprefix(LABEL_PREFIX))
+    return display_text(value, 80) if value else NO_VALUE
+
+
+@dataclass(slots=True, eq=False)
+class GroupRow(FleetRow):
+    """A group's aggregate row; its cells are made from its members'."""
+
+    members: list[FleetRow] = field(default_factory=list)
+    collapsed: bool = False
+
+    @property
+    def is_group(self) -> bool:
+        return True
+
+
+def _worst_cell(cells: Iterable[Cell]) -> Cell:
+    return max(cells, key=lambda c: STATUS_RANK.get(c.level, 0), default=Cell(fmt.DASH, "dim"))
+
+
+def _worst_leak(members: list[FleetRow]) -> Cell:
+    def rank(row: FleetRow) -> tuple[int, int]:
+        cell = row.cells["leak"]
+        verdict = row.stats.leak if row.stats is not None else None
+        return STATUS_RANK.get(cell.level, 0), LEAK_RANK[verdict.state] if verdict else -1
+
+    return max(members, key=rank).cells["leak"] if members else Cell(fmt.DASH, "dim")
+
+
+def _status(members: list[FleetRow]) -> Cell:
+    up = sum(1 for m in members if m.state.status == "up")
+    worst = _worst_cell(m.status for m in members)
+    level: Level | None = worst.level if worst.level not in ("ok", None) else "ok"
+    return Cell(f"{up}/{len(members)} up", level)
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def group_cells(name: str, members: list[FleetRow]) -> dict[str, Cell]:
+    """Sums over the members' engines; dashes where no member has a number."""
+    engines = [m for m in members if m.stats is not None]
+    summary = summarise(members)
+    models = sorted({m.cells["model"].text for m in engines})
+    model = models[0] + (f" +{len(models) - 1}" if len(models) > 1 else "") if models else "–"
+    preempt = _sum(m.stats.preemptions_per_s for m in engines if m.stats is not None)
+    cells = {
+        "name": Cell(name, keep=len(name) - name.rfind(" (")),
+        "status": _status(members),
+        "model": Cell(model),
+        "kv": Cell(fmt.kv_cell(summary.kv_usage, summary.blocks_used, summary.blocks_total)),
+        "leak": _worst_leak(members),
+        "running": Cell(fmt.count(summary.running)),
+        "waiting": Cell(fmt.count(summary.waiting), "warn" if summary.waiting else None),
+        "preempt": Cell(fmt.rate(preempt), "bad" if preempt else None),
+        "hit": Cell(fmt.percent(summary.hit_rate)),
+        "prompt": Cell(fmt.rate(summary.prompt_tps)),
+        "gen": Cell(fmt.rate(summary.generation_tps)),
+        "ttft": Cell(fmt.DASH, "dim"),  # percentiles of several servers can't be added
+        "gpu": Cell(fmt.DASH, "dim"),
+    }
+    if not engines:
+        for key in ("running", "waiting", "preempt", "hit", "prompt", "gen"):
+            cells[key] = Cell(fmt.DASH, "dim")
+    return cells
+
+
+def _group_sort_values(members: list[FleetRow]) -> dict[str, float | None]:
+    summary = summarise(members)
+    values: dict[str, float | None] = {
+        key: max((v for m in members if (v := m.sort_values.get(key)) is not None),
+                 default=None)
+        for key in ("worst", "leak", "ttft", "hit")
+    }
+    values |= {"kv": summary.kv_usage, "running": summary.running, "waiting": summary.waiting,
+               "prompt": summary.prompt_tps, "gen": summary.generation_tps,
+               "preempt": _sum(m.sort_values.get("preempt") for m in members)}
+    return values
+
+
+def make_group(mode: str, value: str, members: list[FleetRow], collapsed: bool) -> GroupRow:
+    name = f"{SHUT if collapsed else OPEN} {value} ({len(members)})"
+    first = members[0]
+    row = GroupRow(key=f"group:{mode}:{value}", url="", engine=None, name=name,
+                   state=first.state, stats=None, status=Cell(""),
+                   sort_values=_group_sort_values(members),
+                   search=" ".join(m.search for m in members), members=members,
+                   collapsed=collapsed)
+    cells = group_cells(name, members)
+    row.status = cells["status"]
+    row._cells = cells
+    return row
+
+
+def group_rows(rows: list[FleetRow], mode: str, collapsed: set[str], sort_key: str,
+               reverse: bool = False) -> list[FleetRow]:
+    """``rows`` (already filtered and ordered) under one aggregate row per group, the groups
+    in the same order; a collapsed group's members are left out."""
+    if mode == NONE:
+        return rows
+    groups: dict[str, list[FleetRow]] = {}
+    for row in rows:
+        groups.setdefault(group_value(row, mode), []).append(row)
+    heads = [make_group(mode, value, members, f"group:{mode}:{value}" in collapsed)
+             for value, members in groups.items()]
+    if sort_key in TEXT_SORTS:  # a group's name is its value, not its first row's
+        heads.sort(key=lambda h: h.name[2:].lower(), reverse=reverse)
+    else:
+        heads = order_rows(heads, sort_key, reverse)
+    shown: list[FleetRow] = []
+    for head in heads:
+        shown.append(head)
+        if not head.collapsed:
+            shown += head.members
+    return shown

@@ -1,0 +1,123 @@
+"""The engine's panes without a terminal: the KV axis from 0 to the pool with the floor
+drawn, plain-unit axes, gaps kept where a server was silent, sparklines in eighths, and
+the verdict lines (LoRA names from outside written out)."""
+
+from __future__ import annotations
+
+import re
+
+from kvtop.collect.reading import LoraInfo
+from kvtop.collect.target import Target
+from kvtop.derive.leak import LeakVerdict
+from kvtop.derive.stall import StallVerdict
+from kvtop.derive.stats import EngineStats
+from kvtop.derive.tracker import TargetState
+from kvtop.ui.chart import Chart, Series, join_gaps, nice_ceiling, render, spark_rows
+from kvtop.ui.engine_view import engine_view, kv_pane, lora_line
+from kvtop.ui.fleet import build_rows
+
+NOW = 10_000.0
+SPAN = 300.0
+
+
+def _text(rows: list) -> list[str]:
+    return ["".join(piece for piece, _ in row) for row in rows]
+
+
+def _history(pool: int, used: list[float], step: float = 5.0) -> list[EngineStats]:
+    start = NOW - step * (len(used) - 1)
+    return [EngineStats("m", "0", start + i * step, blocks_total=pool, blocks_used=u,
+                        kv_usage=u / pool) for i, u in enumerate(used)]
+
+
+def test_the_kv_axis_runs_from_0_to_the_pool_with_the_floor_drawn() -> None:
+    verdict = LeakVerdict("leak", "floor rose", 300.0, 900.0, 2.0)
+    history = _history(1999, [400.0 + i for i in range(60)])
+    history[-1].leak = verdict
+    history[-1].idle_floor_blocks = 1
+    pane = kv_pane(history[-1], history, NOW, SPAN)
+    assert pane.chart is not None and pane.chart.top == 1999
+    [rule] = pane.chart.rules
+    assert rule.value == 301 and rule.role == "bad"  # idle floor + the leaked blocks
+    lines = _text(render(pane.chart, 60, 12))
+    assert lines[0].startswith("1999┤") and lines[-2].startswith("   0┤")
+    assert any(line.startswith(" 301┤") for line in lines)  # the floor's level on the axis
+    assert lines[-1].rstrip().endswith("now")
+    assert "floor +300 leaked" in "".join(piece for piece, _ in pane.legend)
+
+
+def test_axes_are_plain_units_never_exponents() -> None:
+    for top in (1300.0, 13_000.0, 1_300_000.0, 0.0013):
+        chart = Chart((Series("x", "s1", [(NOW - 10, top), (NOW, top / 2)]),), NOW, SPAN)
+        text = "\n".join(_text(render(chart, 40, 8)))
+        assert not re.search(r"\d[eE][+-]?\d", text), text
+    assert nice_ceiling(1300.0) == 1500.0 and nice_ceiling(0.0) == 1.0
+
+
+def test_without_block_counts_the_kv_pane_is_a_percentage() -> None:
+    stats = EngineStats("m", None, NOW, kv_usage=0.31)
+    pane = kv_pane(stats, [stats], NOW, SPAN)
+    assert pane.chart is not None and pane.chart.top == 100.0
+    assert _text(render(pane.chart, 30, 6))[0].startswith("100%┤")
+
+
+def test_a_silence_stays_a_gap_while_scrape_spacing_is_joined() -> None:
+    assert join_gaps([1.0, None, None, 4.0], most=3) == [1.0, 2.0, 3.0, 4.0]
+    assert join_gaps([1.0, None, None, None, None, 6.0], most=3) == [
+        1.0, None, None, None, None, 6.0]
+
+
+def test_sparklines_have_eighth_cell_steps_and_never_hide_use() -> None:
+    assert spark_rows([0.0, 1.0, 50.0, 100.0, None], 100.0, 1) == [" ▁▄█ "]
+    top, bottom = spark_rows([100.0, 75.0, 10.0], 100.0, 2)
+    assert (top, bottom) == ("█▄ ", "██▂")
+
+
+def test_lora_names_from_outside_are_written_out() -> None:
+    line = lora_line(LoraInfo(2, ("sql\x1b]52;c;x\x07",), ("a", "b", "c", "d", "e")))
+    assert line is not None
+    text = "".join(piece for piece, _ in line)
+    assert "\x1b" not in text and "sql\\x1b]52" in text
+    assert "5 waiting (a, b, c, d +1)" in text and "max 2 at once" in text
+
+
+def test_a_server_that_never_answered_says_never() -> None:
+    state = TargetState(Target.from_spec("h:1"), "down", failure="down",
+                        error="connection refused")
+    [row] = build_rows([state], NOW)
+    view = engine_view(row, state, [], NOW, SPAN)
+    text = ["".join(piece for piece, _ in line) for line in view.lines]
+    assert text == ["status down  last good never  connection refused"]
+    assert view.panes == []
+
+
+def test_stalled_is_the_first_line_of_the_pane_and_ok_takes_no_line() -> None:
+    wedged = StallVerdict("stalled", "KV pool 100% full with 33 requests waiting", NOW - 6)
+    stats = EngineStats("m", "0", NOW, kv_usage=1.0, blocks_total=100, blocks_used=100,
+                        waiting=33, stall=wedged,
+                        leak=LeakVerdict("warmup", "confirming", None, None, None))
+    state = TargetState(Target.from_spec("h:1"), "up", kind="vllm", engines=[stats],
+                        last_good_t=NOW)
+    [row] = build_rows([state], NOW)
+    lines = _text(engine_view(row, state, [stats], NOW, SPAN).lines)
+    assert lines[0] == "stall STALLED  KV pool 100% full with 33 requests waiting"
+    assert lines[1].startswith("leak warming up")  # the leak line never reads STALL
+    stats.stall = StallVerdict("ok", "making progress", None)
+    [row] = build_rows([state], NOW)
+    assert not any(line.startswith("stall") for line in
+                   _text(engine_view(row, state, [stats], NOW, SPAN).lines))
+
+
+def test_a_baseline_is_a_dim_level_at_its_median_on_the_pool_now() -> None:
+    from kvtop.baseline.overlay import Band
+
+    band = Band("healthy", 0.2, 0.5, 0.7, 1000, 4.0, 0.0, 0.4, 100.0, 50.0, 0.1, 0.3, 0.02)
+    history = _history(2000, [400.0 + i for i in range(60)])
+    pane = kv_pane(history[-1], history, NOW, SPAN, band)
+    assert pane.chart is not None
+    (rule,) = pane.chart.rules
+    assert (rule.value, rule.role) == (1000.0, "base")  # 50 % of the pool now, not of 1000
+    assert any(line.startswith("1000┤") for line in _text(render(pane.chart, 60, 12)))
+    assert "base p50 (healthy)" in "".join(piece for piece, _ in pane.legend)
+    assert ("  base 50%", "base") in pane.latest
+    assert kv_pane(history[-1], history, NOW, SPAN).chart.rules == ()
