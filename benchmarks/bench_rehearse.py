@@ -31,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fleet import proc_cpu_s
 
+from kvtop.derive.samples import percentile
 from kvtop.load.driver import DriverSettings, LoadDriver, RequestRecord, RunClock
 from kvtop.load.openai_client import list_models, make_session
 from kvtop.load.workloads import Planned, Workload
-from kvtop.rehearse.requests import RequestTable, quantile
+from kvtop.rehearse.requests import RequestTable
 
 
 def short_requests() -> Iterator[Planned]:
@@ -70,8 +71,8 @@ async def drive(base: str, rate: float, seconds: float, log: Path) -> dict[str, 
             "other": len(table) - table.statuses["ok"],
             "cpu_ms": 1000 * (user + system) / answered, "user_ms": 1000 * user / answered,
             "sys_ms": 1000 * system / answered, "core": (user + system) / wall,
-            "late_p50_ms": 1000 * (quantile(lates, 0.5) or 0),
-            "late_p99_ms": 1000 * (quantile(lates, 0.99) or 0)}
+            "late_p50_ms": 1000 * (percentile(lates, 0.5) or 0),
+            "late_p99_ms": 1000 * (percentile(lates, 0.99) or 0)}
 
 
 def main() -> None:

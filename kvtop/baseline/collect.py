@@ -25,12 +25,13 @@ from kvtop.baseline.model import (
     ProbeSummary,
     TargetSummary,
 )
-from kvtop.baseline.stats import mean, percentile
+from kvtop.baseline.stats import mean
 from kvtop.collect.gpu import GpuReading
 from kvtop.collect.reading import EngineReading
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.quantiles import bucket_delta, quantile
+from kvtop.derive.samples import percentile
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetTracker
 from kvtop.headless.check_command import EngineVerdict

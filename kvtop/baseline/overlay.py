@@ -19,9 +19,9 @@ from kvtop.baseline import store
 from kvtop.baseline.compare import match_engine
 from kvtop.baseline.figures import SPECS, FigureSpec
 from kvtop.baseline.model import Baseline
-from kvtop.baseline.stats import percentile
 from kvtop.collect.reading import EngineReading, Histogram
 from kvtop.derive.quantiles import bucket_delta, quantile
+from kvtop.derive.samples import percentile
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from kvtop.baseline.model import Figure, ProbeSummary
-from kvtop.baseline.stats import percentile
+from kvtop.derive.samples import percentile
 from kvtop.load.openai_client import (
     CompletionResult,
     NotOpenAI,

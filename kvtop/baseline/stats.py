@@ -18,17 +18,6 @@ from functools import lru_cache
 EXACT_MAX = 25
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-quantile (0..1) of ``values`` with linear interpolation; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 

@@ -32,8 +32,9 @@ from typing import Any, Literal
 
 from kvtop.derive.leak import LeakParams, median, theil_sen
 from kvtop.derive.quantiles import quantile as histogram_quantile
+from kvtop.derive.samples import percentile
 from kvtop.derive.tracker import EngineKey
-from kvtop.rehearse.requests import CODE, RequestTable, quantile
+from kvtop.rehearse.requests import CODE, RequestTable
 from kvtop.rehearse.watch import EnginePoint, GpuPoint, WatchData
 
 State = Literal["ok", "watch", "fail", "not_judged"]
@@ -157,7 +158,7 @@ def _slow_thresholds(table: RequestTable, span: Span) -> dict[int, tuple[float, 
 
 
 def _q90(values: list[float]) -> float:
-    found = quantile(values, SLOW_QUANTILE)
+    found = percentile(values, SLOW_QUANTILE)
     return math.inf if found is None else found
 
 
@@ -183,7 +184,7 @@ def _thirds_quantiles(table: RequestTable, column: Iterable[float],
     for i, value in enumerate(column):
         if table.outcome[i] == ok and not math.isnan(value) and span.holds(table.t[i]):
             thirds[span.third(table.t[i])].append(value)
-    return {name: {f"p{int(q * 100)}": _round(quantile(thirds[k], q)) for q in (0.5, 0.9, 0.99)}
+    return {name: {f"p{int(q * 100)}": _round(percentile(thirds[k], q)) for q in (0.5, 0.9, 0.99)}
             for k, name in ((0, "first"), (2, "last"))}
 
 
@@ -478,7 +479,7 @@ def load_figures(data: WatchData, span: Span, table: RequestTable | None) -> Loa
         figures.pinned_share = sum(u >= PINNED_USAGE for u in usages) / len(usages)
         figures.usage_max = max(usages)
     waiting = [p.waiting for p in load if p.waiting is not None]
-    figures.waiting_p90 = quantile(waiting, 0.9)
+    figures.waiting_p90 = percentile(waiting, 0.9)
     running = [p.running for p in load if p.running is not None]
     figures.running_max = max(running) if running else None
     preempted = _counter_rise(data, span, "preemptions")
@@ -490,7 +491,7 @@ def load_figures(data: WatchData, span: Span, table: RequestTable | None) -> Loa
     if hits is not None and queries:
         figures.hit_rate = hits / queries
     if table is not None and len(table):
-        figures.prompt_p90 = quantile(list(table.prompt), 0.9)
+        figures.prompt_p90 = percentile(list(table.prompt), 0.9)
     return figures
 
 

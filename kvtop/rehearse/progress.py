@@ -9,9 +9,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import TextIO
 
+from kvtop.derive.samples import percentile
 from kvtop.load.driver import RequestRecord, RunClock
 from kvtop.rehearse.report import clock as hms
-from kvtop.rehearse.requests import RequestTable, quantile
+from kvtop.rehearse.requests import RequestTable
 
 TTY_EVERY_S = 1.0  # wall seconds
 LINE_EVERY_S = 60.0
@@ -65,7 +66,8 @@ class Progress:
             table = self.table
             parts.append(f"{table.statuses['ok']} done, {table.failed} failed, "
                          f"{table.statuses['dropped']} dropped")
-            parts.append(f"TTFT p50 {_ms(quantile(ttfts, 0.5))} p99 {_ms(quantile(ttfts, 0.99))}")
+            parts.append(f"TTFT p50 {_ms(percentile(ttfts, 0.5))} "
+                         f"p99 {_ms(percentile(ttfts, 0.99))}")
         usage = self.kv_usage()
         parts.append(f"KV {'-' if usage is None else f'{usage:.0%}'}")
         if self._states:

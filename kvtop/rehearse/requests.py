@@ -76,14 +76,3 @@ class RequestTable:
 
 def _num(value: float | None) -> float:
     return NAN if value is None else value
-
-
-def quantile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated quantile of unsorted values (numpy's default); None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = q * (len(ordered) - 1)
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from benchmarks.baseline_eval.scenarios import HEALTHY, baseline
 from kvtop.baseline import store
 from kvtop.baseline.model import VERSION, Baseline, BaselineError, baseline_from_json, loads
-from kvtop.baseline.stats import mann_whitney, percentile
+from kvtop.baseline.stats import mann_whitney
+from kvtop.derive.samples import percentile
 
 
 @pytest.fixture(scope="module")
