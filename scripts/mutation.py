@@ -87,7 +87,12 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/derive/stats.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
     **{f"kvtop/derive/{name}.py": ("tests/test_leak.py", "tests/behaviour/test_leak.py")
        for name in ("leak", "leak_estimate")},
-    "kvtop/derive/tracker.py": ("tests/test_derive.py", "tests/behaviour/test_tracker.py"),
+    # the tracker is the one entry every reading goes through: the behaviour tier drives it from
+    # all sides (snapshots, rules, leak, headless), the GPU and memory tests reach its caps
+    "kvtop/derive/tracker.py": ("tests/test_derive.py", "tests/behaviour",
+                                "tests/test_gpu_ownership.py", "tests/test_lora.py",
+                                "tests/hostile/test_memory.py",
+                                "tests/hostile/test_boundary_sweep.py"),
     "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py",),
     "kvtop/config.py": ("tests/test_config.py", "tests/behaviour/test_config.py"),
     "kvtop/headless/check_command.py": ("tests/test_check.py", "tests/test_prometheus_unit.py"),

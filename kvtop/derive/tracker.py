@@ -5,7 +5,7 @@ every number is computed the same way wherever it is shown.
 
 Memory per target is bounded: an answer refused by the adapters (a value no pool can have,
 a body over the parser's limits) is a ``bad_payload`` failure; at most ``MAX_ENGINES`` engines
-are read per scrape; an engine not seen for ``forget_after_s`` loses its history, detector
+are read per scrape; an engine not seen for ``forget_after_s`` loses its history, detectors
 and previous reading, and past ``MAX_TRACKED_ENGINES`` the longest unseen go first (a server
 that invents new model names every scrape costs no more than one with 512 engines).
 """
@@ -192,3 +192,4 @@ class TargetTracker:
             del last_seen[key]
             self.history.pop(key, None)
             self.detectors.pop(key, None)
+            self.stall_detectors.pop(key, None)
