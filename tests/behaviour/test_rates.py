@@ -8,17 +8,11 @@ import math
 
 import pytest
 
-from kvtop.collect.reading import EngineReading, Histogram
+from kvtop.collect.reading import Histogram
 from kvtop.derive.rates import derive_engine_stats
+from tests.test_derive import reading
 
 INF = math.inf
-
-
-def reading(**values: object) -> EngineReading:
-    r = EngineReading(model="m", engine="0")
-    for name, value in values.items():
-        setattr(r, name, value)
-    return r
 
 
 def test_every_gauge_is_shown_as_the_server_sent_it() -> None:
