@@ -170,7 +170,8 @@ def _config(module: str, tests: Iterable[str]) -> str:
         "source_paths": ["kvtop"],
         "only_mutate": [module],
         "pytest_add_cli_args_test_selection": list(tests),
-        "pytest_add_cli_args": ["-p", "no:cacheprovider", "-p", "no:randomly"],
+        # -n 0: mutmut's in-process trampoline sees only tests run in its own process
+        "pytest_add_cli_args": ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly"],
         # rerun on demand only; a pyproject change must not silently reset results
         "use_git_change_detection": False,
     }
@@ -334,7 +335,7 @@ def _digest(module: str) -> str:
 
 
 def _pytest(copy: Path, tests: Iterable[str], timeout: float) -> str:
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly",
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:randomly",
                "-p", "no:cacheprovider", *tests]
     env = {**os.environ, "KVTOP_TWIN": "0", "PYTHONDONTWRITEBYTECODE": "1"}
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,31 @@ async def fault_server() -> AsyncIterator[FaultServer]:
     """A started FaultServer (mode "ok", the vLLM 0.33.0 under-load fixture, version 0.33.0)."""
     async with FaultServer() as server:
         yield server
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each server tier is one xdist group: its servers start once, on one worker, and the
+    largest group (the twin tier) is handed out first, to run beside everything else."""
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        tier = next((name for name, folder in CI_FOLDERS.items() if folder in path.parents),
+                    None)
+        if tier:
+            item.add_marker(pytest.mark.xdist_group(tier))
+
+
+WORKER_SUMMARIES: list[str] = []  # lines a tier's conftest left for the end of the run
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: called on the controller
+def pytest_testnodedown(node: Any, error: object) -> None:
+    WORKER_SUMMARIES.extend(getattr(node, "workeroutput", {}).get("summary", []))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in WORKER_SUMMARIES:
+        terminalreporter.write_line(line)
 
 
 def in_ci() -> bool:

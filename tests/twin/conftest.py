@@ -120,10 +120,21 @@ def twin_api_servers(twin_fleet: TwinFleet) -> TwinServer:
     return twin_fleet.ready("api_servers")
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+def summary_lines() -> list[str]:
+    lines = []
     if STARTED:
         times = ", ".join(f"{s.name} {s.ready_after_s:.0f} s" if s.ready_after_s else
                           f"{s.name} not ready" for s in STARTED)
-        terminalreporter.write_line(f"twin servers (started together) healthy after: {times}")
-    for line in SUMMARY:
-        terminalreporter.write_line(f"twin {line}")
+        lines.append(f"twin servers (started together) healthy after: {times}")
+    return lines + [f"twin {line}" for line in SUMMARY]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: tests/conftest.py prints it
+        workeroutput["summary"] = summary_lines()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in summary_lines():  # run without xdist workers
+        terminalreporter.write_line(line)
