@@ -233,6 +233,7 @@ class KvtopApp(App[None]):
     # -- layout ---------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
+        self._lay_out(*self.size)  # before the widgets exist: they are styled once, not twice
         yield SummaryBar(id="summary")
         with Vertical(id="body"):
             yield FleetTable(id="fleet")
