@@ -547,7 +547,7 @@ class KvtopApp(App[None]):
     def _show_panel(self, row: FleetRow | None, now: float) -> None:
         group = row if isinstance(row, GroupRow) else None
         if group is not None:  # a group shows its worst member's panes
-            row = max(group.members, key=lambda m: m.sort_values.get("worst") or -1.0)
+            row = max(group.members, key=lambda m: m.sort_value("worst") or -1.0)
         tracker = self.trackers.get(row.url) if row is not None else None
         url = row.url if row is not None else ""
         charts = self.charts_shown

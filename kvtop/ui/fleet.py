@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from operator import attrgetter
 from typing import TYPE_CHECKING, Literal
 
 from kvtop.collect.reading import GPU_EXPORTER_KINDS
@@ -20,6 +21,8 @@ from kvtop.safe_text import display_text
 from kvtop.ui import format as fmt
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kvtop.baseline.overlay import Delta
     from kvtop.collect.target import Target
     from kvtop.derive.leak import LeakVerdict
@@ -87,7 +90,7 @@ def visible_columns(width: int, *, gpu: bool = False, delta: bool = False) -> li
     return shown
 
 
-# Sort keys: a column's key (its values in FleetRow.sort_values), or "worst".
+# Sort keys: a column's key (its values from FleetRow.sort_value), or "worst".
 TEXT_SORTS = frozenset({"name", "model"})  # alphabetical; every other key biggest first
 SORT_LABELS: dict[str, str] = {
     "name": "name", "model": "model", "worst": "worst first", "kv": "KV use",
@@ -119,12 +122,12 @@ class FleetRow:
     state: TargetState = field(repr=False)
     stats: EngineStats | None = field(repr=False)  # None for a target without engines
     status: Cell
-    sort_values: dict[str, float | None] = field(default_factory=dict)
-    search: str = ""  # lower-case text the filter matches
+    sort_values: dict[str, float | None] = field(default_factory=dict)  # see sort_value()
     gpu: Cell = NO_GPU  # the GPU column: changes with GPU reads, not with the server's state
     delta: Cell = NO_DELTA  # the baseline column: changes with the window, set by the app
     name_keep: int = 0  # characters at the end of the name kept when it is cut (" e1")
     _cells: dict[str, Cell] | None = field(default=None, repr=False)
+    _search: str | None = field(default=None, repr=False)
 
     @property
     def cells(self) -> dict[str, Cell]:
@@ -138,6 +141,20 @@ class FleetRow:
                                    "status": self.status, "gpu": self.gpu,
                                    "delta": self.delta}
         return self._cells
+
+    @property
+    def search(self) -> str:
+        """Lower-case text the filter matches; made on first use, so only a filter pays."""
+        if self._search is None:
+            self._search = _search_text(self)
+        return self._search
+
+    def sort_value(self, key: str) -> float | None:
+        """The row's number for sort ``key``, worked out the first time it is asked for: a
+        frame of 500 rows ordered by one key computes that key alone."""
+        if key not in self.sort_values:
+            self.sort_values[key] = _sort_value(key, self.state, self.stats)
+        return self.sort_values[key]
 
     @property
     def is_group(self) -> bool:
@@ -393,44 +410,56 @@ def shown_label(target: Target) -> str:
     return display_text(target.label)
 
 
-def _sort_values(state: TargetState, stats: EngineStats) -> dict[str, float | None]:
+def _ttft_p99(stats: EngineStats) -> float | None:
     ttft = window_quantiles(stats.ttft)
-    return {
-        "kv": _usage(stats),
-        "running": stats.running,
-        "waiting": stats.waiting,
-        "preempt": stats.preemptions_per_s,
-        "hit": window_hit(stats),
-        "prompt": stats.prompt_tps,
-        "gen": stats.generation_tps,
-        "ttft": None if ttft is None else ttft.p99,
-        "leak": _leak_rank(stats),
-        "worst": _worst(state, stats),
-    }
+    return None if ttft is None else ttft.p99
+
+
+# Sort key -> the engine's number for it ("worst" also needs the target's state).
+_ENGINE_SORT_VALUES: dict[str, Callable[[EngineStats], float | None]] = {
+    "kv": _usage,
+    "running": attrgetter("running"),
+    "waiting": attrgetter("waiting"),
+    "preempt": attrgetter("preemptions_per_s"),
+    "hit": window_hit,
+    "prompt": attrgetter("prompt_tps"),
+    "gen": attrgetter("generation_tps"),
+    "ttft": _ttft_p99,
+    "leak": _leak_rank,
+}
+
+
+def _sort_value(key: str, state: TargetState, stats: EngineStats | None) -> float | None:
+    if key == "worst":
+        return _worst(state, stats)
+    value_of = _ENGINE_SORT_VALUES.get(key)
+    return None if stats is None or value_of is None else value_of(stats)
+
+
+def _search_text(row: FleetRow) -> str:
+    """What a filter looks in: the name, URL, group, kind and status, and the model (or, for
+    a row without engines, the reason it has none)."""
+    target = row.state.target
+    what = row.stats.model if row.stats is not None else row.cells["model"].text
+    parts = (shown_label(target), target.url, target.group, row.state.kind, row.status.text,
+             row.name, what)
+    return " ".join(str(p) for p in parts if p).lower()
 
 
 def target_rows(state: TargetState, status: Cell) -> list[FleetRow]:
     """A target's rows: one per engine, or one that says why there is none."""
     target = state.target
     label = shown_label(target)
-    base_search = " ".join(
-        str(p) for p in (label, target.url, target.group, state.kind, status.text) if p
-    )
     if not state.engines:
-        row = FleetRow(key=row_key(target.url, None), url=target.url, engine=None, name=label,
-                       state=state, stats=None, status=status,
-                       sort_values={"worst": _worst(state, None)})
-        row.search = f"{base_search} {row.cells['model'].text}".lower()  # the reason it's empty
-        return [row]
+        return [FleetRow(key=row_key(target.url, None), url=target.url, engine=None, name=label,
+                         state=state, stats=None, status=status)]
     rows = []
     for stats in state.engines:
         suffix = _engine_suffix(stats, state.engines)
-        name = label + suffix
         engine: EngineKey = (stats.model, stats.engine)
         rows.append(FleetRow(
-            key=row_key(target.url, engine), url=target.url, engine=engine, name=name,
-            state=state, stats=stats, status=status, sort_values=_sort_values(state, stats),
-            search=f"{base_search} {name} {stats.model or ''}".lower(),
+            key=row_key(target.url, engine), url=target.url, engine=engine, name=label + suffix,
+            state=state, stats=stats, status=status,
             name_keep=len(suffix) if len(suffix) <= 6 else 0,
         ))
     return rows
@@ -448,10 +477,10 @@ def order_rows(rows: list[FleetRow], sort_key: str, reverse: bool = False) -> li
     if sort_key in TEXT_SORTS:
         return sorted(rows, key=lambda r: (_text_key(r, sort_key), r.name.lower()),
                       reverse=reverse)
-    known = [r for r in rows if r.sort_values.get(sort_key) is not None]
-    unknown = [r for r in rows if r.sort_values.get(sort_key) is None]
+    known = [r for r in rows if r.sort_value(sort_key) is not None]
+    unknown = [r for r in rows if r.sort_value(sort_key) is None]
     sign = 1.0 if reverse else -1.0
-    known.sort(key=lambda r: (sign * (r.sort_values[sort_key] or 0.0), r.name.lower()))
+    known.sort(key=lambda r: (sign * (r.sort_value(sort_key) or 0.0), r.name.lower()))
     unknown.sort(key=lambda r: r.name.lower())
     return known + unknown
 

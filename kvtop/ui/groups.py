@@ -78,6 +78,13 @@ class GroupRow(FleetRow):
     collapsed: bool = False
 
     @property
+    def search(self) -> str:
+        """A filter finds a group by any of its members."""
+        if self._search is None:
+            self._search = " ".join(m.search for m in self.members)
+        return self._search
+
+    @property
     def is_group(self) -> bool:
         return True
 
@@ -138,13 +145,13 @@ def group_cells(name: str, members: list[FleetRow]) -> dict[str, Cell]:
 def _group_sort_values(members: list[FleetRow]) -> dict[str, float | None]:
     summary = summarise(members)
     values: dict[str, float | None] = {
-        key: max((v for m in members if (v := m.sort_values.get(key)) is not None),
+        key: max((v for m in members if (v := m.sort_value(key)) is not None),
                  default=None)
         for key in ("worst", "leak", "ttft", "hit")
     }
     values |= {"kv": summary.kv_usage, "running": summary.running, "waiting": summary.waiting,
                "prompt": summary.prompt_tps, "gen": summary.generation_tps,
-               "preempt": _sum(m.sort_values.get("preempt") for m in members)}
+               "preempt": _sum(m.sort_value("preempt") for m in members)}
     return values
 
 
@@ -153,8 +160,7 @@ def make_group(mode: str, value: str, members: list[FleetRow], collapsed: bool) 
     first = members[0]
     row = GroupRow(key=f"group:{mode}:{value}", url="", engine=None, name=name,
                    state=first.state, stats=None, status=Cell(""),
-                   sort_values=_group_sort_values(members),
-                   search=" ".join(m.search for m in members), members=members,
+                   sort_values=_group_sort_values(members), members=members,
                    collapsed=collapsed)
     cells = group_cells(name, members)
     row.status = cells["status"]
