@@ -746,12 +746,10 @@ class KvtopApp(App[None]):
             history = list(tracker.history.get(key, ())) if key else []
             return state, history, key
 
-        screen = DetailScreen(
-            source, span_s=self.config.history_s, charts=not self.config.low_bandwidth,
-            band=lambda: self._band(row.url, source()[2]),
-        )
-        self.push_screen(screen)
-        self.call_after_refresh(screen.show, self.config.clock())
+        self.push_screen(DetailScreen(
+            source, clock=self.config.clock, span_s=self.config.history_s,
+            charts=not self.config.low_bandwidth, band=lambda: self._band(row.url, source()[2]),
+        ))
 
     # -- snapshot -------------------------------------------------------------------------
 

@@ -99,11 +99,30 @@ async def test_selection_and_detail(tmp_path: Path) -> None:
         assert await live_data_shown(pilot)
         await pilot.press("j", "enter")
         assert await until(pilot, lambda: isinstance(app.screen, DetailScreen))
+        await eventually(lambda: app.screen.is_mounted, "the detail screen composed",
+                         pause=pilot.pause)
         info = str(app.screen.query_one("#detail-info").render())
         assert "10.0.0.5:8001" in info
         assert "num_gpu_blocks 1000" in info
         await pilot.press("escape")
-        assert not isinstance(app.screen, DetailScreen)
+        assert await until(pilot, lambda: not isinstance(app.screen, DetailScreen))
+
+
+async def test_a_draw_between_pushing_the_detail_and_its_compose_is_harmless(
+        tmp_path: Path) -> None:
+    """Pushing a screen is not synchronous: a redraw that fires before the detail screen is
+    composed once raised NoMatches and ended a replay (a CI run under load). Now the draw
+    leaves it alone, and the screen fills itself when it mounts."""
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        assert await live_data_shown(pilot)
+        app.action_detail()  # pushes the screen; its compose comes later
+        assert isinstance(app.screen, DetailScreen) and not app.screen.is_mounted
+        app._draw(force=True)
+        await eventually(lambda: "num_gpu_blocks" in str(
+            app.screen.query_one("#detail-info").render()), "the detail filled on mount",
+            pause=pilot.pause)
+        assert app.return_code is None
 
 
 async def test_pause_freezes_display_while_collection_goes_on(

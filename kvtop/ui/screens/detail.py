@@ -217,10 +217,11 @@ class DetailScreen(Screen[None]):
         Binding("escape", "app.pop_screen", "Back"),
     ]
 
-    def __init__(self, source: DetailSource, *, span_s: float, charts: bool,
-                 band: BandSource | None = None) -> None:
+    def __init__(self, source: DetailSource, *, clock: Callable[[], float], span_s: float,
+                 charts: bool, band: BandSource | None = None) -> None:
         super().__init__()
         self._source = source
+        self._clock = clock
         self._band = band
         self._span_s = span_s
         self._charts = charts
@@ -236,7 +237,14 @@ class DetailScreen(Screen[None]):
                 yield Static("charts off (--low-bandwidth)", id="detail-nocharts")
         yield Footer()
 
+    def on_mount(self) -> None:
+        self.show(self._clock())  # filled at once, not at the app's next draw
+
     def show(self, now: float) -> None:
+        """Fill the screen; a draw that comes before it is composed (a push is not
+        synchronous) leaves it to on_mount."""
+        if not self.is_mounted:
+            return
         state, history, engine = self._source()
         stats = next(
             (s for s in state.engines if (s.model, s.engine) == engine),
