@@ -36,7 +36,7 @@ import ssl
 import struct
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import parse_qsl, urlsplit
@@ -60,10 +60,20 @@ def fixture(name: str = DEFAULT_FIXTURE) -> bytes:
 
 
 def closed_port() -> int:
-    """A port nothing listens on (bound then released), for 'connection refused'."""
+    """A port nothing listens on (bound then released), for 'connection refused'. Another
+    process may take it later: for a target that must stay refused, use refused_port()."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A port that refuses connections while the block lasts: bound but never listening,
+    so no server of another test (an xdist worker's) can take it in the meantime."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 @lru_cache(maxsize=1)

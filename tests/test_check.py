@@ -61,8 +61,11 @@ async def test_live_check_finds_the_leak_and_replay_agrees(tmp_path: Path) -> No
     assert verdict["verdict"] == "leak" and verdict["leak_first_t"] is not None
     assert verdict["watch_first_t"] <= verdict["leak_first_t"]
     assert truth.leaked_blocks > 0
-    # the estimate is the idle residual: the leaked blocks (the leak only grows after it)
-    assert 0 < verdict["leaked_blocks"] <= truth.leaked_blocks + 1
+    # The estimate is the larger of the idle residual (never above the truth read later: the
+    # leak only grows) and the load-separated fit, which is held to 20 % (issue 13's goal;
+    # on a loaded CI box the fit has led, 317 blocks against 285). Counting a live request's
+    # blocks as leaked would put it far above.
+    assert 0 < verdict["leaked_blocks"] <= 1.2 * truth.leaked_blocks + 1
 
     code, document, err = ok_run
     assert code == 0, err

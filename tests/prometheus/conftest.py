@@ -18,7 +18,7 @@ import pytest
 
 from kvtop.config import Config, leak_params
 from kvtop.headless.rules import render_rules
-from tests.faultserver import closed_port
+from tests.faultserver import refused_port
 
 # Short idle confirmation (the defaults are tested on constructed series in test_leak.py);
 # a backfill step of one scrape, so the idle runs survive the backfill. The rules see only
@@ -94,29 +94,30 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromEnv]:
     fleet = subprocess.Popen([sys.executable, "-m", "tests.prometheus.fleet"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     prometheus = None
-    try:
-        assert fleet.stdout is not None
-        urls = json.loads(fleet.stdout.readline())
-        down = f"http://127.0.0.1:{closed_port()}/metrics"
-        sims = [urls["leaky"], *urls["healthy"], urls["paused"], urls["old"]]
-        instances = [PromEnv.instance(u) for u in sims]
-        (tmp / "prometheus.yml").write_text(
-            _prometheus_yml([*instances, PromEnv.instance(down)], rules))
-        port = _free_port()
-        prometheus = subprocess.Popen(
-            [binary, f"--config.file={tmp / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("wb"))
-        url = f"http://127.0.0.1:{port}"
-        _wait_ready(url, instances, prometheus)
-        yield PromEnv(url, urls["leaky"], urls["healthy"], urls["paused"], urls["old"], down,
-                      config, time.time())
-    finally:
-        for proc in (prometheus, fleet):
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    with refused_port() as refused:  # held: no other test's server can take it
+        try:
+            assert fleet.stdout is not None
+            urls = json.loads(fleet.stdout.readline())
+            down = f"http://127.0.0.1:{refused}/metrics"
+            sims = [urls["leaky"], *urls["healthy"], urls["paused"], urls["old"]]
+            instances = [PromEnv.instance(u) for u in sims]
+            (tmp / "prometheus.yml").write_text(
+                _prometheus_yml([*instances, PromEnv.instance(down)], rules))
+            port = _free_port()
+            prometheus = subprocess.Popen(
+                [binary, f"--config.file={tmp / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("wb"))
+            url = f"http://127.0.0.1:{port}"
+            _wait_ready(url, instances, prometheus)
+            yield PromEnv(url, urls["leaky"], urls["healthy"], urls["paused"], urls["old"], down,
+                          config, time.time())
+        finally:
+            for proc in (prometheus, fleet):
+                if proc is not None:
+                    proc.terminate()
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
