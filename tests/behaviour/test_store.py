@@ -1,18 +1,37 @@
-"""What a recording's header promises a reader (docs/recording-format.md): only a
-``kvtop-recording`` of a version this kvtop knows is read; anything else is a clear
-RecordingError, never a misread file."""
+"""What a recording promises (docs/recording-format.md). A reader: only a ``kvtop-recording``
+of a version this kvtop knows is read; anything else is a clear RecordingError, never a
+misread file. A writer: the header and lines the format names, never over an existing file
+or through a link, lines on disk at each flush, a size limit met before it is crossed, and a
+full disk that loses a batch (counted and said) but never the file."""
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
+import random
+import resource
+from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from kvtop.collect.target import Scrape, Target
-from kvtop.store.recording import VERSION, RecordingError, RecordingWriter, read_recording
+from kvtop.store.format import MAX_LINE_BYTES, MiB
+from kvtop.store.recording import (
+    VERSION,
+    RecordingError,
+    RecordingExists,
+    RecordingWriter,
+    parse_size,
+    read_recording,
+    size_text,
+)
+from kvtop.store.writer import FLUSH_BYTES, MIN_MAX_BYTES
 
 URL = "http://127.0.0.1:8000/metrics"
+OTHER = "https://10.0.0.2/custom/metrics"
 T0 = 1_767_225_600.0
 BODY = 'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
 
@@ -61,3 +80,206 @@ def test_a_version_that_is_not_a_whole_number_from_1_is_refused(tmp_path: Path,
                                                                version: object) -> None:
     with pytest.raises(RecordingError, match="is not a format version"):
         read_recording(recording(tmp_path, version=version))
+
+
+# -- what the writer puts on disk (docs/recording-format.md, "Writing") ---------------------
+
+
+def lines_of(path: Path) -> list[dict[str, object]]:
+    raw = path.read_bytes()
+    if path.name.endswith(".gz"):
+        raw = gzip.decompress(raw)
+    return [json.loads(line) for line in raw.decode().splitlines()]
+
+
+def test_the_header_says_when_and_what_was_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    with RecordingWriter(path, interval_s=0.5, targets=[Target(URL), Target(OTHER)]):
+        pass
+    [header] = lines_of(path)
+    created = datetime.fromisoformat(str(header["created"]))
+    assert created.tzinfo is not None and before <= created <= datetime.now(timezone.utc)
+    assert (header["interval_s"], header["targets"]) == (0.5, [URL, OTHER])
+
+
+def test_a_failed_scrape_is_an_error_line_with_its_kind(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    with RecordingWriter(path, interval_s=1.0, targets=[Target(URL)]) as writer:
+        writer.write(Scrape(Target(URL), T0, failure="timeout", error="no answer in 2 s"))
+        writer.write(Scrape(Target(URL), T0 + 1))  # no body and no reason given
+        writer.write(Scrape(Target(URL), T0 + 2, body=BODY, version="0.33.0"))
+        writer.write(Scrape(Target(URL), T0 + 3, body=BODY))
+    assert lines_of(path)[1:] == [
+        {"t": T0, "target": URL, "error": "no answer in 2 s", "failure": "timeout"},
+        {"t": T0 + 1, "target": URL, "error": "failed", "failure": "down"},
+        {"t": T0 + 2, "target": URL, "body": BODY, "version": "0.33.0"},
+        {"t": T0 + 3, "target": URL, "body": BODY},  # "version" only when it was read
+    ]
+
+
+def test_lines_reach_the_disk_at_flush_or_once_a_mebibyte_waits(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    with RecordingWriter(path, interval_s=1.0, targets=[Target(URL)]) as writer:
+        writer.write(Scrape(Target(URL), T0, body=BODY))
+        assert len(lines_of(path)) == 1 and writer.written == 0  # the header alone
+        writer.flush()
+        assert len(lines_of(path)) == 2 and writer.written == 1
+        big = "#" + "x" * (FLUSH_BYTES // 4) + "\n"
+        for n in range(3):
+            writer.write(Scrape(Target(URL), T0 + 1 + n, body=big))
+        assert writer.written == 1  # 3/4 MiB waits
+        writer.write(Scrape(Target(URL), T0 + 4, body=big))
+        assert writer.written == 5 and len(lines_of(path)) == 6
+        writer.write(Scrape(Target(URL), T0 + 5, body=BODY))
+    assert writer.written == 6 and len(lines_of(path)) == 7  # closing flushes the rest
+    assert writer.status() is None
+
+
+@pytest.mark.parametrize("name", ["e.jsonl", "e.jsonl.gz"])
+def test_an_existing_file_or_link_is_never_overwritten(tmp_path: Path, name: str) -> None:
+    taken = tmp_path / name
+    taken.write_text("precious\n")
+    with pytest.raises(RecordingExists, match="it is an existing file, and kvtop does not "
+                                              "overwrite or follow one"):
+        RecordingWriter(taken, interval_s=1.0, targets=[])
+    link = tmp_path / ("link-" + name)
+    link.symlink_to(tmp_path / "elsewhere")  # dangling: following it would create a file
+    with pytest.raises(RecordingExists, match="it is a symbolic link"):
+        RecordingWriter(link, interval_s=1.0, targets=[])
+    assert taken.read_text() == "precious\n" and not (tmp_path / "elsewhere").exists()
+
+
+def test_replace_writes_a_new_file_over_the_name_and_leaves_a_links_target(
+        tmp_path: Path) -> None:
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("precious\n")
+    link = tmp_path / "r.jsonl.gz"
+    link.symlink_to(kept)
+    with RecordingWriter(link, interval_s=1.0, targets=[], replace=True) as writer:
+        writer.write(Scrape(Target(URL), T0, body=BODY))
+    assert not link.is_symlink() and kept.read_text() == "precious\n"
+    assert [s.text() for s in read_recording(link).scrapes] == [BODY]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.jsonl", "r.jsonl.gz"]
+
+
+@pytest.mark.parametrize("name", ["big.jsonl", "big.jsonl.gz"])
+def test_a_size_limit_stops_before_the_batch_that_would_cross_it(tmp_path: Path,
+                                                                 name: str) -> None:
+    path = tmp_path / name
+    limit = MIN_MAX_BYTES
+    bodies = [f"# {n} {random.Random(n).randbytes(150_000).hex()}\n" for n in range(8)]
+    with RecordingWriter(path, interval_s=1.0, targets=[Target(URL)],
+                         max_bytes=limit) as writer:
+        for n, body in enumerate(bodies):
+            writer.write(Scrape(Target(URL), T0 + n, body=body))
+            writer.flush()
+        fit = {"big.jsonl": 3, "big.jsonl.gz": 6}[name]  # 300 KB each, gzip halves hex
+        assert writer.full and writer.written == fit and writer.unrecorded == 8 - fit
+        writer.write(Scrape(Target(URL), T0 + 9, body=BODY))
+        assert writer.unrecorded == 9 - fit  # nothing more once full
+    assert path.stat().st_size <= limit
+    assert writer.status() == "stopped at 1 MiB"
+    recording = read_recording(path)  # a whole file, gzip ended
+    assert recording.warnings == [] and [s.text() for s in recording.scrapes] == bodies[:fit]
+
+
+def test_no_size_limit_when_asked(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    body = "#" + "x" * MIN_MAX_BYTES + "\n"
+    with RecordingWriter(path, interval_s=1.0, targets=[], max_bytes=0) as writer:
+        writer.write(Scrape(Target(URL), T0, body=body))
+        writer.write(Scrape(Target(URL), T0 + 1, body=body))
+    assert not writer.full and writer.written == 2 and writer.max_bytes is None
+
+
+def test_a_body_too_large_to_read_back_is_recorded_as_an_error_line(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    body = "#" + "x" * MAX_LINE_BYTES + "\n"
+    with RecordingWriter(path, interval_s=1.0, targets=[], max_bytes=0) as writer:
+        writer.write(Scrape(Target(URL), T0, body=body))
+    [scrape] = read_recording(path).scrapes
+    assert (scrape.failure, scrape.t) == ("bad_payload", T0)
+    size = len(json.dumps({"t": T0, "target": URL, "body": body}, separators=(",", ":"))) + 1
+    assert scrape.error == f"a body of {size} bytes is too large to record"
+
+
+@contextlib.contextmanager
+def refused_writes_past(size: int) -> Iterator[None]:
+    """Writes that would take a file of this process past ``size`` bytes fail (EFBIG), as
+    on a full disk; Python ignores the SIGXFSZ the kernel sends with them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def padded(n: int) -> str:
+    return f"{BODY}# scrape {n} {'x' * 5000}\n"
+
+
+@pytest.mark.parametrize("name", ["full.jsonl", "full.jsonl.gz"])
+def test_a_refused_write_loses_the_batch_says_so_and_the_next_flush_goes_on(
+        tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    with RecordingWriter(path, interval_s=1.0, targets=[Target(URL)]) as writer:
+        writer.write(Scrape(Target(URL), T0, body=padded(0)))
+        writer.flush()
+        with refused_writes_past(path.stat().st_size):
+            for n in (1, 2):
+                writer.write(Scrape(Target(URL), T0 + n, body=padded(n)))
+                writer.flush()
+        assert (writer.written, writer.lost, writer.failing) == (1, 2, True)
+        assert writer.status() == "2 lost (File too large)"
+        writer.write(Scrape(Target(URL), T0 + 3, body=padded(3)))
+        writer.flush()
+        assert (writer.written, writer.lost, writer.failing) == (2, 2, False)
+    assert writer.status() == "2 lost (File too large)"  # the count stays: it is the report
+    recording = read_recording(path)
+    assert recording.warnings == []
+    assert [s.text() for s in recording.scrapes] == [padded(0), padded(3)]
+
+
+def test_a_gzip_end_that_cannot_be_written_still_reads_to_the_last_line(
+        tmp_path: Path) -> None:
+    path = tmp_path / "end.jsonl.gz"
+    writer = RecordingWriter(path, interval_s=1.0, targets=[Target(URL)])
+    writer.write(Scrape(Target(URL), T0, body=padded(0)))
+    writer.flush()
+    with refused_writes_past(path.stat().st_size):
+        writer.close()
+    assert writer.end_lost and writer.status() == "end not written (File too large)"
+    recording = read_recording(path)
+    assert [s.text() for s in recording.scrapes] == [padded(0)]
+    assert any("ends early" in warning for warning in recording.warnings)
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("500M", 500 * MiB), ("1G", 1024 * MiB), ("2GiB", 2048 * MiB), ("1.5g", 1536 * MiB),
+    ("1024k", MiB), ("3 MB", 3 * MiB), ("1t", 1024 * 1024 * MiB), (str(MiB), MiB),
+    ("0", 0), ("none", 0), (" NONE ", 0),
+])
+def test_a_size_as_people_write_it(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("12 parsecs", "'12 parsecs' is not a size (500M, 1G, 0 for no limit)"),
+    ("-1G", "is not a size"),
+    ("64k", "'64k' is under the least a recording may be (1 MiB; 0 for no limit)"),
+    (str(MiB - 1), "is under the least"),
+])
+def test_a_size_that_is_none_or_too_small_is_refused(text: str, says: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        parse_size(text)
+    assert says in str(raised.value)
+
+
+@pytest.mark.parametrize(("size", "text"), [
+    (512, "512 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536 * 1024, "1.5 MiB"),
+    (MiB, "1 MiB"), (1024 * MiB, "1 GiB"), (5 * 1024 * 1024 * MiB, "5 TiB"),
+])
+def test_a_size_reads_in_the_largest_unit_it_fills(size: int, text: str) -> None:
+    assert size_text(size) == text
