@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import math
 import random
 import resource
 from collections.abc import Iterator
@@ -18,7 +19,14 @@ from pathlib import Path
 import pytest
 
 from kvtop.collect.target import Scrape, Target
-from kvtop.store.format import MAX_LINE_BYTES, MiB
+from kvtop.store.format import MAX_LINE_BYTES, MAX_T, MiB
+from kvtop.store.reader import (
+    BIG_LINE_BYTES,
+    MAX_VALUES,
+    REORDER_BYTES,
+    open_recording,
+    time_ordered,
+)
 from kvtop.store.recording import (
     VERSION,
     RecordingError,
@@ -283,3 +291,153 @@ def test_a_size_that_is_none_or_too_small_is_refused(text: str, says: str) -> No
 ])
 def test_a_size_reads_in_the_largest_unit_it_fills(size: int, text: str) -> None:
     assert size_text(size) == text
+
+
+# -- what the reader keeps, skips and says (docs/recording-format.md, "Reading rules") -----
+
+
+def lines_file(tmp_path: Path, *lines: object) -> Path:
+    path = tmp_path / "r.jsonl"
+    first = {"format": "kvtop-recording", "version": VERSION, "interval_s": 1.0,
+             "targets": [URL]}
+    with path.open("wb") as file:
+        for line in (first, *lines):
+            file.write(line if isinstance(line, bytes) else json.dumps(line).encode())
+            file.write(b"\n")
+    return path
+
+
+def test_times_from_0_up_to_the_clocks_limit_are_read(tmp_path: Path) -> None:
+    times = [0, 0.5, MAX_T - 1, MAX_T, -1.0, 1e300]
+    path = lines_file(tmp_path, *({"t": t, "target": URL, "body": BODY} for t in times))
+    recording = open_recording(path)
+    assert [s.t for s in recording.in_file_order()] == [0.0, 0.5, MAX_T - 1]
+    assert recording.skipped == 3
+    assert recording.warnings == [f'line {n}: "t" is not a time (unix seconds, 0 to 1e+10); '
+                                  "skipped" for n in (5, 6, 7)]
+
+
+def test_a_version_is_kept_up_to_200_characters(tmp_path: Path) -> None:
+    versions = ["v" * 200, "v" * 201, 5]
+    path = lines_file(tmp_path, *({"t": T0 + n, "target": URL, "body": BODY, "version": v}
+                                  for n, v in enumerate(versions)))
+    assert [s.version for s in read_recording(path).scrapes] == ["v" * 200, None, None]
+
+
+def test_a_long_error_is_cut_to_2000_characters_and_an_unknown_kind_is_down(
+        tmp_path: Path) -> None:
+    errors = [("e" * 2000, "auth"), ("e" * 2001, "timeout"), ("short", "exploded"),
+              ("short", 5), ("no kind", None)]
+    path = lines_file(tmp_path, *({"t": T0 + n, "target": URL, "error": error,
+                                   "failure": failure}
+                                  for n, (error, failure) in enumerate(errors)))
+    scrapes = read_recording(path).scrapes
+    assert [(s.error, s.failure) for s in scrapes] == [
+        ("e" * 2000, "auth"), ("e" * 1999 + "…", "timeout"), ("short", "down"),
+        ("short", "down"), ("no kind", "down")]
+
+
+def test_line_kinds_a_reader_does_not_know_are_passed_over_quietly(tmp_path: Path) -> None:
+    path = lines_file(tmp_path, {"kind": "gpus", "gpus": []},
+                      {"t": T0, "target": URL, "body": BODY})
+    recording = open_recording(path)
+    assert (recording.count, recording.skipped, recording.warnings) == (1, 0, [])
+
+
+def test_each_skipped_line_is_counted(tmp_path: Path) -> None:
+    path = lines_file(tmp_path, b"not json", {"t": T0, "target": URL}, [1, 2],
+                      {"t": T0, "target": URL, "body": BODY})
+    recording = open_recording(path)
+    assert (recording.count, recording.skipped) == (1, 3)
+
+
+def test_a_header_value_is_quoted_short_in_the_error(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"format": "kvtop-recording", "version": "9" * 100}) + "\n")
+    with pytest.raises(RecordingError) as raised:
+        read_recording(path)
+    assert f"version '{'9' * 38}… is not a format version" in str(raised.value)
+
+
+def test_the_targets_are_the_headers_then_those_only_scrapes_name(tmp_path: Path) -> None:
+    path = lines_file(tmp_path, {"t": T0, "target": OTHER, "body": BODY},
+                      {"t": T0 + 1, "target": URL, "body": BODY},
+                      {"t": T0 + 2, "target": OTHER, "body": BODY})
+    assert [t.url for t in read_recording(path).targets()] == [URL, OTHER]
+    assert [t.url for t in open_recording(path).targets()] == [URL, OTHER]
+    headless = tmp_path / "h.jsonl"
+    headless.write_text(json.dumps({"format": "kvtop-recording", "version": 1}) + "\n"
+                        + json.dumps({"t": T0, "target": OTHER, "body": BODY}) + "\n")
+    assert [t.url for t in read_recording(headless).targets()] == [OTHER]
+
+
+def test_a_recording_still_being_written_is_read_up_to_where_it_was_checked(
+        tmp_path: Path) -> None:
+    path = lines_file(tmp_path, {"t": T0, "target": URL, "body": BODY})
+    recording = open_recording(path)
+    with path.open("a") as file:
+        file.write(json.dumps({"t": T0 + 1, "target": URL, "body": BODY}) + "\n")
+    assert [s.t for s in recording.in_file_order()] == [T0]
+
+
+def test_a_recording_replaced_after_it_was_checked_stops_quietly(tmp_path: Path) -> None:
+    path = lines_file(tmp_path, {"t": T0, "target": URL, "body": BODY})
+    recording = open_recording(path)
+    path.write_text("no longer a recording\n")
+    assert list(recording.in_file_order()) == []
+
+
+def value_line(values: int) -> bytes:
+    """A line over 1 MiB (a long string, skipped over) holding this many JSON value starts:
+    the object, the list and each comma."""
+    pad = "x" * BIG_LINE_BYTES
+    return f'{{"pad":"{pad}","v":[{",".join("0" * (values - 2))}]}}'.encode()
+
+
+def test_a_big_line_of_at_most_ten_thousand_values_is_parsed_and_no_more(
+        tmp_path: Path) -> None:
+    path = lines_file(tmp_path, value_line(MAX_VALUES), value_line(MAX_VALUES + 1),
+                      {"t": T0, "target": URL, "body": BODY})
+    recording = open_recording(path)
+    assert recording.count == 1
+    assert recording.warnings == [  # the first parsed, and refused for what it holds
+        'line 2: "target" is not a URL of at most 4096 characters; skipped',
+        f"line 3: more than {MAX_VALUES} JSON values; skipped"]
+
+
+def test_values_inside_a_string_are_not_counted(tmp_path: Path) -> None:
+    body = "[" * (MAX_VALUES + 10) + "x" * BIG_LINE_BYTES
+    path = lines_file(tmp_path, {"t": T0, "target": URL, "body": body},
+                      {"t": T0 + 1, "target": URL, "body": BODY})
+    assert [s.body for s in read_recording(path).scrapes] == [body, BODY]
+
+
+# -- the time order a replay reads in ------------------------------------------------------
+
+
+def ordered(times: list[float], late_s: float, bodies: list[str] | None = None
+            ) -> list[tuple[float, int]]:
+    """(t, scrapes read so far) for each scrape time_ordered gives out, in order."""
+    read = [0]
+
+    def scrapes() -> Iterator[Scrape]:
+        for n, t in enumerate(times):
+            read[0] += 1
+            yield Scrape(Target(URL), t, body=bodies[n] if bodies else "x")
+
+    return [(s.t, read[0]) for s in time_ordered(scrapes(), late_s)]
+
+
+def test_a_scrape_goes_out_once_nothing_late_can_come_before_it() -> None:
+    # a line lags an earlier one by at most late_s: t=0 is safe once t=5 was read
+    assert ordered([0, 3, 5, 8, 9], 5.0) == [(0, 3), (3, 4), (5, 5), (8, 5), (9, 5)]
+    assert ordered([3, 0, 5, 1, 9], 5.0) == [(0, 3), (1, 5), (3, 5), (5, 5), (9, 5)]
+
+
+def test_the_reorder_buffer_holds_at_most_64_mib_of_bodies() -> None:
+    # each scrape counts its body and 200 bytes: 64 of these fill the buffer exactly
+    body = "x" * (REORDER_BYTES // 64 - 200)
+    out = ordered([float(n) for n in range(67)], math.inf, [body] * 67)
+    # nothing leaves while exactly 64 MiB is held; past it, the earliest, one for one
+    assert out[:3] == [(0.0, 65), (1.0, 66), (2.0, 67)]
+    assert [t for t, _ in out] == [float(n) for n in range(67)]
