@@ -127,7 +127,8 @@ def test_the_alerts_table_reaches_the_alerts(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("table", "words"), [
     ('bell = "yes"', "bell must be true or false (got 'yes')"),
-    ('command = "notify-send kvtop"', "command must be a list of strings, the program first"),
+    ('command = "notify-send kvtop"', "command must be a list of strings, the program first "
+                                      '(it is run without a shell), e.g. ["notify-send", "kvtop"]'),
     ('command = ["", "kvtop"]', "command must be a list of strings"),
     ('command = ["notify-send", 5]', "command must be a list of strings"),
     ("min_interval_s = 0", "min_interval_s must be a finite number > 0"),
@@ -194,6 +195,7 @@ def test_config_targets_keep_their_name_group_token_and_baseline(
     ('url = "gpu-1:8000"\ntoken_file = "/nonexistent/token"',
      "targets[0]: token_file: No such file or directory: /nonexistent/token"),
     ('url = "gpu-1:8000"\nbaseline = 5', "targets[0]: baseline must be a string (got '5')"),
+    ("url = 8000", "targets[0]: url must be a string (got '8000')"),
     ('name = "no url"', "targets[0]: each [[targets]] needs url"),
     ('url = "gpu-1:8000"\ntoken_env = 5', "targets[0]: token_env must be a string"),
     ('url = "gpu-1:8000"\ntoken_file = 5', "targets[0]: token_file must be a string"),
@@ -283,6 +285,15 @@ def test_prometheus_from_the_command_line_or_the_config(
                                   load_config(config(tmp_path, "")))
     assert settings is not None
     assert (settings.selector, settings.token, settings.backfill_step_s) == ("", None, None)
+
+
+def test_a_command_without_target_options_reads_the_configs_prometheus(
+        tmp_path: Path) -> None:
+    loaded = load_config(config(tmp_path, '[prometheus]\nurl = "prom:9090"\n'
+                                          'selector = \'{job="vllm"}\'\n'))
+    settings = resolve_prometheus(argparse.Namespace(), loaded)
+    assert settings is not None and (settings.url, settings.selector) == (
+        "http://prom:9090", '{job="vllm"}')
 
 
 @pytest.mark.parametrize(("argv", "table", "words"), [
