@@ -6,8 +6,12 @@ judged as it was recorded."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,9 +30,12 @@ from kvtop.headless.check_command import (
     EngineVerdict,
     Progress,
     print_result,
+    run_check_live,
     run_check_replay,
 )
 from kvtop.store.recording import RecordingWriter
+from kvtop.store.writer import MIN_MAX_BYTES
+from tests.faultserver import FaultServer, closed_port
 
 TARGET = Target.from_spec("127.0.0.1:8000")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -375,3 +382,93 @@ def test_a_bad_recording_is_a_usage_error_and_skipped_lines_are_told(
         file.write("not json\n")
     assert run_check_replay(path, params=None, as_json=True) == EXIT_LEAK
     assert f"kvtop check: {path}: line 14: not JSON; skipped" in capsys.readouterr().err
+
+
+# -- live ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def served(server: FaultServer) -> Iterator[FaultServer]:
+    """Serve from a thread's event loop while the command runs its own."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(20)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.__aexit__(None, None, None), loop).result(20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(20)
+
+
+QUICK = LeakParams(idle_min_s=0.2, idle_min_scrapes=3, idle_leak_s=0.5)  # seconds, not minutes
+
+
+def test_a_live_check_until_leak_stops_at_the_leak_and_records_what_it_judged(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = tmp_path / "live.jsonl"
+    with served(FaultServer(bodies=[body(0.04).encode()])) as server:
+        target = Target.from_spec(server.url())
+        code = run_check_live([target], params=QUICK, duration_s=120.0, interval_s=0.05,
+                              timeout_s=10.0, insecure=False, until_leak=True, record=record,
+                              as_json=True)
+    assert code == EXIT_LEAK
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["verdict"] == "leak" and document["duration_s"] < 60  # not the 120 s
+    assert captured.err == ""  # no progress line off a terminal, no recording trouble
+    assert run_check_replay(record, params=QUICK, as_json=True) == EXIT_LEAK
+    again = json.loads(capsys.readouterr().out)
+    assert again["targets"] == document["targets"]
+
+
+def test_a_live_check_runs_its_duration_without_until_leak(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served(FaultServer(bodies=[body(0.0).encode()])) as server:
+        target = Target.from_spec(server.url())
+        code = run_check_live([target], params=None, duration_s=0.6, interval_s=0.05,
+                              timeout_s=10.0, insecure=False, until_leak=False, record=None,
+                              as_json=True)
+        hits = server.hits
+    document = json.loads(capsys.readouterr().out)
+    assert code == EXIT_OK and document["verdict"] == "ok" and hits >= 3
+    assert [t["target"] for t in document["targets"]] == [target.url]
+
+
+def test_a_live_check_of_a_server_that_never_answers_is_no_data(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    target = Target.from_spec(f"127.0.0.1:{closed_port()}")
+    code = run_check_live([target], params=None, duration_s=0.3, interval_s=0.05,
+                          timeout_s=5.0, insecure=False, until_leak=True, record=None,
+                          as_json=True)
+    document = json.loads(capsys.readouterr().out)
+    assert code == EXIT_NO_DATA and document["targets"] == [{"target": target.url,
+                                                             "engines": []}]
+
+
+def test_a_recording_that_cannot_be_written_stops_the_check_before_it_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    taken = tmp_path / "taken.jsonl"
+    taken.write_text("precious\n")
+    code = run_check_live([TARGET], params=None, duration_s=60.0, interval_s=0.05,
+                          timeout_s=5.0, insecure=False, until_leak=False, record=taken,
+                          as_json=True)
+    captured = capsys.readouterr()
+    assert code == EXIT_USAGE and captured.out == ""
+    assert captured.err.startswith(f"kvtop check: cannot write {taken}: it is an existing file")
+    assert taken.read_text() == "precious\n"
+
+
+def test_a_recording_that_fills_up_is_told_and_the_verdict_stands(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = tmp_path / "small.jsonl"
+    big = body(0.04) + "# " + "x" * (600 * 1024) + "\n"
+    with served(FaultServer(bodies=[big.encode()])) as server:
+        code = run_check_live([Target.from_spec(server.url())], params=QUICK,
+                              duration_s=120.0, interval_s=0.05, timeout_s=10.0,
+                              insecure=False, until_leak=True, record=record, as_json=True,
+                              record_max_bytes=MIN_MAX_BYTES)
+    captured = capsys.readouterr()
+    assert code == EXIT_LEAK and json.loads(captured.out)["verdict"] == "leak"
+    assert captured.err == f"kvtop check: recording {record}: stopped at 1 MiB\n"
