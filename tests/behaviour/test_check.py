@@ -6,12 +6,8 @@ judged as it was recorded."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,7 +31,7 @@ from kvtop.headless.check_command import (
 )
 from kvtop.store.recording import RecordingWriter
 from kvtop.store.writer import MIN_MAX_BYTES
-from tests.faultserver import FaultServer, closed_port
+from tests.faultserver import FaultServer, closed_port, served_in_thread
 
 TARGET = Target.from_spec("127.0.0.1:8000")
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -387,28 +383,13 @@ def test_a_bad_recording_is_a_usage_error_and_skipped_lines_are_told(
 # -- live ------------------------------------------------------------------------------------
 
 
-@contextmanager
-def served(server: FaultServer) -> Iterator[FaultServer]:
-    """Serve from a thread's event loop while the command runs its own."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(20)
-    try:
-        yield server
-    finally:
-        asyncio.run_coroutine_threadsafe(server.__aexit__(None, None, None), loop).result(20)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(20)
-
-
 QUICK = LeakParams(idle_min_s=0.2, idle_min_scrapes=3, idle_leak_s=0.5)  # seconds, not minutes
 
 
 def test_a_live_check_until_leak_stops_at_the_leak_and_records_what_it_judged(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = tmp_path / "live.jsonl"
-    with served(FaultServer(bodies=[body(0.04).encode()])) as server:
+    with served_in_thread(FaultServer(bodies=[body(0.04).encode()])) as server:
         target = Target.from_spec(server.url())
         code = run_check_live([target], params=QUICK, duration_s=120.0, interval_s=0.05,
                               timeout_s=10.0, insecure=False, until_leak=True, record=record,
@@ -425,7 +406,7 @@ def test_a_live_check_until_leak_stops_at_the_leak_and_records_what_it_judged(
 
 def test_a_live_check_runs_its_duration_without_until_leak(
         capsys: pytest.CaptureFixture[str]) -> None:
-    with served(FaultServer(bodies=[body(0.0).encode()])) as server:
+    with served_in_thread(FaultServer(bodies=[body(0.0).encode()])) as server:
         target = Target.from_spec(server.url())
         code = run_check_live([target], params=None, duration_s=0.6, interval_s=0.05,
                               timeout_s=10.0, insecure=False, until_leak=False, record=None,
@@ -464,7 +445,7 @@ def test_a_recording_that_fills_up_is_told_and_the_verdict_stands(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = tmp_path / "small.jsonl"
     big = body(0.04) + "# " + "x" * (600 * 1024) + "\n"
-    with served(FaultServer(bodies=[big.encode()])) as server:
+    with served_in_thread(FaultServer(bodies=[big.encode()])) as server:
         code = run_check_live([Target.from_spec(server.url())], params=QUICK,
                               duration_s=120.0, interval_s=0.05, timeout_s=10.0,
                               insecure=False, until_leak=True, record=record, as_json=True,

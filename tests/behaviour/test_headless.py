@@ -22,9 +22,10 @@ from kvtop.headless.snapshot_command import (
     EXIT_UNREADABLE,
     collect_states,
     print_snapshot,
+    run_snapshot,
     snapshot_exit_code,
 )
-from tests.faultserver import FaultServer, closed_port, fixture
+from tests.faultserver import FaultServer, closed_port, fixture, served_in_thread
 
 
 def test_json_for_a_script_text_for_a_person(capsys: pytest.CaptureFixture[str]) -> None:
@@ -109,3 +110,29 @@ async def test_one_read_gives_values_but_no_rates_and_no_wait() -> None:
     assert time.monotonic() - started < 30  # no interval after the last read
     assert server.hits == 1
     assert states[0].engines[0].running == 30 and states[0].engines[0].window_s is None
+
+
+def test_kvtop_snapshot_prints_what_it_read_and_its_exit_code(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer()) as server:
+        targets = [Target.from_spec(server.url()),
+                   Target.from_spec(f"127.0.0.1:{closed_port()}")]
+        code = run_snapshot(targets, samples=2, interval_s=0.5, timeout_s=10, insecure=False,
+                            as_json=True, with_gpus=False)
+        hits = server.hits
+    document = json.loads(capsys.readouterr().out)
+    assert code == EXIT_UNREADABLE and hits == 2
+    up, down = document["targets"]
+    assert (up["status"], down["status"]) == ("up", "down")
+    assert up["engines"][0]["rates"]["window_s"] > 0  # read twice: rates filled in
+    assert document["kvtop_snapshot"] == 1 and document["gpu_sources"] == []
+
+
+def test_kvtop_snapshot_reads_every_metric_only_when_asked() -> None:
+    with served_in_thread(FaultServer()) as server:
+        target = Target.from_spec(server.url())
+        for full in (False, True):
+            asyncio.run(collect_states([target], samples=1, interval_s=1.0, timeout_s=10,
+                                       insecure=False, full_metrics=full))
+        reads = [r for r in server.requests if r.path.startswith("/metrics")]
+    assert ["name[]" in r.query for r in reads] == [True, False]
