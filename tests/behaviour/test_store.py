@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from kvtop.collect.target import Scrape, Target
+from kvtop.safe_text import display_text
 from kvtop.store.format import MAX_LINE_BYTES, MAX_T, MiB
 from kvtop.store.reader import (
     BIG_LINE_BYTES,
+    MAX_TARGETS,
     MAX_VALUES,
     REORDER_BYTES,
     open_recording,
@@ -435,9 +437,137 @@ def test_a_scrape_goes_out_once_nothing_late_can_come_before_it() -> None:
 
 
 def test_the_reorder_buffer_holds_at_most_64_mib_of_bodies() -> None:
-    # each scrape counts its body and 200 bytes: 64 of these fill the buffer exactly
-    body = "x" * (REORDER_BYTES // 64 - 200)
-    out = ordered([float(n) for n in range(67)], math.inf, [body] * 67)
+    # each scrape counts its body and 200 bytes: 65,536 of these fill the buffer exactly
+    fill = REORDER_BYTES // 1024
+    body = "x" * (1024 - 200)
+    out = ordered([float(n) for n in range(fill + 3)], math.inf, [body] * (fill + 3))
     # nothing leaves while exactly 64 MiB is held; past it, the earliest, one for one
-    assert out[:3] == [(0.0, 65), (1.0, 66), (2.0, 67)]
-    assert [t for t, _ in out] == [float(n) for n in range(67)]
+    assert out[:3] == [(0.0, fill + 1), (1.0, fill + 2), (2.0, fill + 3)]
+    assert [t for t, _ in out] == [float(n) for n in range(fill + 3)]
+
+
+# -- the limits of a line, and damaged files --------------------------------------------------
+
+
+def test_a_header_over_the_line_limit_is_no_recording(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"format": "kvtop-recording", "pad": "' + b"x" * MAX_LINE_BYTES + b'"}\n')
+    with pytest.raises(RecordingError) as raised:
+        read_recording(path)
+    assert str(raised.value) == f"{path}: not a kvtop recording (line 1 is over 24 MiB)"
+
+
+def scrape_line_of(size: int, t: float = T0, newline: bool = True) -> bytes:
+    """A good scrape line of exactly ``size`` bytes, its newline included."""
+    head = json.dumps({"t": t, "target": URL, "body": ""}).encode()[:-2]
+    pad = size - len(head) - 2 - (1 if newline else 0)
+    return head + b"#" * pad + b'"}' + (b"\n" if newline else b"")
+
+
+def raw_file(tmp_path: Path, *lines: bytes) -> Path:
+    path = tmp_path / "r.jsonl"
+    header = {"format": "kvtop-recording", "version": VERSION, "targets": [URL]}
+    path.write_bytes(json.dumps(header).encode() + b"\n" + b"".join(lines))
+    return path
+
+
+def test_a_line_of_24_mib_is_read_and_one_byte_more_is_skipped_whole(tmp_path: Path) -> None:
+    path = raw_file(tmp_path, scrape_line_of(MAX_LINE_BYTES + 1, T0),  # 24 MiB, and "\n"
+                    scrape_line_of(MAX_LINE_BYTES + 2, T0 + 1),
+                    scrape_line_of(MAX_LINE_BYTES + 3 * MiB, T0 + 2),
+                    scrape_line_of(1000, T0 + 3),
+                    scrape_line_of(MAX_LINE_BYTES, T0 + 4, newline=False))  # the last, cut
+    recording = open_recording(path)
+    assert [s.t for s in recording.in_file_order()] == [T0, T0 + 3, T0 + 4]
+    assert recording.warnings == [f"line {n}: longer than 24 MiB; skipped" for n in (3, 4)]
+
+
+def test_a_line_of_exactly_a_mebibyte_is_parsed_whatever_it_holds(tmp_path: Path) -> None:
+    many = ",".join("0" * (MAX_VALUES + 10))
+    head = f'{{"t": {T0}, "target": "{URL}", "body": "", "v": ['.encode()
+    line = head + many.encode() + b"]}\n"
+    pad = BIG_LINE_BYTES - len(line)
+    line = head.replace(b'"body": ""', b'"body": "' + b"#" * pad + b'"') + many.encode() + b"]}\n"
+    assert len(line) == BIG_LINE_BYTES
+    recording = open_recording(raw_file(tmp_path, line))
+    assert recording.count == 1 and recording.warnings == []
+
+
+@pytest.mark.parametrize(("interval", "ok"), [(86_400, True), (86_400.5, False), (0, False)])
+def test_an_interval_of_up_to_a_day_is_read(tmp_path: Path, interval: float, ok: bool) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"format": "kvtop-recording", "version": 1,
+                                "interval_s": interval}) + "\n")
+    if ok:
+        assert read_recording(path).interval_s == interval
+        return
+    with pytest.raises(RecordingError) as raised:
+        read_recording(path)
+    assert str(raised.value) == (f"{path}: bad header: interval_s {interval!r} is not a number "
+                                 "of seconds above 0 and at most 86400")
+
+
+def test_up_to_ten_thousand_targets_are_read_and_a_line_beyond_them_skipped(
+        tmp_path: Path) -> None:
+    urls = [f"http://10.0.{n // 256}.{n % 256}:8000/metrics" for n in range(MAX_TARGETS)]
+    path = tmp_path / "r.jsonl"
+    lines = [{"format": "kvtop-recording", "version": 1, "targets": urls},
+             {"t": T0, "target": urls[-1], "body": BODY},
+             {"t": T0 + 1, "target": URL, "body": BODY},
+             {"t": T0 + 2, "target": urls[0], "body": BODY}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    recording = open_recording(path)
+    assert [(s.target.url, s.t) for s in recording.in_file_order()] == [
+        (urls[-1], T0), (urls[0], T0 + 2)]
+    assert recording.warnings == [f"line 3: a target beyond the first {MAX_TARGETS}; skipped"]
+    assert len(recording.targets()) == MAX_TARGETS
+    path.write_text(json.dumps({"format": "kvtop-recording", "version": 1,
+                                "targets": [*urls, URL]}) + "\n")
+    with pytest.raises(RecordingError) as raised:
+        open_recording(path)
+    shown = display_text(repr([*urls, URL]), 40)  # quoted short
+    assert str(raised.value) == (f"{path}: bad header: targets {shown} is not a list of at "
+                                 f"most {MAX_TARGETS} URLs")
+
+
+@pytest.mark.parametrize(("url", "kept"), [("x", True), ("", False), ("h" * 4096, True),
+                                           ("h" * 4097, False), ("http://h:port/", False)])
+def test_a_target_is_any_url_of_up_to_4096_characters(tmp_path: Path, url: str,
+                                                      kept: bool) -> None:
+    recording = open_recording(lines_file(tmp_path, {"t": T0, "target": url, "body": BODY}))
+    assert recording.count == (1 if kept else 0)
+
+
+def test_a_line_up_to_ten_minutes_behind_an_earlier_one_is_kept(tmp_path: Path) -> None:
+    path = lines_file(tmp_path, *({"t": t, "target": URL, "body": BODY}
+                                  for t in (T0, T0 - 600, T0 - 600.5)))
+    recording = open_recording(path)
+    assert [s.t for s in recording.in_file_order()] == [T0, T0 - 600]
+    assert recording.warnings == ["line 4: t is over 600 s before an earlier line's; skipped"]
+    assert [s.t for s in recording.in_time_order()] == [T0 - 600, T0]
+
+
+def test_an_empty_recording_spans_nothing(tmp_path: Path) -> None:
+    recording = open_recording(lines_file(tmp_path))
+    assert (recording.count, recording.start_t, recording.end_t) == (0, 0.0, 0.0)
+    assert [t.url for t in recording.targets()] == [URL]
+
+
+def test_a_file_that_is_gzip_only_by_its_first_bytes_is_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"\x1f\x8b" + b"x" * 30)
+    with pytest.raises(RecordingError) as raised:
+        open_recording(path)
+    assert str(raised.value) == f"{path}: unreadable (Unknown compression method)"
+
+
+def test_a_gzip_cut_short_reads_to_where_it_ends_and_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl.gz"
+    with RecordingWriter(path, interval_s=1.0, targets=[Target(URL)]) as writer:
+        writer.write(Scrape(Target(URL), T0, body=BODY))
+    path.write_bytes(path.read_bytes()[:-8])  # the trailer lost
+    recording = open_recording(path)
+    assert [s.t for s in recording.in_file_order()] == [T0]
+    assert recording.warnings == [
+        "the file ends early or is damaged after line 2 (Compressed file ended before the "
+        "end-of-stream marker was reached); read what came before"]
