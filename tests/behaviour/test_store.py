@@ -7,11 +7,14 @@ full disk that loses a batch (counted and said) but never the file."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import json
 import math
+import os
 import random
 import resource
+import stat
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -571,3 +574,143 @@ def test_a_gzip_cut_short_reads_to_where_it_ends_and_says_so(tmp_path: Path) -> 
     assert recording.warnings == [
         "the file ends early or is damaged after line 2 (Compressed file ended before the "
         "end-of-stream marker was reached); read what came before"]
+
+
+# -- the writer at its edges ---------------------------------------------------------------
+
+
+def line_bytes(t: float, body: str) -> int:
+    return len(json.dumps({"t": t, "target": URL, "body": body}, separators=(",", ":"))) + 1
+
+
+def body_for(size: int, t: float) -> str:
+    """A body whose recording line is exactly ``size`` bytes."""
+    return "#" * (size - line_bytes(t, ""))
+
+
+def test_a_new_writer_is_well_and_says_what_it_writes(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    with RecordingWriter(path, interval_s=1.0, targets=[]) as writer:
+        assert writer.path == path
+        assert (writer.failing, writer.full, writer.end_lost, writer.error) == (
+            False, False, False, None)
+        assert (writer.written, writer.lost, writer.unrecorded) == (0, 0, 0)
+
+
+def test_a_recording_is_created_readable_and_writable_never_executable(tmp_path: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    RecordingWriter(tmp_path / "new.jsonl", interval_s=1.0, targets=[]).close()
+    (tmp_path / "old.jsonl").write_text("x\n")
+    RecordingWriter(tmp_path / "old.jsonl", interval_s=1.0, targets=[], replace=True).close()
+    for name in ("new.jsonl", "old.jsonl"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_taken_name_is_a_file_exists_error(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("x\n")
+    with pytest.raises(RecordingExists) as raised:
+        RecordingWriter(tmp_path / "taken", interval_s=1.0, targets=[])
+    assert isinstance(raised.value, FileExistsError) and raised.value.errno == errno.EEXIST
+
+
+def test_a_header_that_cannot_be_written_leaves_no_file(tmp_path: Path) -> None:
+    for replace in (False, True):
+        with refused_writes_past(0), pytest.raises(OSError) as raised:
+            RecordingWriter(tmp_path / "r.jsonl", interval_s=1.0, targets=[], replace=replace)
+        assert raised.value.errno == errno.EFBIG
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_is_never_replaced(tmp_path: Path) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "kept").write_text("x\n")
+    with pytest.raises(OSError):
+        RecordingWriter(folder, interval_s=1.0, targets=[], replace=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["folder"]  # no temporary file left
+    assert (folder / "kept").read_text() == "x\n"
+
+
+def test_a_header_the_reader_would_refuse_is_never_written(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        RecordingWriter(tmp_path / "nan.jsonl", interval_s=math.nan, targets=[])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_write_cut_short_by_a_limit_is_cut_back_off_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    with RecordingWriter(path, interval_s=1.0, targets=[Target(URL)]) as writer:
+        writer.write(Scrape(Target(URL), T0, body=padded(0)))
+        writer.flush()
+        with refused_writes_past(path.stat().st_size + 100):  # 100 bytes go, then no more
+            writer.write(Scrape(Target(URL), T0 + 1, body=padded(1)))
+            writer.flush()
+        assert (writer.written, writer.lost) == (1, 1)
+        writer.write(Scrape(Target(URL), T0 + 2, body=padded(2)))
+    recording = read_recording(path)
+    assert recording.warnings == []
+    assert [s.text() for s in recording.scrapes] == [padded(0), padded(2)]
+
+
+def test_a_mebibyte_waiting_goes_to_disk_and_less_waits(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    with RecordingWriter(path, interval_s=1.0, targets=[], max_bytes=0) as writer:
+        writer.write(Scrape(Target(URL), T0, body=body_for(FLUSH_BYTES - 1, T0)))
+        assert writer.written == 0  # a byte short
+        writer.flush()
+        writer.write(Scrape(Target(URL), T0 + 1, body=body_for(FLUSH_BYTES - 1, T0 + 1)))
+        assert writer.written == 1  # nothing left over from the last flush
+        writer.flush()
+        writer.write(Scrape(Target(URL), T0 + 2, body=body_for(FLUSH_BYTES, T0 + 2)))
+        assert writer.written == 3
+
+
+def test_a_flush_with_nothing_waiting_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl.gz"
+    with RecordingWriter(path, interval_s=1.0, targets=[]) as writer:
+        size = path.stat().st_size
+        writer.flush()
+        writer.flush()
+        assert path.stat().st_size == size
+
+
+@pytest.mark.parametrize("spare", [0, 1])
+def test_the_size_limit_keeps_room_for_the_gzip_end_to_the_byte(tmp_path: Path,
+                                                                 spare: int) -> None:
+    path = tmp_path / "r.jsonl"
+    limit = MIN_MAX_BYTES
+    with RecordingWriter(path, interval_s=1.0, targets=[], max_bytes=limit) as writer:
+        room = limit - path.stat().st_size - 16 + spare  # 16: the gzip end, kept free
+        writer.write(Scrape(Target(URL), T0, body=body_for(room, T0)))
+        writer.flush()
+        assert writer.full == (spare > 0)
+
+
+def test_a_line_of_the_reading_limit_is_recorded_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    body = body_for(MAX_LINE_BYTES, T0)
+    with RecordingWriter(path, interval_s=1.0, targets=[], max_bytes=0) as writer:
+        writer.write(Scrape(Target(URL), T0, body=body))
+    assert [s.body for s in read_recording(path).scrapes] == [body]
+
+
+def test_a_limit_and_lost_scrapes_are_both_told(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    with RecordingWriter(path, interval_s=1.0, targets=[], max_bytes=MIN_MAX_BYTES) as writer:
+        with refused_writes_past(path.stat().st_size):
+            writer.write(Scrape(Target(URL), T0, body=padded(0)))
+            writer.flush()
+        writer.write(Scrape(Target(URL), T0 + 1, body=body_for(MIN_MAX_BYTES, T0 + 1)))
+        writer.flush()
+    assert writer.status() == "1 lost (File too large), stopped at 1 MiB"
+
+
+def test_nothing_is_written_or_counted_after_close(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    writer = RecordingWriter(path, interval_s=1.0, targets=[])
+    writer.close()
+    size = path.stat().st_size
+    writer.write(Scrape(Target(URL), T0, body=BODY))
+    writer.flush()
+    assert (writer.written, writer.unrecorded, path.stat().st_size) == (0, 0, size)
