@@ -120,10 +120,26 @@ async def test_a_seek_back_rewinds_once_and_replays_from_the_start() -> None:
         source.seek(1.0)  # the scrape at 1.0 was delivered: behind the last one
         await eventually(lambda: len(player.seen) == 6, "0 and 1 again")
         assert player.seen == [0.0, 1.0, 2.0, 3.0, 0.0, 1.0] and rewinds == [1]
-        source.seek(1.0)  # not behind the last one delivered now: no rewind
-        source.seek(1.5)
-        await asyncio.sleep(0)
-        assert rewinds == [1]
+        source.seek(1.0)  # at the last one delivered, not behind it: no rewind
+        source.seek(2.5)
+        await eventually(lambda: player.seen[-1] == 2.0, "2 once more")
+        assert player.seen == [0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0] and rewinds == [1]
+
+
+async def test_every_seek_and_step_while_playing_moves_the_clock_for_good() -> None:
+    # at 0.1x the scrape at 1000 s is hours away: the replay sleeps, and each move wakes it
+    source = ReplaySource(recording([0.0, 50.0, 60.0, 70.0, 80.0, 1000.0]), speed=0.1)
+    async with Player(source) as player:
+        await eventually(lambda: player.seen == [0.0], "the scrape at the start")
+        source.seek(50.0)
+        await eventually(lambda: player.seen[-1] == 50.0, "the scrape sought")
+        source.seek(60.0)  # a second move while asleep again
+        await eventually(lambda: player.seen[-1] == 60.0, "the next scrape sought")
+        source.step()
+        await eventually(lambda: player.seen[-1] == 70.0, "the stepped scrape")
+        source.step()
+        await eventually(lambda: player.seen[-1] == 80.0, "the next stepped scrape")
+        assert source.now() == 80.0 and player.seen == [0.0, 50.0, 60.0, 70.0, 80.0]
 
 
 async def test_the_clock_runs_at_the_speed_asked_for() -> None:
