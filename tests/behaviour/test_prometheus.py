@@ -26,7 +26,7 @@ from kvtop.collect.prometheus import (
     parse_retention,
 )
 from kvtop.collect.target import Scrape, Secret
-from tests.faultserver import FaultServer, Request
+from tests.faultserver import FaultServer, Request, mode
 
 T0 = 1_767_225_600.0
 JOB = "vllm"
@@ -43,6 +43,8 @@ class Stored:
     up: dict[tuple[str, str], list[tuple[float, str]]] = field(default_factory=dict)
     last_error: dict[tuple[str, str], str] = field(default_factory=dict)
     retention: object = "15d"
+    targets_answer: object = None  # /api/v1/targets' data instead of the real one, when set
+    runtime_answer: object = None  # likewise for status/runtimeinfo
     refuse: tuple[int, bytes] | None = None
     queries: list[dict[str, str]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -54,10 +56,14 @@ class Stored:
         form = {k: v[-1] for k, v in parse_qs(request.body.decode()).items()}
         self.queries.append({"path": request.path, **form})
         if request.path.endswith("/status/runtimeinfo"):
+            if self.runtime_answer is not None:
+                return ok(self.runtime_answer)
             return ok({"storageRetention": self.retention})
         if request.path.endswith("/targets"):
+            if self.targets_answer is not None:
+                return ok(self.targets_answer)
             return ok({"activeTargets": [
-                {"labels": {"job": job, "instance": instance}, "lastError": error}
+                {"labels": labels(job=job, instance=instance), "lastError": error}
                 for (job, instance), error in self.last_error.items()]})
         query = form["query"]
         if request.path.endswith("/query_range"):
@@ -65,12 +71,12 @@ class Stored:
         at = float(form["time"])
         if query.startswith("count by"):
             return ok({"resultType": "vector", "result": [
-                {"metric": {"job": job, "instance": instance}, "value": [at, "1"]}
+                {"metric": labels(job=job, instance=instance), "value": [at, "1"]}
                 for job, instance in self.scrapes]})
         span = int(re.search(r"\[(\d+)ms\]", query).group(1)) / 1000  # type: ignore[union-attr]
         if query.startswith("up"):
             return ok({"resultType": "matrix", "result": [
-                {"metric": {"__name__": "up", "job": job, "instance": instance},
+                {"metric": labels(__name__="up", job=job, instance=instance),
                  "values": [[t, v] for t, v in samples if at - span < t <= at]}
                 for (job, instance), samples in self.up.items()]})
         return self._matrix(at - span, at, query)
@@ -78,10 +84,15 @@ class Stored:
     def _matrix(self, after: float, until: float, query: str) -> tuple[int, bytes]:
         assert RUNNING in query
         return ok({"resultType": "matrix", "result": [
-            {"metric": {"__name__": RUNNING, "job": job, "instance": instance,
-                        "model_name": "m", "engine": "0"},
+            {"metric": labels(__name__=RUNNING, job=job, instance=instance, model_name="m",
+                              engine="0"),
              "values": [[t, repr(v)] for t, v in samples if after < t <= until]}
             for (job, instance), samples in self.scrapes.items()]})
+
+
+def labels(**pairs: str) -> dict[str, str]:
+    """A series' labels as Prometheus sends them: an empty label is no label."""
+    return {name: value for name, value in pairs.items() if value}
 
 
 def ok(data: object) -> tuple[int, bytes]:
@@ -362,7 +373,8 @@ async def test_an_answer_that_is_not_the_apis_is_bad_payload(
 async def test_the_backfill_replays_the_window_and_refreshes_go_on_after_it(
         prom: tuple[Stored, FaultServer]) -> None:
     stored, server = prom
-    stored.scrapes = {(JOB, A): [(t, 1.0) for t in every(T0 - 3600, T0 + 60)]}
+    stored.scrapes = {(JOB, A): sorted([(t, 1.0) for t in every(T0 - 3600, T0 + 60)]
+                                       + [(T0 + 1, 1.0)])}  # in flight at the backfill
     clock = Clock()
     async with source(server, clock, window_s=1800.0, interval_s=1.0) as src:
         scrapes = await src.backfill()
@@ -373,7 +385,7 @@ async def test_the_backfill_replays_the_window_and_refreshes_go_on_after_it(
         assert [t.name for t in src.targets] == [A]
         clock.now = T0 + 30
         later = await src.poll_once()
-    assert [s.t for s in later] == [T0 + 15]  # from where the backfill ended, less the lag
+    assert [s.t for s in later] == [T0 + 1, T0 + 15]  # from the backfill's end less the lag
 
 
 async def test_the_backfill_step_follows_the_interval_the_setting_and_the_point_limit(
@@ -461,3 +473,168 @@ def test_a_prometheus_that_cannot_be_used_is_refused(url: str, step: float | Non
                                                      says: str) -> None:
     with pytest.raises(ValueError, match=re.escape(says)):
         load_settings(url, backfill_step_s=step)
+
+
+# -- Prometheus's own scrape errors ---------------------------------------------------------
+
+
+def down_at(stored: Stored, key: tuple[str, str], t: float) -> None:
+    stored.scrapes.setdefault(key, [(T0 - 60, 1.0)])
+    stored.up.setdefault(key, []).append((t, "0"))
+
+
+async def test_the_reason_of_an_instance_without_a_job_or_instance_label(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    for key in (("", A), (JOB, "")):
+        down_at(stored, key, T0 - 5)
+        stored.last_error[key] = f"refused {key}"
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        down = [s for s in await src.poll_once() if s.failure == "down"]
+    assert sorted((s.target.group, s.target.name, s.error) for s in down) == [
+        ("", A, f"Prometheus reports up == 0 (its scrape of {A} failed): refused ('', '{A}')"),
+        (JOB, "", f"Prometheus reports up == 0 (its scrape of  failed): refused ('{JOB}', '')")]
+
+
+@pytest.mark.parametrize("answer", [
+    [], {}, {"activeTargets": 5}, {"activeTargets": [5, {"labels": ["x"], "lastError": "x"},
+                                                     {"labels": {"job": 5}, "lastError": "x"}]},
+])
+async def test_scrape_errors_not_shaped_like_prometheus_only_lose_the_detail(
+        prom: tuple[Stored, FaultServer], answer: object) -> None:
+    stored, server = prom
+    down_at(stored, (JOB, A), T0 - 5)
+    stored.targets_answer = answer
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        down = [s for s in await src.poll_once() if not s.ok]
+    assert [(s.failure, s.error) for s in down] == [
+        ("down", f"Prometheus reports up == 0 (its scrape of {A} failed)")]
+
+
+async def test_scrape_errors_are_asked_for_at_most_every_30_s_and_only_when_needed(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 60, 1.0)]}
+    stored.last_error = {(JOB, A): "refused"}
+    clock = Clock()
+    asked = []
+    async with source(server, clock, lookback_s=60.0) as src:
+        await src.discover()
+        for now, up in ((T0, "1"), (T0 + 10, "0"), (T0 + 20, "0"), (T0 + 39.5, "0"),
+                        (T0 + 40, "0")):
+            stored.up.setdefault((JOB, A), []).append((now - 2.2, up))  # landed by now
+            clock.now = now
+            down = [s for s in await src.poll_once() if s.failure == "down"]
+            asked.append(sum(q["path"].endswith("/targets") for q in stored.queries))
+            assert all(s.error.endswith("failed): refused") for s in down)
+    assert asked == [0, 1, 1, 1, 2]  # first needed at T0 + 10, again 30 s after
+
+
+async def test_scrape_errors_prometheus_cannot_give_only_lose_the_detail(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    down_at(stored, (JOB, A), T0 - 5)
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        real = stored.respond
+        stored.respond = lambda request: (  # type: ignore[method-assign]
+            (500, b"") if request.path.endswith("/targets") else real(request))
+        server.api = stored.respond
+        down = [s for s in await src.poll_once() if not s.ok]
+    assert [s.error for s in down] == [f"Prometheus reports up == 0 (its scrape of {A} failed)"]
+
+
+def escaped(token: str) -> str:
+    """The token as JSON may write it: every character a \\u escape (valid JSON, and not
+    the token's bytes, so only the decoded text shows it)."""
+    return "".join(f"\\u{ord(c):04x}" for c in token)
+
+
+async def test_a_token_echoed_in_json_escapes_is_masked_in_what_is_quoted(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    token = Secret("s3cret-token")
+    down_at(stored, (JOB, A), T0 - 5)
+    async with source(server, Clock(), lookback_s=60.0, token=token) as src:
+        await src.discover()
+        stored.targets_answer = json.loads(
+            f'{{"activeTargets": [{{"labels": {{"job": "{JOB}", "instance": "{A}"}}, '
+            f'"lastError": "sent {escaped(token.reveal())}"}}]}}')
+        real = stored.respond
+
+        def echo(request: Request) -> tuple[int, bytes]:
+            status, body = real(request)
+            if request.path.endswith("/targets"):
+                body = body.replace(token.reveal().encode(), escaped(token.reveal()).encode())
+            return status, body
+
+        server.api = echo
+        [down] = [s for s in await src.poll_once() if not s.ok]
+        assert down.error is not None and down.error.endswith("failed): sent ***")
+        server.api = lambda request: (500, json.dumps(
+            {"status": "error", "error": "x"}).replace(
+            '"x"', f'"sent {escaped(token.reveal())}"').encode())
+        with pytest.raises(PrometheusError) as raised:
+            await src.discover()
+    assert str(raised.value).endswith("HTTP 500: sent ***")
+
+
+async def test_a_bug_reading_an_answer_fails_the_instances_and_the_source_goes_on(
+        prom: tuple[Stored, FaultServer], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+
+        def planted(result: object) -> object:
+            raise KeyError("a bug")
+
+        with monkeypatch.context() as patch:
+            patch.setattr("kvtop.collect.prometheus.group_scrapes", planted)
+            [failed] = await src.poll_once()
+        assert (failed.failure, failed.error) == (
+            "bad_payload", "kvtop could not read Prometheus's answer (KeyError); a bug in "
+                           "kvtop, please report it")
+        assert "reading a Prometheus answer failed" in caplog.text and "a bug" in caplog.text
+        src.clock = Clock(T0 + 1)  # type: ignore[method-assign]
+        stored.scrapes[(JOB, A)].append((T0 + 0.5, 2.0))
+        again = await src.poll_once()  # the failed span is read again, and what came after
+        assert [(s.t, s.ok) for s in again] == [(T0 - 5, True), (T0 + 0.5, True)]
+
+
+@mode("slow_range")
+async def _slow_range(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    """The API, with range queries (a backfill) answered only after 4 s."""
+    if req.path.endswith("/query_range"):
+        await asyncio.sleep(4.0)
+    status, body = srv.api(req)
+    return await srv.respond(w, status, body, content_type="application/json")
+
+
+async def test_a_backfill_gets_six_times_the_time_of_a_refresh() -> None:
+    stored = Stored(scrapes={(JOB, A): [(T0 - 30, 1.0)]})
+    async with FaultServer(mode="slow_range", api=stored.respond) as server:
+        src = PrometheusSource(load_settings(server.base_url), timeout_s=3.0, clock=Clock())
+        async with src:
+            assert [s.t for s in await src.backfill(60.0)] == [T0 - 30]  # 4 s: within 18 s
+
+
+async def test_the_backfill_step_follows_the_span_asked_for(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    async with source(server, Clock(), interval_s=1.0, window_s=60.0) as src:
+        await src.backfill(MAX_POINTS * 30.0)
+    [query] = [q for q in stored.queries if q["path"].endswith("query_range")]
+    assert float(query["step"]) == 30.0
+
+
+async def test_runtime_info_not_shaped_like_prometheus_is_no_retention(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    async with source(server, Clock()) as src:
+        for answer in ([], {"storageRetention": ["15d"]}):
+            stored.runtime_answer = answer
+            assert await src.retention_s() is None
