@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import ssl
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,7 +32,7 @@ from kvtop.headless.check_command import (
     run_check_live,
     run_check_replay,
 )
-from kvtop.store.recording import RecordingWriter
+from kvtop.store.recording import RecordingWriter, read_recording
 from kvtop.store.writer import MIN_MAX_BYTES
 from tests.faultserver import FaultServer, closed_port, served_in_thread
 
@@ -453,3 +456,102 @@ def test_a_recording_that_fills_up_is_told_and_the_verdict_stands(
     captured = capsys.readouterr()
     assert code == EXIT_LEAK and json.loads(captured.out)["verdict"] == "leak"
     assert captured.err == f"kvtop check: recording {record}: stopped at 1 MiB\n"
+
+
+def test_an_engine_with_a_stall_verdict_stays_in_the_report_when_names_are_invented() -> None:
+    run = judged(stalling(2))  # ("m", "0"): stall OK, no leak verdict yet
+    for i in range(MAX_TRACKED_ENGINES + 20):
+        run.feed(Scrape(TARGET, T0 + 200 + i, body=body(0.04, model=f"invented-{i}")))
+    kept = {(e["model"], e["stall"]["verdict"]) for e in run.to_json()["targets"][0]["engines"]}
+    assert ("m", "ok") in kept
+
+
+def test_the_text_of_a_saturated_engine_and_one_without_model_or_engine_names(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run = CheckRun()
+    run.add_target(TARGET)
+    saturated = EngineVerdict(None, None)
+    saturated.observe_stall(T0, StallVerdict("saturated", "the pool is full", T0))
+    run.engines[TARGET.url][(None, None)] = saturated
+    assert text_of(run, capsys) == [
+        "kvtop check: UNKNOWN, SATURATED",
+        f"  UNKNOWN {TARGET.url}: not enough data for a verdict",
+        f"  SATURATED {TARGET.url}: the pool is full"]
+
+
+def test_leak_figures_are_rounded_to_a_tenth_of_a_block() -> None:
+    verdict = EngineVerdict("m", "0")
+    verdict.observe(T0, LeakVerdict("leak", "held", 12.3456, 3.14159, 2.0))
+    document = verdict.to_json()
+    assert (document["leaked_blocks"], document["slope_blocks_per_hour"]) == (12.3, 3.1)
+
+
+def test_the_verdict_is_text_when_asked(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = recorded(tmp_path / "r.jsonl", idle_holding(12))
+    assert run_check_replay(path, params=None, as_json=False) == EXIT_LEAK
+    assert capsys.readouterr().out.startswith("kvtop check: LEAK (1m50s judged, ")
+    with served_in_thread(FaultServer(bodies=[body(0.0).encode()])) as server:
+        run_check_live([Target.from_spec(server.url())], params=None, duration_s=0.3,
+                       interval_s=0.05, timeout_s=10.0, insecure=False, until_leak=False,
+                       record=None, as_json=False)
+    assert capsys.readouterr().out.startswith("kvtop check: OK (")
+
+
+def test_a_live_check_asks_for_its_series_only_unless_told_and_records_its_interval(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    for full in (False, True):
+        record = tmp_path / f"full-{full}.jsonl"
+        with served_in_thread(FaultServer(bodies=[body(0.0).encode()])) as server:
+            kwargs = {"full_metrics": True} if full else {}
+            run_check_live([Target.from_spec(server.url())], params=None, duration_s=0.3,
+                           interval_s=0.05, timeout_s=10.0, insecure=False, until_leak=False,
+                           record=record, as_json=True, **kwargs)
+            reads = [r for r in server.requests if r.path.startswith("/metrics")]
+        assert reads and all(("name[]" in r.query) != full for r in reads)
+        assert read_recording(record).interval_s == 0.05
+    assert "failed" not in caplog.text  # nothing went wrong on the way (a scrape's consumer)
+    capsys.readouterr()
+
+
+def test_a_live_check_keeps_to_the_timeout_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer(mode="slow", delay_s=1.0)) as server:
+        code = run_check_live([Target.from_spec(server.url())], params=None, duration_s=0.5,
+                              interval_s=0.05, timeout_s=0.1, insecure=False,
+                              until_leak=False, record=None, as_json=True)
+    assert code == EXIT_NO_DATA and capsys.readouterr().out
+
+
+def test_a_live_check_shows_its_progress_on_a_terminal(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    with served_in_thread(FaultServer(bodies=[body(0.0).encode()])) as server:
+        run_check_live([Target.from_spec(server.url())], params=None, duration_s=2.0,
+                       interval_s=0.05, timeout_s=10.0, insecure=False, until_leak=False,
+                       record=None, as_json=True)
+    shown = terminal.getvalue()
+    assert shown.startswith("\rkvtop check: 0s of 2s (2s left) · 1 engine(s) seen · worst so "
+                            "far: ") and shown.endswith("\r\x1b[K")
+    capsys.readouterr()
+
+
+def test_a_live_check_reads_a_self_signed_server_only_when_insecure(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with served_in_thread(FaultServer(bodies=[body(0.0).encode()],
+                                      ssl_context=context)) as server:
+        target = Target.from_spec(server.url().replace("http://", "https://"))
+        codes = [run_check_live([target], params=None, duration_s=0.3, interval_s=0.05,
+                                timeout_s=10.0, insecure=insecure, until_leak=False,
+                                record=None, as_json=True) for insecure in (False, True)]
+    assert codes == [EXIT_NO_DATA, EXIT_OK]
+    capsys.readouterr()
