@@ -555,3 +555,25 @@ def test_a_live_check_reads_a_self_signed_server_only_when_insecure(
                                 record=None, as_json=True) for insecure in (False, True)]
     assert codes == [EXIT_NO_DATA, EXIT_OK]
     capsys.readouterr()
+
+
+def test_an_engine_gone_without_a_verdict_stays_listed_while_under_the_cap() -> None:
+    run = CheckRun()
+    for i in range(MAX_TRACKED_ENGINES):  # each scrape names another engine, judged by none
+        run.feed(Scrape(TARGET, T0 + i, body=body(0.04, model=f"m{i}")))
+    models = [e["model"] for e in run.to_json()["targets"][0]["engines"]]
+    assert models == [f"m{i}" for i in range(MAX_TRACKED_ENGINES)]
+
+
+def test_the_worst_stall_over_engines_is_the_runs() -> None:
+    run = judged(stalling(9))
+    never = EngineVerdict("never", "0")
+    never.observe_stall(T0, StallVerdict("unknown", "no scrape yet", None))
+    run.engines[TARGET.url][("never", "0")] = never
+    assert run.stall_verdict() == "stalled" and run.exit_code() == EXIT_STALLED
+
+
+def test_the_span_judged_is_rounded_to_the_millisecond() -> None:
+    run = judged([Scrape(TARGET, T0, failure="down", error="x"),
+                  Scrape(TARGET, T0 + 1.2345678, failure="down", error="x")])
+    assert run.to_json()["duration_s"] == 1.235
