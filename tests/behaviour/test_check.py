@@ -516,11 +516,16 @@ def test_a_live_check_asks_for_its_series_only_unless_told_and_records_its_inter
 
 
 def test_a_live_check_keeps_to_the_timeout_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
-    with served_in_thread(FaultServer(mode="slow", delay_s=1.0)) as server:
-        code = run_check_live([Target.from_spec(server.url())], params=None, duration_s=0.5,
-                              interval_s=0.05, timeout_s=0.1, insecure=False,
-                              until_leak=False, record=None, as_json=True)
-    assert code == EXIT_NO_DATA and capsys.readouterr().out
+    with served_in_thread(FaultServer(mode="slow", delay_s=0.5,
+                                      bodies=[body(0.0).encode()])) as server:
+        target = Target.from_spec(server.url())
+        read = []
+        for timeout in (0.1, 5.0):
+            run_check_live([target], params=None, duration_s=2.0, interval_s=0.05,
+                           timeout_s=timeout, insecure=False, until_leak=False, record=None,
+                           as_json=True)
+            read.append(json.loads(capsys.readouterr().out)["targets"][0]["engines"] != [])
+    assert read == [False, True]  # answers after 0.5 s: too late, then in time
 
 
 def test_a_live_check_shows_its_progress_on_a_terminal(
