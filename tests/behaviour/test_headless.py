@@ -178,6 +178,9 @@ def test_kvtop_snapshot_keeps_to_the_timeout_given_or_twice_the_interval(
         assert run_snapshot([target], samples=1, interval_s=0.5, timeout_s=0.2, insecure=False,
                             as_json=True, with_gpus=False) == EXIT_UNREADABLE
         assert json.loads(capsys.readouterr().out)["targets"][0]["status"] == "timeout"
+        assert run_snapshot([target], samples=1, interval_s=0.5, timeout_s=10.0,
+                            insecure=False, as_json=True, with_gpus=False) == EXIT_OK
+        capsys.readouterr()
         # no timeout given: twice the interval (4 s here), so a 3 s answer is read
         [state] = asyncio.run(collect_states([target], samples=1, interval_s=2.0,
                                              timeout_s=None, insecure=False))
