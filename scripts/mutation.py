@@ -54,6 +54,12 @@ REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".mutation"
 EQUIVALENTS = REPO / "scripts" / "mutation_equivalents.toml"
 
+
+def deselected(path: str, *names: str) -> tuple[str, ...]:
+    """pytest arguments that leave these tests of ``path`` out of a selection."""
+    return tuple(arg for name in names for arg in ("--deselect", f"{path}::{name}"))
+
+
 # Module -> the test files that exercise it. Chosen as: the unit tests that import the module (or
 # drive it through its one public entry, e.g. adapters through `parse_engines`), plus the
 # behaviour tests written for it; never the slow tiers (twin, tmux, real Prometheus, Textual
@@ -62,24 +68,55 @@ ADAPTER_TESTS = ("tests/test_adapters.py", "tests/behaviour/test_vllm_adapter.py
                  "tests/behaviour/test_other_adapters.py", "tests/behaviour/test_plausible.py",
                  "tests/behaviour/test_adapt.py")
 # The fuzz test (tests/hostile/test_recording_fuzz.py, 80 s) is left out: per mutant it costs
-# more than the rest together, and test_recordings.py covers the same reader paths.
+# more than the rest together, and test_recordings.py covers the same reader paths; so are
+# the hostile tests that drive the Textual app (Pilot) or `kvtop record` in a subprocess
+# (seconds each, and the writer they test runs in the subprocess, out of a mutant's reach:
+# tests/behaviour/test_store.py writes through the same limits in this process).
 STORE_TESTS = ("tests/test_recording.py", "tests/test_replay.py",
-               "tests/hostile/test_recordings.py", "tests/behaviour/test_store.py")
+               "tests/hostile/test_recordings.py", "tests/behaviour/test_store.py",
+               "tests/behaviour/test_replay.py",
+               *deselected("tests/hostile/test_recordings.py",
+                           "test_record_goes_on_through_a_full_disk_and_keeps_the_file_whole",
+                           "test_record_through_refused_writes_keeps_one_valid_gzip",
+                           "test_record_whose_end_cannot_be_written_still_reads_back",
+                           "test_record_stops_at_max_size_with_a_whole_file",
+                           "test_record_never_overwrites_a_file_or_follows_a_symlink",
+                           "test_the_app_records_onto_a_full_disk_and_keeps_monitoring",
+                           "test_the_app_stops_recording_at_its_limit_and_says_so",
+                           "test_replay_of_a_crafted_file_shows_what_is_good_and_quits_on_q",
+                           "test_replay_streams_and_rebuilds_on_a_seek_back",
+                           "test_a_replay_draw_landing_at_shutdown_paints_nothing"))
+# kvtop's command line run through main() in this process (no subprocess, no server)
+CLI_IN_PROCESS = ("test_unknown_config_keys_are_named_with_the_closest_known_one",
+                  "test_wrong_types_and_impossible_values_in_the_config_are_usage_errors",
+                  "test_nan_inf_zero_and_negative_numbers_on_the_command_line_are_usage_errors",
+                  "test_the_man_page_is_current_and_renders")
 MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/exposition.py": ("tests/test_exposition.py",
                                     "tests/test_exposition_properties.py",
                                     "tests/behaviour/test_exposition.py"),
     **{f"kvtop/collect/adapters/{name}.py": ADAPTER_TESTS
        for name in ("__init__", "common", "vllm", "sglang", "llamacpp", "trtllm", "plausible")},
-    # the poller and its HTTP client are reached through real servers on 127.0.0.1
-    **{f"kvtop/collect/{name}.py": ("tests/test_poller.py", "tests/test_poller_narrow.py",
-                                    "tests/hostile/test_bodies.py",
-                                    "tests/behaviour/test_poller.py")
+    # the poller and its HTTP client are reached through real servers on 127.0.0.1; left out:
+    # the app's test (Pilot) and the one that times the event loop's lag (load-dependent)
+    **{f"kvtop/collect/{name}.py": (
+        "tests/test_poller.py", "tests/test_poller_narrow.py", "tests/hostile/test_bodies.py",
+        "tests/behaviour/test_poller.py",
+        *deselected("tests/hostile/test_bodies.py",
+                    "test_the_app_shows_a_bad_value_as_bad_payload_and_reads_the_rest",
+                    "test_a_big_body_is_read_off_the_event_loop"))
        for name in ("poller", "http")},
     "kvtop/collect/prometheus.py": ("tests/test_prometheus_unit.py",
                                     "tests/test_prometheus_windows.py",
-                                    "tests/hostile/test_prometheus_answers.py"),
-    "kvtop/collect/target.py": ("tests/test_poller.py", "tests/test_cli.py"),
+                                    "tests/hostile/test_prometheus_answers.py",
+                                    "tests/behaviour/test_prometheus.py"),
+    # targets, tokens and secrets in URLs: test_cli.py's own cases run kvtop as a subprocess
+    "kvtop/collect/target.py": ("tests/test_poller.py", "tests/hostile/test_secrets.py",
+                                "tests/test_recording.py", "tests/behaviour/test_config.py",
+                                "tests/behaviour/test_target.py",
+                                *(f"tests/test_cli.py::{name}" for name in (
+                                    *CLI_IN_PROCESS,
+                                    "test_only_http_and_https_urls_are_targets"))),
     **{f"kvtop/collect/adapters/{name}.py": ("tests/test_gpu_adapters.py",)
        for name in ("dcgm", "nvidia_gpu_exporter")},
     "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
@@ -94,9 +131,20 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 "tests/hostile/test_memory.py",
                                 "tests/hostile/test_boundary_sweep.py"),
     "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py",),
-    "kvtop/config.py": ("tests/test_config.py", "tests/behaviour/test_config.py"),
-    "kvtop/headless/check_command.py": ("tests/test_check.py", "tests/test_prometheus_unit.py"),
-    "kvtop/headless/output.py": ("tests/behaviour/test_headless.py",),
+    # test_config.py's two Hypothesis fuzz tests (500 documents, "no crash" only) are left out:
+    # they reach every loader mutant at seconds each and catch nothing the rest does not; the
+    # command-line tests that run in this process reach the option parsers and the man page
+    "kvtop/config.py": (*(f"tests/test_config.py::{name}" for name in (
+                            "test_every_default_threshold_passes_its_own_check",
+                            "test_a_valid_config_loads",
+                            "test_a_huge_config_is_refused_without_reading_it_all")),
+                        *(f"tests/test_cli.py::{name}" for name in CLI_IN_PROCESS),
+                        "tests/behaviour/test_config.py"),
+    # tests/test_check.py runs `kvtop check` as a subprocess (nothing a mutant here reaches)
+    "kvtop/headless/check_command.py": ("tests/behaviour/test_check.py",
+                                        "tests/test_prometheus_unit.py"),
+    "kvtop/headless/output.py": ("tests/behaviour/test_headless.py",
+                                 "tests/behaviour/test_check.py"),
     "kvtop/headless/lifetime.py": ("tests/behaviour/test_headless.py",),
     "kvtop/headless/snapshot.py": ("tests/behaviour/test_snapshot_json.py",
                                    "tests/behaviour/test_headless.py"),
@@ -174,6 +222,7 @@ def _config(module: str, tests: Iterable[str]) -> str:
         "pytest_add_cli_args": ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly"],
         # rerun on demand only; a pyproject change must not silently reset results
         "use_git_change_detection": False,
+        "also_copy": ["man"],  # the man page test compares it with the parsers' help
     }
     lines = ["[tool.pytest.ini_options]"]
     lines += [f"{key} = {_toml_value(value)}"
@@ -184,12 +233,13 @@ def _config(module: str, tests: Iterable[str]) -> str:
 
 
 def prepare(module: str, fresh: bool) -> Path:
-    """A workspace whose kvtop/ and tests/ are the repo's own (mutmut copies them into mutants/)."""
+    """A workspace whose kvtop/, tests/ and man/ are the repo's own (mutmut copies them into
+    mutants/)."""
     ws = workspace(module)
     if fresh and ws.exists():
         shutil.rmtree(ws)
     ws.mkdir(parents=True, exist_ok=True)
-    for name in ("kvtop", "tests"):
+    for name in ("kvtop", "tests", "man"):
         link = ws / name
         if not link.is_symlink():
             link.symlink_to(REPO / name)

@@ -34,6 +34,7 @@ import random
 import socket
 import ssl
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -74,6 +75,22 @@ def refused_port() -> Iterator[int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served_in_thread(server: FaultServer) -> Iterator[FaultServer]:
+    """``server`` running in a thread's event loop, for a command that runs its own loop
+    (``asyncio.run``) in the test's thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(server.__aenter__(), loop).result(20)
+    try:
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.__aexit__(None, None, None), loop).result(20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(20)
 
 
 @lru_cache(maxsize=1)

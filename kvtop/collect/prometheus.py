@@ -524,7 +524,9 @@ class PrometheusSource:
         for entry in self._instances.values():
             spacing = max(entry.spacing or 0.0, self.interval_s)
             limit = max(3 * spacing, 10.0)
-            newest = max(entry.last_t or -math.inf, entry.up_t or -math.inf)
+            # its series (or its up == 0 failures): a fresh `up == 1` alone is no reading,
+            # only the reason it has none
+            newest = entry.last_t if entry.last_t is not None else -math.inf
             if now - newest <= limit:
                 continue
             if entry.up_t is not None and now - entry.up_t <= limit:

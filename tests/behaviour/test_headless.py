@@ -7,9 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
 import signal
+import ssl
+import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,9 +27,10 @@ from kvtop.headless.snapshot_command import (
     EXIT_UNREADABLE,
     collect_states,
     print_snapshot,
+    run_snapshot,
     snapshot_exit_code,
 )
-from tests.faultserver import FaultServer, closed_port, fixture
+from tests.faultserver import FaultServer, closed_port, fixture, served_in_thread
 
 
 def test_json_for_a_script_text_for_a_person(capsys: pytest.CaptureFixture[str]) -> None:
@@ -32,7 +38,7 @@ def test_json_for_a_script_text_for_a_person(capsys: pytest.CaptureFixture[str])
     document = {"kvtop_snapshot": 1, "x": [1, 2]}
     emit(document, None, shown.append)  # stdout is a pipe here: JSON
     out = capsys.readouterr().out
-    assert json.loads(out) == document and out.endswith("}\n") and "\n  " in out  # indented
+    assert out == json.dumps(document, indent=2) + "\n"  # indented by two, one line after
     emit(document, True, shown.append)
     assert json.loads(capsys.readouterr().out) == document
     emit(document, False, shown.append)
@@ -109,3 +115,109 @@ async def test_one_read_gives_values_but_no_rates_and_no_wait() -> None:
     assert time.monotonic() - started < 30  # no interval after the last read
     assert server.hits == 1
     assert states[0].engines[0].running == 30 and states[0].engines[0].window_s is None
+
+
+def test_kvtop_snapshot_prints_what_it_read_and_its_exit_code(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer()) as server:
+        targets = [Target.from_spec(server.url()),
+                   Target.from_spec(f"127.0.0.1:{closed_port()}")]
+        code = run_snapshot(targets, samples=2, interval_s=0.5, timeout_s=10, insecure=False,
+                            as_json=True, with_gpus=False)
+        hits = server.hits
+    document = json.loads(capsys.readouterr().out)
+    assert code == EXIT_UNREADABLE and hits == 2
+    up, down = document["targets"]
+    assert (up["status"], down["status"]) == ("up", "down")
+    assert up["engines"][0]["rates"]["window_s"] > 0  # read twice: rates filled in
+    assert document["kvtop_snapshot"] == 1 and document["gpu_sources"] == []
+
+
+def test_kvtop_snapshot_reads_every_metric_only_when_asked() -> None:
+    with served_in_thread(FaultServer()) as server:
+        target = Target.from_spec(server.url())
+        for full in (False, True):
+            asyncio.run(collect_states([target], samples=1, interval_s=1.0, timeout_s=10,
+                                       insecure=False, full_metrics=full))
+        reads = [r for r in server.requests if r.path.startswith("/metrics")]
+    assert ["name[]" in r.query for r in reads] == [True, False]
+
+
+def test_kvtop_snapshot_for_a_person_is_the_table_and_its_time_is_utc(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer()) as server:
+        target = Target.from_spec(server.url(), name="gpu-one")
+        assert run_snapshot([target], samples=1, interval_s=0.5, timeout_s=10, insecure=False,
+                            as_json=False, with_gpus=False) == EXIT_OK
+        table = capsys.readouterr().out
+        assert "gpu-one" in table and not table.lstrip().startswith("{")
+        states = asyncio.run(collect_states([target], samples=1, interval_s=0.5,
+                                            timeout_s=10, insecure=False))
+    print_snapshot(states, as_json=True, with_gpus=False)
+    document = json.loads(capsys.readouterr().out)
+    assert document["taken_at"].endswith("+00:00")
+
+
+def test_kvtop_snapshot_asks_for_its_series_only_unless_told() -> None:
+    with served_in_thread(FaultServer()) as server:
+        target = Target.from_spec(server.url())
+        asyncio.run(collect_states([target], samples=1, interval_s=0.5, timeout_s=10,
+                                   insecure=False))
+        run_snapshot([target], samples=1, interval_s=0.5, timeout_s=10, insecure=False,
+                     as_json=True, with_gpus=False)
+        run_snapshot([target], samples=1, interval_s=0.5, timeout_s=10, insecure=False,
+                     as_json=True, with_gpus=False, full_metrics=True)
+        reads = [r for r in server.requests if r.path.startswith("/metrics")]
+    assert ["name[]" in r.query for r in reads] == [True, True, False]
+
+
+def test_kvtop_snapshot_keeps_to_the_timeout_given_or_twice_the_interval(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer(mode="slow", delay_s=3.0)) as server:
+        target = Target.from_spec(server.url())
+        assert run_snapshot([target], samples=1, interval_s=0.5, timeout_s=0.2, insecure=False,
+                            as_json=True, with_gpus=False) == EXIT_UNREADABLE
+        assert json.loads(capsys.readouterr().out)["targets"][0]["status"] == "timeout"
+        assert run_snapshot([target], samples=1, interval_s=0.5, timeout_s=10.0,
+                            insecure=False, as_json=True, with_gpus=False) == EXIT_OK
+        capsys.readouterr()
+        # no timeout given: twice the interval (4 s here), so a 3 s answer is read
+        [state] = asyncio.run(collect_states([target], samples=1, interval_s=2.0,
+                                             timeout_s=None, insecure=False))
+    assert state.status == "up"
+
+
+def test_kvtop_snapshot_reads_a_self_signed_server_only_when_insecure(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with served_in_thread(FaultServer(ssl_context=context)) as server:
+        target = Target.from_spec(server.url().replace("http://", "https://"))
+        codes = [run_snapshot([target], samples=1, interval_s=0.5, timeout_s=10,
+                              insecure=insecure, as_json=True, with_gpus=False)
+                 for insecure in (False, True)]
+        states = asyncio.run(collect_states([target], samples=1, interval_s=0.5, timeout_s=10,
+                                            insecure=True))
+    assert codes == [EXIT_UNREADABLE, EXIT_OK] and states[0].status == "up"
+    capsys.readouterr()
+
+
+def test_a_long_command_outside_the_main_thread_still_stops_after_its_duration() -> None:
+    """Signal handlers can only be set in the main thread: elsewhere the duration alone."""
+    stopped: list[bool] = []
+
+    async def command() -> None:
+        stop = stop_event(0.05)
+        await asyncio.wait_for(stop.wait(), timeout=30)
+        stopped.append(True)
+
+    thread = threading.Thread(target=lambda: asyncio.run(command()))
+    thread.start()
+    thread.join(60)
+    assert stopped == [True]

@@ -32,7 +32,7 @@ def full_stats() -> EngineStats:
         preemptions_total=68.0, prefix_queries_total=65720.0, prefix_hits_total=24320.0,
         prefix_unit="tokens", hit_rate=0.36812345678, hit_rate_scope="window",
         prompt_tps=4870.44444, generation_tps=2352.98765, preemptions_per_s=6.234567,
-        finished_per_s={"length": 17.987654, "stop": 0.0}, window_s=1.0004999,
+        finished_per_s={"length": 17.987654, "stop": 0.0}, window_s=1.2344999,
         ttft=Quantiles(0.2412345678, 0.4512345678, 0.4912345678, 149.0, "window"),
         itl=Quantiles(0.0112345678, None, math.nan, 3000.0, "lifetime"),
         restarted=True, idle_floor_blocks=1, prefix_caching=True,
@@ -53,7 +53,7 @@ def test_every_engine_number_has_its_key_and_its_rounding() -> None:
         "prefix_cache": {"hit_rate": 0.368123, "hit_rate_scope": "window",
                          "queries_total": 65720.0, "hits_total": 24320.0, "unit": "tokens"},
         "preemptions_total": 68.0,
-        "rates": {"window_s": 1.0, "prompt_tokens_per_s": 4870.444,
+        "rates": {"window_s": 1.234, "prompt_tokens_per_s": 4870.444,
                   "generation_tokens_per_s": 2352.988, "preemptions_per_s": 6.2346,
                   "finished_per_s": {"length": 17.9877, "stop": 0.0}},
         "latency_s": {

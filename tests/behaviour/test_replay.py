@@ -1,0 +1,153 @@
+"""A replay as a person drives it (``kvtop replay``: space, ., ←/→, +/-): its clock is the
+recording's, its speed stays within 0.1x and 1000x, a step delivers the next scrape at once,
+a seek lands within the recording (back: everything again from the start, once), and a
+replay that reached its end pauses instead of spinning."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvtop.collect.target import Scrape, Target
+from kvtop.store.recording import Recording
+from kvtop.store.replay import MAX_SPEED, MIN_SPEED, ReplaySource
+from tests.waiting import eventually
+
+TARGET = Target.from_spec("127.0.0.1:8000")
+
+
+def recording(times: list[float], interval_s: float = 2.0) -> Recording:
+    return Recording({"format": "kvtop-recording", "version": 1, "interval_s": interval_s},
+                     [Scrape(TARGET, t, body=f"x {t}\n") for t in times])
+
+
+class Player:
+    """A replay running as the app runs it, with what it delivered."""
+
+    def __init__(self, source: ReplaySource) -> None:
+        self.source = source
+        self.seen: list[float] = []
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Player:
+        self.task = asyncio.create_task(self.source.run(self.on_scrape, stop=self.stop))
+        return self
+
+    async def on_scrape(self, scrape: Scrape) -> None:  # a consumer that awaits, as the app
+        self.seen.append(scrape.t)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        assert self.task is not None
+        await asyncio.wait_for(self.task, 30)
+
+
+def test_the_replay_starts_paused_at_nothing_on_the_recordings_clock() -> None:
+    source = ReplaySource(recording([30.0, 10.0, 20.0], interval_s=2.5))
+    assert (source.start_t, source.end_t, source.interval_s) == (10.0, 30.0, 2.5)
+    assert source.now() == 10.0 and not source.paused and not source.finished
+    assert source.speed == 1.0
+
+
+def test_speed_stays_between_a_tenth_and_a_thousand() -> None:
+    source = ReplaySource(recording([0.0]), speed=0.0)
+    assert source.speed == MIN_SPEED == 0.1
+    for asked, kept in ((5000.0, MAX_SPEED), (1000.0, 1000.0), (0.1, 0.1), (0.05, 0.1),
+                        (2.0, 2.0)):
+        source.set_speed(asked)
+        assert source.speed == kept
+    assert ReplaySource(recording([0.0]), speed=1e9).speed == 1000.0
+
+
+def test_pause_toggles() -> None:
+    source = ReplaySource(recording([0.0]))
+    source.toggle_pause()
+    assert source.paused
+    source.toggle_pause()
+    assert not source.paused
+
+
+async def test_a_step_delivers_the_next_scrape_at_once_and_nothing_past_the_end() -> None:
+    source = ReplaySource(recording([0.0, 100.0, 200.0]), speed=0.1)  # 1000 s to the next
+    source.toggle_pause()
+    async with Player(source) as player:
+        await eventually(lambda: player.seen == [0.0], "the scrape at the start")
+        source.step()
+        await eventually(lambda: player.seen == [0.0, 100.0], "the stepped scrape")
+        assert source.now() == 100.0
+        source.step()
+        await eventually(lambda: source.finished, "the last scrape")
+        assert player.seen == [0.0, 100.0, 200.0] and source.now() == 200.0
+        source.step()  # at the end: nothing to step to
+        assert source.now() == 200.0
+
+
+async def test_the_end_pauses_the_replay() -> None:
+    source = ReplaySource(recording([0.0, 1.0]), speed=1000.0)
+    async with Player(source) as player:
+        await eventually(lambda: source.paused, "paused at the end")
+        assert player.seen == [0.0, 1.0] and source.finished
+
+
+async def test_a_seek_forward_delivers_everything_up_to_it_at_once() -> None:
+    rewinds: list[int] = []
+    source = ReplaySource(recording([0.0, 100.0, 200.0, 300.0]), speed=0.1,
+                          on_rewind=lambda: rewinds.append(1))
+    async with Player(source) as player:
+        await eventually(lambda: player.seen == [0.0], "the scrape at the start")
+        source.seek(250.0)
+        await eventually(lambda: player.seen == [0.0, 100.0, 200.0], "up to 250 s")
+        assert source.now() == 250.0 and rewinds == []
+
+
+async def test_a_seek_lands_within_the_recording() -> None:
+    source = ReplaySource(recording([10.0, 20.0, 30.0]), speed=0.1)
+    async with Player(source) as player:
+        source.seek(1e9)
+        await eventually(lambda: player.seen == [10.0, 20.0, 30.0], "all of it")
+        assert source.now() == 30.0
+        source.seek(-1e9)
+        await eventually(lambda: player.seen[3:] == [10.0], "the start again")
+        assert source.now() == 10.0
+
+
+async def test_a_seek_back_rewinds_once_and_replays_from_the_start() -> None:
+    rewinds: list[int] = []
+    source = ReplaySource(recording([0.0, 1.0, 2.0, 3.0]), speed=1000.0,
+                          on_rewind=lambda: rewinds.append(1))
+    async with Player(source) as player:
+        await eventually(lambda: source.finished, "the whole recording")
+        source.seek(1.0)  # the scrape at 1.0 was delivered: behind the last one
+        await eventually(lambda: len(player.seen) == 6, "0 and 1 again")
+        assert player.seen == [0.0, 1.0, 2.0, 3.0, 0.0, 1.0] and rewinds == [1]
+        source.seek(1.0)  # at the last one delivered, not behind it: no rewind
+        source.seek(2.5)
+        await eventually(lambda: player.seen[-1] == 2.0, "2 once more")
+        assert player.seen == [0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0] and rewinds == [1]
+
+
+async def test_every_seek_and_step_while_playing_moves_the_clock_for_good() -> None:
+    # at 0.1x the scrape at 1000 s is hours away: the replay sleeps, and each move wakes it
+    source = ReplaySource(recording([0.0, 50.0, 60.0, 70.0, 80.0, 1000.0]), speed=0.1)
+    async with Player(source) as player:
+        await eventually(lambda: player.seen == [0.0], "the scrape at the start")
+        source.seek(50.0)
+        await eventually(lambda: player.seen[-1] == 50.0, "the scrape sought")
+        source.seek(60.0)  # a second move while asleep again
+        await eventually(lambda: player.seen[-1] == 60.0, "the next scrape sought")
+        source.step()
+        await eventually(lambda: player.seen[-1] == 70.0, "the stepped scrape")
+        source.step()
+        await eventually(lambda: player.seen[-1] == 80.0, "the next stepped scrape")
+        assert source.now() == 80.0 and player.seen == [0.0, 50.0, 60.0, 70.0, 80.0]
+
+
+async def test_the_clock_runs_at_the_speed_asked_for() -> None:
+    source = ReplaySource(recording([0.0, 2.0]), speed=10.0)  # 0.2 s to the next
+    loop = asyncio.get_running_loop()
+    async with Player(source) as player:
+        started = loop.time()
+        await eventually(lambda: len(player.seen) == 2, "the second scrape")
+        elapsed = loop.time() - started
+    assert elapsed >= 0.2 * 0.9  # never faster than asked
+    assert source.now() == 2.0
