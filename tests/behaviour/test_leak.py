@@ -5,8 +5,10 @@ evidence, and that it ends. Thresholds are read from LeakParams, never restated.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
@@ -23,6 +25,7 @@ from kvtop.derive.leak_estimate import (
     leaked_now,
 )
 from kvtop.derive.stats import EngineStats
+from tests.paths import REPO
 
 T0 = 1_700_000_040.0  # on a minute: buckets start with the series
 STEP = 10
@@ -412,3 +415,31 @@ def test_without_a_load_measure_a_rising_floor_is_watch_but_never_leak() -> None
     found = verdicts(series)
     assert "watch" in {v.state for v in found} and "leak" not in {v.state for v in found}
     assert found[-1].evidence["load_measure"] == "none"
+
+
+def test_blocks_held_at_idle_need_idle_min_scrapes_however_far_apart() -> None:
+    # step-end stats lag a scrape or two: two idle scrapes 30 s apart span idle_min_s but
+    # are not yet idle_min_scrapes (3) of them
+    series = [scrape(t, 40.0, running=0.0) for t in (0, 30, 60)]
+    assert [v.state for v in verdicts(series)] == ["warmup", "warmup", "leak"]
+
+
+def documented_defaults() -> dict[str, float]:
+    """The Parameters table of docs/leak-detector.md: `name`, `name` | value, value | why."""
+    text = (REPO / "docs" / "leak-detector.md").read_text(encoding="utf-8")
+    table = text.split("## Parameters", 1)[1].split("\n## ", 1)[0]
+    found = {}
+    for row in (line for line in table.splitlines() if line.startswith("| `")):
+        cells = row.split("|")
+        names = re.findall(r"`(\w+)`", cells[1])
+        values = [v.strip() for v in cells[2].split(",")]
+        for name, value in zip(names, values, strict=True):
+            number = float(value.split()[0])
+            found[name] = number / 100 if value.split()[1:2] == ["%"] else number
+    return found
+
+
+def test_the_defaults_are_the_ones_the_documentation_gives() -> None:
+    # what a user reads in docs/leak-detector.md before tuning kvtop.toml's [leak] table
+    defaults = {f.name: f.default for f in dataclasses.fields(LeakParams)}
+    assert documented_defaults() == pytest.approx(defaults)
