@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.faultserver import FaultServer
+from tests.mutation_run import MUTATION, cold_caches
 
 TESTS = Path(__file__).resolve().parent
 # The tiers that need something outside Python: a user without it gets a skip that says
@@ -19,6 +20,13 @@ TESTS = Path(__file__).resolve().parent
 CI_FOLDERS = {"prometheus": TESTS / "prometheus", "twin": TESTS / "twin"}
 # The one deliberate way to leave a tier out, honoured in CI too (.ci/run skips the install).
 OPTED_OUT = {"twin": ("KVTOP_TWIN", "0")}
+
+
+if MUTATION:
+    @pytest.fixture(autouse=True)
+    def _cold_caches() -> None:
+        """Under scripts/mutation.py: each test reaches the code behind kvtop's caches."""
+        cold_caches()
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtop.collect.exposition import Exposition, Sample, parse, to_text
+from tests.mutation_run import examples
 
-SETTINGS = settings(max_examples=250, deadline=None,
+SETTINGS = settings(max_examples=examples(250), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 # --- (a) any text: parses or reports, never raises ------------------------------------------

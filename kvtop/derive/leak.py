@@ -422,8 +422,12 @@ class LeakDetector:
             return "leak", f"{rate}, with {trend.consequences[0]}"
         return "watch", f"{rate} (confirming, {age / 60:.0f} min)"
 
+    def _amount(self, blocks: float) -> str:
+        """Blocks, or the share of the pool when only kv_usage is known (a fraction of 1)."""
+        return f"{blocks:.0f}" if self._in_blocks else f"{blocks:.1%}"
+
     def _held_blocks(self, blocks: float) -> str:
-        return f"{blocks:.0f} {'blocks' if self._in_blocks else 'of the pool'} held"
+        return f"{self._amount(blocks)} {'blocks' if self._in_blocks else 'of the pool'} held"
 
     def _idle_now(self, t: float) -> tuple[float, float, bool] | None:
         """The idle run this scrape is in: (its least residual, its span, confirmed)."""
@@ -449,7 +453,7 @@ class LeakDetector:
             return level, f"{held} with nothing running or waiting"
         if now is not None:  # idle again, not confirmed yet: say what the pool holds now
             return level, (f"{self._held_blocks(now[0])} with nothing running (confirming; "
-                           f"{blocks:.0f} at the last idle){self._floor_note}")
+                           f"{self._amount(blocks)} at the last idle){self._floor_note}")
         return level, f"{self._held_blocks(blocks)} at the last idle, {_ago(t - last_t)} ago"
 
     def _decide(self, t: float, used: float) -> LeakVerdict:

@@ -5,16 +5,27 @@ evidence, and that it ends. Thresholds are read from LeakParams, never restated.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+import re
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from kvtop.derive.leak import LeakDetector, LeakParams, LeakVerdict
-from kvtop.derive.leak_estimate import LeakFit, LoadPoint, fit_leak, leaked_now
+from kvtop.derive.leak_estimate import (
+    MIN_AFTER,
+    MIN_POINTS,
+    LeakFit,
+    LoadPoint,
+    fit_leak,
+    leaked_now,
+)
 from kvtop.derive.stats import EngineStats
+from tests.paths import REPO
 
 T0 = 1_700_000_040.0  # on a minute: buckets start with the series
 STEP = 10
@@ -195,6 +206,7 @@ def test_noise_is_never_taken_for_a_lump() -> None:
 
 @pytest.mark.parametrize(("recent", "jump", "lump"), [
     (4, 33.0, True), (4, 29.0, False),  # 2 against 2 buckets: sigma x sqrt(1/2 + 1/2) = 10
+    (4, 30.0, False),  # exactly three standard errors: not above them
     (6, 27.0, True), (6, 23.0, False),  # 3 against 3: 10 x sqrt(2/3) = 8.2
     (2, 45.0, True), (2, 40.0, False),  # 1 against 1: 10 x sqrt(2) = 14.1
 ])
@@ -208,3 +220,226 @@ def test_a_lump_is_a_jump_above_three_standard_errors_of_the_noise(recent: int, 
                   times=tuple(60.0 * i for i in range(len(leaked))), noise=10.0)
     expected = jump if lump else jump * half / recent
     assert leaked_now(fit, fit.times[-1], recent) == pytest.approx(expected)
+
+
+def test_the_estimate_needs_min_points_buckets_and_starts_with_them() -> None:
+    points = buckets(lambda i: 0.0)
+    assert fit_leak(points[:MIN_POINTS - 1]) is None
+    fit = fit_leak(points[:MIN_POINTS])
+    assert fit is not None and len(fit.leaked) == MIN_POINTS
+
+
+def test_a_leak_under_way_since_the_first_bucket_is_found_there() -> None:
+    points = buckets(lambda i: 10.0 * i, count=20)
+    fit = fit_leak(points)
+    assert fit is not None and fit.change_t == points[0].t
+
+
+@pytest.mark.parametrize("rising", [MIN_AFTER, MIN_AFTER - 1])
+def test_the_latest_change_point_has_min_after_buckets_after_it(rising: int) -> None:
+    # a leak in the last buckets only: the change is put as late as the fit allows, which
+    # leaves MIN_AFTER buckets after it, never fewer
+    count = 40
+    points = buckets(lambda i: 50.0 * max(0, i - (count - 1 - rising)), count=count)
+    fit = fit_leak(points)
+    assert fit is not None and fit.change_t == points[-MIN_AFTER - 1].t
+
+
+def test_a_leak_rate_is_in_blocks_per_hour_whatever_the_bucket_length() -> None:
+    # hourly buckets, no noise: 25 blocks an hour from hour 10 on
+    points = [LoadPoint(3600.0 * i, 200 + 40 * (10 + 6 * math.sin(i / 3)) + 25.0 * max(0, i - 10),
+                        (10 + 6 * math.sin(i / 3),)) for i in range(40)]
+    fit = fit_leak(points)
+    assert fit is not None and fit.change_t == points[10].t
+    assert fit.slope_per_h == pytest.approx(25, rel=1e-5)
+
+
+def test_without_a_leak_the_estimate_is_zero_not_a_block() -> None:
+    points = buckets(lambda i: 0.0)
+    fit = fit_leak(points)
+    assert fit is not None and leaked_now(fit, points[-1].t + 30, 4) == 0.0
+
+
+def test_without_a_load_measure_the_leak_is_told_from_the_level_alone() -> None:
+    # a server that exports no running count: no load features, only the level over time
+    points = [LoadPoint(60.0 * i, 500 + 10.0 * max(0, i - 20), ()) for i in range(40)]
+    fit = fit_leak(points)
+    assert fit is not None and fit.change_t == points[20].t
+    assert leaked_now(fit, points[-1].t + 30, 4) == pytest.approx(195, abs=1)
+
+
+def test_a_load_counter_that_appeared_late_is_left_out_of_the_fit() -> None:
+    # tokens per request known only from bucket 10 on: the fit uses what every bucket has
+    points = buckets(lambda i: 10.0 * max(0, i - 20))
+    late = [LoadPoint(p.t, p.level, p.loads + ((100 * p.loads[0],) if i >= 10 else ()))
+            for i, p in enumerate(points)]
+    fit, same = fit_leak(late), fit_leak(points)
+    assert fit is not None and same is not None
+    assert (fit.change_t, fit.slope_per_h, fit.leaked) == (same.change_t, same.slope_per_h,
+                                                           same.leaked)
+
+
+def test_a_pinned_batch_still_gets_its_leak_estimated() -> None:
+    # the server runs at max_num_seqs the whole time: running and tokens per request never
+    # move, so the load explains nothing and the level's rise is all leak
+    points = [LoadPoint(60.0 * i, 600 + 10.0 * max(0, i - 20), (10.0, 4000.0))
+              for i in range(40)]
+    fit = fit_leak(points)
+    assert fit is not None and fit.change_t == points[20].t
+    assert leaked_now(fit, points[-1].t + 30, 4) == pytest.approx(195, abs=1)
+
+
+# -- what the reason says -------------------------------------------------------------------
+
+def test_a_leak_seen_at_idle_says_how_long_ago_in_seconds_then_minutes() -> None:
+    # 40 blocks held at idle for 3 min (last idle scrape at 170 s), then the load returns
+    series = at_idle(40.0) + [scrape(180 + STEP * i, 300.0) for i in range(20)]
+    reasons = {s.t - T0: v.reason for s, v in zip(series, verdicts(series), strict=True)}
+    assert reasons[170] == "40 blocks held with nothing running or waiting"
+    assert reasons[250] == "40 blocks held at the last idle, 80 s ago"
+    assert reasons[260] == "40 blocks held at the last idle, 2 min ago"  # 90 s
+    assert reasons[350] == "40 blocks held at the last idle, 3 min ago"
+
+
+def test_a_pool_known_only_by_its_usage_says_what_share_is_held() -> None:
+    # kv_usage without blocks_total: no block counts, but the share held is shown
+    series = [EngineStats(model="m", engine="0", t=s.t, kv_usage=0.04, running=0.0,
+                          waiting=0.0) for s in at_idle(0.0)]
+    found = verdicts(series)
+    assert found[-1].state == "leak" and found[-1].leaked_blocks is None
+    assert found[-1].reason == "4.0% of the pool held with nothing running or waiting"
+
+
+def test_a_lump_leaked_under_load_is_a_step_seen_within_minutes() -> None:
+    # 60 blocks (6 % of the pool) leak at once at minute 25 under a steady, noisy load
+    rng = random.Random(1)
+    series = [scrape(t, 300 + rng.gauss(0, 8) + (60 if t >= 25 * 60 else 0))
+              for t in range(0, 45 * 60, STEP)]
+    found = verdicts(series)
+    assert first(series, found, "watch") is not None
+    assert 25 * 60 < first(series, found, "watch") <= 31 * 60
+    watch = [v for v in found if v.state == "watch"]
+    assert all(v.reason.startswith("floor stepped up 6") for v in watch)  # by about 60
+    assert found[-1].state == "leak"  # once it has persisted, as a rising floor would
+    raised = [v for v in found if v.state in ("watch", "leak")]
+    assert all(0.8 * 60 <= v.leaked_blocks <= 1.6 * 60 for v in raised)
+
+
+def test_a_rising_floor_with_the_queue_growing_at_flat_throughput_is_leak_sooner() -> None:
+    # the consequence of a leak (requests queue up while throughput stays flat) confirms a
+    # rising floor after support_persist_s instead of leak_persist_s, and is named
+    p = LeakParams()
+    plain = rising_floor(6, start_min=10, stop_min=999, minutes=40)
+    queued = [replace(s, waiting=max(0.0, (s.t - T0 - 600) / 60)) for s in plain]
+    alone, confirmed = verdicts(plain, p), verdicts(queued, p)
+    watch = first(queued, confirmed, "watch")
+    assert watch is not None and watch == first(plain, alone, "watch")
+    leak, later = first(queued, confirmed, "leak"), first(plain, alone, "leak")
+    assert leak is not None and later is not None
+    assert leak - watch == pytest.approx(p.support_persist_s, abs=p.bucket_s)
+    assert later - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+    assert next(v for v in confirmed if v.state == "leak").reason.endswith(
+        "with queue growing at flat throughput")
+
+
+def test_a_rising_floor_with_more_preemptions_at_the_same_load_is_leak_sooner() -> None:
+    p = LeakParams()
+    plain = rising_floor(6, start_min=10, stop_min=999, minutes=40)
+    preempting = [replace(s, preemptions_per_s=0.0 if s.t - T0 < 600 else 0.5) for s in plain]
+    found = verdicts(preempting, p)
+    watch, leak = first(preempting, found, "watch"), first(preempting, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.support_persist_s, abs=p.bucket_s)
+    assert next(v for v in found if v.state == "leak").reason.endswith(
+        "with preemptions up at the same load")
+
+
+def test_the_leaked_blocks_under_load_follow_the_floor_as_it_rises() -> None:
+    # 6 blocks a minute from minute 10: the estimate is the rise so far, within a few blocks,
+    # long after the trend window (30 min) has slid past the rise's start
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=60)
+    found = verdicts(series)
+    for minute in (30, 40, 50, 59):
+        verdict = found[minute * 60 // STEP]
+        assert verdict.state == "leak"
+        assert verdict.leaked_blocks == pytest.approx(6 * (minute - 10), abs=6)
+
+
+@pytest.mark.parametrize(("per_min", "raised"), [(0.4, False), (0.6, True)])
+def test_a_floor_too_slow_to_fill_the_pool_within_a_day_is_not_reported(per_min: float,
+                                                                        raised: bool) -> None:
+    # ~680 blocks free: 0.4 blocks a minute fills them in ~28 h, 0.6 in ~19 h
+    # (LeakParams().max_hours_to_full is 24 h)
+    series = rising_floor(per_min, start_min=10, stop_min=999, minutes=60)
+    states = {v.state for v in verdicts(series)}
+    assert ("watch" in states) == raised
+
+
+def test_a_floor_rising_while_no_request_finishes_is_not_a_leak() -> None:
+    # the same requests sitting there (a stall, one long generation) hold more and more
+    # blocks: the batch has not turned over, so the rise says nothing about a leak
+    series = [replace(s, finished_per_s={"stop": 0.0})
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=60)]
+    assert {v.state for v in verdicts(series)} <= {"warmup", "ok"}
+
+
+def load_ramp(minutes: int = 60) -> list[EngineStats]:
+    """The load grows (5 -> 15 running, swinging) and the level with it: 40 blocks a request."""
+    series = []
+    for t in range(0, minutes * 60, STEP):
+        running = 5 + 10 * t / (minutes * 60) + 2 * math.sin(t / 300)
+        series.append(scrape(t, 200 + 40 * running + 20 * ((t // STEP) % 6), running=running))
+    return series
+
+
+@pytest.mark.parametrize(("measure", "strip"), [("tokens", {}), ("running", {"prompt_tps": None})])
+def test_a_floor_that_rises_with_the_load_is_no_leak_and_one_beyond_it_is(
+        measure: str, strip: dict[str, None]) -> None:
+    # the load is read as running x tokens per request, or as running alone when the
+    # token counters are missing; either explains the rise, and a leak on top is still found
+    series = [replace(s, **strip) for s in load_ramp()]
+    found = verdicts(series)
+    assert {v.state for v in found} <= {"warmup", "ok"}
+    assert found[-1].evidence["load_measure"] == measure
+    per_request = 40 / (600 / 0.5) if measure == "tokens" else 40  # blocks per unit of load
+    assert found[-1].evidence["blocks_per_load"] == pytest.approx(per_request, rel=0.01)
+    leaking = [replace(s, blocks_used=s.blocks_used + 6 * max(0.0, (s.t - T0) / 60 - 10))
+               for s in series]
+    assert "leak" in {v.state for v in verdicts(leaking)}
+
+
+def test_without_a_load_measure_a_rising_floor_is_watch_but_never_leak() -> None:
+    # no running count: nothing tells the load from a leak, so it is never confirmed
+    series = [replace(s, running=None)
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=60)]
+    found = verdicts(series)
+    assert "watch" in {v.state for v in found} and "leak" not in {v.state for v in found}
+    assert found[-1].evidence["load_measure"] == "none"
+
+
+def test_blocks_held_at_idle_need_idle_min_scrapes_however_far_apart() -> None:
+    # step-end stats lag a scrape or two: two idle scrapes 30 s apart span idle_min_s but
+    # are not yet idle_min_scrapes (3) of them
+    series = [scrape(t, 40.0, running=0.0) for t in (0, 30, 60)]
+    assert [v.state for v in verdicts(series)] == ["warmup", "warmup", "leak"]
+
+
+def documented_defaults() -> dict[str, float]:
+    """The Parameters table of docs/leak-detector.md: `name`, `name` | value, value | why."""
+    text = (REPO / "docs" / "leak-detector.md").read_text(encoding="utf-8")
+    table = text.split("## Parameters", 1)[1].split("\n## ", 1)[0]
+    found = {}
+    for row in (line for line in table.splitlines() if line.startswith("| `")):
+        cells = row.split("|")
+        names = re.findall(r"`(\w+)`", cells[1])
+        values = [v.strip() for v in cells[2].split(",")]
+        for name, value in zip(names, values, strict=True):
+            number = float(value.split()[0])
+            found[name] = number / 100 if value.split()[1:2] == ["%"] else number
+    return found
+
+
+def test_the_defaults_are_the_ones_the_documentation_gives() -> None:
+    # what a user reads in docs/leak-detector.md before tuning kvtop.toml's [leak] table
+    defaults = {f.name: f.default for f in dataclasses.fields(LeakParams)}
+    assert documented_defaults() == pytest.approx(defaults)

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtop.sim.engine import Engine, EngineConfig, RequestSpec, StepCost
+from tests.mutation_run import examples
 from tests.sim.helpers import check_pool_invariants
 
 SYSTEM = tuple(("sys", j) for j in range(32))  # a 512-token shared system prompt
@@ -152,7 +153,7 @@ request_st = st.tuples(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     requests=st.lists(request_st, min_size=1, max_size=25),
     num_blocks=st.integers(24, 120),
