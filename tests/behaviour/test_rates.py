@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from kvtop.collect.reading import Histogram
+from kvtop.collect.reading import Histogram, LoraInfo
 from kvtop.derive.rates import derive_engine_stats
 from tests.test_derive import reading
 
@@ -21,11 +21,20 @@ def test_every_gauge_is_shown_as_the_server_sent_it() -> None:
         tokens_total=6400, running=5.0, waiting=7.0, swapped=2.0, preemptions_total=11.0,
         prefix_queries_total=1000.0, prefix_hits_total=300.0, idle_floor_blocks=1,
         prefix_caching=True, cache_config={"block_size": "16"}, prefix_unit="tokens",
-        cpu_kv_usage=0.125,
+        cpu_kv_usage=0.125, idle_floor_exact=False,  # a floor inferred, never shown as exact
+        lora=LoraInfo(max_lora=2, running=("sql-adapter",), waiting=("chat-adapter",)),
     )
     stats = derive_engine_stats(reading(**sent), None, t=42.0, dt=None)
     assert {name: getattr(stats, name) for name in sent} == sent
     assert stats.t == 42.0
+
+
+def test_prefix_lookups_per_second_are_over_the_window() -> None:
+    """The lookups a second weigh each engine's hit rate in the fleet's: 600 in 10 s."""
+    stats = derive_engine_stats(reading(prefix_queries_total=1600.0, prefix_hits_total=500.0),
+                                reading(prefix_queries_total=1000.0, prefix_hits_total=200.0),
+                                t=10.0, dt=10.0)
+    assert stats.prefix_queries_per_s == 60.0
 
 
 def test_an_idle_window_is_zero_per_second_not_a_restart() -> None:
