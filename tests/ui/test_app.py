@@ -125,6 +125,18 @@ async def test_a_draw_between_pushing_the_detail_and_its_compose_is_harmless(
         assert app.return_code is None
 
 
+async def test_the_detail_opened_while_paused_shows_its_engine(tmp_path: Path) -> None:
+    """Paused, the app draws nothing: the detail screen fills itself when it mounts, so a
+    frozen moment can still be looked into."""
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=WIDE) as pilot:
+        assert await live_data_shown(pilot)
+        await pilot.press("p", "j", "enter")
+        await eventually(lambda: isinstance(app.screen, DetailScreen) and app.screen.is_mounted,
+                         "the detail screen composed", pause=pilot.pause)
+        assert "10.0.0.5:8001" in str(app.screen.query_one("#detail-info").render())
+
+
 async def test_pause_freezes_display_while_collection_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

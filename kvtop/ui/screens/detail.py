@@ -238,13 +238,15 @@ class DetailScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.show(self._clock())  # filled at once, not at the app's next draw
+        self._fill(self._clock())  # at once, not at the app's next draw
 
     def show(self, now: float) -> None:
-        """Fill the screen; a draw that comes before it is composed (a push is not
-        synchronous) leaves it to on_mount."""
-        if not self.is_mounted:
-            return
+        """The app's redraw. One that comes before the screen is mounted (a push is not
+        synchronous) leaves the filling to on_mount."""
+        if self.is_mounted:
+            self._fill(now)
+
+    def _fill(self, now: float) -> None:
         state, history, engine = self._source()
         stats = next(
             (s for s in state.engines if (s.model, s.engine) == engine),
