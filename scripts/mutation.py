@@ -69,7 +69,7 @@ def deselected(path: str, *names: str) -> tuple[str, ...]:
 # Pilot), which add minutes per mutant and no unit-level checks.
 ADAPTER_TESTS = ("tests/test_adapters.py", "tests/behaviour/test_vllm_adapter.py",
                  "tests/behaviour/test_other_adapters.py", "tests/behaviour/test_plausible.py",
-                 "tests/behaviour/test_adapt.py")
+                 "tests/behaviour/test_adapt.py", "tests/test_lora.py")
 # The fuzz test (tests/hostile/test_recording_fuzz.py, 80 s) is left out: per mutant it costs
 # more than the rest together, and test_recordings.py covers the same reader paths; so are
 # the hostile tests that drive the Textual app (Pilot) or `kvtop record` in a subprocess
