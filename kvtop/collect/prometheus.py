@@ -264,6 +264,7 @@ class _Instance:
     last_t: float | None = None  # newest scrape delivered (good or up == 0)
     spacing: float | None = None  # seconds between its last two scrapes
     up_t: float | None = None  # newest `up` sample seen
+    up: bool = False  # its value: 1, Prometheus reads it (0 is a failed scrape, `down`)
 
 
 class PrometheusAPI:
@@ -483,7 +484,8 @@ class PrometheusSource:
                 continue  # an exporter beside the inference servers, not one of them
             entry = self._known(metric)
             for t, value in values:
-                entry.up_t = max(entry.up_t or t, t)
+                if entry.up_t is None or t >= entry.up_t:
+                    entry.up_t, entry.up = t, value != "0"
                 samples.append((entry, t, value))
         return samples
 
@@ -524,12 +526,13 @@ class PrometheusSource:
         for entry in self._instances.values():
             spacing = max(entry.spacing or 0.0, self.interval_s)
             limit = max(3 * spacing, 10.0)
-            # its series (or its up == 0 failures): a fresh `up == 1` alone is no reading,
-            # only the reason it has none
             newest = entry.last_t if entry.last_t is not None else -math.inf
-            if now - newest <= limit:
+            up_fresh = entry.up_t is not None and now - entry.up_t <= limit
+            # read lately, or down (its failures come from `up == 0`): not stale; a fresh
+            # `up == 1` alone is no reading, only the reason there is none
+            if now - newest <= limit or (up_fresh and not entry.up):
                 continue
-            if entry.up_t is not None and now - entry.up_t <= limit:
+            if up_fresh:
                 error = ("Prometheus scrapes it (up == 1) but has no vLLM/SGLang series for "
                          "it: metrics off (--disable-log-stats) or dropped by relabelling?")
             else:

@@ -638,3 +638,19 @@ async def test_runtime_info_not_shaped_like_prometheus_is_no_retention(
         for answer in ([], {"storageRetention": ["15d"]}):
             stored.runtime_answer = answer
             assert await src.retention_s() is None
+
+
+async def test_a_down_instance_is_down_not_stale_between_its_failed_scrapes(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(t, 1.0) for t in every(T0 - 60, T0 + 30)]}
+    stored.up = {(JOB, B): [(T0 - 5, "0"), (T0 + 25, "0")]}  # never came up; scraped sparsely
+    clock = Clock()
+    async with source(server, clock, window_s=60.0) as src:
+        await src.discover()  # B found by its up == 0
+        await src.backfill()
+        clock.now = T0 + 1  # no up sample of B since the backfill ended
+        assert [s for s in await src.poll_once() if s.target.name == B] == []
+        clock.now = T0 + 30
+        [down] = [s for s in await src.poll_once() if s.target.name == B]
+    assert (down.t, down.failure) == (T0 + 25, "down")
