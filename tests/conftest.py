@@ -4,6 +4,9 @@ only exposes them, and makes a skipped tier fail a CI run."""
 from __future__ import annotations
 
 import os
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,23 @@ async def fault_server() -> AsyncIterator[FaultServer]:
     """A started FaultServer (mode "ok", the vLLM 0.33.0 under-load fixture, version 0.33.0)."""
     async with FaultServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
+    """A server-side TLS context with a fresh self-signed certificate for 127.0.0.1."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    tmp_path = tmp_path_factory.mktemp("tls")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

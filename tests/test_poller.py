@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
 import ssl
-import subprocess
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -462,22 +460,6 @@ async def test_a_duplicate_target_gets_one_result_per_entry(fault_server: FaultS
 
 
 # ---------------------------------------------------------------------------- TLS
-
-
-@pytest.fixture(scope="module")
-def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl not installed")
-    tmp_path = tmp_path_factory.mktemp("tls")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    return context
 
 
 async def test_tls_is_verified_unless_insecure(self_signed: ssl.SSLContext) -> None:

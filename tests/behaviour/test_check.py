@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import ssl
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -543,17 +541,9 @@ def test_a_live_check_shows_its_progress_on_a_terminal(
 
 
 def test_a_live_check_reads_a_self_signed_server_only_when_insecure(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl not installed")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
+        self_signed: ssl.SSLContext, capsys: pytest.CaptureFixture[str]) -> None:
     with served_in_thread(FaultServer(bodies=[body(0.0).encode()],
-                                      ssl_context=context)) as server:
+                                      ssl_context=self_signed)) as server:
         target = Target.from_spec(server.url().replace("http://", "https://"))
         codes = [run_check_live([target], params=None, duration_s=0.3, interval_s=0.05,
                                 timeout_s=10.0, insecure=insecure, until_leak=False,

@@ -7,14 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import shutil
 import signal
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,16 +185,8 @@ def test_kvtop_snapshot_keeps_to_the_timeout_given_or_twice_the_interval(
 
 
 def test_kvtop_snapshot_reads_a_self_signed_server_only_when_insecure(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl not installed")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    with served_in_thread(FaultServer(ssl_context=context)) as server:
+        self_signed: ssl.SSLContext, capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer(ssl_context=self_signed)) as server:
         target = Target.from_spec(server.url().replace("http://", "https://"))
         codes = [run_snapshot([target], samples=1, interval_s=0.5, timeout_s=10,
                               insecure=insecure, as_json=True, with_gpus=False)
