@@ -130,7 +130,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 *(f"tests/test_cli.py::{name}" for name in (
                                     *CLI_IN_PROCESS,
                                     "test_only_http_and_https_urls_are_targets"))),
-    **{f"kvtop/collect/adapters/{name}.py": ("tests/test_gpu_adapters.py",)
+    **{f"kvtop/collect/adapters/{name}.py": ("tests/test_gpu_adapters.py",
+                                              "tests/behaviour/test_gpu_exporters.py")
        for name in ("dcgm", "nvidia_gpu_exporter")},
     "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
     "kvtop/derive/quantiles.py": ("tests/test_derive.py", "tests/behaviour/test_quantiles.py"),
@@ -146,7 +147,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 "tests/test_gpu_ownership.py", "tests/test_lora.py",
                                 "tests/hostile/test_memory.py",
                                 "tests/hostile/test_boundary_sweep.py"),
-    "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py",),
+    "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py", "tests/test_gpu_ownership.py",
+                                   "tests/ui/test_gpu_model.py"),
     # test_config.py's two Hypothesis fuzz tests (500 documents, "no crash" only) are left out:
     # they reach every loader mutant at seconds each and catch nothing the rest does not; the
     # command-line tests that run in this process reach the option parsers and the man page
@@ -171,7 +173,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the simulator is outside the restriction but on its list of modules to score
     "kvtop/sim/blocks.py": ("tests/sim/test_blocks.py", "tests/sim/test_engine.py",
                             "tests/behaviour/test_sim_blocks.py"),
-    "kvtop/sim/engine.py": ("tests/sim/test_engine.py",),
+    # the simulation's faults (leaks, lumps, wedges, restarts, stalls) drive the engine too
+    "kvtop/sim/engine.py": ("tests/sim/test_engine.py", "tests/sim/test_simulation.py",
+                            "tests/sim/test_lump_and_wedge.py"),
 }
 
 
