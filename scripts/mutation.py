@@ -148,7 +148,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 "tests/hostile/test_memory.py",
                                 "tests/hostile/test_boundary_sweep.py"),
     "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py", "tests/test_gpu_ownership.py",
-                                   "tests/ui/test_gpu_model.py"),
+                                   "tests/ui/test_gpu_model.py",
+                                   "tests/behaviour/test_gpu_owners.py"),
     # test_config.py's two Hypothesis fuzz tests (500 documents, "no crash" only) are left out:
     # they reach every loader mutant at seconds each and catch nothing the rest does not; the
     # command-line tests that run in this process reach the option parsers and the man page
@@ -310,9 +311,20 @@ def _keep_earlier_results(module: str, earlier: dict[str, int | None], rerun: se
     meta.write_text(json.dumps(data))
 
 
+def _forget_verdicts(module: str) -> None:
+    """Every mutant unchecked again (mutmut reruns those only)."""
+    meta = _meta(module)
+    if meta.exists():
+        data = json.loads(meta.read_text())
+        data["exit_code_by_key"] = dict.fromkeys(data["exit_code_by_key"])
+        meta.write_text(json.dumps(data))
+
+
 def run_mutmut(module: str, jobs: int, fresh: bool, survivors_only: bool = False) -> int:
     names = _survivors(module) if survivors_only and not fresh else [f"{dotted(module)}.x*"]
     earlier = _exit_codes(module) if survivors_only and not fresh else {}
+    config = workspace(module) / "pyproject.toml"
+    config_before = config.read_text() if config.exists() else None
     ws = prepare(module, fresh)
     if not has_functions(module) or not names:
         return 0
@@ -320,6 +332,10 @@ def run_mutmut(module: str, jobs: int, fresh: bool, survivors_only: bool = False
         # mutmut reuses its map of which tests reach which function and extends it only for
         # new tests: after the module changed, a new function would have "no tests"
         (ws / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+        # that map also holds the test list mutmut compares to reset its verdicts: without
+        # it a changed list kept them (a test left out still "caught" its mutants)
+        if config_before not in (None, config.read_text()):
+            _forget_verdicts(module)
     command = [sys.executable, str(Path(__file__).resolve()), "--mutmut", "run",
                "--max-children", str(jobs), *names]
     env = {**os.environ, **MUTATION_ENV}
