@@ -176,7 +176,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                             "tests/behaviour/test_sim_blocks.py"),
     # the simulation's faults (leaks, lumps, wedges, restarts, stalls) drive the engine too
     "kvtop/sim/engine.py": ("tests/sim/test_engine.py", "tests/sim/test_simulation.py",
-                            "tests/sim/test_lump_and_wedge.py"),
+                            "tests/sim/test_lump_and_wedge.py",
+                            "tests/behaviour/test_sim_engine.py"),
 }
 
 
