@@ -6,6 +6,8 @@ something ran."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kvtop.sim.engine import Engine, EngineConfig, Request, RequestSpec, StepCost
@@ -162,8 +164,10 @@ def test_a_step_that_only_preempts_costs_time_and_a_wedged_one_none() -> None:
     req = engine.add_request(RequestSpec(0.0, 16, 40))  # one full block, then a second
     assert req is not None and engine.step() is not None  # prefill: first token
     engine.take_free_blocks()  # the pool a long leak ends with
+    batches = engine.stats.hist["iteration_tokens_total"].count
     cost = engine.step()  # token 17 needs a new block: the request preempts itself
     assert cost == pytest.approx(0.010) and req in engine.waiting
+    assert engine.stats.hist["iteration_tokens_total"].count == batches  # no batch ran
     assert req.num_preemptions == 1
     clock, steps = engine.clock, engine.steps
     assert engine.step() is None  # nothing fits: no step, no time
@@ -176,3 +180,188 @@ def test_attention_reads_cost_per_thousand_tokens_of_context() -> None:
     full = StepCost(base_ms=5, prefill_token_ms=0.04, decode_seq_ms=0.1,
                     context_kilotoken_ms=0.1)
     assert full.seconds(100, 8, 4000) == pytest.approx((5 + 4 + 0.8 + 0.4) / 1000, rel=1e-9)
+
+
+# --- second round: the scheduler's limits, its counters and gauges -------------------------
+
+def test_the_engine_start_time_is_the_one_given_else_now() -> None:
+    assert Engine(EngineConfig(num_gpu_blocks=10), created=1234.5).created == 1234.5
+    before = time.time()
+    assert before <= Engine(EngineConfig(num_gpu_blocks=10)).created <= time.time()
+
+
+def leaked_request_ids(seed: int | None) -> list[int]:
+    config = EngineConfig(num_gpu_blocks=2000)
+    engine = Engine(config) if seed is None else Engine(config, seed=seed)
+    engine.leak_frac = 0.5
+    for _ in range(30):
+        engine.add_request(RequestSpec(0.0, 32, 4))
+    drain(engine)
+    return sorted(req.req_id for req, _ in engine.leaked if req is not None)
+
+
+def test_a_seed_makes_a_leak_repeatable() -> None:
+    assert leaked_request_ids(3) == leaked_request_ids(3)
+    assert leaked_request_ids(3) != leaked_request_ids(4)
+    assert leaked_request_ids(None) == leaked_request_ids(0)  # repeatable by default too
+    assert leaked_request_ids(0) != leaked_request_ids(1)
+
+
+def test_without_prefix_caching_nothing_is_reused() -> None:
+    engine = Engine(EngineConfig(num_gpu_blocks=200, enable_prefix_caching=False))
+    for _ in range(2):
+        engine.add_request(RequestSpec(0.0, 100, 2, prefix_keys=SYSTEM))
+        drain(engine)
+    assert engine.stats.prompt_tokens_cached == 0
+    assert sums(engine)["request_prefill_kv_computed_tokens"] == (2, 200.0)
+
+
+def test_prefix_counters_in_tokens_and_blocks_and_the_batch_hit_rate() -> None:
+    system = tuple(("sys", j) for j in range(32))  # 512 tokens
+    engine = Engine(EngineConfig(num_gpu_blocks=400))
+    for prompt in (600, 700, 650):
+        engine.add_request(RequestSpec(0.0, prompt, 2, prefix_keys=system))
+        drain(engine)
+    stats = engine.stats
+    assert (stats.prefix_queries, stats.prefix_hits) == (600 + 700 + 650, 2 * 512)
+    assert (stats.prefix_query_blocks, stats.prefix_hit_blocks) == (37 + 43 + 40, 2 * 32)
+    assert stats.prompt_tokens_cached == 2 * 512
+    assert stats.last_batch_hit_rate == pytest.approx(512 / 650)  # SGLang's gauge: the last batch
+
+
+def test_the_batch_hit_rate_counts_every_request_admitted_in_the_step() -> None:
+    system = tuple(("sys", j) for j in range(8))  # 128 tokens
+    engine = Engine(EngineConfig(num_gpu_blocks=30, max_num_batched_tokens=4096))
+    engine.add_request(RequestSpec(0.0, 160, 2, prefix_keys=system))
+    drain(engine)
+    engine.add_request(RequestSpec(0.0, 160, 2, prefix_keys=system))  # hits 128
+    engine.add_request(RequestSpec(0.0, 400, 2))  # 25 blocks: no room (head of line)
+    engine.add_request(RequestSpec(0.0, 16, 2))
+    engine.step()
+    assert len(engine.running) == 1 and len(engine.waiting) == 2
+    assert engine.stats.last_batch_hit_rate == pytest.approx(128 / 160)
+
+
+def test_a_step_schedules_at_most_its_token_budget() -> None:
+    engine = Engine(EngineConfig(num_gpu_blocks=200, max_num_batched_tokens=64))
+    for _ in range(3):
+        engine.add_request(RequestSpec(0.0, 30, 3))
+    engine.step()  # 30 + 30 + the third's first 4 tokens
+    assert engine.stats.hist["iteration_tokens_total"].sum == 64 and len(engine.running) == 3
+    engine.step()  # two decodes and the third's remaining 26
+    assert engine.stats.hist["iteration_tokens_total"].sum == 64 + 28
+
+
+def test_a_budget_spent_exactly_admits_no_one_and_one_token_left_is_used() -> None:
+    engine = Engine(EngineConfig(num_gpu_blocks=100, max_num_batched_tokens=32))
+    engine.add_request(RequestSpec(0.0, 32, 3))
+    engine.add_request(RequestSpec(0.0, 8, 3))
+    engine.step()
+    assert len(engine.running) == 1  # the budget went to the first prompt
+    engine = Engine(EngineConfig(num_gpu_blocks=100, max_num_batched_tokens=2))
+    a = engine.add_request(RequestSpec(0.0, 1, 5))
+    b = engine.add_request(RequestSpec(0.0, 1, 5))
+    for _ in range(3):
+        engine.step()
+    assert a is not None and b is not None and (a.num_output, b.num_output) == (3, 3)
+
+
+def test_a_step_costs_its_prefill_tokens_and_each_decode_with_its_context() -> None:
+    cost = StepCost(base_ms=10, prefill_token_ms=1, decode_seq_ms=2, context_kilotoken_ms=1)
+    engine = Engine(EngineConfig(num_gpu_blocks=100, cost=cost))
+    engine.add_request(RequestSpec(0.0, 50, 5))
+    engine.add_request(RequestSpec(0.0, 50, 5))
+    assert engine.step() == pytest.approx(0.110)  # 100 prompt tokens
+    assert engine.step() == pytest.approx((10 + 2 * 2 + 102 / 1000) / 1000)  # 2 decodes
+    # a prompt's last token is prefill, never a decode, even alone in its step
+    one = Engine(EngineConfig(num_gpu_blocks=100, cost=cost))
+    one.add_request(RequestSpec(0.0, 1, 2))
+    assert one.step() == pytest.approx(0.011)
+
+
+def test_generation_throughput_is_the_last_steps_tokens_per_second() -> None:
+    engine = Engine(EngineConfig(num_gpu_blocks=100, cost=COST))
+    for _ in range(2):
+        engine.add_request(RequestSpec(0.0, 50, 5))
+    engine.step()  # both prefills end: a first token each
+    assert engine.stats.last_gen_throughput == pytest.approx(2 / 0.110)
+    engine.step()
+    assert engine.stats.last_gen_throughput == pytest.approx(2 / 0.014)
+    assert engine.stats.generation_tokens == 4
+
+
+@pytest.mark.parametrize("prompt, accepted", [(0, False), (1, True), (143, True), (144, False)])
+def test_a_prompt_must_have_a_token_and_fit_the_model(prompt: int, accepted: bool) -> None:
+    engine = Engine(EngineConfig(num_gpu_blocks=10))  # 144 tokens of cache
+    assert (engine.add_request(RequestSpec(0.0, prompt, 1)) is not None) is accepted
+
+
+def test_a_lump_of_one_block_still_leaks_the_next_request() -> None:
+    engine = Engine(EngineConfig(num_gpu_blocks=100))
+    engine.lump_blocks = 1.0
+    first = engine.add_request(RequestSpec(0.0, 40, 2))
+    second = engine.add_request(RequestSpec(0.0, 40, 2))
+    drain(engine)
+    assert [req for req, _ in engine.leaked] == [first] and engine.lump_blocks == 0.0
+    assert second is not None and len(engine.leaked_block_ids()) == 3
+
+
+def test_blocks_taken_by_a_long_leak_are_leaked_blocks() -> None:
+    engine = Engine(EngineConfig(num_gpu_blocks=10))
+    engine.take_free_blocks()
+    assert len(engine.leaked_block_ids()) == 9 and engine.pool.num_free_blocks == 0
+
+
+def preempting_run() -> tuple[Engine, list[Request]]:
+    # 9 usable blocks; three requests of 40 tokens growing to 140 must take turns
+    engine = Engine(EngineConfig(num_gpu_blocks=10, max_num_seqs=8))
+    reqs = [engine.add_request(RequestSpec(0.0, 40, 100)) for _ in range(3)]
+    return engine, [r for r in reqs if r is not None]
+
+
+def test_a_preempted_request_keeps_its_first_admission_and_prefix_lookup() -> None:
+    engine, reqs = preempting_run()
+    drain(engine)
+    assert sum(r.num_preemptions for r in reqs) >= 2
+    queue = engine.stats.hist["request_queue_time_seconds"]
+    assert (queue.count, queue.sum) == (3, 0.0)  # all three were admitted at once, at 0
+    assert engine.stats.prefix_queries == 3 * 40  # vLLM counts a re-admission apart
+
+
+def test_the_step_that_preempts_serves_the_request_and_admits_no_one() -> None:
+    engine, (a, b, c) = preempting_run()
+    engine.step()
+    while engine.stats.preemptions == 0:
+        computed = a.num_computed
+        engine.step()
+    # the first running request got its block from the last one, in the same step
+    assert c in engine.waiting and c.num_computed == 0
+    assert a.num_computed == computed + 1 and b in engine.running
+    assert len(engine.running) == 2  # nobody admitted in a step that preempted
+
+
+def test_every_running_request_gets_a_token_each_step() -> None:
+    engine = Engine(EngineConfig(num_gpu_blocks=200))
+    reqs = [engine.add_request(RequestSpec(0.0, 20, 10)) for _ in range(3)]
+    for _ in range(4):
+        engine.step()
+    assert [r.num_output for r in reqs if r is not None] == [4, 4, 4]
+
+
+def test_running_prefills_take_their_chunks_from_the_same_budget() -> None:
+    engine = Engine(EngineConfig(num_gpu_blocks=100, max_num_batched_tokens=64))
+    engine.add_request(RequestSpec(0.0, 100, 2))
+    engine.add_request(RequestSpec(0.0, 100, 2))
+    engine.step()  # the first 64 tokens of the first prompt
+    engine.step()  # its last 36, and the second prompt's first 28
+    assert engine.stats.hist["iteration_tokens_total"].sum == 128
+
+
+def test_a_preempted_request_is_not_readmitted_in_the_same_step() -> None:
+    # without the whole-prompt gate the victim's first chunk would fit at once
+    engine = Engine(EngineConfig(num_gpu_blocks=10, max_num_seqs=8, max_num_batched_tokens=16,
+                                 reserve_full_sequence=False))
+    reqs = [engine.add_request(RequestSpec(0.0, 40, 100)) for _ in range(3)]
+    while engine.stats.preemptions == 0:
+        engine.step()
+    assert reqs[2] in engine.waiting and reqs[2].num_computed == 0
