@@ -358,10 +358,13 @@ def test_running_prefills_take_their_chunks_from_the_same_budget() -> None:
 
 
 def test_a_preempted_request_is_not_readmitted_in_the_same_step() -> None:
-    # without the whole-prompt gate the victim's first chunk would fit at once
-    engine = Engine(EngineConfig(num_gpu_blocks=10, max_num_seqs=8, max_num_batched_tokens=16,
-                                 reserve_full_sequence=False))
-    reqs = [engine.add_request(RequestSpec(0.0, 40, 100)) for _ in range(3)]
+    # 10 usable blocks; B's chunked prefill outgrows the pool beside A and preempts itself.
+    # Without the whole-prompt gate B's next chunk would fit at once, but vLLM admits no one
+    # in a step that preempted.
+    engine = Engine(EngineConfig(num_gpu_blocks=11, max_num_seqs=3, max_num_batched_tokens=32,
+                                 reserve_full_sequence=False, enable_prefix_caching=False))
+    a = engine.add_request(RequestSpec(0.0, 54, 7))
+    b = engine.add_request(RequestSpec(0.0, 125, 2))
     while engine.stats.preemptions == 0:
         engine.step()
-    assert reqs[2] in engine.waiting and reqs[2].num_computed == 0
+    assert a in engine.running and b in engine.waiting and b.num_computed == 0
