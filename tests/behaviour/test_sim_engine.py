@@ -69,6 +69,7 @@ def test_a_request_aborted_before_it_ran_has_an_e2e_time_only() -> None:
     h = sums(engine)
     assert h["e2e_request_latency_seconds"] == (1, 1.0)
     assert h["request_queue_time_seconds"][0] == h["time_to_first_token_seconds"][0] == 0
+    assert h["request_prefill_kv_computed_tokens"] == (1, 50.0)  # nothing of it was cached
 
 
 def test_a_cached_prefix_is_not_computed_again() -> None:
@@ -250,6 +251,17 @@ def test_a_step_schedules_at_most_its_token_budget() -> None:
     assert engine.stats.hist["iteration_tokens_total"].sum == 64 and len(engine.running) == 3
     engine.step()  # two decodes and the third's remaining 26
     assert engine.stats.hist["iteration_tokens_total"].sum == 64 + 28
+
+
+def test_a_default_engine_admits_a_prompt_only_when_all_of_it_fits() -> None:
+    # vLLM 0.33's scheduler_reserve_full_isl is on by default; 19 usable blocks, A holds 13
+    engine = Engine(EngineConfig(num_gpu_blocks=20, max_num_batched_tokens=32))
+    engine.add_request(RequestSpec(0.0, 200, 8))
+    for _ in range(7):
+        engine.step()
+    b = engine.add_request(RequestSpec(0.0, 160, 8))  # needs 10: its first chunk would fit
+    engine.step()
+    assert b in engine.waiting
 
 
 def test_a_budget_spent_exactly_admits_no_one_and_one_token_left_is_used() -> None:
