@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,7 @@ def local_gpu(*pids: int) -> GpuReading:
                                       for pid in pids))
 
 
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 def test_a_local_gpu_process_belongs_to_the_server_listening_on_its_port(
         listening_port: int) -> None:
     server = state(f"127.0.0.1:{listening_port}", VLLM, name="local-vllm")
