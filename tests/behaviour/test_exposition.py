@@ -368,3 +368,13 @@ def test_the_body_limits_are_the_ones_the_security_notes_give() -> None:
     assert (limits["lines in a body"], limits["lines kvtop reads"], limits["malformed lines"],
             limits["characters in a line kvtop reads"]) == (
         MAX_LINES, MAX_WANTED_LINES, MAX_ERRORS, MAX_LINE_CHARS)
+
+
+def test_the_parser_caches_are_the_size_the_security_notes_give() -> None:
+    # docs/security.md, "Memory": what a hostile server can pin in the parser's caches
+    text = (REPO / "docs" / "security.md").read_text(encoding="utf-8")
+    (row,) = [line for line in text.splitlines() if line.startswith("| parser caches")]
+    assert f"{exposition._MAX_CACHED_LABEL_BLOCKS:,} entries" in row
+    assert f"{exposition._MAX_CACHED_KEY_CHARS / 2**20:g} MiB of key text" in row
+    assert f"at most {exposition._MAX_CACHED_COMMENT_CHARS / 2**10:g} KiB" in row
+    assert f"heads over {exposition._MAX_CACHED_HEAD_CHARS / 2**10:g} KiB are never cached" in row
