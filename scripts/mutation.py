@@ -130,7 +130,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 *(f"tests/test_cli.py::{name}" for name in (
                                     *CLI_IN_PROCESS,
                                     "test_only_http_and_https_urls_are_targets"))),
-    **{f"kvtop/collect/adapters/{name}.py": ("tests/test_gpu_adapters.py",)
+    **{f"kvtop/collect/adapters/{name}.py": ("tests/test_gpu_adapters.py",
+                                              "tests/behaviour/test_gpu_exporters.py")
        for name in ("dcgm", "nvidia_gpu_exporter")},
     "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
     "kvtop/derive/quantiles.py": ("tests/test_derive.py", "tests/behaviour/test_quantiles.py"),
@@ -146,7 +147,9 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 "tests/test_gpu_ownership.py", "tests/test_lora.py",
                                 "tests/hostile/test_memory.py",
                                 "tests/hostile/test_boundary_sweep.py"),
-    "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py",),
+    "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py", "tests/test_gpu_ownership.py",
+                                   "tests/ui/test_gpu_model.py",
+                                   "tests/behaviour/test_gpu_owners.py"),
     # test_config.py's two Hypothesis fuzz tests (500 documents, "no crash" only) are left out:
     # they reach every loader mutant at seconds each and catch nothing the rest does not; the
     # command-line tests that run in this process reach the option parsers and the man page
@@ -171,7 +174,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the simulator is outside the issue's restriction but on its list of modules to score
     "kvtop/sim/blocks.py": ("tests/sim/test_blocks.py", "tests/sim/test_engine.py",
                             "tests/behaviour/test_sim_blocks.py"),
-    "kvtop/sim/engine.py": ("tests/sim/test_engine.py",),
+    # the simulation's faults (leaks, lumps, wedges, restarts, stalls) drive the engine too
+    "kvtop/sim/engine.py": ("tests/sim/test_engine.py", "tests/sim/test_simulation.py",
+                            "tests/sim/test_lump_and_wedge.py",
+                            "tests/behaviour/test_sim_engine.py"),
 }
 
 
@@ -238,7 +244,9 @@ def _config(module: str, tests: Iterable[str]) -> str:
         "pytest_add_cli_args": ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly"],
         # rerun on demand only; a pyproject change must not silently reset results
         "use_git_change_detection": False,
-        "also_copy": ["man"],  # the man page test compares it with the parsers' help
+        # the man page test compares it with the parsers' help; the leak tests read the
+        # documented defaults from docs/leak-detector.md
+        "also_copy": ["man", "docs"],
         # mutmut's default gives a mutant 30x the time its tests took in the traced first
         # run (itself several times a plain run): an endless loop then holds a core for
         # half an hour; 8x that is still far above any plain run on a loaded machine
@@ -253,13 +261,13 @@ def _config(module: str, tests: Iterable[str]) -> str:
 
 
 def prepare(module: str, fresh: bool) -> Path:
-    """A workspace whose kvtop/, tests/ and man/ are the repo's own (mutmut copies them into
-    mutants/)."""
+    """A workspace whose kvtop/, tests/, man/ and docs/ are the repo's own (mutmut copies them
+    into mutants/)."""
     ws = workspace(module)
     if fresh and ws.exists():
         shutil.rmtree(ws)
     ws.mkdir(parents=True, exist_ok=True)
-    for name in ("kvtop", "tests", "man"):
+    for name in ("kvtop", "tests", "man", "docs"):
         link = ws / name
         if not link.is_symlink():
             link.symlink_to(REPO / name)
@@ -306,9 +314,20 @@ def _keep_earlier_results(module: str, earlier: dict[str, int | None], rerun: se
     meta.write_text(json.dumps(data))
 
 
+def _forget_verdicts(module: str) -> None:
+    """Every mutant unchecked again (mutmut reruns those only)."""
+    meta = _meta(module)
+    if meta.exists():
+        data = json.loads(meta.read_text())
+        data["exit_code_by_key"] = dict.fromkeys(data["exit_code_by_key"])
+        meta.write_text(json.dumps(data))
+
+
 def run_mutmut(module: str, jobs: int, fresh: bool, survivors_only: bool = False) -> int:
     names = _survivors(module) if survivors_only and not fresh else [f"{dotted(module)}.x*"]
     earlier = _exit_codes(module) if survivors_only and not fresh else {}
+    config = workspace(module) / "pyproject.toml"
+    config_before = config.read_text() if config.exists() else None
     ws = prepare(module, fresh)
     if not has_functions(module) or not names:
         return 0
@@ -316,6 +335,10 @@ def run_mutmut(module: str, jobs: int, fresh: bool, survivors_only: bool = False
         # mutmut reuses its map of which tests reach which function and extends it only for
         # new tests: after the module changed, a new function would have "no tests"
         (ws / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+        # that map also holds the test list mutmut compares to reset its verdicts: without
+        # it a changed list kept them (a test left out still "caught" its mutants)
+        if config_before not in (None, config.read_text()):
+            _forget_verdicts(module)
     command = [sys.executable, str(Path(__file__).resolve()), "--mutmut", "run",
                "--max-children", str(jobs), *names]
     env = {**os.environ, **MUTATION_ENV}
@@ -417,7 +440,7 @@ def _pytest(copy: Path, tests: Iterable[str], timeout: float) -> str:
 
 
 def run_constants(module: str) -> int:
-    """Each constant mutant in a copy of kvtop/ and tests/, the module's tests run on it."""
+    """Each constant mutant in a copy of kvtop/, tests/ and docs/, the module's tests run on it."""
     import time
 
     ws = prepare(module, fresh=False)
@@ -425,6 +448,7 @@ def run_constants(module: str) -> int:
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(REPO / "kvtop", copy / "kvtop")
     shutil.copytree(REPO / "tests", copy / "tests")
+    shutil.copytree(REPO / "docs", copy / "docs")
     shutil.copy2(ws / "pyproject.toml", copy / "pyproject.toml")
     tests = MODULES[module]
     started = time.monotonic()

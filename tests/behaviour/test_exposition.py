@@ -20,6 +20,7 @@ from kvtop.collect.exposition import (
     parse,
     to_text,
 )
+from tests.paths import REPO
 
 
 def test_odd_values_are_written_as_prometheus_spells_them() -> None:
@@ -343,3 +344,37 @@ def test_a_timestamp_that_is_not_a_finite_number_is_named_so(keep) -> None:
     assert [(e.line_no, e.reason) for e in expo.errors] == [
         (1, "timestamp is not finite"), (2, "timestamp is not finite")]
     assert [s.value for s in expo.samples] == [3.0]
+
+
+def documented_body_limits() -> dict[str, int]:
+    """docs/security.md, "Limits on one body": `| limit | value | past it |`."""
+    text = (REPO / "docs" / "security.md").read_text(encoding="utf-8")
+    table = text[text.index("**Limits on one body**"):]
+    limits = {}
+    for row in table.splitlines():
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        value = cells[1].split()[0].replace(",", "") if len(cells) == 3 else ""
+        if row.startswith("| ") and value.isdigit():
+            limits[cells[0]] = int(value)
+        elif limits and not row.startswith("|"):
+            break
+    return limits
+
+
+def test_the_body_limits_are_the_ones_the_security_notes_give() -> None:
+    # the tests above check the parser at each limit; this pins each limit to what
+    # docs/security.md promises an operator
+    limits = documented_body_limits()
+    assert (limits["lines in a body"], limits["lines kvtop reads"], limits["malformed lines"],
+            limits["characters in a line kvtop reads"]) == (
+        MAX_LINES, MAX_WANTED_LINES, MAX_ERRORS, MAX_LINE_CHARS)
+
+
+def test_the_parser_caches_are_the_size_the_security_notes_give() -> None:
+    # docs/security.md, "Memory": what a hostile server can pin in the parser's caches
+    text = (REPO / "docs" / "security.md").read_text(encoding="utf-8")
+    (row,) = [line for line in text.splitlines() if line.startswith("| parser caches")]
+    assert f"{exposition._MAX_CACHED_LABEL_BLOCKS:,} entries" in row
+    assert f"{exposition._MAX_CACHED_KEY_CHARS / 2**20:g} MiB of key text" in row
+    assert f"at most {exposition._MAX_CACHED_COMMENT_CHARS / 2**10:g} KiB" in row
+    assert f"heads over {exposition._MAX_CACHED_HEAD_CHARS / 2**10:g} KiB are never cached" in row

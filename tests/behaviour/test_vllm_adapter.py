@@ -8,7 +8,7 @@ import pytest
 
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.adapters.common import MAX_COUNT, MAX_ENGINES
-from kvtop.collect.reading import EngineReading, ServerReading
+from kvtop.collect.reading import EngineReading, LoraInfo, ServerReading
 
 OLD_HELP_BLOCKS = ("# HELP vllm:gpu_prefix_cache_queries GPU prefix cache queries, in terms of "
                    "number of queried blocks.")
@@ -75,6 +75,41 @@ def test_the_server_version_decides_the_pool(version: str, blocks_total: int,
                                               idle_floor: int) -> None:
     e = only(read_exposition(v1_08(), version=version))
     assert (e.blocks_total, e.idle_floor_blocks) == (blocks_total, idle_floor)
+
+
+@pytest.mark.parametrize("version", ["0.8.2", "0.9.0", "0.10.1", "0.11.0"])
+def test_a_floor_from_the_servers_own_version_is_exact(version: str) -> None:
+    assert only(read_exposition(v1_08(), version=version)).idle_floor_exact is True
+    assert only(read_exposition(v0("0.5"), version=version)).idle_floor_exact is True
+
+
+def test_without_a_version_only_names_that_fix_the_floor_make_it_exact() -> None:
+    # V0's names: no null block ever; the new ITL name: 0.10.2+, whose usage leaves it out
+    assert only(read_exposition(v0("0.5"))).idle_floor_exact is True
+    v1_new = v1_090() + "\n".join(histogram("vllm:inter_token_latency_seconds", 4)) + "\n"
+    reading = read_exposition(v1_new)
+    assert reading.version == "0.10.2+"
+    assert (only(reading).blocks_total, only(reading).idle_floor_blocks,
+            only(reading).idle_floor_exact) == (799, 0, True)
+    # 0.7+ spans 0.8.0-0.8.2 (no null block) and 0.8.3-0.10.1 (one): the larger, assumed
+    assert only(read_exposition(v1_08())).idle_floor_exact is False
+
+
+@pytest.mark.parametrize("label", ["0.7+", " 0.7+ ", "0.10.2+", "0.9.2+"])
+def test_an_era_label_kvtop_inferred_is_not_a_version(label: str) -> None:
+    # a recording or a replay carries the label kvtop showed when the server had no /version:
+    # read back, it is still a guess, never the release it names
+    e = only(read_exposition(v1_08(), version=label))
+    assert (e.blocks_total, e.idle_floor_blocks, e.idle_floor_exact) == (1000, 1, False)
+
+
+@pytest.mark.parametrize("version", ["main", "dev", "unknown", "v", "0", "x0.10.2"])
+def test_a_version_with_no_release_number_is_no_version(version: str) -> None:
+    # /version of a source build or a proxy: read as if there were none, never a failure
+    reading = read_exposition(v1_08(), version=version)
+    assert reading.version == version and reading.refused is None
+    e = only(reading)
+    assert (e.blocks_total, e.idle_floor_blocks, e.idle_floor_exact) == (1000, 1, False)
 
 
 def test_without_a_version_an_08_scrape_is_read_as_holding_the_null_block() -> None:
@@ -295,3 +330,21 @@ def test_usage_of_one_engine_in_several_series_is_their_maximum_not_their_sum() 
         'vllm:num_requests_running{engine="0",model_name="m",rank="0"} 3.0',
     ]) + "\n"
     assert only(read_exposition(text)).kv_usage == 0.6
+
+
+# --- LoRA ---------------------------------------------------------------------------------
+
+def lora_gauge(max_lora: str, running: str = "", waiting: str = "") -> str:
+    return (f'vllm:lora_requests_info{{max_lora="{max_lora}",running_lora_adapters="{running}",'
+            f'waiting_lora_adapters="{waiting}"}} 1.7672256e+09\n')
+
+
+def test_lora_on_with_no_adapter_loaded_is_still_lora_on() -> None:
+    e = only(read_exposition(v1_090() + lora_gauge("4")))
+    assert e.lora == LoraInfo(4, (), ())
+
+
+def test_lora_adapters_are_shown_even_when_max_lora_is_unreadable() -> None:
+    e = only(read_exposition(v1_090() + lora_gauge("None", running="sql", waiting="chat,sum")))
+    assert e.lora == LoraInfo(None, ("sql",), ("chat", "sum"))
+    assert only(read_exposition(v1_090() + lora_gauge("None"))).lora is None
