@@ -132,6 +132,23 @@ def test_a_failure_is_named_by_the_most_telling_error_in_its_chain(
     assert classify_exception(exc) == (kind, reason)
 
 
+def test_a_cause_hidden_on_purpose_or_too_deep_is_not_what_is_named() -> None:
+    hidden = raised(ValueError("odd"), ConnectionRefusedError())
+    hidden.__cause__, hidden.__suppress_context__ = None, True  # raise ... from None
+    assert classify_exception(hidden) == ("down", "cannot read the server: odd")
+    deep: BaseException = ConnectionRefusedError()
+    for depth in range(8):  # the refusal is the 9th in the chain: past what is read
+        deep = raised(ValueError(f"wrapper {depth}"), deep)
+    assert classify_exception(deep) == ("down", "cannot read the server: wrapper 0")
+    try:  # raised while handling another, without `from`: the context counts
+        try:
+            raise ConnectionResetError(104, "reset")
+        except ConnectionResetError:
+            raise aiohttp.ClientOSError(104, "write failed")  # noqa: B904 - as aiohttp does
+    except aiohttp.ClientOSError as implicit:
+        assert classify_exception(implicit) == ("down", "connection reset by the server")
+
+
 def test_a_timeout_says_how_long_was_waited() -> None:
     assert classify_exception(asyncio.TimeoutError(), 2.5) == (
         "timeout", "no complete answer within 2.5 s")
