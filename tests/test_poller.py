@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from kvtop.collect import poller as poller_module
-from kvtop.collect.http import make_session
+from kvtop.collect.http import make_session, verified_context
 from kvtop.collect.poller import (
     HINT_401_NO_TOKEN,
     HINT_401_TOKEN,
@@ -367,6 +367,9 @@ async def test_backoff_grows_for_a_failing_target_and_resets_on_recovery(
     monkeypatch.setattr(poller_module, "backoff_delay", spy)
     attempts: list[Scrape] = []
     stop = asyncio.Event()
+    # The schedule counts from an attempt's start, which for the first includes making the
+    # session (its TLS context: ~0.1 s, once a process); a Scrape's t is its request's start.
+    verified_context()
     async with FaultServer(mode="error500") as srv:
 
         def on_scrape(s: Scrape) -> None:

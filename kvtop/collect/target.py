@@ -53,7 +53,7 @@ def redact(text: str, token: Secret | None) -> str:
     longer match, and its first characters would leak."""
     if token is not None and token.reveal() and token.reveal() in text:
         text = text.replace(token.reveal(), MASK)
-    if "earer" in text or "EARER" in text:  # a cheap test before the regex
+    if "earer" in text.lower():  # a cheap test before the regex (HTTP headers: any case)
         text = _BEARER.sub(lambda m: m.group(1) + MASK, text)
     return text
 

@@ -8,8 +8,12 @@ and Prometheus's refusals (a token, its errors) said plainly with the token mask
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import math
 import re
+import ssl
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs
@@ -19,14 +23,20 @@ import pytest
 from kvtop.collect.prometheus import (
     DEFAULT_BACKFILL_STEP_S,
     INGEST_LAG_S,
+    MAX_CACHED_HEAD_CHARS,
     MAX_POINTS,
+    OFF_LOOP_BYTES,
+    OFF_LOOP_SERIES,
     PrometheusError,
     PrometheusSource,
+    _heads,
+    group_scrapes,
     load_settings,
     parse_retention,
 )
 from kvtop.collect.target import Scrape, Secret
 from tests.faultserver import FaultServer, Request, mode
+from tests.waiting import eventually
 
 T0 = 1_767_225_600.0
 JOB = "vllm"
@@ -46,6 +56,7 @@ class Stored:
     targets_answer: object = None  # /api/v1/targets' data instead of the real one, when set
     runtime_answer: object = None  # likewise for status/runtimeinfo
     refuse: tuple[int, bytes] | None = None
+    hostile: dict[str, bytes] = field(default_factory=dict)  # kind -> the raw answer sent
     queries: list[dict[str, str]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
 
@@ -55,6 +66,11 @@ class Stored:
             return self.refuse
         form = {k: v[-1] for k, v in parse_qs(request.body.decode()).items()}
         self.queries.append({"path": request.path, **form})
+        path = request.path.rpartition("/api/v1/")[2]
+        if path not in API_PATHS:
+            return 404, b"404 page not found"
+        if request.method != ("POST" if path.startswith("query") else "GET"):
+            return 405, b"Method Not Allowed"  # kvtop POSTs queries, GETs the rest
         if request.path.endswith("/status/runtimeinfo"):
             if self.runtime_answer is not None:
                 return ok(self.runtime_answer)
@@ -66,6 +82,11 @@ class Stored:
                 {"labels": labels(job=job, instance=instance), "lastError": error}
                 for (job, instance), error in self.last_error.items()]})
         query = form["query"]
+        kind = ("range" if request.path.endswith("/query_range") else "discover"
+                if query.startswith("count by") else "up" if query.startswith("up")
+                else "refresh")
+        if kind in self.hostile:
+            return 200, self.hostile[kind]
         if request.path.endswith("/query_range"):
             return self._matrix(float(form["start"]) - 0.001, float(form["end"]), query)
         at = float(form["time"])
@@ -75,10 +96,14 @@ class Stored:
                 for job, instance in self.scrapes]})
         span = int(re.search(r"\[(\d+)ms\]", query).group(1)) / 1000  # type: ignore[union-attr]
         if query.startswith("up"):
+            jobs = job_regex(query)
+            if jobs is None:
+                return 400, json.dumps({"status": "error", "errorType": "bad_data",
+                                        "error": "unknown escape sequence"}).encode()
             return ok({"resultType": "matrix", "result": [
                 {"metric": labels(__name__="up", job=job, instance=instance),
                  "values": [[t, v] for t, v in samples if at - span < t <= at]}
-                for (job, instance), samples in self.up.items()]})
+                for (job, instance), samples in self.up.items() if re.fullmatch(jobs, job)]})
         return self._matrix(at - span, at, query)
 
     def _matrix(self, after: float, until: float, query: str) -> tuple[int, bytes]:
@@ -88,6 +113,28 @@ class Stored:
                               engine="0"),
              "values": [[t, repr(v)] for t, v in samples if after < t <= until]}
             for (job, instance), samples in self.scrapes.items()]})
+
+
+API_PATHS = ("query", "query_range", "status/runtimeinfo", "targets")
+
+
+def job_regex(query: str) -> str | None:
+    """The regex of a query's ``job=~"..."`` matcher as PromQL reads the string (a
+    backslash escapes only a backslash or a quote), or None for an escape PromQL refuses."""
+    written = re.search(r'job=~"((?:[^"\\]|\\.)*)"', query)
+    assert written is not None, query
+    out, escaped = [], False
+    for char in written.group(1):
+        if escaped:
+            if char not in '\\"':
+                return None
+            out.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        else:
+            out.append(char)
+    return "".join(out)
 
 
 def labels(**pairs: str) -> dict[str, str]:
@@ -153,8 +200,8 @@ async def test_an_instance_that_never_came_up_is_found_but_an_exporter_beside_it
         prom: tuple[Stored, FaultServer]) -> None:
     stored, server = prom
     stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
-    stored.up = {(JOB, A): [(T0 - 5, "1")], (JOB, B): [(T0 - 20, "0"), (T0 - 5, "0")],
-                 (JOB, "node-exporter:9100"): [(T0 - 5, "1")]}
+    stored.up = {(JOB, "node-exporter:9100"): [(T0 - 5, "1")], (JOB, A): [(T0 - 5, "1")],
+                 (JOB, B): [(T0 - 20, "0"), (T0 - 5, "0")]}  # the exporter listed first
     async with source(server, Clock()) as src:
         assert [t.name for t in await src.discover()] == [A, B]
 
@@ -227,7 +274,8 @@ async def test_a_selector_narrows_every_query(prom: tuple[Stored, FaultServer]) 
         await src.poll_once()
     queries = [q["query"] for q in stored.queries if "query" in q]
     assert len(queries) == 4 and all('namespace="prod"' in q for q in queries)
-    assert all(f'job=~"{JOB}"' in q for q in queries if q.startswith("up"))
+    assert [q for q in queries if q.startswith("up")] == [
+        f'up{{namespace="prod", job=~"{JOB}"}}[60000ms]'] * 2
 
 
 async def test_a_down_instance_fails_with_prometheus_own_reason(
@@ -409,7 +457,7 @@ async def backfilled(got: list[Scrape], until: float) -> None:
 
 
 async def test_run_backfills_then_refreshes_and_survives_a_failing_consumer(
-        prom: tuple[Stored, FaultServer]) -> None:
+        prom: tuple[Stored, FaultServer], caplog: pytest.LogCaptureFixture) -> None:
     stored, server = prom
     stored.scrapes = {(JOB, A): [(t, 1.0) for t in every(T0 - 120, T0)]}
     clock = Clock()
@@ -430,6 +478,8 @@ async def test_run_backfills_then_refreshes_and_survives_a_failing_consumer(
         clock.now = T0 + 20
         await asyncio.wait_for(task, 30)
     assert [s.t for s in got] == [*every(T0 - 60, T0), T0 + 15]
+    [logged] = [r for r in caplog.records if r.name == "kvtop.collect.prometheus"]
+    assert logged.getMessage() == f"on_scrape failed for {A}" and logged.exc_info is not None
 
 
 async def test_retention_is_read_from_prometheus_or_unknown(
@@ -448,7 +498,7 @@ async def test_retention_is_read_from_prometheus_or_unknown(
 @pytest.mark.parametrize(("text", "seconds"), [
     ("15d", 15 * 86400.0), ("1w2d", 9 * 86400.0), ("90m", 5400.0), ("500ms", 0.5),
     ("1y", 365 * 86400.0), ("10GiB or 2h", 7200.0), ("15d or 10GiB", 15 * 86400.0),
-    ("10GiB", None), ("", None), ("15x", None),
+    ("10GiB", None), ("", None), ("15x", None), ("1d 2h", None),  # not as Prometheus writes
 ])
 def test_retention_as_prometheus_writes_it(text: str, seconds: float | None) -> None:
     assert parse_retention(text) == seconds
@@ -500,6 +550,7 @@ async def test_the_reason_of_an_instance_without_a_job_or_instance_label(
 @pytest.mark.parametrize("answer", [
     [], {}, {"activeTargets": 5}, {"activeTargets": [5, {"labels": ["x"], "lastError": "x"},
                                                      {"labels": {"job": 5}, "lastError": "x"}]},
+    {"activeTargets": [{"labels": {"job": [JOB], "instance": A}, "lastError": "x"}]},
 ])
 async def test_scrape_errors_not_shaped_like_prometheus_only_lose_the_detail(
         prom: tuple[Stored, FaultServer], answer: object) -> None:
@@ -528,6 +579,7 @@ async def test_scrape_errors_are_asked_for_at_most_every_30_s_and_only_when_need
             clock.now = now
             down = [s for s in await src.poll_once() if s.failure == "down"]
             asked.append(sum(q["path"].endswith("/targets") for q in stored.queries))
+            assert len(down) == (up == "0")  # the reason cached meanwhile
             assert all(s.error.endswith("failed): refused") for s in down)
     assert asked == [0, 1, 1, 1, 2]  # first needed at T0 + 10, again 30 s after
 
@@ -598,7 +650,9 @@ async def test_a_bug_reading_an_answer_fails_the_instances_and_the_source_goes_o
         assert (failed.failure, failed.error) == (
             "bad_payload", "kvtop could not read Prometheus's answer (KeyError); a bug in "
                            "kvtop, please report it")
-        assert "reading a Prometheus answer failed" in caplog.text and "a bug" in caplog.text
+        [logged] = [r for r in caplog.records if r.name == "kvtop.collect.prometheus"]
+        assert logged.getMessage() == "reading a Prometheus answer failed"
+        assert logged.exc_info is not None and "a bug" in caplog.text
         src.clock = Clock(T0 + 1)  # type: ignore[method-assign]
         stored.scrapes[(JOB, A)].append((T0 + 0.5, 2.0))
         again = await src.poll_once()  # the failed span is read again, and what came after
@@ -654,3 +708,441 @@ async def test_a_down_instance_is_down_not_stale_between_its_failed_scrapes(
         clock.now = T0 + 30
         [down] = [s for s in await src.poll_once() if s.target.name == B]
     assert (down.t, down.failure) == (T0 + 25, "down")
+
+
+# -- answers not shaped like the API's, read in this process -------------------------------
+
+
+def matrix(*result: object) -> bytes:
+    return json.dumps({"status": "success", "data": {"resultType": "matrix",
+                                                     "result": list(result)}}).encode()
+
+
+def good_series(**extra: object) -> dict[str, object]:
+    return {"metric": labels(__name__=RUNNING, job=JOB, instance=A), "values": [[T0 - 5, "1"]],
+            **extra}
+
+
+NOT_AN_ANSWER = "not a Prometheus query answer: "
+MALFORMED_REFRESHES = {  # the answer -> what the instances' failure says
+    "data a list": (b'{"status": "success", "data": []}', "'data' holds no 'result' list"),
+    "result an object": (b'{"status": "success", "data": {"result": {"a": 1}}}',
+                         "'data' holds no 'result' list"),
+    "a series not an object": (matrix(good_series(), 1), "a series is not an object"),
+    "a nameless series, then one not an object": (
+        matrix({"metric": {}, "values": [[T0 - 5, "1"]]}, 5), "a series is not an object"),
+    "metric a list": (matrix(good_series(metric=["job", JOB])),
+                      "a series' 'metric' is not an object of strings"),
+    "a label a number": (matrix(good_series(metric={"job": JOB, "engine": 0})),
+                         "a series' 'metric' is not an object of strings"),
+    "a label a list": (matrix(good_series(metric={"job": JOB, "engine": ["0"]})),
+                       "a series' 'metric' is not an object of strings"),
+    "values not a list": (matrix(good_series(values="1")),
+                          "a series' 'values' are not [time, value] pairs"),
+    "3-element values": (matrix(good_series(values=[[T0 - 5, "1", 2]])),
+                         "a series' 'values' are not [time, value] pairs"),
+    "a time not a number": (matrix(good_series(values=[["abc", "1"]])),
+                            "a sample time is 'abc', not a number"),
+    "a time a list": (matrix(good_series(values=[[[1], "1"]])),
+                      "a sample time is '[1]', not a number"),
+    "a long time": (matrix(good_series(values=[["9" * 60, "1"]])),
+                    f"a sample time is {'9' * 40!r}, not a number"),
+}
+
+
+@pytest.mark.parametrize("name", list(MALFORMED_REFRESHES))
+async def test_a_malformed_refresh_fails_every_instance_saying_what_is_wrong(
+        prom: tuple[Stored, FaultServer], name: str) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)], (JOB, B): [(T0 - 5, 1.0)]}
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        _heads.clear()  # series never read before: their labels are checked as they come
+        stored.hostile["refresh"], said = MALFORMED_REFRESHES[name]
+        failed = await src.poll_once()
+    assert [(s.target.name, s.failure, s.error) for s in failed] == [
+        (A, "bad_payload", NOT_AN_ANSWER + said), (B, "bad_payload", NOT_AN_ANSWER + said)]
+
+
+@pytest.mark.parametrize(("values", "said"), [
+    ("1", "a series' 'values' is not a list"),
+    ([[T0 + 1, "1", 2]], "a series' 'values' are not [time, value] pairs"),
+    (["x"], "a series' 'values' are not [time, value] pairs"),
+    ([["abc", "1"]], "a sample time is 'abc', not a number"),
+])
+async def test_a_series_read_before_is_checked_as_carefully_the_next_time(
+        prom: tuple[Stored, FaultServer], values: object, said: str) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        await src.discover()
+        assert [s.ok for s in await src.poll_once()] == [True]  # its labels are known now
+        stored.hostile["refresh"] = matrix({
+            "metric": labels(__name__=RUNNING, job=JOB, instance=A, model_name="m",
+                             engine="0"), "values": values})
+        clock.now = T0 + 5
+        failed = [s for s in await src.poll_once() if s.failure == "bad_payload"]
+    assert [s.error for s in failed] == [NOT_AN_ANSWER + said]
+
+
+@pytest.mark.parametrize(("kind", "answer", "said"), [
+    ("discover", json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": labels(job=JOB, instance=A), "value": [T0, "1", 2]}]}}).encode(),
+     "a series' 'value' are not [time, value] pairs"),
+    ("discover", json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": labels(job=JOB, instance=A), "value": ["abc", "1"]}]}}).encode(),
+     "a sample time is 'abc', not a number"),
+    ("discover", json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": labels(job=JOB, instance=A), "value": "1"}]}}).encode(),
+     "a series' 'value' are not [time, value] pairs"),
+    ("up", matrix({"metric": labels(__name__="up", job=JOB, instance=A),
+                   "values": [[T0 - 5, "0", 2]]}),
+     "a series' 'values' are not [time, value] pairs"),
+    ("up", matrix({"metric": labels(__name__="up", job=JOB, instance=A),
+                   "values": [["abc", "0"]]}), "a sample time is 'abc', not a number"),
+    ("up", matrix({"metric": labels(__name__="up", job=JOB, instance=A),
+                   "values": [5]}), "a series' 'values' are not [time, value] pairs"),
+    ("up", matrix(7), "a series is not an object"),
+    ("up", matrix({"metric": {"job": JOB, "instance": 5}, "values": [[T0 - 5, "0"]]}),
+     "a series' 'metric' is not an object of strings"),
+])
+async def test_a_malformed_discovery_says_what_is_wrong(
+        prom: tuple[Stored, FaultServer], kind: str, answer: bytes, said: str) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    stored.hostile[kind] = answer
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        with pytest.raises(PrometheusError) as raised:
+            await src.discover()
+    assert (raised.value.kind, str(raised.value)) == ("bad_payload", NOT_AN_ANSWER + said)
+
+
+def test_grouping_refuses_a_result_that_is_not_a_list() -> None:
+    with pytest.raises(PrometheusError) as raised:
+        group_scrapes({"a": 1})
+    assert (raised.value.kind, str(raised.value)) == (
+        "bad_payload", NOT_AN_ANSWER + "'result' is not a list")
+
+
+async def test_series_without_a_job_or_instance_label_are_read_as_their_own_instances(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {("", A): [(T0 - 5, 1.0)], (JOB, ""): [(T0 - 4, 2.0)]}
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        targets = await src.discover()
+        scrapes = await src.poll_once()
+    base = server.base_url
+    assert [(t.url, t.group, t.name) for t in targets] == [
+        (f"{base}#/{A}", "", A), (f"{base}#{JOB}/", JOB, "")]
+    assert [(s.target.url, s.t, running(s)) for s in scrapes] == [
+        (f"{base}#/{A}", T0 - 5, 1.0), (f"{base}#{JOB}/", T0 - 4, 2.0)]
+
+
+async def test_a_value_that_is_not_a_number_is_read_as_nan_and_a_nameless_series_as_nameless(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        stored.hostile["refresh"] = matrix(
+            good_series(values=[[T0 - 5, "many"]]),
+            {"metric": labels(job=JOB, instance=A, engine="0"), "values": [[T0 - 5, "2"]]})
+        [scrape] = await src.poll_once()
+    assert scrape.samples is not None
+    got = {s.name: s.value for s in scrape.samples.samples}
+    assert set(got) == {RUNNING, ""} and math.isnan(got[RUNNING]) and got[""] == 2.0
+
+
+async def test_a_refresh_of_a_large_fleet_is_read_whole(
+        prom: tuple[Stored, FaultServer]) -> None:
+    # more series than OFF_LOOP_SERIES: grouped in a worker thread, the same scrapes
+    stored, server = prom
+    fleet = [f"10.1.{i // 250}.{i % 250}:8000" for i in range(OFF_LOOP_SERIES + 1)]
+    stored.scrapes = {(JOB, instance): [(T0 - 5, 1.0)] for instance in fleet}
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        scrapes = await src.poll_once()
+    assert sorted(s.target.name for s in scrapes if s.ok) == sorted(fleet)
+
+
+def test_label_text_cached_from_answers_stays_under_its_cap() -> None:
+    # a Prometheus naming ever new, long label values costs a re-read, never memory
+    big = "x" * (1 << 20)
+    for i in range(MAX_CACHED_HEAD_CHARS // len(big) + 8):
+        group_scrapes([{"metric": {"__name__": RUNNING, "job": JOB, "instance": A,
+                                   "pad": big, "n": str(i)}, "values": [[T0, "1"]]}])
+        held = sum(len(k) + len(v) for pairs in _heads for k, v in pairs)
+        assert held <= MAX_CACHED_HEAD_CHARS
+
+
+async def test_a_refresh_right_after_another_asks_for_the_smallest_range(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        await src.discover()
+        await src.poll_once()
+        await src.poll_once()  # at the same instant: nothing new to ask for
+    refreshes = [q["query"] for q in stored.queries if q.get("query", "").startswith("{")]
+    assert refreshes[-1].endswith("[1ms]")  # Prometheus refuses an empty range
+
+
+# -- which instances are stale, down, or read -----------------------------------------------
+
+
+async def test_each_instance_is_judged_stale_on_its_own(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    C = "10.0.0.3:8000"
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)], (JOB, B): [], (JOB, C): []}
+    stored.up = {(JOB, B): [(T0 - 10, "1")]}  # read exactly the 10 s limit ago: still fresh
+    async with source(server, Clock(), lookback_s=60.0, interval_s=1.0) as src:
+        await src.discover()  # B and C have series names, but no sample in the refresh
+        stale = {s.target.name: s.error for s in await src.poll_once() if not s.ok}
+    assert stale == {
+        B: "Prometheus scrapes it (up == 1) but has no vLLM/SGLang series for it: metrics "
+           "off (--disable-log-stats) or dropped by relabelling?",
+        C: "no fresh series in Prometheus: target removed, or Prometheus not scraping it"}
+
+
+async def test_up_samples_of_instances_without_a_job_or_instance_label_are_theirs(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    for key in (("", A), (JOB, "")):  # scraped (up == 1), their series gone for 30 s
+        stored.scrapes[key] = [(T0 - 30, 1.0)]
+        stored.up[key] = [(T0 - 30, "1"), (T0 - 5, "1")]
+    async with source(server, Clock(), lookback_s=60.0, interval_s=1.0) as src:
+        await src.discover()
+        stale = [s.error for s in await src.poll_once() if not s.ok]
+    assert len(stale) == 2 and all(e.startswith("Prometheus scrapes it (up == 1)") for e in stale)
+
+
+async def test_down_instances_are_found_in_every_job_whatever_its_name(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    other = "kube.sglang-1"  # regex characters in a job's name are matched as written
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)], (other, A): [(T0 - 5, 1.0)]}
+    stored.up = {(JOB, B): [(T0 - 5, "0")], (other, B): [(T0 - 5, "0")],
+                 ("kube-sglang-1", B): [(T0 - 5, "0")]}  # another job, not one of them
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        targets = await src.discover()
+    assert [(t.group, t.name) for t in targets] == [(other, A), (other, B), (JOB, A), (JOB, B)]
+
+
+async def test_an_up_0_read_twice_at_the_edge_of_two_refreshes_is_one_failure(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 20, 1.0)]}
+    stored.up = {(JOB, A): [(T0 - 20, "1"), (T0 - 1, "0")]}  # lands just before the first
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        await src.discover()
+        delivered = await src.poll_once()  # reads up to now
+        clock.now = T0 + 5
+        delivered += await src.poll_once()  # reads its last seconds again
+    assert [(s.t, s.failure) for s in delivered if s.failure] == [(T0 - 1, "down")]
+
+
+async def test_the_newest_up_sample_decides_whatever_order_they_come_in(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(t, 1.0) for t in every(T0 - 60, T0 + 30)]}
+    stored.up = {(JOB, B): [(T0 - 5, "0"), (T0 - 30, "1")]}  # down now, listed first
+    clock = Clock()
+    async with source(server, clock, window_s=60.0) as src:
+        await src.discover()
+        await src.backfill()
+        clock.now = T0 + 1
+        assert [s for s in await src.poll_once() if s.target.name == B] == []  # down, not stale
+
+
+async def test_with_nothing_known_a_refresh_asks_only_for_the_series(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    async with source(server, Clock()) as src:
+        assert await src.poll_once() == []
+    assert len(stored.queries) == 1 and stored.queries[0]["query"].startswith("{")
+
+
+# -- the source as the app runs it -----------------------------------------------------------
+
+
+async def test_run_waits_out_a_prometheus_that_refuses_and_reads_it_once_it_answers(
+        prom: tuple[Stored, FaultServer], caplog: pytest.LogCaptureFixture) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    stored.refuse = (503, b'{"status": "error", "error": "starting"}')
+    got: list[Scrape] = []
+    stop = asyncio.Event()
+
+    def on_scrape(scrape: Scrape) -> None:  # a plain function: nothing to await
+        got.append(scrape)
+        stop.set()
+
+    async with source(server, Clock(), interval_s=0.05) as src:
+        task = asyncio.create_task(src.run(on_scrape, stop=stop, backfill=False))
+        await eventually(lambda: len(stored.headers) >= 2, "two refused refreshes")
+        stored.refuse = None
+        await asyncio.wait_for(task, 30)
+    assert [(s.target.name, s.t, s.ok) for s in got] == [(A, T0 - 5, True)]
+    assert not any(q["path"].endswith("query_range") for q in stored.queries)  # as told
+    assert not [r for r in caplog.records if r.name == "kvtop.collect.prometheus"]
+
+
+async def test_run_after_a_backfill_does_not_backfill_again(
+        prom: tuple[Stored, FaultServer], caplog: pytest.LogCaptureFixture) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 30, 1.0), (T0 - 15, 1.0)]}
+    got: list[Scrape] = []
+    stop = asyncio.Event()
+    async with source(server, Clock(), window_s=60.0, interval_s=0.05) as src:
+        backfilled = await src.backfill()
+        task = asyncio.create_task(src.run(got.append, stop=stop))
+        await eventually(lambda: sum("query" in q for q in stored.queries) >= 3,
+                         "a refresh after the backfill")
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert [s.t for s in backfilled] == [T0 - 30, T0 - 15] and got == []
+    assert sum(q["path"].endswith("query_range") for q in stored.queries) == 1
+    assert not [r for r in caplog.records if r.name == "kvtop.collect.prometheus"]
+
+
+async def test_run_waits_its_interval_between_refreshes(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    got: list[Scrape] = []
+    stop = asyncio.Event()
+    async with source(server, Clock(), interval_s=30.0) as src:
+        task = asyncio.create_task(src.run(got.append, stop=stop, backfill=False))
+        await eventually(lambda: got, "the first refresh")
+        await asyncio.sleep(0.3)  # a source refreshing without a pause asks dozens of times
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert sum(q["query"].startswith("{") for q in stored.queries) == 1
+
+
+async def test_the_source_counts_its_requests_and_keeps_one_session_it_closes(
+        prom: tuple[Stored, FaultServer], caplog: pytest.LogCaptureFixture) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        await src.discover()
+        for now in (T0, T0 + 5, T0 + 10):
+            clock.now = now
+            await src.poll_once()
+        assert src.api.requests == len(stored.headers) == 8  # two a refresh, fleet-wide
+    gc.collect()
+    assert "Unclosed" not in caplog.text  # a session per request would leak its sockets
+
+
+async def test_insecure_reads_a_prometheus_behind_a_self_signed_certificate(
+        self_signed: ssl.SSLContext) -> None:
+    stored = Stored(scrapes={(JOB, A): [(T0 - 5, 1.0)]})
+    async with FaultServer(mode="api", api=stored.respond, ssl_context=self_signed) as server:
+        async with source(server, Clock(), insecure=True) as src:
+            assert [t.name for t in await src.discover()] == [A]
+        async with source(server, Clock()) as src:
+            with pytest.raises(PrometheusError, match="TLS certificate not trusted"):
+                await src.discover()
+
+
+async def test_a_prometheus_that_never_answers_times_out_within_the_timeout() -> None:
+    async with FaultServer(mode="hang") as server:
+        base = server.base_url
+        src = PrometheusSource(load_settings(base), timeout_s=0.5, clock=Clock())
+        async with src:
+            with pytest.raises(PrometheusError) as raised:
+                await asyncio.wait_for(src.discover(), 30)  # 30 s: it never gives up
+    assert (raised.value.kind, str(raised.value)) == (
+        "timeout", f"Prometheus {base}: no complete answer within 0.5 s")
+
+
+@mode("brotli")
+async def _brotli(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    """The API, its answers sent with an encoding kvtop does not ask for."""
+    status, body = srv.api(req)
+    return await srv.respond(w, status, body, content_type="application/json",
+                             headers={"Content-Encoding": "br"})
+
+
+async def test_an_answer_in_an_encoding_kvtop_cannot_read_is_bad_payload() -> None:
+    stored = Stored(scrapes={(JOB, A): [(T0 - 5, 1.0)]})
+    async with FaultServer(mode="brotli", api=stored.respond) as server:
+        base = server.base_url
+        async with source(server, Clock()) as src:
+            with pytest.raises(PrometheusError) as raised:
+                await src.discover()
+    assert (raised.value.kind, str(raised.value)) == (
+        "bad_payload", f"Prometheus {base}: unsupported Content-Encoding 'br'")
+
+
+async def test_an_answer_over_a_megabyte_is_read_whole(
+        prom: tuple[Stored, FaultServer]) -> None:
+    # decoded in a worker thread, so the event loop never waits for it
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    pad = "x" * OFF_LOOP_BYTES
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        stored.hostile["refresh"] = matrix(good_series(metric=labels(
+            __name__=RUNNING, job=JOB, instance=A, pad=pad)))
+        [scrape] = await src.poll_once()
+    assert scrape.ok and running(scrape) == 1.0
+    assert scrape.samples is not None and scrape.samples.samples[0].labels == {"pad": pad}
+
+
+@pytest.mark.parametrize(("selector", "says"), [
+    ('namespace="prod"',
+     'a label selector looks like {namespace="prod"}, not \'namespace="prod"\''),
+    ('{namespace="prod"', 'a label selector looks like {namespace="prod"}, not '
+                          '\'{namespace="prod"\''),
+    ('namespace="prod"}', 'a label selector looks like {namespace="prod"}, not '
+                          '\'namespace="prod"}\''),
+    ('{__name__="up"}', "the selector picks instances by their labels; leave out __name__"),
+])
+def test_a_selector_that_cannot_be_used_is_refused_saying_why(selector: str, says: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        load_settings("prom:9090", selector=selector)
+    assert str(raised.value) == says
+
+
+@pytest.mark.parametrize(("selector", "up_query"), [
+    ("", f'up{{job=~"{JOB}"}}[60000ms]'),
+    ("  ", f'up{{job=~"{JOB}"}}[60000ms]'),
+    ("{}", f'up{{job=~"{JOB}"}}[60000ms]'),
+    (' { namespace="prod",} ', f'up{{namespace="prod", job=~"{JOB}"}}[60000ms]'),
+])
+async def test_a_selector_is_added_to_queries_as_written_or_not_at_all(
+        prom: tuple[Stored, FaultServer], selector: str, up_query: str) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    async with source(server, Clock(), selector=selector) as src:
+        await src.discover()
+    assert [q["query"] for q in stored.queries if q["query"].startswith("up")] == [up_query]
+
+
+async def test_a_token_echoed_in_a_label_is_masked_before_anything_reads_it(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    async with source(server, Clock(), lookback_s=60.0, token=Secret("s3cret")) as src:
+        await src.discover()
+        stored.hostile["refresh"] = matrix(good_series(metric=labels(
+            __name__=RUNNING, job=JOB, instance=A, header="Bearer s3cret")))
+        [scrape] = await src.poll_once()
+    assert scrape.samples is not None
+    assert scrape.samples.samples[0].labels == {"header": "Bearer ***"}
+
+
+def test_a_source_reads_every_second_with_a_timeout_of_twice_that_and_at_least_5_s() -> None:
+    settings = load_settings("prom:9090")
+    src = PrometheusSource(settings)
+    assert (src.interval_s, src.window_s, src.lookback_s) == (1.0, 1800.0, 60.0)
+    assert (src.api.timeout_s, src.api.insecure, src.targets) == (5.0, False, [])
+    assert PrometheusSource(settings, interval_s=4.0).api.timeout_s == 8.0
+    assert PrometheusSource(settings, timeout_s=2.0, insecure=True).api.timeout_s == 2.0
+    assert src.clock is time.time and src.settings is settings

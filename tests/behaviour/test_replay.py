@@ -6,6 +6,7 @@ replay that reached its end pauses instead of spinning."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 from kvtop.collect.target import Scrape, Target
 from kvtop.store.recording import Recording
@@ -151,3 +152,109 @@ async def test_the_clock_runs_at_the_speed_asked_for() -> None:
         elapsed = loop.time() - started
     assert elapsed >= 0.2 * 0.9  # never faster than asked
     assert source.now() == 2.0
+
+
+async def test_a_seek_back_while_a_scrape_is_being_taken_in_rewinds_before_replaying() -> None:
+    events: list[object] = []
+    source = ReplaySource(recording([0.0, 1.0, 2.0, 3.0]), speed=1000.0,
+                          on_rewind=lambda: events.append("rewind"))
+
+    async def on_scrape(scrape: Scrape) -> None:  # the seek lands while the app takes it in
+        events.append(scrape.t)
+        if scrape.t == 3.0 and "rewind" not in events:
+            source.seek(1.0)
+        await asyncio.sleep(0)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(on_scrape, stop=stop))
+    await eventually(lambda: len(events) >= 7, "the rewind and 0 and 1 again")
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    assert events[:7] == [0.0, 1.0, 2.0, 3.0, "rewind", 0.0, 1.0]
+
+
+async def test_a_seek_back_while_paused_replays_up_to_it_at_once() -> None:
+    rewinds: list[int] = []
+    source = ReplaySource(recording([0.0, 1.0, 2.0, 3.0]), on_rewind=lambda: rewinds.append(1))
+    source.toggle_pause()
+    seen: list[float] = []
+
+    async def on_scrape(scrape: Scrape) -> None:
+        seen.append(scrape.t)
+        if scrape.t == 2.0 and not rewinds:
+            source.seek(1.0)  # back, while the seek to 2.5 is still being delivered
+        await asyncio.sleep(0)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(on_scrape, stop=stop))
+    await eventually(lambda: seen == [0.0], "the scrape at the start")
+    source.seek(2.5)
+    await eventually(lambda: len(seen) == 5, "0 and 1 again, though paused")
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    assert seen == [0.0, 1.0, 2.0, 0.0, 1.0] and rewinds == [1] and source.now() == 1.0
+
+
+async def test_a_seek_before_anything_was_replayed_is_no_rewind() -> None:
+    rewinds: list[int] = []
+    source = ReplaySource(recording([0.0, 1.0, 2.0, 3.0]), speed=0.1,
+                          on_rewind=lambda: rewinds.append(1))
+    source.seek(2.0)
+    async with Player(source) as player:
+        await eventually(lambda: player.seen == [0.0, 1.0, 2.0], "up to 2 at once")
+    assert rewinds == []
+
+
+class Stream:
+    """A recording's scrapes as a file streams them: closed when the replay lets go."""
+
+    def __init__(self, scrapes: list[Scrape]) -> None:
+        self._scrapes = iter(scrapes)
+        self.closed = False
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Scrape:
+        return next(self._scrapes)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Streamed(Recording):
+    def __init__(self, times: list[float]) -> None:
+        super().__init__({"format": "kvtop-recording", "version": 1, "interval_s": 1.0},
+                         [Scrape(TARGET, t, body=f"x {t}\n") for t in times])
+        self.streams: list[Stream] = []
+
+    def in_time_order(self) -> Iterator[Scrape]:
+        self.streams.append(Stream(list(super().in_time_order())))
+        return self.streams[-1]
+
+
+async def test_a_seek_back_closes_the_stream_it_leaves() -> None:
+    streamed = Streamed([0.0, 1.0, 2.0])
+    source = ReplaySource(streamed, speed=1000.0)
+    async with Player(source) as player:
+        await eventually(lambda: source.finished, "the whole recording")
+        source.seek(0.0)
+        await eventually(lambda: len(player.seen) == 4, "the start again")
+    assert [s.closed for s in streamed.streams] == [True, False]
+
+
+async def test_a_recording_of_todays_unix_times_plays_at_its_speed() -> None:
+    t0 = 1_767_225_600.0
+    source = ReplaySource(recording([t0, t0 + 1.0, t0 + 2.0]), speed=1000.0)
+    async with Player(source) as player:
+        await eventually(lambda: player.seen == [t0, t0 + 1.0, t0 + 2.0], "2 s at 1000x")
+
+
+async def test_pausing_stops_the_clock_where_it_is() -> None:
+    # at 0.01x the next scrape, half a recorded second away, is 50 s off
+    source = ReplaySource(recording([0.0, 0.5]), speed=0.01)
+    async with Player(source) as player:
+        await eventually(lambda: player.seen == [0.0], "the scrape at the start")
+        source.toggle_pause()  # wakes the sleeping replay, which stops its clock
+        await eventually(lambda: source.now() > 0.0, "the clock advanced to the pause")
+        assert 0.0 < source.now() < 0.5 and player.seen == [0.0]

@@ -144,6 +144,9 @@ def test_a_floor_rising_under_steady_load_alerts_and_explained_rises_do_not(
         *under_load("stuck:8000", rise, f"5x{STEPS}", f"7x{STEPS}"),
         # too slow to matter: 0.035 per hour, full in more than 24 h
         *under_load("slow:8000", f"0.1+0.000145833x{STEPS}", f"5x{STEPS}", f"0+2x{STEPS}"),
+        # full within 24 h, but rising 0.005 of the pool in the window: under watch_rise_frac
+        *under_load("creeping:8000", f"0.9+0.0000416667x{STEPS}", f"5x{STEPS}",
+                    f"0+2x{STEPS}"),
     ]
     promtool_test(tmp_path, render_rules(), [{
         "interval": "15s", "input_series": series,
@@ -165,6 +168,10 @@ def test_a_floor_rising_under_steady_load_alerts_and_explained_rises_do_not(
              "eval_time": "40m",
              "exp_samples": [{"labels": '{job="vllm",instance="leaky:8000",model_name="m",'
                                         'engine="0"}', "value": 1}]},
+            {"expr": "round(kvtop:kv_leaked:ratio{instance='leaky:8000'} * 100000)",
+             "eval_time": "40m",  # the slope over the 30 min window: 0.06000
+             "exp_samples": [{"labels": '{job="vllm",instance="leaky:8000",model_name="m",'
+                                        'engine="0"}', "value": 6000}]},
             {"expr": "round(kvtop:requests_turnover{instance='leaky:8000'}, 0.1)",
              "eval_time": "40m",
              "exp_samples": [{"labels": '{job="vllm",instance="leaky:8000",model_name="m",'
@@ -197,3 +204,71 @@ def test_ranks_of_one_engine_are_one_pool_and_their_requests_add(tmp_path: Path)
                             'engine="0",dp_rank="0"}', "value": 4}]},
         ],
     }])
+
+
+def test_an_engine_with_requests_and_no_token_out_for_a_minute_is_stalled(
+        tmp_path: Path) -> None:
+    flat = f"100x{STEPS}"
+    series = [
+        vllm("wedged:8000", "vllm:kv_cache_usage_perc", f"0.7x{STEPS}"),
+        vllm("wedged:8000", "vllm:num_requests_running", f"3x{STEPS}"),
+        vllm("wedged:8000", "vllm:generation_tokens_total", flat),
+        vllm("queued:8000", "vllm:kv_cache_usage_perc", f"0.9x{STEPS}"),
+        vllm("queued:8000", "vllm:num_requests_running", f"0x{STEPS}"),
+        vllm("queued:8000", "vllm:num_requests_waiting", f"4x{STEPS}"),
+        vllm("queued:8000", "vllm:generation_tokens_total", flat),
+        vllm("working:8000", "vllm:kv_cache_usage_perc", f"0.5x{STEPS}"),
+        vllm("working:8000", "vllm:num_requests_running", f"3x{STEPS}"),
+        vllm("working:8000", "vllm:generation_tokens_total", f"0+45x{STEPS}"),
+        vllm("idle:8000", "vllm:kv_cache_usage_perc", f"0x{STEPS}"),
+        vllm("idle:8000", "vllm:num_requests_running", f"0x{STEPS}"),
+        vllm("idle:8000", "vllm:num_requests_waiting", f"0x{STEPS}"),
+        vllm("idle:8000", "vllm:generation_tokens_total", flat),
+        *[{"series": f'{name}{{job="sg",instance="sg:30000",model_name="m",dp_rank="1",'
+                     f'tp_rank="0"}}', "values": values}
+          for name, values in (("sglang:token_usage", f"0.3x{STEPS}"),
+                               ("sglang:num_running_reqs", f"0x{STEPS}"),
+                               ("sglang:num_queue_reqs", f"2x{STEPS}"),
+                               ("sglang:generation_tokens_total", flat))],
+    ]
+
+    def stalled(instance: str, full: str, **extra: str) -> dict[str, Any]:
+        return {"exp_labels": {"job": "vllm", "instance": instance, "model_name": "m",
+                               "engine": "0", "severity": "critical",
+                               "kvtop_state": "stalled", **extra},
+                "exp_annotations": {
+                    "summary": f"Inference engine stalled on {instance}",
+                    "description": "no token generated for 1m with requests running or "
+                                   f"waiting; KV pool {full} full"}}
+
+    engine = 'job="vllm",instance="{}",model_name="m",engine="0"'
+    promtool_test(tmp_path, render_rules(), [{
+        "interval": "15s", "input_series": series,
+        "alert_rule_test": [{"eval_time": "5m", "alertname": "KVEngineStalled", "exp_alerts": [
+            stalled("wedged:8000", "70%"), stalled("queued:8000", "90%"),
+            stalled("sg:30000", "30%", job="sg", engine="1", dp_rank="1")]}],
+        "promql_expr_test": [
+            {"expr": "kvtop:requests_waiting", "eval_time": "5m", "exp_samples": [
+                {"labels": "kvtop:requests_waiting{" + engine.format("queued:8000") + "}",
+                 "value": 4},
+                {"labels": "kvtop:requests_waiting{" + engine.format("idle:8000") + "}",
+                 "value": 0},
+                {"labels": 'kvtop:requests_waiting{job="sg",instance="sg:30000",'
+                           'model_name="m",engine="1",dp_rank="1"}', "value": 2}]},
+            {"expr": "kvtop:generation_tokens:rate1m{instance='working:8000'}",
+             "eval_time": "5m", "exp_samples": [
+                 {"labels": "kvtop:generation_tokens:rate1m{" + engine.format("working:8000")
+                            + "}", "value": 3}]},
+        ],
+    }])
+
+
+def test_the_file_says_what_made_it() -> None:
+    assert render_rules().splitlines()[:2] == [
+        "# kvtop KV-cache leak rules: generated by `kvtop rules`; see docs/prometheus.md",
+        "groups:"]
+
+
+def test_a_threshold_of_a_second_is_a_second_in_the_rules() -> None:
+    rules = render_rules(LeakParams(idle_min_s=1.0, idle_leak_s=0.4))
+    assert "        for: 1s\n" in rules  # never 0s: a rounded-down threshold is still one

@@ -47,6 +47,7 @@ def test_tokens_are_equal_by_value_so_a_target_given_twice_is_one() -> None:
     (f"you sent {TOKEN}, and again {TOKEN}", "you sent ***, and again ***"),
     ("Authorization: Bearer abc.def", "Authorization: Bearer ***"),
     ('{"AUTHORIZATION":"BEARER abc"}', '{"AUTHORIZATION":"BEARER ***"}'),
+    ("authorization: BeArEr abc", "authorization: BeArEr ***"),  # any case, as HTTP has it
     ("header was Bearer xyz; retry", "header was Bearer ***; retry"),
     ("a bearer token is needed", "a bearer token is needed"),  # kvtop's own hint stays
     ("nothing to hide", "nothing to hide"),
@@ -120,6 +121,13 @@ def test_a_token_file_that_cannot_be_used_says_why_never_what_is_in_it(
         read_token(None, "bad\x00path")
 
 
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="Linux's /proc")
+def test_a_token_file_that_fails_to_read_says_why() -> None:
+    with pytest.raises(TokenError) as raised:  # a regular file whose first read fails (EIO)
+        read_token(None, "/proc/self/mem")
+    assert str(raised.value) == "Input/output error: /proc/self/mem"
+
+
 # -- URLs ----------------------------------------------------------------------------------
 
 
@@ -158,6 +166,8 @@ def test_a_target_that_is_no_http_server_is_refused_with_the_spec(spec: str,
     "http://gpu-1/metrics?jwt=s", "http://gpu-1/metrics?password=s",
     "http://gpu-1/metrics?client_secret=s", "http://gpu-1/metrics?x-goog-credential=s",
     "http://gpu-1/metrics?session_id=s", "http://gpu-1/metrics?a=1&auth=s#frag",
+    "http://gpu-1/metrics?access-key=s", "http://gpu-1/metrics?token=",
+    "http://gpu-1/metrics?password",  # the secret to follow: refused before it is typed
 ])
 def test_a_url_carrying_a_secret_is_refused_without_repeating_it(url: str) -> None:
     with pytest.raises(CredentialsInURL) as raised:
@@ -169,6 +179,7 @@ def test_a_url_carrying_a_secret_is_refused_without_repeating_it(url: str) -> No
 @pytest.mark.parametrize("url", [
     "http://gpu-1:8000/metrics?name[]=x&format=text", "http://gpu-1/path@v2/metrics",
     "http://gpu-1/metrics#token=in-a-fragment", "http://gpu-1/metrics?monkey=1",
+    "http://gpu-1/metrics?a=1#&token=in-a-fragment",
 ])
 def test_ordinary_urls_are_no_secret(url: str) -> None:
     check_no_credentials(url)
