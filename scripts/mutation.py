@@ -238,7 +238,9 @@ def _config(module: str, tests: Iterable[str]) -> str:
         "pytest_add_cli_args": ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly"],
         # rerun on demand only; a pyproject change must not silently reset results
         "use_git_change_detection": False,
-        "also_copy": ["man"],  # the man page test compares it with the parsers' help
+        # the man page test compares it with the parsers' help; the leak tests read the
+        # documented defaults from docs/leak-detector.md
+        "also_copy": ["man", "docs"],
         # mutmut's default gives a mutant 30x the time its tests took in the traced first
         # run (itself several times a plain run): an endless loop then holds a core for
         # half an hour; 8x that is still far above any plain run on a loaded machine
@@ -253,13 +255,13 @@ def _config(module: str, tests: Iterable[str]) -> str:
 
 
 def prepare(module: str, fresh: bool) -> Path:
-    """A workspace whose kvtop/, tests/ and man/ are the repo's own (mutmut copies them into
-    mutants/)."""
+    """A workspace whose kvtop/, tests/, man/ and docs/ are the repo's own (mutmut copies them
+    into mutants/)."""
     ws = workspace(module)
     if fresh and ws.exists():
         shutil.rmtree(ws)
     ws.mkdir(parents=True, exist_ok=True)
-    for name in ("kvtop", "tests", "man"):
+    for name in ("kvtop", "tests", "man", "docs"):
         link = ws / name
         if not link.is_symlink():
             link.symlink_to(REPO / name)
@@ -417,7 +419,7 @@ def _pytest(copy: Path, tests: Iterable[str], timeout: float) -> str:
 
 
 def run_constants(module: str) -> int:
-    """Each constant mutant in a copy of kvtop/ and tests/, the module's tests run on it."""
+    """Each constant mutant in a copy of kvtop/, tests/ and docs/, the module's tests run on it."""
     import time
 
     ws = prepare(module, fresh=False)
@@ -425,6 +427,7 @@ def run_constants(module: str) -> int:
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(REPO / "kvtop", copy / "kvtop")
     shutil.copytree(REPO / "tests", copy / "tests")
+    shutil.copytree(REPO / "docs", copy / "docs")
     shutil.copy2(ws / "pyproject.toml", copy / "pyproject.toml")
     tests = MODULES[module]
     started = time.monotonic()

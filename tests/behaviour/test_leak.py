@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvtop.derive.leak import LeakDetector, LeakParams, LeakVerdict
+from kvtop.derive.leak import LeakDetector, LeakParams, LeakVerdict, median, theil_sen
 from kvtop.derive.leak_estimate import (
     MIN_AFTER,
     MIN_POINTS,
@@ -443,3 +443,188 @@ def test_the_defaults_are_the_ones_the_documentation_gives() -> None:
     # what a user reads in docs/leak-detector.md before tuning kvtop.toml's [leak] table
     defaults = {f.name: f.default for f in dataclasses.fields(LeakParams)}
     assert documented_defaults() == pytest.approx(defaults)
+
+
+# -- the statistics the verdicts rest on ------------------------------------------------------
+
+def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert median([1.0, 2.0]) == 1.5
+    assert median([7.0]) == 7.0
+
+
+def pairwise_slopes(xs: list[float], ys: list[float]) -> list[float]:
+    return sorted((ys[j] - ys[i]) / (xs[j] - xs[i])
+                  for i in range(len(xs)) for j in range(i + 1, len(xs)))
+
+
+def test_theil_sen_is_the_median_slope_of_each_pair_of_points_once() -> None:
+    # pairs (0,1) (0,2) (1,2): slope 1; (0,3) 10/3, (1,3) 4.5, (2,3) 8: median (1 + 10/3) / 2
+    slope, _, _ = theil_sen([0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 10.0], 2.33)
+    assert slope == pytest.approx((1 + 10 / 3) / 2)
+
+
+def test_theil_sen_without_two_distinct_times_has_no_slope_and_no_bounds() -> None:
+    assert theil_sen([5.0], [1.0], 2.33) == (0.0, -math.inf, math.inf)
+    assert theil_sen([5.0, 5.0], [1.0, 9.0], 2.33) == (0.0, -math.inf, math.inf)
+
+
+# Sen's bounds (Sen 1968; Hollander & Wolfe): of the N = n(n-1)/2 ranked slopes, the lower
+# one is at (N - C) / 2 and the upper at (N + C) / 2 (0-based, rounded outwards), with
+# C = z * sqrt(n(n-1)(2n+5)/18), Kendall's S standard deviation. At z = 2.33, worked by hand:
+@pytest.mark.parametrize(("n", "low", "high"), [
+    (4, None, None),  # C = 6.86 > N = 6: unbounded both ways
+    (5, 0, None),  # N = 10, C = 9.51: the smallest slope; no upper bound
+    (6, 1, 14),  # N = 15, C = 12.40: the 2nd smallest and the largest
+    (10, 9, 36),  # N = 45, C = 26.05
+    (20, 59, 131),  # N = 190, C = 71.82
+    (31, 163, 302),  # N = 465, C = 137.09: a full trend window
+])
+def test_theil_sen_bounds_are_sens_at_the_given_quantile(n: int, low: int | None,
+                                                         high: int | None) -> None:
+    xs = [float(i) for i in range(n)]
+    ys = [1.3 ** i + 0.1 * i * i for i in range(n)]  # convex: every pairwise slope differs
+    slopes = pairwise_slopes(xs, ys)
+    assert len(set(slopes)) == len(slopes)
+    _, lower, upper = theil_sen(xs, ys, 2.33)
+    assert lower == (-math.inf if low is None else slopes[low])
+    assert upper == (math.inf if high is None else slopes[high])
+
+
+def test_a_wider_quantile_widens_the_bounds() -> None:
+    xs = [float(i) for i in range(20)]
+    ys = [1.3 ** i for i in range(20)]
+    slopes = pairwise_slopes(xs, ys)
+    _, lower, upper = theil_sen(xs, ys, 1.0)  # C = 30.82: ranks 79 and 111
+    assert (lower, upper) == (slopes[79], slopes[111])
+
+
+def test_with_a_short_history_the_leaked_blocks_follow_the_rise_since_the_evidence_began() -> None:
+    # history_s too short for the load-separated fit (a user's [leak] table): the estimate
+    # is the rise at the evidence's onset carried on at the slope, which keeps up with the
+    # leak after the trend window (30 min) has slid past its start at minute 10
+    params = LeakParams(history_s=180)
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=60)
+    found = verdicts(series, params)
+    for minute in (45, 50, 59):
+        verdict = found[minute * 60 // STEP]
+        assert verdict.state == "leak"
+        assert verdict.leaked_blocks == pytest.approx(6 * (minute - 10), rel=0.1)
+    # between two bucket closes it grows at the rate the verdict gives
+    i = 50 * 60 // STEP + 1
+    now, later = found[i], found[i + 1]
+    assert now.slope_blocks_per_hour is not None and later.leaked_blocks is not None
+    assert later.leaked_blocks - now.leaked_blocks == pytest.approx(
+        now.slope_blocks_per_hour * STEP / 3600)
+
+
+def idle_runs(*runs: tuple[int, int, float]) -> list[EngineStats]:
+    """(start s, end s, used): idle when used < 200 (nothing running), else under load."""
+    return [scrape(t, used, running=0.0 if used < 200 else 5.0)
+            for start, end, used in runs for t in range(start, end, STEP)]
+
+
+def test_blocks_held_at_idle_growing_from_one_idle_to_the_next_give_the_leak_rate() -> None:
+    # 40, 60, then 80 blocks held at three idle spells (each one's last scrape at 170 s,
+    # 400 s and 910 s): the rate is the median of the pairwise rates, once the spells span
+    # five minutes (the first two, 230 s apart, do not)
+    series = idle_runs((0, 180, 40.0), (180, 330, 300.0), (330, 410, 60.0),
+                       (410, 840, 300.0), (840, 920, 80.0))
+    found = verdicts(series)
+    assert all(v.slope_blocks_per_hour is None for v in found[:84])  # before the third spell
+    assert found[-1].state == "leak" and found[-1].leaked_blocks == 80.0
+    rates = sorted([20 / (230 / 3600), 40 / (740 / 3600), 20 / (510 / 3600)])
+    assert found[-1].slope_blocks_per_hour == pytest.approx(rates[1])
+    assert found[-1].hours_to_full == pytest.approx((1000 - 80) / rates[1])
+
+
+def test_a_leak_rate_from_idle_spells_needs_them_five_minutes_apart() -> None:
+    # the first spell's last idle scrape at 170 s, the second's reaching 470 s at last
+    series = idle_runs((0, 180, 40.0), (180, 420, 300.0), (420, 520, 60.0))
+    found = verdicts(series)
+    rated = [s.t - T0 for s, v in zip(series, found, strict=True)
+             if v.slope_blocks_per_hour is not None]
+    assert rated and rated[0] == 470
+    assert found[-1].slope_blocks_per_hour == pytest.approx(20 / ((510 - 170) / 3600))
+
+
+def test_the_leaked_blocks_keep_their_baseline_once_the_history_has_moved_past_it() -> None:
+    # history_s of 20 min: by minute 40 the buckets kept hold no level from before the leak
+    # (minute 10); the estimate still counts from the level the evidence began on
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=60)
+    found = verdicts(series, LeakParams(history_s=1200))
+    for minute in (40, 50, 59):
+        verdict = found[minute * 60 // STEP]
+        assert verdict.state == "leak"
+        assert verdict.leaked_blocks == pytest.approx(6 * (minute - 10), abs=6)
+
+
+def test_a_history_shorter_than_a_bucket_still_gives_the_leak_and_its_size() -> None:
+    # history_s below bucket_s keeps no bucket at all: no fit, the window's evidence alone
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=60)
+    found = verdicts(series, LeakParams(history_s=30))
+    assert found[-1].state == "leak"
+    assert found[-1].leaked_blocks == pytest.approx(6 * 49, rel=0.1)
+
+
+@pytest.mark.parametrize(("pause_min", "kept"), [(7, True), (8, False)])
+def test_a_gap_in_the_floor_evidence_up_to_floor_grace_s_keeps_its_age(pause_min: int,
+                                                                       kept: bool) -> None:
+    # no request finishes from minute 30: once the last ref_buckets (5) buckets saw none, the
+    # batch has not turned over and the rising floor is no evidence (the bucket closes at
+    # 35, 36, ... min); a gap of 3 min (= floor_grace_s) since the last evidence at 34 min
+    # keeps the evidence's age, a longer one starts it again
+    pause = (30 * 60, (30 + pause_min) * 60)
+    series = [replace(s, finished_per_s={"stop": 0.0}) if pause[0] <= s.t - T0 < pause[1] else s
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=45)]
+    found = verdicts(series)
+    before = found[34 * 60 // STEP].evidence["floor_evidence_s"]
+    assert isinstance(before, float) and before > 600
+    age = found[-1].evidence["floor_evidence_s"]
+    elapsed = series[-1].t - series[34 * 60 // STEP].t
+    assert age == (before + elapsed if kept else pytest.approx(300, abs=60))
+
+
+def test_a_small_pool_with_a_noisy_flat_floor_stays_ok() -> None:
+    # 64 blocks: 1 % of the pool (WATCH's rise) is under one block, far below the noise
+    rng = random.Random(1)
+    series = [scrape(t, 20 + rng.gauss(0, 2), total=64) for t in range(0, 60 * 60, STEP)]
+    assert {v.state for v in verdicts(series)} == {"warmup", "ok"}
+
+
+def falling_running(s: EngineStats) -> float:
+    return 5.0 - max(0.0, (s.t - T0 - 600) / 60) * 0.05  # 5 running, then fewer from 10 min
+
+
+@pytest.mark.parametrize("change", [
+    # running falls, but the pool is nowhere near full: no sign of a pool choked by a leak
+    lambda s: replace(s, running=falling_running(s)),
+    # the queue grows, but the server gives no generation throughput to call it flat
+    lambda s: replace(s, generation_tps=None, waiting=max(0.0, (s.t - T0 - 600) / 60)),
+    # a queue that comes and goes (1 to 5 waiting) without growing
+    lambda s: replace(s, waiting=float(1 + (s.t - T0) // STEP % 5)),
+], ids=["running-falls-pool-not-full", "queue-grows-throughput-unknown", "queue-steady"])
+def test_what_is_no_consequence_of_a_leak_does_not_confirm_it_sooner(
+        change: Callable[[EngineStats], EngineStats]) -> None:
+    p = LeakParams()
+    series = [change(s) for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+    assert found[-1].evidence["consequences"] == "none"
+
+
+def test_a_rising_floor_while_the_pool_peaks_full_and_running_falls_is_leak_sooner() -> None:
+    # the pool's peaks reach 95 % of it while fewer requests run: leaked blocks crowd them out
+    p = LeakParams()
+    series = [replace(s, blocks_used=s.blocks_used + 110 * ((s.t - T0) // STEP % 6),
+                      running=falling_running(s))
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.support_persist_s, abs=p.bucket_s)
+    assert next(v for v in found if v.state == "leak").reason.endswith(
+        "with pool pinned full while running falls")
