@@ -628,3 +628,65 @@ def test_a_rising_floor_while_the_pool_peaks_full_and_running_falls_is_leak_soon
     assert leak - watch == pytest.approx(p.support_persist_s, abs=p.bucket_s)
     assert next(v for v in found if v.state == "leak").reason.endswith(
         "with pool pinned full while running falls")
+
+
+@pytest.mark.parametrize(("early", "late", "running", "sooner"), [
+    (0.1, 0.25, 5.0, True),  # 2.5 times the preemptions at the same load
+    (0.0, 0.5, 7.5, False),  # more preemptions with half as much load again: the load's doing
+], ids=["same-load", "more-load"])
+def test_more_preemptions_confirm_a_rising_floor_only_at_the_same_load(
+        early: float, late: float, running: float, sooner: bool) -> None:
+    p = LeakParams()
+    series = [replace(s, preemptions_per_s=early, running=5.0) if s.t - T0 < 600
+              else replace(s, preemptions_per_s=late, running=running)
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    persist = p.support_persist_s if sooner else p.leak_persist_s
+    assert leak - watch == pytest.approx(persist, abs=p.bucket_s)
+    reason = next(v for v in found if v.state == "leak").reason
+    assert reason.endswith("with preemptions up at the same load") == sooner
+
+
+def test_a_pool_whose_peaks_reached_full_lately_counts_as_pinned() -> None:
+    # the peaks reach 95 % of the pool only in the last five minutes (of a 55 min series)
+    series = [replace(s, blocks_used=s.blocks_used + 60 * ((s.t - T0) // STEP % 6),
+                      running=falling_running(s))
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=55)]
+    found = verdicts(series)
+    assert found[-1].evidence["consequences"] == "pool pinned full while running falls"
+    early = found[45 * 60 // STEP].evidence["consequences"]
+    assert early == "none"
+
+
+@pytest.mark.parametrize("level", [
+    lambda t: 960 + 20 * ((t // STEP) % 2),  # 96-98 % used
+    lambda t: 950,  # exactly pinned_frac (95 %) of the pool: full
+], ids=["96-98%", "95%"])
+def test_a_pool_pinned_full_under_load_is_ok_and_says_since_when(
+        level: Callable[[int], float]) -> None:
+    # full from the first scrape: the level cannot rise, so it cannot show a leak
+    series = [scrape(t, level(t)) for t in range(0, 30 * 60, STEP)]
+    found = verdicts(series)
+    reasons = {s.t - T0: v.reason for s, v in zip(series, found, strict=True)}
+    assert {v.state for v in found} == {"warmup", "ok"}
+    # pinned since the bucket of minute 11, the first with enough buckets to judge
+    assert reasons[12 * 60] == ("KV pool pinned full under load: its level cannot show a "
+                                "leak (for 60 s)")
+    assert reasons[27 * 60].endswith("(for 16 min)")
+
+
+def test_a_leak_that_fills_the_pool_stays_leak_while_the_pool_is_full() -> None:
+    # 20 blocks a minute from minute 10: the pool is full (95 %) from minute 40 and its level
+    # says nothing more; the evidence found before stands, and its age goes on
+    series = [replace(s, blocks_used=min(s.blocks_used, 985.0))
+              for s in rising_floor(20, start_min=10, stop_min=999, minutes=75)]
+    found = verdicts(series)
+    since = first(series, found, "leak")
+    assert since is not None
+    after = [v for s, v in zip(series, found, strict=True) if s.t - T0 >= since]
+    assert {v.state for v in after} == {"leak"}
+    assert all(v.reason.startswith("floor rising") and "not seen" not in v.reason
+               for v in after)
+    assert found[-1].reason.endswith(f"for {(series[-1].t - T0 - 18 * 60) / 60:.0f} min")
