@@ -690,3 +690,19 @@ def test_a_leak_that_fills_the_pool_stays_leak_while_the_pool_is_full() -> None:
     assert all(v.reason.startswith("floor rising") and "not seen" not in v.reason
                for v in after)
     assert found[-1].reason.endswith(f"for {(series[-1].t - T0 - 18 * 60) / 60:.0f} min")
+
+
+@pytest.mark.parametrize("leaked", [140.0, 0.0])
+def test_a_leak_hidden_by_a_falling_load_is_found(leaked: float) -> None:
+    # running falls from ~9 to ~5 over half an hour (40 blocks a request), while `leaked`
+    # blocks leak in the same time: the level itself even falls a little, but it does not
+    # give back all the load's blocks
+    series = []
+    for t in range(0, 60 * 60, STEP):
+        done = min(t / 1800, 1.0)
+        running = 9 - 4 * done + 1.5 * math.sin(t / 200)
+        used = 200 + 40 * running + leaked * done + 20 * ((t // STEP) % 6)
+        series.append(scrape(t, used, running=running))
+    found = verdicts(series)
+    assert found[30 * 60 // STEP].evidence["raw_floor_slope_per_h"] < 0
+    assert ("leak" in {v.state for v in found}) == (leaked > 0)
