@@ -708,7 +708,7 @@ def test_a_leak_hidden_by_a_falling_load_is_found(leaked: float) -> None:
     assert ("leak" in {v.state for v in found}) == (leaked > 0)
 
 
-@pytest.mark.parametrize(("step_z", "after"), [(LeakParams().step_z, 6), (3.0, 5)])
+@pytest.mark.parametrize(("step_z", "after"), [(LeakParams().step_z, 6), (3.7, 6), (3.0, 5)])
 def test_a_clean_lump_is_a_step_once_the_rank_test_is_sure_of_it(step_z: float,
                                                                  after: int) -> None:
     # 60 blocks leaked at once at minute 25 under a steady load, no noise: a rank test of the
