@@ -721,3 +721,27 @@ def test_a_clean_lump_is_a_step_once_the_rank_test_is_sure_of_it(step_z: float,
     assert first(series, found, "watch") == (25 + after) * 60
     raised = [v for v in found if v.state in ("watch", "leak")]
     assert all(v.reason.startswith("floor stepped up 60 blocks under load") for v in raised)
+
+
+@pytest.mark.parametrize(("finished", "states"), [
+    (None, {"warmup", "ok", "watch"}),  # no finished-request counter: never confirmed
+    ({"stop": 2 / 300}, {"warmup", "ok"}),  # 2 requests finish in 5 min, 5 running: a stall
+    ({"stop": 1 / 45}, {"warmup", "ok", "watch", "leak"}),  # 6.7 in 5 min: turned over
+], ids=["unknown", "too-few", "enough"])
+def test_a_rising_floor_counts_once_the_batch_has_turned_over(
+        finished: dict[str, float] | None, states: set[str]) -> None:
+    # turnover: requests finished over the most running, at least turnover_min (3) times in
+    # the window and lately (3 x the last ref_buckets' own)
+    series = [replace(s, finished_per_s=finished)
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    assert {v.state for v in verdicts(series)} == states
+
+
+def test_a_server_without_a_preemption_counter_gets_its_leak_found() -> None:
+    p = LeakParams()
+    series = [replace(s, preemptions_per_s=None)
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
