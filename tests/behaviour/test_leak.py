@@ -745,3 +745,16 @@ def test_a_server_without_a_preemption_counter_gets_its_leak_found() -> None:
     watch, leak = first(series, found, "watch"), first(series, found, "leak")
     assert watch is not None and leak is not None
     assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+
+
+def test_what_the_load_explains_is_measured_through_noise_and_nothing_without_a_change() -> None:
+    # 40 blocks a running request (of 1200 tokens each), the level noisy (15 blocks)
+    rng = random.Random(5)
+    noisy = [replace(s, blocks_used=s.blocks_used + rng.gauss(0, 15)) for s in load_ramp()]
+    found = verdicts(noisy)
+    assert {v.state for v in found} <= {"warmup", "ok"}
+    assert found[-1].evidence["blocks_per_load"] == pytest.approx(40 / 1200, rel=0.1)
+    # a load that never changes explains none of the floor's rise
+    steady = verdicts(rising_floor(6, start_min=10, stop_min=999, minutes=40))
+    assert steady[-1].evidence["blocks_per_load"] == 0.0
+    assert steady[-1].evidence["floor_slope_per_h"] == steady[-1].evidence["raw_floor_slope_per_h"]
