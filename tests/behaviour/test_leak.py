@@ -758,3 +758,26 @@ def test_what_the_load_explains_is_measured_through_noise_and_nothing_without_a_
     steady = verdicts(rising_floor(6, start_min=10, stop_min=999, minutes=40))
     assert steady[-1].evidence["blocks_per_load"] == 0.0
     assert steady[-1].evidence["floor_slope_per_h"] == steady[-1].evidence["raw_floor_slope_per_h"]
+
+
+def test_the_evidence_gives_the_floors_and_the_loads_own_slopes() -> None:
+    # a steady leak of 6 blocks a minute at a steady load, at minute 40
+    steady = verdicts(rising_floor(6, start_min=10, stop_min=999, minutes=40))[-1]
+    assert steady.slope_blocks_per_hour == pytest.approx(360)
+    assert steady.evidence["floor_slope_per_h"] == pytest.approx(360)
+    assert steady.evidence["raw_floor_slope_per_h"] == pytest.approx(360)
+    assert steady.evidence["load_slope_per_h"] == 0.0
+    # the median floor of the last ref_buckets closed buckets (34-38 min): 300 + 6 x 26
+    assert steady.evidence["floor_now"] == 456.0
+    # no leak; the load grows 10 requests an hour (1200 tokens each), 40 blocks a request;
+    # the load and the level both noisy
+    rng = random.Random(1)
+    series = []
+    for t in range(0, 40 * 60, STEP):
+        running = 5 + 10 * t / 3600 + rng.gauss(0, 0.5)
+        used = 200 + 40 * running + 20 * ((t // STEP) % 6) + rng.gauss(0, 10)
+        series.append(scrape(t, used, running=running))
+    ramp = verdicts(series)[-1]
+    assert ramp.state == "ok"
+    assert ramp.evidence["load_slope_per_h"] == pytest.approx(10 * 1200, rel=0.05)
+    assert ramp.evidence["raw_floor_slope_per_h"] == pytest.approx(10 * 40, rel=0.05)
