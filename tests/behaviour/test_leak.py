@@ -779,5 +779,5 @@ def test_the_evidence_gives_the_floors_and_the_loads_own_slopes() -> None:
         series.append(scrape(t, used, running=running))
     ramp = verdicts(series)[-1]
     assert ramp.state == "ok"
-    assert ramp.evidence["load_slope_per_h"] == pytest.approx(10 * 1200, rel=0.05)
+    assert ramp.evidence["load_slope_per_h"] == pytest.approx(10 * 1200, rel=0.02)
     assert ramp.evidence["raw_floor_slope_per_h"] == pytest.approx(10 * 40, rel=0.05)
