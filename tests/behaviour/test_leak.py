@@ -604,7 +604,14 @@ def falling_running(s: EngineStats) -> float:
     lambda s: replace(s, generation_tps=None, waiting=max(0.0, (s.t - T0 - 600) / 60)),
     # a queue that comes and goes (1 to 5 waiting) without growing
     lambda s: replace(s, waiting=float(1 + (s.t - T0) // STEP % 5)),
-], ids=["running-falls-pool-not-full", "queue-grows-throughput-unknown", "queue-steady"])
+    # the queue grows while the server generates more and more: demand, not a choked pool
+    lambda s: replace(s, waiting=max(0.0, (s.t - T0 - 600) / 60),
+                      generation_tps=100.0 + max(0.0, (s.t - T0 - 600) / 30),
+                      prompt_tps=500.0 - max(0.0, (s.t - T0 - 600) / 30)),
+    # no waiting count at all
+    lambda s: replace(s, waiting=None),
+], ids=["running-falls-pool-not-full", "queue-grows-throughput-unknown", "queue-steady",
+        "queue-grows-with-throughput", "waiting-unknown"])
 def test_what_is_no_consequence_of_a_leak_does_not_confirm_it_sooner(
         change: Callable[[EngineStats], EngineStats]) -> None:
     p = LeakParams()
@@ -632,8 +639,9 @@ def test_a_rising_floor_while_the_pool_peaks_full_and_running_falls_is_leak_soon
 
 @pytest.mark.parametrize(("early", "late", "running", "sooner"), [
     (0.1, 0.25, 5.0, True),  # 2.5 times the preemptions at the same load
+    (0.0, 0.015, 5.0, True),  # about one a minute where there were none
     (0.0, 0.5, 7.5, False),  # more preemptions with half as much load again: the load's doing
-], ids=["same-load", "more-load"])
+], ids=["same-load", "from-none", "more-load"])
 def test_more_preemptions_confirm_a_rising_floor_only_at_the_same_load(
         early: float, late: float, running: float, sooner: bool) -> None:
     p = LeakParams()
@@ -781,3 +789,50 @@ def test_the_evidence_gives_the_floors_and_the_loads_own_slopes() -> None:
     assert ramp.state == "ok"
     assert ramp.evidence["load_slope_per_h"] == pytest.approx(10 * 1200, rel=0.02)
     assert ramp.evidence["raw_floor_slope_per_h"] == pytest.approx(10 * 40, rel=0.05)
+
+
+def test_before_any_pool_and_until_the_trend_can_be_judged_it_is_warmup() -> None:
+    detector = LeakDetector()
+    assert detector.verdict == LeakVerdict("warmup", "no scrape yet", None, None, None, {})
+    no_pool = EngineStats(model="m", engine="0", t=T0, running=1.0)  # no KV figures at all
+    assert detector.update(no_pool) == detector.verdict
+    assert detector.verdict.state == "warmup" and detector.verdict.reason == "no scrape yet"
+    first_scrape = detector.update(scrape(0, 300.0))
+    assert (first_scrape.state, first_scrape.reason) == ("warmup", "collecting data")
+
+
+@pytest.mark.parametrize(("min_buckets", "min_span_s", "judged_at"), [
+    (10, 600.0, 720),  # buckets 1-11 (the first, partial one left out) span 600 s
+    (10, 60.0, 660),  # ten buckets, 1-10
+    (3, 60.0, 240),
+    (2, 60.0, 240),  # never fewer than three
+])
+def test_the_floor_is_judged_once_enough_buckets_span_enough_time(
+        min_buckets: int, min_span_s: float, judged_at: int) -> None:
+    series = rising_floor(0, start_min=0, stop_min=0, minutes=15)
+    found = verdicts(series, LeakParams(trend_min_buckets=min_buckets,
+                                        trend_min_span_s=min_span_s))
+    assert first(series, found, "ok") == judged_at
+    assert {v.state for v in found[:judged_at // STEP]} == {"warmup"}
+
+
+def test_a_buckets_floor_is_its_least_used_blocks_wherever_in_the_minute() -> None:
+    # within each minute the level falls by 40 blocks a scrape: the least is at its end
+    series = [replace(s, blocks_used=s.blocks_used - 40 * ((s.t - T0) // STEP % 6))
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series)
+    # the median floor of the 34-38 min buckets, 36 min's at its last scrape (36:50):
+    # 300 + 6 x (26 + 5/6) + (20 - 40) x 5
+    assert found[-1].evidence["floor_now"] == pytest.approx(361)
+    assert found[-1].slope_blocks_per_hour == pytest.approx(360)
+
+
+def test_rates_over_one_second_windows_still_count() -> None:
+    # a poller reading every second: each scrape's rates cover one second
+    p = LeakParams()
+    series = [replace(s, window_s=1.0)
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
