@@ -836,3 +836,16 @@ def test_rates_over_one_second_windows_still_count() -> None:
     watch, leak = first(series, found, "watch"), first(series, found, "leak")
     assert watch is not None and leak is not None
     assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+
+
+def test_with_no_idle_span_asked_blocks_held_at_the_first_idle_scrape_are_watch() -> None:
+    found = verdicts(at_idle(40.0), LeakParams(idle_min_s=0, idle_min_scrapes=1))
+    assert found[0].state == "watch" and found[0].leaked_blocks == 40.0
+
+
+def test_blocks_held_at_idle_after_a_long_time_under_load_are_counted() -> None:
+    # 20 min under a steady load (the floor trend judged flat), then 40 blocks held at idle
+    series = (rising_floor(0, start_min=0, stop_min=0, minutes=20)
+              + [replace(s, t=s.t + 20 * 60) for s in at_idle(40.0)])
+    found = verdicts(series)
+    assert found[-1].state == "leak" and found[-1].leaked_blocks == 40.0
