@@ -849,3 +849,66 @@ def test_blocks_held_at_idle_after_a_long_time_under_load_are_counted() -> None:
               + [replace(s, t=s.t + 20 * 60) for s in at_idle(40.0)])
     found = verdicts(series)
     assert found[-1].state == "leak" and found[-1].leaked_blocks == 40.0
+
+
+def test_blocks_held_at_idle_are_watch_then_leak_once_held_idle_leak_s() -> None:
+    # confirmed at 20 s (idle_min_s over idle_min_scrapes), LEAK at 60 s (idle_leak_s)
+    found = verdicts(at_idle(40.0))
+    assert [v.state for v in found[:8]] == ["warmup", "warmup", "watch", "watch", "watch",
+                                            "watch", "leak", "leak"]
+    instant = verdicts(at_idle(40.0), LeakParams(idle_min_s=0, idle_min_scrapes=1))
+    assert [v.state for v in instant[:8]] == ["watch"] * 6 + ["leak"] * 2
+    # exactly the threshold held is nothing, even confirmed at once
+    at_threshold = verdicts(at_idle(LeakParams().residual_min_blocks),
+                            LeakParams(idle_min_s=0, idle_min_scrapes=1))
+    assert {v.state for v in at_threshold} == {"ok"}
+
+
+def test_a_second_short_idle_spell_with_blocks_held_is_a_leak() -> None:
+    # 30 s idle (WATCH: a step-end straggler?), load, 30 s idle again: no straggler twice
+    series = idle_runs((0, 30, 40.0), (30, 90, 300.0), (90, 120, 40.0))
+    found = verdicts(series)
+    assert found[2].state == "watch"
+    assert found[-1].state == "leak" and found[-1].reason.startswith("40 blocks held with")
+
+
+def test_an_idle_run_survives_a_silence_of_max_gap_s_not_more() -> None:
+    p = LeakParams()
+    gap = int(p.max_gap_s)
+    held = [scrape(t, 40.0, running=0.0) for t in (0, gap, 2 * gap)]
+    assert verdicts(held)[-1].state == "leak"
+    broken = [scrape(t, 40.0, running=0.0) for t in (0, gap + 10, 2 * gap + 20)]
+    assert {v.state for v in verdicts(broken)} == {"warmup"}
+
+
+def test_the_leak_rate_from_idle_spells_uses_the_last_sixteen() -> None:
+    # 20 idle spells 40 s apart: the first four held 300 blocks, then 40, 45, 50, ...
+    series = []
+    for i in range(20):
+        held = 300.0 if i < 4 else 40.0 + 5 * (i - 4)
+        series += idle_runs((40 * i, 40 * i + 30, held), (40 * i + 30, 40 * i + 40, 400.0))
+    found = verdicts(series)
+    assert found[-1].slope_blocks_per_hour == pytest.approx(5 / (40 / 3600))
+
+
+def test_a_restart_or_a_new_pool_size_starts_the_evidence_again() -> None:
+    held = at_idle(40.0)
+    assert verdicts(held)[-1].state == "leak"
+    restarted = [*held, replace(scrape(180, 300.0), restarted=True)]
+    after = verdicts(restarted)[-1]
+    assert (after.state, after.reason) == ("warmup", "server restarted: evidence reset")
+    resized = [*held, scrape(180, 300.0, total=2000)]
+    after = verdicts(resized)[-1]
+    assert (after.state, after.reason) == ("warmup", "pool size changed: evidence reset")
+
+
+@pytest.mark.parametrize(("floor", "said"), [(1, "1 block"), (2, "2 blocks")])
+def test_an_assumed_idle_floor_is_said_with_the_blocks_held(floor: int, said: str) -> None:
+    # the server's version is not known exactly: its idle floor is assumed
+    series = [replace(s, blocks_used=40.0 + floor, idle_floor_blocks=floor,
+                      idle_floor_exact=False) for s in at_idle(0.0)]
+    found = verdicts(series)
+    assert found[-1].reason == (f"40 blocks held (idle floor {said} assumed: server version "
+                                "not known exactly) with nothing running or waiting")
+    exact = verdicts([replace(s, idle_floor_exact=True) for s in series])
+    assert exact[-1].reason == "40 blocks held with nothing running or waiting"
