@@ -882,13 +882,17 @@ def test_an_idle_run_survives_a_silence_of_max_gap_s_not_more() -> None:
 
 
 def test_the_leak_rate_from_idle_spells_uses_the_last_sixteen() -> None:
-    # 20 idle spells 40 s apart: the first four held 300 blocks, then 40, 45, 50, ...
+    # 20 idle spells 40 s apart (each one's last idle scrape at 40 i + 20 s), the blocks held
+    # growing faster and faster: the rate is the Theil-Sen slope of the last 16 spells
+    held = [40.0 + 0.5 * i * i for i in range(20)]
     series = []
-    for i in range(20):
-        held = 300.0 if i < 4 else 40.0 + 5 * (i - 4)
-        series += idle_runs((40 * i, 40 * i + 30, held), (40 * i + 30, 40 * i + 40, 400.0))
+    for i, blocks in enumerate(held):
+        series += idle_runs((40 * i, 40 * i + 30, blocks), (40 * i + 30, 40 * i + 40, 400.0))
     found = verdicts(series)
-    assert found[-1].slope_blocks_per_hour == pytest.approx(5 / (40 / 3600))
+    hours = [(40 * i + 20) / 3600 for i in range(20)]
+    expected = theil_sen(hours[-16:], held[-16:], LeakParams().z)[0]
+    assert found[-1].slope_blocks_per_hour == pytest.approx(expected)
+    assert expected != pytest.approx(theil_sen(hours[-17:], held[-17:], LeakParams().z)[0])
 
 
 def test_a_restart_or_a_new_pool_size_starts_the_evidence_again() -> None:
