@@ -579,6 +579,8 @@ def test_a_gap_in_the_floor_evidence_up_to_floor_grace_s_keeps_its_age(pause_min
     series = [replace(s, finished_per_s={"stop": 0.0}) if pause[0] <= s.t - T0 < pause[1] else s
               for s in rising_floor(6, start_min=10, stop_min=999, minutes=45)]
     found = verdicts(series)
+    if kept:  # the gap never shows: the evidence is still seen
+        assert not any("not seen" in v.reason for v in found)
     before = found[34 * 60 // STEP].evidence["floor_evidence_s"]
     assert isinstance(before, float) and before > 600
     age = found[-1].evidence["floor_evidence_s"]
@@ -916,3 +918,43 @@ def test_an_assumed_idle_floor_is_said_with_the_blocks_held(floor: int, said: st
                                 "not known exactly) with nothing running or waiting")
     exact = verdicts([replace(s, idle_floor_exact=True) for s in series])
     assert exact[-1].reason == "40 blocks held with nothing running or waiting"
+
+
+def test_what_the_reason_says_while_blocks_held_at_idle_are_confirmed() -> None:
+    series = idle_runs((0, 30, 40.0), (30, 90, 300.0), (90, 120, 50.0))
+    reasons = [v.reason for v in verdicts(series)]
+    assert reasons[:3] == [
+        "40 blocks held with nothing running: confirming they are not in flight (0 s)",
+        "40 blocks held with nothing running: confirming they are not in flight (10 s)",
+        "40 blocks held at idle (confirming)"]
+    # idle again, not yet confirmed: what is held now, and what was at the last idle
+    assert reasons[9] == "50 blocks held with nothing running (confirming; 40 at the last idle)"
+    instant = verdicts(at_idle(40.0), LeakParams(idle_min_s=0, idle_min_scrapes=1))
+    assert instant[0].reason == "40 blocks held at idle (confirming)"
+    one_waiting = verdicts(at_idle(40.0, waiting=1.0))
+    assert one_waiting[-1].reason == ("40 blocks held with nothing running; 1 waiting requests "
+                                      "can't get blocks")
+
+
+def test_a_rising_floor_says_how_long_it_has_been_confirming_and_since_when_leak() -> None:
+    p = LeakParams()
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=40)
+    found = verdicts(series)
+    i = next(i for i, v in enumerate(found) if v.state == "watch")
+    assert found[i].reason.endswith("(confirming, 0 min)")
+    assert found[i + 60 // STEP].reason.endswith("(confirming, 1 min)")
+    leak = next(v for v in found if v.state == "leak")
+    assert leak.evidence["floor_evidence_s"] == p.leak_persist_s
+    assert leak.reason.endswith(f"for {p.leak_persist_s / 60:.0f} min")
+    queued = [replace(s, waiting=max(0.0, (s.t - T0 - 600) / 60)) for s in series]
+    sooner = next(v for v in verdicts(queued) if v.state == "leak")
+    assert sooner.evidence["floor_evidence_s"] == p.support_persist_s
+
+
+def test_a_held_verdict_says_what_was_seen_and_how_long_ago() -> None:
+    # a 12-block rise (WATCH), flat again from 16 min: WATCH holds watch_hold_s after it
+    series = rising_floor(2, start_min=10, stop_min=16, minutes=70)
+    found = verdicts(series)
+    held = [v.reason for v in found if v.state == "watch" and "; not seen for " in v.reason]
+    assert held and held[0].startswith("floor rising ")
+    assert held[-1].endswith("; not seen for 10 min")
