@@ -851,6 +851,7 @@ def test_blocks_held_at_idle_after_a_long_time_under_load_are_counted() -> None:
               + [replace(s, t=s.t + 20 * 60) for s in at_idle(40.0)])
     found = verdicts(series)
     assert found[-1].state == "leak" and found[-1].leaked_blocks == 40.0
+    assert found[20 * 60 // STEP].state == "ok"  # confirming, after the floor was judged
 
 
 def test_blocks_held_at_idle_are_watch_then_leak_once_held_idle_leak_s() -> None:
@@ -958,3 +959,21 @@ def test_a_held_verdict_says_what_was_seen_and_how_long_ago() -> None:
     held = [v.reason for v in found if v.state == "watch" and "; not seen for " in v.reason]
     assert held and held[0].startswith("floor rising ")
     assert held[-1].endswith("; not seen for 10 min")
+    seen = last(series, found, "watch")
+    assert seen is not None
+    last_evidence = max(s.t - T0 for s, v in zip(series, found, strict=True)
+                        if v.state == "watch" and "not seen" not in v.reason)
+    assert seen - last_evidence == LeakParams().watch_hold_s  # held exactly that long
+
+
+def test_leak_outlives_its_evidence_by_exactly_leak_hold_s() -> None:
+    p = LeakParams(leak_hold_s=900)
+    series = rising_floor(6, start_min=10, stop_min=16, minutes=75)
+    found = verdicts(series, p)
+    held = last(series, found, "leak")
+    assert held is not None
+    # the last LEAK-level evidence: neither held ("not seen") nor WATCH-level ("confirming")
+    last_evidence = max(s.t - T0 for s, v in zip(series, found, strict=True)
+                        if v.state == "leak" and "not seen" not in v.reason
+                        and "confirming" not in v.reason)
+    assert held - last_evidence == p.leak_hold_s
