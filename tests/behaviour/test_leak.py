@@ -977,3 +977,18 @@ def test_leak_outlives_its_evidence_by_exactly_leak_hold_s() -> None:
                         if v.state == "leak" and "not seen" not in v.reason
                         and "confirming" not in v.reason)
     assert held - last_evidence == p.leak_hold_s
+
+
+@pytest.mark.parametrize(("measure", "strip"), [("tokens", {}), ("running", {"prompt_tps": None})])
+def test_a_leak_on_a_growing_load_is_measured_apart_from_the_load(
+        measure: str, strip: dict[str, None]) -> None:
+    # the load grows by 10 requests an hour (40 blocks each, swinging), and 6 blocks a minute
+    # leak from minute 10: the leaked blocks are the leak's, within a few blocks
+    series = [replace(s, **strip, blocks_used=s.blocks_used + 6 * max(0.0, (s.t - T0) / 60 - 10))
+              for s in load_ramp()]
+    found = verdicts(series)
+    assert found[-1].evidence["load_measure"] == measure
+    for minute in (30, 40, 50, 59):
+        verdict = found[minute * 60 // STEP]
+        assert verdict.state == "leak"
+        assert verdict.leaked_blocks == pytest.approx(6 * (minute - 10), abs=3)
