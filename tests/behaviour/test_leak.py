@@ -992,3 +992,20 @@ def test_a_leak_on_a_growing_load_is_measured_apart_from_the_load(
         verdict = found[minute * 60 // STEP]
         assert verdict.state == "leak"
         assert verdict.leaked_blocks == pytest.approx(6 * (minute - 10), abs=3)
+
+
+def test_a_leak_while_requests_grow_longer_is_measured_apart_from_them() -> None:
+    # about 5 requests run, each twice as long (1200 -> 2400 tokens) by the hour's end and
+    # holding blocks in proportion; 6 blocks a minute leak from minute 10
+    series = []
+    for t in range(0, 60 * 60, STEP):
+        running = 5 + 2 * math.sin(t / 300)
+        prompt_tps = 500 + 600 * t / 3600
+        per_request = (prompt_tps + 100) / 0.5  # tokens over requests finished
+        used = (200 + 40 * running * per_request / 1200 + 20 * ((t // STEP) % 6)
+                + 6 * max(0.0, t / 60 - 10))
+        series.append(replace(scrape(t, used, running=running), prompt_tps=prompt_tps))
+    found = verdicts(series)
+    for minute in (50, 59):
+        assert found[minute * 60 // STEP].leaked_blocks == pytest.approx(6 * (minute - 10),
+                                                                         abs=15)
