@@ -1009,3 +1009,33 @@ def test_a_leak_while_requests_grow_longer_is_measured_apart_from_them() -> None
     for minute in (50, 59):
         assert found[minute * 60 // STEP].leaked_blocks == pytest.approx(6 * (minute - 10),
                                                                          abs=15)
+
+
+def test_without_a_fit_the_leaked_blocks_never_fall_once_the_leak_stops() -> None:
+    # 120 blocks leaked from minute 10 to 30, no fit (history_s below a bucket): the window's
+    # rise shrinks as it slides past the leak, but leaked blocks are never given back
+    series = rising_floor(6, start_min=10, stop_min=30, minutes=60)
+    found = verdicts(series, LeakParams(history_s=30))
+    estimates = [v.leaked_blocks for v in found[40 * 60 // STEP:]]
+    assert all(e is not None and e >= 120 for e in estimates)
+    assert estimates == sorted(estimates)
+
+
+def test_the_evidence_gives_what_was_used_and_held_and_an_ok_verdict_no_leak_figures() -> None:
+    held = verdicts(at_idle(40.0))[-1]
+    assert held.evidence["used"] == 40.0 and held.evidence["pool"] == 1000.0
+    assert held.evidence["units"] == "blocks" and held.evidence["idle_residual"] == 40.0
+    flat = verdicts(rising_floor(0, start_min=0, stop_min=0, minutes=20))
+    judged = [v for v in flat if v.state == "ok"]
+    assert judged and all((v.leaked_blocks, v.slope_blocks_per_hour, v.hours_to_full)
+                          == (None, None, None) for v in judged)
+    assert judged[-1].evidence["used"] == flat[-1].evidence["used"] == 400.0
+
+
+def test_a_clean_lump_has_no_rate_while_its_slope_is_flat() -> None:
+    # the Theil-Sen slope of a clean step starts at 0: WATCH with no rate, not "0 blocks/h"
+    series = [scrape(t, 300 + 20 * ((t // STEP) % 6) + (60 if t >= 25 * 60 else 0))
+              for t in range(0, 33 * 60, STEP)]
+    found = verdicts(series)
+    watch = next(v for v in found if v.state == "watch")
+    assert watch.slope_blocks_per_hour is None and watch.hours_to_full is None
