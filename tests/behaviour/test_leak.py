@@ -1025,6 +1025,9 @@ def test_the_evidence_gives_what_was_used_and_held_and_an_ok_verdict_no_leak_fig
     held = verdicts(at_idle(40.0))[-1]
     assert held.evidence["used"] == 40.0 and held.evidence["pool"] == 1000.0
     assert held.evidence["units"] == "blocks" and held.evidence["idle_residual"] == 40.0
+    usage_only = verdicts([EngineStats(model="m", engine="0", t=s.t, kv_usage=0.04, running=0.0,
+                                       waiting=0.0) for s in at_idle(0.0)])[-1]
+    assert usage_only.evidence["units"] == "fraction" and usage_only.evidence["pool"] == 1.0
     flat = verdicts(rising_floor(0, start_min=0, stop_min=0, minutes=20))
     judged = [v for v in flat if v.state == "ok"]
     assert judged and all((v.leaked_blocks, v.slope_blocks_per_hour, v.hours_to_full)
