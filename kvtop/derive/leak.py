@@ -412,7 +412,7 @@ class LeakDetector:
             return "ok", ""
         age = t - self._floor_since
         rate = f"floor rising {trend.slope:.0f} blocks/h under load, not explained by load"
-        if trend.step > max(trend.rise, 0.0):
+        if trend.step > 0 and trend.step >= trend.rise:  # a clean step's rise is the step
             rate = f"floor stepped up {trend.step:.0f} blocks under load, not explained by load"
         trusted = trend.turnover is not None and trend.load_measure != "none"
         rise = max(trend.rise, trend.step)

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvtop.derive.leak import LeakDetector, LeakParams, LeakVerdict
+from kvtop.derive.leak import LeakDetector, LeakParams, LeakVerdict, median, theil_sen
 from kvtop.derive.leak_estimate import (
     MIN_AFTER,
     MIN_POINTS,
@@ -443,3 +443,602 @@ def test_the_defaults_are_the_ones_the_documentation_gives() -> None:
     # what a user reads in docs/leak-detector.md before tuning kvtop.toml's [leak] table
     defaults = {f.name: f.default for f in dataclasses.fields(LeakParams)}
     assert documented_defaults() == pytest.approx(defaults)
+
+
+# -- the statistics the verdicts rest on ------------------------------------------------------
+
+def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert median([1.0, 2.0]) == 1.5
+    assert median([7.0]) == 7.0
+
+
+def pairwise_slopes(xs: list[float], ys: list[float]) -> list[float]:
+    return sorted((ys[j] - ys[i]) / (xs[j] - xs[i])
+                  for i in range(len(xs)) for j in range(i + 1, len(xs)))
+
+
+def test_theil_sen_is_the_median_slope_of_each_pair_of_points_once() -> None:
+    # pairs (0,1) (0,2) (1,2): slope 1; (0,3) 10/3, (1,3) 4.5, (2,3) 8: median (1 + 10/3) / 2
+    slope, _, _ = theil_sen([0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 10.0], 2.33)
+    assert slope == pytest.approx((1 + 10 / 3) / 2)
+
+
+def test_theil_sen_without_two_distinct_times_has_no_slope_and_no_bounds() -> None:
+    assert theil_sen([5.0], [1.0], 2.33) == (0.0, -math.inf, math.inf)
+    assert theil_sen([5.0, 5.0], [1.0, 9.0], 2.33) == (0.0, -math.inf, math.inf)
+
+
+# Sen's bounds (Sen 1968; Hollander & Wolfe): of the N = n(n-1)/2 ranked slopes, the lower
+# one is at (N - C) / 2 and the upper at (N + C) / 2 (0-based, rounded outwards), with
+# C = z * sqrt(n(n-1)(2n+5)/18), Kendall's S standard deviation. At z = 2.33, worked by hand:
+@pytest.mark.parametrize(("n", "low", "high"), [
+    (4, None, None),  # C = 6.86 > N = 6: unbounded both ways
+    (5, 0, None),  # N = 10, C = 9.51: the smallest slope; no upper bound
+    (6, 1, 14),  # N = 15, C = 12.40: the 2nd smallest and the largest
+    (10, 9, 36),  # N = 45, C = 26.05
+    (20, 59, 131),  # N = 190, C = 71.82
+    (31, 163, 302),  # N = 465, C = 137.09: a full trend window
+])
+def test_theil_sen_bounds_are_sens_at_the_given_quantile(n: int, low: int | None,
+                                                         high: int | None) -> None:
+    xs = [float(i) for i in range(n)]
+    ys = [1.3 ** i + 0.1 * i * i for i in range(n)]  # convex: every pairwise slope differs
+    slopes = pairwise_slopes(xs, ys)
+    assert len(set(slopes)) == len(slopes)
+    _, lower, upper = theil_sen(xs, ys, 2.33)
+    assert lower == (-math.inf if low is None else slopes[low])
+    assert upper == (math.inf if high is None else slopes[high])
+
+
+def test_a_wider_quantile_widens_the_bounds() -> None:
+    xs = [float(i) for i in range(20)]
+    ys = [1.3 ** i for i in range(20)]
+    slopes = pairwise_slopes(xs, ys)
+    _, lower, upper = theil_sen(xs, ys, 1.0)  # C = 30.82: ranks 79 and 111
+    assert (lower, upper) == (slopes[79], slopes[111])
+
+
+def test_with_a_short_history_the_leaked_blocks_follow_the_rise_since_the_evidence_began() -> None:
+    # history_s too short for the load-separated fit (a user's [leak] table): the estimate
+    # is the rise at the evidence's onset carried on at the slope, which keeps up with the
+    # leak after the trend window (30 min) has slid past its start at minute 10
+    params = LeakParams(history_s=180)
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=60)
+    found = verdicts(series, params)
+    for minute in (45, 50, 59):
+        verdict = found[minute * 60 // STEP]
+        assert verdict.state == "leak"
+        assert verdict.leaked_blocks == pytest.approx(6 * (minute - 10), rel=0.1)
+    # between two bucket closes it grows at the rate the verdict gives
+    i = 50 * 60 // STEP + 1
+    now, later = found[i], found[i + 1]
+    assert now.slope_blocks_per_hour is not None and later.leaked_blocks is not None
+    assert later.leaked_blocks - now.leaked_blocks == pytest.approx(
+        now.slope_blocks_per_hour * STEP / 3600)
+
+
+def idle_runs(*runs: tuple[int, int, float]) -> list[EngineStats]:
+    """(start s, end s, used): idle when used < 200 (nothing running), else under load."""
+    return [scrape(t, used, running=0.0 if used < 200 else 5.0)
+            for start, end, used in runs for t in range(start, end, STEP)]
+
+
+def test_blocks_held_at_idle_growing_from_one_idle_to_the_next_give_the_leak_rate() -> None:
+    # 40, 60, then 80 blocks held at three idle spells (each one's last scrape at 170 s,
+    # 400 s and 910 s): the rate is the median of the pairwise rates, once the spells span
+    # five minutes (the first two, 230 s apart, do not)
+    series = idle_runs((0, 180, 40.0), (180, 330, 300.0), (330, 410, 60.0),
+                       (410, 840, 300.0), (840, 920, 80.0))
+    found = verdicts(series)
+    assert all(v.slope_blocks_per_hour is None for v in found[:84])  # before the third spell
+    assert found[-1].state == "leak" and found[-1].leaked_blocks == 80.0
+    rates = sorted([20 / (230 / 3600), 40 / (740 / 3600), 20 / (510 / 3600)])
+    assert found[-1].slope_blocks_per_hour == pytest.approx(rates[1])
+    assert found[-1].hours_to_full == pytest.approx((1000 - 80) / rates[1])
+
+
+def test_a_leak_rate_from_idle_spells_needs_them_five_minutes_apart() -> None:
+    # the first spell's last idle scrape at 170 s, the second's reaching 470 s at last
+    series = idle_runs((0, 180, 40.0), (180, 420, 300.0), (420, 520, 60.0))
+    found = verdicts(series)
+    rated = [s.t - T0 for s, v in zip(series, found, strict=True)
+             if v.slope_blocks_per_hour is not None]
+    assert rated and rated[0] == 470
+    assert found[-1].slope_blocks_per_hour == pytest.approx(20 / ((510 - 170) / 3600))
+
+
+def test_the_leaked_blocks_keep_their_baseline_once_the_history_has_moved_past_it() -> None:
+    # history_s of 20 min: by minute 40 the buckets kept hold no level from before the leak
+    # (minute 10); the estimate still counts from the level the evidence began on
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=60)
+    found = verdicts(series, LeakParams(history_s=1200))
+    for minute in (40, 50, 59):
+        verdict = found[minute * 60 // STEP]
+        assert verdict.state == "leak"
+        assert verdict.leaked_blocks == pytest.approx(6 * (minute - 10), abs=6)
+
+
+def test_a_history_shorter_than_a_bucket_still_gives_the_leak_and_its_size() -> None:
+    # history_s below bucket_s keeps no bucket at all: no fit, the window's evidence alone
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=60)
+    found = verdicts(series, LeakParams(history_s=30))
+    assert found[-1].state == "leak"
+    assert found[-1].leaked_blocks == pytest.approx(6 * 49, rel=0.1)
+
+
+@pytest.mark.parametrize(("pause_min", "kept"), [(7, True), (8, False)])
+def test_a_gap_in_the_floor_evidence_up_to_floor_grace_s_keeps_its_age(pause_min: int,
+                                                                       kept: bool) -> None:
+    # no request finishes from minute 30: once the last ref_buckets (5) buckets saw none, the
+    # batch has not turned over and the rising floor is no evidence (the bucket closes at
+    # 35, 36, ... min); a gap of 3 min (= floor_grace_s) since the last evidence at 34 min
+    # keeps the evidence's age, a longer one starts it again
+    pause = (30 * 60, (30 + pause_min) * 60)
+    series = [replace(s, finished_per_s={"stop": 0.0}) if pause[0] <= s.t - T0 < pause[1] else s
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=45)]
+    found = verdicts(series)
+    if kept:  # the gap never shows: the evidence is still seen
+        assert not any("not seen" in v.reason for v in found)
+    before = found[34 * 60 // STEP].evidence["floor_evidence_s"]
+    assert isinstance(before, float) and before > 600
+    age = found[-1].evidence["floor_evidence_s"]
+    elapsed = series[-1].t - series[34 * 60 // STEP].t
+    assert age == (before + elapsed if kept else pytest.approx(300, abs=60))
+
+
+def test_a_small_pool_with_a_noisy_flat_floor_stays_ok() -> None:
+    # 64 blocks: 1 % of the pool (WATCH's rise) is under one block, far below the noise
+    rng = random.Random(1)
+    series = [scrape(t, 20 + rng.gauss(0, 2), total=64) for t in range(0, 60 * 60, STEP)]
+    assert {v.state for v in verdicts(series)} == {"warmup", "ok"}
+
+
+def falling_running(s: EngineStats) -> float:
+    return 5.0 - max(0.0, (s.t - T0 - 600) / 60) * 0.05  # 5 running, then fewer from 10 min
+
+
+@pytest.mark.parametrize("change", [
+    # running falls, but the pool is nowhere near full: no sign of a pool choked by a leak
+    lambda s: replace(s, running=falling_running(s)),
+    # the queue grows, but the server gives no generation throughput to call it flat
+    lambda s: replace(s, generation_tps=None, waiting=max(0.0, (s.t - T0 - 600) / 60)),
+    # a queue that comes and goes (1 to 5 waiting) without growing
+    lambda s: replace(s, waiting=float(1 + (s.t - T0) // STEP % 5)),
+    # the queue grows while the server generates more and more: demand, not a choked pool
+    lambda s: replace(s, waiting=max(0.0, (s.t - T0 - 600) / 60),
+                      generation_tps=100.0 + max(0.0, (s.t - T0 - 600) / 30),
+                      prompt_tps=500.0 - max(0.0, (s.t - T0 - 600) / 30)),
+    # no waiting count at all
+    lambda s: replace(s, waiting=None),
+], ids=["running-falls-pool-not-full", "queue-grows-throughput-unknown", "queue-steady",
+        "queue-grows-with-throughput", "waiting-unknown"])
+def test_what_is_no_consequence_of_a_leak_does_not_confirm_it_sooner(
+        change: Callable[[EngineStats], EngineStats]) -> None:
+    p = LeakParams()
+    series = [change(s) for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+    assert found[-1].evidence["consequences"] == "none"
+
+
+def test_a_rising_floor_while_the_pool_peaks_full_and_running_falls_is_leak_sooner() -> None:
+    # the pool's peaks reach 95 % of it while fewer requests run: leaked blocks crowd them out
+    p = LeakParams()
+    series = [replace(s, blocks_used=s.blocks_used + 110 * ((s.t - T0) // STEP % 6),
+                      running=falling_running(s))
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.support_persist_s, abs=p.bucket_s)
+    assert next(v for v in found if v.state == "leak").reason.endswith(
+        "with pool pinned full while running falls")
+
+
+@pytest.mark.parametrize(("early", "late", "running", "sooner"), [
+    (0.1, 0.25, 5.0, True),  # 2.5 times the preemptions at the same load
+    (0.0, 0.015, 5.0, True),  # about one a minute where there were none
+    (0.0, 0.5, 7.5, False),  # more preemptions with half as much load again: the load's doing
+], ids=["same-load", "from-none", "more-load"])
+def test_more_preemptions_confirm_a_rising_floor_only_at_the_same_load(
+        early: float, late: float, running: float, sooner: bool) -> None:
+    p = LeakParams()
+    series = [replace(s, preemptions_per_s=early, running=5.0) if s.t - T0 < 600
+              else replace(s, preemptions_per_s=late, running=running)
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    persist = p.support_persist_s if sooner else p.leak_persist_s
+    assert leak - watch == pytest.approx(persist, abs=p.bucket_s)
+    reason = next(v for v in found if v.state == "leak").reason
+    assert reason.endswith("with preemptions up at the same load") == sooner
+
+
+def test_a_pool_whose_peaks_reached_full_lately_counts_as_pinned() -> None:
+    # the peaks reach 95 % of the pool only in the last five minutes (of a 55 min series)
+    series = [replace(s, blocks_used=s.blocks_used + 60 * ((s.t - T0) // STEP % 6),
+                      running=falling_running(s))
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=55)]
+    found = verdicts(series)
+    assert found[-1].evidence["consequences"] == "pool pinned full while running falls"
+    early = found[45 * 60 // STEP].evidence["consequences"]
+    assert early == "none"
+
+
+@pytest.mark.parametrize("level", [
+    lambda t: 960 + 20 * ((t // STEP) % 2),  # 96-98 % used
+    lambda t: 950,  # exactly pinned_frac (95 %) of the pool: full
+], ids=["96-98%", "95%"])
+def test_a_pool_pinned_full_under_load_is_ok_and_says_since_when(
+        level: Callable[[int], float]) -> None:
+    # full from the first scrape: the level cannot rise, so it cannot show a leak
+    series = [scrape(t, level(t)) for t in range(0, 30 * 60, STEP)]
+    found = verdicts(series)
+    reasons = {s.t - T0: v.reason for s, v in zip(series, found, strict=True)}
+    assert {v.state for v in found} == {"warmup", "ok"}
+    # pinned since the bucket of minute 11, the first with enough buckets to judge
+    assert reasons[12 * 60] == ("KV pool pinned full under load: its level cannot show a "
+                                "leak (for 60 s)")
+    assert reasons[27 * 60].endswith("(for 16 min)")
+
+
+def test_a_leak_that_fills_the_pool_stays_leak_while_the_pool_is_full() -> None:
+    # 20 blocks a minute from minute 10: the pool is full (95 %) from minute 40 and its level
+    # says nothing more; the evidence found before stands, and its age goes on
+    series = [replace(s, blocks_used=min(s.blocks_used, 985.0))
+              for s in rising_floor(20, start_min=10, stop_min=999, minutes=75)]
+    found = verdicts(series)
+    since = first(series, found, "leak")
+    assert since is not None
+    after = [v for s, v in zip(series, found, strict=True) if s.t - T0 >= since]
+    assert {v.state for v in after} == {"leak"}
+    assert all(v.reason.startswith("floor rising") and "not seen" not in v.reason
+               for v in after)
+    assert found[-1].reason.endswith(f"for {(series[-1].t - T0 - 18 * 60) / 60:.0f} min")
+
+
+@pytest.mark.parametrize("leaked", [140.0, 0.0])
+def test_a_leak_hidden_by_a_falling_load_is_found(leaked: float) -> None:
+    # running falls from ~9 to ~5 over half an hour (40 blocks a request), while `leaked`
+    # blocks leak in the same time: the level itself even falls a little, but it does not
+    # give back all the load's blocks
+    series = []
+    for t in range(0, 60 * 60, STEP):
+        done = min(t / 1800, 1.0)
+        running = 9 - 4 * done + 1.5 * math.sin(t / 200)
+        used = 200 + 40 * running + leaked * done + 20 * ((t // STEP) % 6)
+        series.append(scrape(t, used, running=running))
+    found = verdicts(series)
+    assert found[30 * 60 // STEP].evidence["raw_floor_slope_per_h"] < 0
+    assert ("leak" in {v.state for v in found}) == (leaked > 0)
+
+
+@pytest.mark.parametrize(("step_z", "after"), [(LeakParams().step_z, 6), (3.7, 6), (3.0, 5)])
+def test_a_clean_lump_is_a_step_once_the_rank_test_is_sure_of_it(step_z: float,
+                                                                 after: int) -> None:
+    # 60 blocks leaked at once at minute 25 under a steady load, no noise: a rank test of the
+    # 24 closed buckets before it against `after` buckets of it reaches step_z (Mann-Whitney
+    # z = 3.73 at 6 after, 3.46 at 5, 3.15 at 4); the reason tells a step, not a slope of
+    # 0 blocks/h (the Theil-Sen slope of a clean step)
+    series = [scrape(t, 300 + 20 * ((t // STEP) % 6) + (60 if t >= 25 * 60 else 0))
+              for t in range(0, 40 * 60, STEP)]
+    found = verdicts(series, LeakParams(step_z=step_z))
+    assert first(series, found, "watch") == (25 + after) * 60
+    raised = [v for v in found if v.state in ("watch", "leak")]
+    assert all(v.reason.startswith("floor stepped up 60 blocks under load") for v in raised)
+
+
+@pytest.mark.parametrize(("finished", "states"), [
+    (None, {"warmup", "ok", "watch"}),  # no finished-request counter: never confirmed
+    ({"stop": 2 / 300}, {"warmup", "ok"}),  # 2 requests finish in 5 min, 5 running: a stall
+    ({"stop": 1 / 45}, {"warmup", "ok", "watch", "leak"}),  # 6.7 in 5 min: turned over
+], ids=["unknown", "too-few", "enough"])
+def test_a_rising_floor_counts_once_the_batch_has_turned_over(
+        finished: dict[str, float] | None, states: set[str]) -> None:
+    # turnover: requests finished over the most running, at least turnover_min (3) times in
+    # the window and lately (3 x the last ref_buckets' own)
+    series = [replace(s, finished_per_s=finished)
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    assert {v.state for v in verdicts(series)} == states
+
+
+def test_a_server_without_a_preemption_counter_gets_its_leak_found() -> None:
+    p = LeakParams()
+    series = [replace(s, preemptions_per_s=None)
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+
+
+def test_what_the_load_explains_is_measured_through_noise_and_nothing_without_a_change() -> None:
+    # 40 blocks a running request (of 1200 tokens each), the level noisy (15 blocks)
+    rng = random.Random(5)
+    noisy = [replace(s, blocks_used=s.blocks_used + rng.gauss(0, 15)) for s in load_ramp()]
+    found = verdicts(noisy)
+    assert {v.state for v in found} <= {"warmup", "ok"}
+    assert found[-1].evidence["blocks_per_load"] == pytest.approx(40 / 1200, rel=0.1)
+    # a load that never changes explains none of the floor's rise
+    steady = verdicts(rising_floor(6, start_min=10, stop_min=999, minutes=40))
+    assert steady[-1].evidence["blocks_per_load"] == 0.0
+    assert steady[-1].evidence["floor_slope_per_h"] == steady[-1].evidence["raw_floor_slope_per_h"]
+
+
+def test_the_evidence_gives_the_floors_and_the_loads_own_slopes() -> None:
+    # a steady leak of 6 blocks a minute at a steady load, at minute 40
+    steady = verdicts(rising_floor(6, start_min=10, stop_min=999, minutes=40))[-1]
+    assert steady.slope_blocks_per_hour == pytest.approx(360)
+    assert steady.evidence["floor_slope_per_h"] == pytest.approx(360)
+    assert steady.evidence["raw_floor_slope_per_h"] == pytest.approx(360)
+    assert steady.evidence["load_slope_per_h"] == 0.0
+    # the median floor of the last ref_buckets closed buckets (34-38 min): 300 + 6 x 26
+    assert steady.evidence["floor_now"] == 456.0
+    # no leak; the load grows 10 requests an hour (1200 tokens each), 40 blocks a request;
+    # the load and the level both noisy
+    rng = random.Random(1)
+    series = []
+    for t in range(0, 40 * 60, STEP):
+        running = 5 + 10 * t / 3600 + rng.gauss(0, 0.5)
+        used = 200 + 40 * running + 20 * ((t // STEP) % 6) + rng.gauss(0, 10)
+        series.append(scrape(t, used, running=running))
+    ramp = verdicts(series)[-1]
+    assert ramp.state == "ok"
+    assert ramp.evidence["load_slope_per_h"] == pytest.approx(10 * 1200, rel=0.02)
+    assert ramp.evidence["raw_floor_slope_per_h"] == pytest.approx(10 * 40, rel=0.05)
+
+
+def test_before_any_pool_and_until_the_trend_can_be_judged_it_is_warmup() -> None:
+    detector = LeakDetector()
+    assert detector.verdict == LeakVerdict("warmup", "no scrape yet", None, None, None, {})
+    no_pool = EngineStats(model="m", engine="0", t=T0, running=1.0)  # no KV figures at all
+    assert detector.update(no_pool) == detector.verdict
+    assert detector.verdict.state == "warmup" and detector.verdict.reason == "no scrape yet"
+    first_scrape = detector.update(scrape(0, 300.0))
+    assert (first_scrape.state, first_scrape.reason) == ("warmup", "collecting data")
+
+
+@pytest.mark.parametrize(("min_buckets", "min_span_s", "judged_at"), [
+    (10, 600.0, 720),  # buckets 1-11 (the first, partial one left out) span 600 s
+    (10, 60.0, 660),  # ten buckets, 1-10
+    (3, 60.0, 240),
+    (2, 60.0, 240),  # never fewer than three
+])
+def test_the_floor_is_judged_once_enough_buckets_span_enough_time(
+        min_buckets: int, min_span_s: float, judged_at: int) -> None:
+    series = rising_floor(0, start_min=0, stop_min=0, minutes=15)
+    found = verdicts(series, LeakParams(trend_min_buckets=min_buckets,
+                                        trend_min_span_s=min_span_s))
+    assert first(series, found, "ok") == judged_at
+    assert {v.state for v in found[:judged_at // STEP]} == {"warmup"}
+
+
+def test_a_buckets_floor_is_its_least_used_blocks_wherever_in_the_minute() -> None:
+    # within each minute the level falls by 40 blocks a scrape: the least is at its end
+    series = [replace(s, blocks_used=s.blocks_used - 40 * ((s.t - T0) // STEP % 6))
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series)
+    # the median floor of the 34-38 min buckets, 36 min's at its last scrape (36:50):
+    # 300 + 6 x (26 + 5/6) + (20 - 40) x 5
+    assert found[-1].evidence["floor_now"] == pytest.approx(361)
+    assert found[-1].slope_blocks_per_hour == pytest.approx(360)
+
+
+def test_rates_over_one_second_windows_still_count() -> None:
+    # a poller reading every second: each scrape's rates cover one second
+    p = LeakParams()
+    series = [replace(s, window_s=1.0)
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+
+
+def test_with_no_idle_span_asked_blocks_held_at_the_first_idle_scrape_are_watch() -> None:
+    found = verdicts(at_idle(40.0), LeakParams(idle_min_s=0, idle_min_scrapes=1))
+    assert found[0].state == "watch" and found[0].leaked_blocks == 40.0
+
+
+def test_blocks_held_at_idle_after_a_long_time_under_load_are_counted() -> None:
+    # 20 min under a steady load (the floor trend judged flat), then 40 blocks held at idle
+    series = (rising_floor(0, start_min=0, stop_min=0, minutes=20)
+              + [replace(s, t=s.t + 20 * 60) for s in at_idle(40.0)])
+    found = verdicts(series)
+    assert found[-1].state == "leak" and found[-1].leaked_blocks == 40.0
+    assert found[20 * 60 // STEP].state == "ok"  # confirming, after the floor was judged
+
+
+def test_blocks_held_at_idle_are_watch_then_leak_once_held_idle_leak_s() -> None:
+    # confirmed at 20 s (idle_min_s over idle_min_scrapes), LEAK at 60 s (idle_leak_s)
+    found = verdicts(at_idle(40.0))
+    assert [v.state for v in found[:8]] == ["warmup", "warmup", "watch", "watch", "watch",
+                                            "watch", "leak", "leak"]
+    instant = verdicts(at_idle(40.0), LeakParams(idle_min_s=0, idle_min_scrapes=1))
+    assert [v.state for v in instant[:8]] == ["watch"] * 6 + ["leak"] * 2
+    # exactly the threshold held is nothing, even confirmed at once
+    at_threshold = verdicts(at_idle(LeakParams().residual_min_blocks),
+                            LeakParams(idle_min_s=0, idle_min_scrapes=1))
+    assert {v.state for v in at_threshold} == {"ok"}
+
+
+def test_a_second_short_idle_spell_with_blocks_held_is_a_leak() -> None:
+    # 30 s idle (WATCH: a step-end straggler?), load, 30 s idle again: no straggler twice
+    series = idle_runs((0, 30, 40.0), (30, 90, 300.0), (90, 120, 40.0))
+    found = verdicts(series)
+    assert found[2].state == "watch"
+    assert found[-1].state == "leak" and found[-1].reason.startswith("40 blocks held with")
+
+
+def test_an_idle_run_survives_a_silence_of_max_gap_s_not_more() -> None:
+    p = LeakParams()
+    gap = int(p.max_gap_s)
+    held = [scrape(t, 40.0, running=0.0) for t in (0, gap, 2 * gap)]
+    assert verdicts(held)[-1].state == "leak"
+    broken = [scrape(t, 40.0, running=0.0) for t in (0, gap + 10, 2 * gap + 20)]
+    assert {v.state for v in verdicts(broken)} == {"warmup"}
+
+
+def test_the_leak_rate_from_idle_spells_uses_the_last_sixteen() -> None:
+    # 20 idle spells 40 s apart (each one's last idle scrape at 40 i + 20 s), the blocks held
+    # growing faster and faster: the rate is the Theil-Sen slope of the last 16 spells
+    held = [40.0 + 0.4 * i * i for i in range(20)]  # below 200: idle_runs keeps them idle
+    series = []
+    for i, blocks in enumerate(held):
+        series += idle_runs((40 * i, 40 * i + 30, blocks), (40 * i + 30, 40 * i + 40, 400.0))
+    found = verdicts(series)
+    hours = [(40 * i + 20) / 3600 for i in range(20)]
+    expected = theil_sen(hours[-16:], held[-16:], LeakParams().z)[0]
+    assert found[-1].slope_blocks_per_hour == pytest.approx(expected)
+    assert expected != pytest.approx(theil_sen(hours[-17:], held[-17:], LeakParams().z)[0])
+
+
+def test_a_restart_or_a_new_pool_size_starts_the_evidence_again() -> None:
+    held = at_idle(40.0)
+    assert verdicts(held)[-1].state == "leak"
+    restarted = [*held, replace(scrape(180, 300.0), restarted=True)]
+    after = verdicts(restarted)[-1]
+    assert (after.state, after.reason) == ("warmup", "server restarted: evidence reset")
+    resized = [*held, scrape(180, 300.0, total=2000)]
+    after = verdicts(resized)[-1]
+    assert (after.state, after.reason) == ("warmup", "pool size changed: evidence reset")
+
+
+@pytest.mark.parametrize(("floor", "said"), [(1, "1 block"), (2, "2 blocks")])
+def test_an_assumed_idle_floor_is_said_with_the_blocks_held(floor: int, said: str) -> None:
+    # the server's version is not known exactly: its idle floor is assumed
+    series = [replace(s, blocks_used=40.0 + floor, idle_floor_blocks=floor,
+                      idle_floor_exact=False) for s in at_idle(0.0)]
+    found = verdicts(series)
+    assert found[-1].reason == (f"40 blocks held (idle floor {said} assumed: server version "
+                                "not known exactly) with nothing running or waiting")
+    exact = verdicts([replace(s, idle_floor_exact=True) for s in series])
+    assert exact[-1].reason == "40 blocks held with nothing running or waiting"
+
+
+def test_what_the_reason_says_while_blocks_held_at_idle_are_confirmed() -> None:
+    series = idle_runs((0, 30, 40.0), (30, 90, 300.0), (90, 120, 50.0))
+    reasons = [v.reason for v in verdicts(series)]
+    assert reasons[:3] == [
+        "40 blocks held with nothing running: confirming they are not in flight (0 s)",
+        "40 blocks held with nothing running: confirming they are not in flight (10 s)",
+        "40 blocks held at idle (confirming)"]
+    # idle again, not yet confirmed: what is held now, and what was at the last idle
+    assert reasons[9] == "50 blocks held with nothing running (confirming; 40 at the last idle)"
+    instant = verdicts(at_idle(40.0), LeakParams(idle_min_s=0, idle_min_scrapes=1))
+    assert instant[0].reason == "40 blocks held at idle (confirming)"
+    one_waiting = verdicts(at_idle(40.0, waiting=1.0))
+    assert one_waiting[-1].reason == ("40 blocks held with nothing running; 1 waiting requests "
+                                      "can't get blocks")
+
+
+def test_a_rising_floor_says_how_long_it_has_been_confirming_and_since_when_leak() -> None:
+    p = LeakParams()
+    series = rising_floor(6, start_min=10, stop_min=999, minutes=40)
+    found = verdicts(series)
+    i = next(i for i, v in enumerate(found) if v.state == "watch")
+    assert found[i].reason.endswith("(confirming, 0 min)")
+    assert found[i + 60 // STEP].reason.endswith("(confirming, 1 min)")
+    leak = next(v for v in found if v.state == "leak")
+    assert leak.evidence["floor_evidence_s"] == p.leak_persist_s
+    assert leak.reason.endswith(f"for {p.leak_persist_s / 60:.0f} min")
+    queued = [replace(s, waiting=max(0.0, (s.t - T0 - 600) / 60)) for s in series]
+    sooner = next(v for v in verdicts(queued) if v.state == "leak")
+    assert sooner.evidence["floor_evidence_s"] == p.support_persist_s
+
+
+def test_a_held_verdict_says_what_was_seen_and_how_long_ago() -> None:
+    # a 12-block rise (WATCH), flat again from 16 min: WATCH holds watch_hold_s after it
+    series = rising_floor(2, start_min=10, stop_min=16, minutes=70)
+    found = verdicts(series)
+    held = [v.reason for v in found if v.state == "watch" and "; not seen for " in v.reason]
+    assert held and held[0].startswith("floor rising ")
+    assert held[-1].endswith("; not seen for 10 min")
+    seen = last(series, found, "watch")
+    assert seen is not None
+    last_evidence = max(s.t - T0 for s, v in zip(series, found, strict=True)
+                        if v.state == "watch" and "not seen" not in v.reason)
+    assert seen - last_evidence == LeakParams().watch_hold_s  # held exactly that long
+
+
+def test_leak_outlives_its_evidence_by_exactly_leak_hold_s() -> None:
+    p = LeakParams(leak_hold_s=900)
+    series = rising_floor(6, start_min=10, stop_min=16, minutes=75)
+    found = verdicts(series, p)
+    held = last(series, found, "leak")
+    assert held is not None
+    # the last LEAK-level evidence: neither held ("not seen") nor WATCH-level ("confirming")
+    last_evidence = max(s.t - T0 for s, v in zip(series, found, strict=True)
+                        if v.state == "leak" and "not seen" not in v.reason
+                        and "confirming" not in v.reason)
+    assert held - last_evidence == p.leak_hold_s
+
+
+@pytest.mark.parametrize(("measure", "strip"), [("tokens", {}), ("running", {"prompt_tps": None})])
+def test_a_leak_on_a_growing_load_is_measured_apart_from_the_load(
+        measure: str, strip: dict[str, None]) -> None:
+    # the load grows by 10 requests an hour (40 blocks each, swinging), and 6 blocks a minute
+    # leak from minute 10: the leaked blocks are the leak's, within a few blocks
+    series = [replace(s, **strip, blocks_used=s.blocks_used + 6 * max(0.0, (s.t - T0) / 60 - 10))
+              for s in load_ramp()]
+    found = verdicts(series)
+    assert found[-1].evidence["load_measure"] == measure
+    for minute in (30, 40, 50, 59):
+        verdict = found[minute * 60 // STEP]
+        assert verdict.state == "leak"
+        assert verdict.leaked_blocks == pytest.approx(6 * (minute - 10), abs=3)
+
+
+def test_a_leak_while_requests_grow_longer_is_measured_apart_from_them() -> None:
+    # about 5 requests run, each twice as long (1200 -> 2400 tokens) by the hour's end and
+    # holding blocks in proportion; 6 blocks a minute leak from minute 10
+    series = []
+    for t in range(0, 60 * 60, STEP):
+        running = 5 + 2 * math.sin(t / 300)
+        prompt_tps = 500 + 600 * t / 3600
+        per_request = (prompt_tps + 100) / 0.5  # tokens over requests finished
+        used = (200 + 40 * running * per_request / 1200 + 20 * ((t // STEP) % 6)
+                + 6 * max(0.0, t / 60 - 10))
+        series.append(replace(scrape(t, used, running=running), prompt_tps=prompt_tps))
+    found = verdicts(series)
+    for minute in (50, 59):
+        assert found[minute * 60 // STEP].leaked_blocks == pytest.approx(6 * (minute - 10),
+                                                                         abs=15)
+
+
+def test_without_a_fit_the_leaked_blocks_never_fall_once_the_leak_stops() -> None:
+    # 120 blocks leaked from minute 10 to 30, no fit (history_s below a bucket): the window's
+    # rise shrinks as it slides past the leak, but leaked blocks are never given back
+    series = rising_floor(6, start_min=10, stop_min=30, minutes=60)
+    found = verdicts(series, LeakParams(history_s=30))
+    estimates = [v.leaked_blocks for v in found[40 * 60 // STEP:]]
+    assert all(e is not None and e >= 120 for e in estimates)
+    assert estimates == sorted(estimates)
+
+
+def test_the_evidence_gives_what_was_used_and_held_and_an_ok_verdict_no_leak_figures() -> None:
+    held = verdicts(at_idle(40.0))[-1]
+    assert held.evidence["used"] == 40.0 and held.evidence["pool"] == 1000.0
+    assert held.evidence["units"] == "blocks" and held.evidence["idle_residual"] == 40.0
+    usage_only = verdicts([EngineStats(model="m", engine="0", t=s.t, kv_usage=0.04, running=0.0,
+                                       waiting=0.0) for s in at_idle(0.0)])[-1]
+    assert usage_only.evidence["units"] == "fraction" and usage_only.evidence["pool"] == 1.0
+    flat = verdicts(rising_floor(0, start_min=0, stop_min=0, minutes=20))
+    judged = [v for v in flat if v.state == "ok"]
+    assert judged and all((v.leaked_blocks, v.slope_blocks_per_hour, v.hours_to_full)
+                          == (None, None, None) for v in judged)
+    assert judged[-1].evidence["used"] == flat[-1].evidence["used"] == 400.0
+
+
+def test_a_clean_lump_has_no_rate_while_its_slope_is_flat() -> None:
+    # the Theil-Sen slope of a clean step starts at 0: WATCH with no rate, not "0 blocks/h"
+    series = [scrape(t, 300 + 20 * ((t // STEP) % 6) + (60 if t >= 25 * 60 else 0))
+              for t in range(0, 33 * 60, STEP)]
+    found = verdicts(series)
+    watch = next(v for v in found if v.state == "watch")
+    assert watch.slope_blocks_per_hour is None and watch.hours_to_full is None
