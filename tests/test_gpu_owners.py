@@ -6,28 +6,22 @@ from __future__ import annotations
 
 import pytest
 
-from kvtop.collect.exposition import parse
 from kvtop.collect.gpu import MIB
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.gpu_owners import gpu_views, owned_memory, target_host, view_json
-from kvtop.derive.tracker import TargetState, TargetTracker
-from tests.gpu_fixtures import DCGM_MIG, DCGM_POD, DCGM_T4, NVIDIA_SMI_H100, gpu_fixture
+from kvtop.derive.tracker import TargetTracker
+from tests.gpu_fixtures import (
+    DCGM_MIG,
+    DCGM_POD,
+    DCGM_T4,
+    NVIDIA_SMI_H100,
+    gpu_fixture,
+    prometheus_state,
+)
+from tests.gpu_fixtures import server_state as state
 from tests.paths import fixture_text
 
 VLLM = "vllm-0.33.0-v1-twin-under-load.txt"
-
-
-def state(spec: str, body: str, *, name: str | None = None) -> TargetState:
-    target = Target.from_spec(spec, name=name)
-    return TargetTracker(target).update(Scrape(target, 1.0, body))
-
-
-def prometheus_state(instance: str, body: str, **labels: str) -> TargetState:
-    """A server as Prometheus hands it on: its samples carry the target labels (pod...)."""
-    added = "".join(f'{k}="{v}",' for k, v in labels.items())
-    target = Target(f"http://prom:9090#vllm/{instance}", name=instance, group="vllm")
-    samples = parse(body.replace("{", "{" + added))
-    return TargetTracker(target).update(Scrape(target, 1.0, samples=samples))
 
 
 def owners_of(views, index: int = 0) -> list[tuple[str, str]]:

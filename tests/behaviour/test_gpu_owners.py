@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from kvtop.collect.exposition import parse
 from kvtop.collect.gpu import MIB, GpuProcess, GpuReading
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.gpu_owners import (
@@ -22,26 +21,14 @@ from kvtop.derive.gpu_owners import (
     local_ports,
     owned_memory,
 )
-from kvtop.derive.tracker import TargetState, TargetTracker
+from kvtop.derive.tracker import TargetTracker
 from kvtop.headless.gpus import gpu_report
 from tests.fakes.fake_nvml import GIB, FakeGpuReader
-from tests.gpu_fixtures import DCGM_T4, gpu_fixture
+from tests.gpu_fixtures import DCGM_T4, gpu_fixture, prometheus_state
+from tests.gpu_fixtures import server_state as state
 from tests.paths import fixture_text
 
 VLLM = fixture_text("vllm-0.33.0-v1-twin-under-load.txt")
-
-
-def state(spec: str, body: str, *, name: str | None = None) -> TargetState:
-    target = Target.from_spec(spec, name=name)
-    return TargetTracker(target).update(Scrape(target, 1.0, body))
-
-
-def via_prometheus(instance: str, body: str, **labels: str) -> TargetState:
-    """A server as Prometheus hands it on: every series carries the target's labels."""
-    added = "".join(f'{k}="{v}",' for k, v in labels.items())
-    target = Target(f"http://prom:9090#vllm/{instance}", name=instance, group="vllm")
-    samples = parse(body.replace("{", "{" + added))
-    return TargetTracker(target).update(Scrape(target, 1.0, samples=samples))
 
 
 @pytest.fixture
@@ -155,8 +142,8 @@ def test_a_mig_instance_counts_for_a_server_unless_it_counts_the_whole_gpu() -> 
     # A (the node's own address, hostNetwork) and B (the pod's address) serve in pod "p";
     # GPU 0 is on A's node: A counts the whole GPU, B its instance. GPU 1 is on a node
     # with no server: nobody counts it whole, so both count its instance.
-    a = via_prometheus("node-a:8000", VLLM, pod="p", namespace="prod")
-    b = via_prometheus("10.0.0.5:8001", VLLM, pod="p", namespace="prod")
+    a = prometheus_state("node-a:8000", VLLM, pod="p", namespace="prod")
+    b = prometheus_state("10.0.0.5:8001", VLLM, pod="p", namespace="prod")
     exporter = state("10.0.0.9:9400", mig_gpu("0", "node-a", "p") + mig_gpu("1", "node-b", "p"))
     views = gpu_views([], {}, [a, b, exporter])
     assert [(v.gpu.index, v.gpu.mig_instance, [o.url for o in v.owners]) for v in views] == [
@@ -170,9 +157,9 @@ def test_a_mig_instance_counts_for_a_server_unless_it_counts_the_whole_gpu() -> 
 
 def test_a_pod_is_matched_with_or_without_a_namespace_and_a_server_without_one_by_host(
         ) -> None:
-    in_pod = via_prometheus("10.0.0.5:8000", "vllm:num_requests_running"
+    in_pod = prometheus_state("10.0.0.5:8000", "vllm:num_requests_running"
                             '{model_name="m"} 1\n', pod="bar")  # one series, no namespace
-    plain = via_prometheus("10.0.0.9:8001", VLLM)  # no pod label: only its host can match
+    plain = prometheus_state("10.0.0.9:8001", VLLM)  # no pod label: only its host can match
     exporter = state("10.0.0.9:9400", gpu_fixture("dcgm-datadog-pod-labels.txt"))
     (view,) = gpu_views([], {}, [in_pod, plain, exporter])
     assert [(o.url, o.by) for o in view.owners] == [(in_pod.target.url, "pod")]
