@@ -628,7 +628,10 @@ def _loads(buckets: list[_Bucket], span: int) -> tuple[list[float], str]:
 def _per_load(levels: list[float], loads: list[float], z: float) -> float:
     """Blocks per unit of load, from bucket-to-bucket changes: a leak adds blocks at a pace
     unrelated to the load's ups and downs, so it barely biases this slope."""
-    d_load = [b - a for a, b in pairwise(loads)]
+    # a load steady but for float rounding (rates like 2/300 a second) has changes of ~1e-12
+    # of itself: read as changes, the slope over them comes out at ~1e10 blocks per unit
+    noise = 1e-9 * max((abs(load) for load in loads), default=0.0)
+    d_load = [0.0 if abs(b - a) <= noise else b - a for a, b in pairwise(loads)]
     d_level = [b - a for a, b in pairwise(levels)]
     if not any(d_load):
         return 0.0

@@ -770,6 +770,16 @@ def test_what_the_load_explains_is_measured_through_noise_and_nothing_without_a_
     assert steady[-1].evidence["floor_slope_per_h"] == steady[-1].evidence["raw_floor_slope_per_h"]
 
 
+def test_a_load_steady_but_for_float_rounding_explains_nothing() -> None:
+    # 2/300 requests finished a second: the load (tokens a request from rates) differs from
+    # bucket to bucket by ~1e-12 of itself; the slope over such changes read ~3e10 blocks
+    series = [replace(s, finished_per_s={"stop": 2 / 300})
+              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    evidence = verdicts(series)[-1].evidence
+    assert evidence["blocks_per_load"] == 0.0
+    assert evidence["floor_slope_per_h"] == evidence["raw_floor_slope_per_h"]
+
+
 def test_the_evidence_gives_the_floors_and_the_loads_own_slopes() -> None:
     # a steady leak of 6 blocks a minute at a steady load, at minute 40
     steady = verdicts(rising_floor(6, start_min=10, stop_min=999, minutes=40))[-1]
