@@ -172,11 +172,12 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the headless modules below were first scored on 2026-12-02; each takes the tests that reach
     # it in this process (coverage by test). `kvtop record` (record_command.py) is reached only
     # through a subprocess, so it is not listed; nor are the slow simulations of tests/baseline
-    "kvtop/headless/table.py": ("tests/behaviour/test_headless.py",
+    "kvtop/headless/table.py": ("tests/behaviour/test_headless.py", "tests/behaviour/test_table.py",
                                 "tests/hostile/test_headless_display.py::"
                                 "test_the_table_never_reads_labels_as_markup"),
     "kvtop/headless/gpus.py": ("tests/behaviour/test_gpu_owners.py",
-                               "tests/behaviour/test_headless.py"),
+                               "tests/behaviour/test_headless.py",
+                               "tests/behaviour/test_headless_gpus.py"),
     "kvtop/headless/prometheus_commands.py": ("tests/test_prometheus_unit.py",),
     "kvtop/headless/baseline_text.py": ("tests/baseline/test_commands.py",
                                         "tests/baseline/test_compare_sim.py::"
