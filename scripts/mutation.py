@@ -178,7 +178,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/headless/gpus.py": ("tests/behaviour/test_gpu_owners.py",
                                "tests/behaviour/test_headless.py",
                                "tests/behaviour/test_headless_gpus.py"),
-    "kvtop/headless/prometheus_commands.py": ("tests/test_prometheus_unit.py",),
+    "kvtop/headless/prometheus_commands.py": ("tests/test_prometheus_unit.py",
+                                              "tests/behaviour/test_prometheus_commands.py"),
     "kvtop/headless/baseline_text.py": ("tests/baseline/test_commands.py",
                                         "tests/baseline/test_compare_sim.py::"
                                         "test_text_output_names_the_change_first"),
