@@ -180,7 +180,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                                "tests/behaviour/test_headless_gpus.py"),
     "kvtop/headless/prometheus_commands.py": ("tests/test_prometheus_unit.py",
                                               "tests/behaviour/test_prometheus_commands.py"),
-    "kvtop/headless/baseline_text.py": ("tests/baseline/test_commands.py",
+    "kvtop/headless/baseline_text.py": ("tests/behaviour/test_baseline_text.py",
+                                        "tests/baseline/test_commands.py",
                                         "tests/baseline/test_compare_sim.py::"
                                         "test_text_output_names_the_change_first"),
     "kvtop/headless/rehearse_command.py": (
@@ -269,8 +270,9 @@ def _config(module: str, tests: Iterable[str]) -> str:
         # rerun on demand only; a pyproject change must not silently reset results
         "use_git_change_detection": False,
         # the man page test compares it with the parsers' help; the leak tests read the
-        # documented defaults from docs/leak-detector.md
-        "also_copy": ["man", "docs"],
+        # documented defaults from docs/leak-detector.md; tests/baseline builds its recordings
+        # with benchmarks/baseline_eval
+        "also_copy": ["man", "docs", "benchmarks"],
         # mutmut's default gives a mutant 30x the time its tests took in the traced first
         # run (itself several times a plain run): an endless loop then holds a core for
         # half an hour; 8x that is still far above any plain run on a loaded machine
@@ -291,7 +293,7 @@ def prepare(module: str, fresh: bool) -> Path:
     if fresh and ws.exists():
         shutil.rmtree(ws)
     ws.mkdir(parents=True, exist_ok=True)
-    for name in ("kvtop", "tests", "man", "docs"):
+    for name in ("kvtop", "tests", "man", "docs", "benchmarks"):
         link = ws / name
         if not link.is_symlink():
             link.symlink_to(REPO / name)
