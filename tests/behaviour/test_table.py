@@ -8,7 +8,10 @@ import io
 
 import pytest
 
+from kvtop.collect.target import Scrape, Target
+from kvtop.derive.tracker import TargetTracker
 from kvtop.headless.table import aligned, gpu_lines, print_table, table_lines
+from tests.paths import fixture_text
 
 GIB = 2**30
 TAKEN_AT = "2026-12-01T12:00:00+00:00"
@@ -37,6 +40,16 @@ def test_columns_are_padded_to_the_widest_cell_and_numbers_right_aligned() -> No
         " N  NAME   NOTE",
         "10  a      x",
         " 7  bbbbb"]
+
+
+def test_counts_are_right_aligned_under_their_label_and_names_left_aligned() -> None:
+    target = Target.from_spec("127.0.0.1:8000", name="a")
+    scrape = Scrape(target, 1.0, fixture_text("vllm-0.33.0-v1-twin-under-load.txt"))
+    header, row = table_lines([TargetTracker(target).update(scrape)], 1.0)
+    assert row.startswith("a ") and row[header.index("MODEL")] != " "
+    for label, value in (("RUN", "30"), ("WAIT", "149")):  # each shorter than its label
+        end = header.index(label) + len(label)
+        assert row[end - len(value):end] == value and row[end - len(value) - 1] == " "
 
 
 def test_a_row_with_more_cells_than_the_header_is_refused_not_cut() -> None:
