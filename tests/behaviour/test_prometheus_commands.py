@@ -11,11 +11,14 @@ import pytest
 
 from kvtop.collect.prometheus import PrometheusSource, load_settings
 from kvtop.collect.target import Scrape, Target
+from kvtop.headless import gpus
 from kvtop.headless.prometheus_commands import (
     discover_targets,
     latest_per_target,
+    run_check_prometheus,
     run_snapshot_prometheus,
 )
+from tests.fakes.fake_nvml import FakeGpuReader
 from tests.faultserver import served_in_thread
 from tests.hostile.fakeprom import INSTANCES, FakePrometheus, answer
 
@@ -58,3 +61,43 @@ def test_the_app_opens_on_the_instances_prometheus_knows() -> None:
         targets = asyncio.run(discover_targets(source))
     assert sorted(t.name or "" for t in targets) == sorted(INSTANCES)
     assert source.api._session is None  # closed: the app runs it again on its own loop
+
+
+def test_the_table_and_the_gpus_are_asked_for_through_prometheus_too(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpus, "read_gpus", FakeGpuReader(unavailable="no NVML here").read)
+    with served_in_thread(FakePrometheus()) as prom:  # type: ignore[type-var]
+        for with_gpus in (True, False):
+            assert run_snapshot_prometheus(load_settings(prom.url), timeout_s=10,
+                                           insecure=False, as_json=False,
+                                           with_gpus=with_gpus) == 0
+            table = capsys.readouterr().out.splitlines()
+            assert table[0].split()[:2] == ["NAME", "MODEL"]
+            assert sorted(line.split()[0] for line in table[1:3]) == sorted(INSTANCES)
+            assert ("GPUs from nvml" in table[-1] and "no NVML here" in table[-1]) == with_gpus
+
+
+def check(url: str) -> int:
+    return run_check_prometheus(load_settings(url), params=None, duration_s=1, interval_s=1,
+                                timeout_s=10, insecure=False, until_leak=False, as_json=True)
+
+
+def test_check_through_prometheus_judges_every_instance_it_stores(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FakePrometheus()) as prom:  # type: ignore[type-var]
+        check(prom.url)
+    document = json.loads(capsys.readouterr().out)
+    assert sorted(t["target"].rsplit("/", 1)[-1] for t in document["targets"]) == sorted(
+        INSTANCES)
+    assert all(engine["model"] == "twin-llama" for target in document["targets"]
+               for engine in target["engines"])
+
+
+def test_check_on_a_prometheus_that_cannot_be_read_says_why_with_exit_3(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FakePrometheus()) as prom:  # type: ignore[type-var]
+        prom.hostile["range"] = b"{}"
+        code = check(prom.url)
+    out, err = capsys.readouterr()
+    assert code == 3 and not out
+    assert err.startswith("kvtop check: ") and "not a Prometheus API answer" in err
