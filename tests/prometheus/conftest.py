@@ -62,6 +62,28 @@ def _prometheus_yml(targets: list[str], rules: Path) -> str:
             f"      - targets: [{listed}]\n")
 
 
+def start_prometheus(binary: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Prometheus on a free port with tmp/prometheus.yml, its TSDB and log in tmp; its URL."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, f"--config.file={tmp / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("wb"))
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop(*procs: subprocess.Popen[bytes] | None) -> None:
+    """Terminate each process started, killing one that outlives 10 s."""
+    for proc in procs:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 def _wait_ready(url: str, instances: list[str], proc: subprocess.Popen[bytes]) -> None:
     """Until every given instance has been scraped up (bounded)."""
     deadline = time.monotonic() + READY_S
@@ -103,21 +125,9 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromEnv]:
             instances = [PromEnv.instance(u) for u in sims]
             (tmp / "prometheus.yml").write_text(
                 _prometheus_yml([*instances, PromEnv.instance(down)], rules))
-            port = _free_port()
-            prometheus = subprocess.Popen(
-                [binary, f"--config.file={tmp / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("wb"))
-            url = f"http://127.0.0.1:{port}"
+            prometheus, url = start_prometheus(binary, tmp)
             _wait_ready(url, instances, prometheus)
             yield PromEnv(url, urls["leaky"], urls["healthy"], urls["paused"], urls["old"], down,
                           config, time.time())
         finally:
-            for proc in (prometheus, fleet):
-                if proc is not None:
-                    proc.terminate()
-                    try:
-                        proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+            stop(prometheus, fleet)

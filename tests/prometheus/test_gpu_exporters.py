@@ -19,7 +19,7 @@ import pytest
 
 from kvtop.collect.prometheus import PrometheusSource, load_settings
 from kvtop.derive.tracker import TargetTracker
-from tests.prometheus.conftest import PromEnv, _free_port, _wait_ready
+from tests.prometheus.conftest import PromEnv, _wait_ready, start_prometheus, stop
 from tests.prometheus.test_prometheus import kvtop
 
 POD = {"namespace": "foo", "pod": "bar"}  # the pod dcgm-datadog-pod-labels.txt names
@@ -61,23 +61,11 @@ def gpu_prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuProm]:
         assert fleet.stdout is not None
         urls = json.loads(fleet.stdout.readline())
         (tmp / "prometheus.yml").write_text(_config(urls))
-        port = _free_port()
-        prometheus = subprocess.Popen(
-            [binary, f"--config.file={tmp / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("wb"))
-        url = f"http://127.0.0.1:{port}"
+        prometheus, url = start_prometheus(binary, tmp)
         _wait_ready(url, [PromEnv.instance(u) for u in urls.values()], prometheus)
         yield GpuProm(url, urls)
     finally:
-        for proc in (prometheus, fleet):
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        stop(prometheus, fleet)
 
 
 def _gpus_of(document: dict[str, Any], target_url: str) -> list[dict[str, Any]]:
