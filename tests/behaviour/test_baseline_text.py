@@ -25,6 +25,7 @@ from kvtop.headless.baseline_text import DASH, GIB, change, number, render_compa
     (None, "seconds", DASH),
     (0.1234, "fraction", "12.3 %"),
     (0.0042, "seconds", "4.2 ms"),
+    (0.004249, "seconds", "4.2 ms"),  # not 4.3: a thousand milliseconds to the second
     (-0.0042, "seconds", "-4.2 ms"),
     (0.01, "seconds", "10 ms"),
     (0.2504, "seconds", "250 ms"),
@@ -383,3 +384,25 @@ def test_outside_text_is_cut_at_its_own_length() -> None:
     assert f"  {'p' * 299}…" in lines
     assert f"GPU 0 on node-7 {'g' * 79}…" in lines
     assert f"note: {'t' * 299}…" in lines
+
+
+def test_a_compare_with_nothing_to_judge_says_only_that() -> None:
+    """No config change, engine, probe or GPU, and a document from before `notes` (readers
+    ignore what a version-1 document lacks): the two runs and the method, nothing else; a
+    run of 2 h 21 min reads in hours."""
+    doc = {"verdict": "unknown", "method": {"alpha": 0.05},
+           "baseline": {"name": "nightly", "created": "2026-12-01T09:30:00+00:00",
+                        "source": {"kind": "live"}, "duration_s": 8460.0},
+           "now": {"name": None, "created": None,
+                   "source": {"kind": "recording", "recording": "/srv/x.jsonl.gz"},
+                   "duration_s": None},
+           "config_changes": [], "engines": [], "probes": [], "gpus": [],
+           "unmatched": {"baseline": [], "now": []}}
+    assert render_comparison(doc) == """\
+kvtop compare: UNKNOWN
+  baseline 'nightly' 2.4 h, live, taken 2026-12-01T09:30:00+00:00
+  now      0.0 min, recording /srv/x.jsonl.gz, taken ?
+
+Judged on per-minute values: Mann-Whitney rank test, p < 0.05, \
+and a change large enough to matter (docs/baseline-format.md).
+"""
