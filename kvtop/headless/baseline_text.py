@@ -162,10 +162,12 @@ def _engine_lines(engine: EngineSummary) -> list[str]:
 def render_baseline(baseline: Baseline, path: str) -> str:
     """``kvtop baseline show``: what a baseline holds."""
     source = baseline.source
-    where = source.get("recording") or ""
-    lines = [display_text(f"baseline {baseline.name or ''} ({path})"),
+    where = source.get("recording")
+    name = f"{baseline.name} " if baseline.name else ""
+    lines = [display_text(f"baseline {name}({path})"),
              display_text(f"  saved {baseline.created} by kvtop {baseline.kvtop_version}, "
-                          f"{_minutes(baseline.duration_s)} {source.get('kind')} {where}")]
+                          f"{_minutes(baseline.duration_s)} {source.get('kind')}"
+                          + (f" {where}" if where else ""))]
     for target in baseline.targets:
         server = " ".join(str(v) for v in (target.kind, target.version) if v)
         lines += ["", display_text(f"{target.target}  {server}  ({target.scrapes} scrapes, "
