@@ -506,6 +506,7 @@ def test_retention_as_prometheus_writes_it(text: str, seconds: float | None) -> 
 
 @pytest.mark.parametrize(("url", "base"), [
     ("prom:9090", "http://prom:9090"), (" https://prom/prefix/ ", "https://prom/prefix"),
+    ("https://PROMBOX//", "https://PROMBOX"),  # only the slashes go, whatever ends the name
 ])
 def test_a_prometheus_url_as_people_write_it(url: str, base: str) -> None:
     settings = load_settings(url, selector=' {job="vllm"} ')
@@ -523,6 +524,15 @@ def test_a_prometheus_that_cannot_be_used_is_refused(url: str, step: float | Non
                                                      says: str) -> None:
     with pytest.raises(ValueError, match=re.escape(says)):
         load_settings(url, backfill_step_s=step)
+
+
+def test_any_backfill_step_over_zero_is_taken_as_given() -> None:
+    for step in (0.001, 0.5, 1.0, 15.0):  # PromQL takes a step in fractions of a second
+        assert load_settings("prom:9090", backfill_step_s=step).backfill_step_s == step
+    for step in (0.0, -1.0):
+        with pytest.raises(ValueError) as raised:
+            load_settings("prom:9090", backfill_step_s=step)
+        assert str(raised.value) == "backfill_step must be > 0 seconds"
 
 
 # -- Prometheus's own scrape errors ---------------------------------------------------------
@@ -1115,6 +1125,8 @@ def test_a_selector_that_cannot_be_used_is_refused_saying_why(selector: str, say
     ("  ", f'up{{job=~"{JOB}"}}[60000ms]'),
     ("{}", f'up{{job=~"{JOB}"}}[60000ms]'),
     (' { namespace="prod",} ', f'up{{namespace="prod", job=~"{JOB}"}}[60000ms]'),
+    # not PromQL (an unquoted value): passed on whole, for Prometheus to refuse in its words
+    ("{tier=XX}", f'up{{tier=XX, job=~"{JOB}"}}[60000ms]'),
 ])
 async def test_a_selector_is_added_to_queries_as_written_or_not_at_all(
         prom: tuple[Stored, FaultServer], selector: str, up_query: str) -> None:
@@ -1146,3 +1158,40 @@ def test_a_source_reads_every_second_with_a_timeout_of_twice_that_and_at_least_5
     assert PrometheusSource(settings, interval_s=4.0).api.timeout_s == 8.0
     assert PrometheusSource(settings, timeout_s=2.0, insecure=True).api.timeout_s == 2.0
     assert src.clock is time.time and src.settings is settings
+
+
+async def test_a_source_closes_quietly_before_its_first_read_and_when_closed_twice(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    async with source(server, Clock()):
+        pass  # the command gave up before asking anything (a bad flag, Ctrl-C)
+    src = source(server, Clock())
+    async with src:
+        assert [t.name for t in await src.discover()] == [A]
+    await src.aclose()  # and once more, as a command's own clean-up may
+
+
+@mode("first_late")
+async def _first_late(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    """The API, its first answer sent only after ``delay_s``."""
+    if srv.requests[0] is req and not await srv.pause(srv.delay_s):
+        return False
+    status, body = srv.api(req)
+    return await srv.respond(w, status, body, content_type="application/json")
+
+
+async def test_after_a_refresh_slower_than_the_interval_the_next_starts_at_once() -> None:
+    # A slow Prometheus must not make the refreshes fall further behind: no pause after a
+    # refresh that took longer than the interval (nothing known: one query a refresh).
+    stored = Stored()
+    async with FaultServer(mode="first_late", api=stored.respond, delay_s=1.5) as server:
+        stop = asyncio.Event()
+        async with source(server, Clock(), interval_s=1.0) as src:
+            task = asyncio.create_task(src.run(lambda scrape: None, stop=stop, backfill=False))
+            await eventually(lambda: len(server.requests) >= 2, "the second refresh")
+            stop.set()
+            await asyncio.wait_for(task, 30)
+    first, second = server.requests[:2]
+    # the next request comes right after the late answer; a pause of even 1 s is a bug
+    assert second.at - first.at < server.delay_s + 0.9
