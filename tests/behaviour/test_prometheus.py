@@ -23,10 +23,14 @@ import pytest
 from kvtop.collect.prometheus import (
     DEFAULT_BACKFILL_STEP_S,
     INGEST_LAG_S,
+    MAX_ANSWER_BYTES,
     MAX_CACHED_HEAD_CHARS,
+    MAX_CACHED_HEADS,
     MAX_POINTS,
     OFF_LOOP_BYTES,
     OFF_LOOP_SERIES,
+    PROMETHEUS_INTERVAL_S,
+    TARGETS_CACHE_S,
     PrometheusError,
     PrometheusSource,
     _heads,
@@ -36,6 +40,7 @@ from kvtop.collect.prometheus import (
 )
 from kvtop.collect.target import Scrape, Secret
 from tests.faultserver import FaultServer, Request, mode
+from tests.paths import REPO
 from tests.waiting import eventually
 
 T0 = 1_767_225_600.0
@@ -88,7 +93,12 @@ class Stored:
         if kind in self.hostile:
             return 200, self.hostile[kind]
         if request.path.endswith("/query_range"):
-            return self._matrix(float(form["start"]) - 0.001, float(form["end"]), query)
+            start, end = float(form["start"]), float(form["end"])
+            if (end - start) // float(form["step"]) > 11_000:  # as Prometheus refuses it
+                return 400, json.dumps({"status": "error", "errorType": "bad_data", "error": (
+                    "exceeded maximum resolution of 11,000 points per timeseries. Try "
+                    "decreasing the query resolution (?step=XX)")}).encode()
+            return self._matrix(start - 0.001, end, query)
         at = float(form["time"])
         if query.startswith("count by"):
             return ok({"resultType": "vector", "result": [
@@ -1195,3 +1205,39 @@ async def test_after_a_refresh_slower_than_the_interval_the_next_starts_at_once(
     first, second = server.requests[:2]
     # the next request comes right after the late answer; a pause of even 1 s is a bug
     assert second.at - first.at < server.delay_s + 0.9
+
+
+async def test_a_backfill_of_a_week_asks_for_no_more_points_than_prometheus_gives(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    week = 7 * 86400.0
+    stored.scrapes = {(JOB, A): [(T0 - week + 60, 1.0), (T0 - 60, 2.0)]}
+    async with source(server, Clock(), interval_s=1.0, window_s=week) as src:
+        assert [s.t for s in await src.backfill()] == [T0 - week + 60, T0 - 60]
+    [query] = [q for q in stored.queries if q["path"].endswith("query_range")]
+    assert float(query["step"]) == pytest.approx(week / 11_000)  # ~55 s, not the default 15
+
+
+async def test_a_backfill_gives_up_on_a_silent_prometheus_after_six_times_the_timeout() -> None:
+    async with FaultServer(mode="hang") as server:
+        base = server.base_url
+        async with PrometheusSource(load_settings(base), timeout_s=0.1, clock=Clock()) as src:
+            with pytest.raises(PrometheusError) as raised:
+                await asyncio.wait_for(src.backfill(60.0), 30)
+    assert (raised.value.kind, str(raised.value)) == (
+        "timeout", f"Prometheus {base}: no complete answer within 0.6 s")
+
+
+def test_the_limits_and_periods_the_docs_give_are_the_sources() -> None:
+    said = " ".join((REPO / "docs" / "prometheus.md").read_text(encoding="utf-8").split())
+    assert f"Per refresh (default every {PROMETHEUS_INTERVAL_S:g} s;" in said
+    assert f"A refresh reads up to {INGEST_LAG_S:g} s ago" in said
+    assert f"read at most every {TARGETS_CACHE_S:g} s" in said
+    assert f"default max(refresh interval, {DEFAULT_BACKFILL_STEP_S:g} s)" in said
+    assert f"never more than {MAX_POINTS:,} points per series".replace(",", " ") in said
+    assert f"An answer is read up to {MAX_ANSWER_BYTES / 2**20:g} MiB" in said
+    assert (f"Answers over {OFF_LOOP_BYTES / 2**20:g} MiB are decoded, and results over "
+            f"{OFF_LOOP_SERIES:,} series grouped per instance, in a worker thread") in said
+    security = (REPO / "docs" / "security.md").read_text(encoding="utf-8").splitlines()
+    (row,) = [line for line in security if line.startswith("| Prometheus series heads")]
+    assert f"| {MAX_CACHED_HEADS:,} entries, {MAX_CACHED_HEAD_CHARS / 2**20:g} MiB of label" in row
