@@ -23,10 +23,14 @@ import pytest
 from kvtop.collect.prometheus import (
     DEFAULT_BACKFILL_STEP_S,
     INGEST_LAG_S,
+    MAX_ANSWER_BYTES,
     MAX_CACHED_HEAD_CHARS,
+    MAX_CACHED_HEADS,
     MAX_POINTS,
     OFF_LOOP_BYTES,
     OFF_LOOP_SERIES,
+    PROMETHEUS_INTERVAL_S,
+    TARGETS_CACHE_S,
     PrometheusError,
     PrometheusSource,
     _heads,
@@ -36,6 +40,7 @@ from kvtop.collect.prometheus import (
 )
 from kvtop.collect.target import Scrape, Secret
 from tests.faultserver import FaultServer, Request, mode
+from tests.paths import REPO
 from tests.waiting import eventually
 
 T0 = 1_767_225_600.0
@@ -88,7 +93,12 @@ class Stored:
         if kind in self.hostile:
             return 200, self.hostile[kind]
         if request.path.endswith("/query_range"):
-            return self._matrix(float(form["start"]) - 0.001, float(form["end"]), query)
+            start, end = float(form["start"]), float(form["end"])
+            if (end - start) // float(form["step"]) > 11_000:  # as Prometheus refuses it
+                return 400, json.dumps({"status": "error", "errorType": "bad_data", "error": (
+                    "exceeded maximum resolution of 11,000 points per timeseries. Try "
+                    "decreasing the query resolution (?step=XX)")}).encode()
+            return self._matrix(start - 0.001, end, query)
         at = float(form["time"])
         if query.startswith("count by"):
             return ok({"resultType": "vector", "result": [
@@ -506,6 +516,7 @@ def test_retention_as_prometheus_writes_it(text: str, seconds: float | None) -> 
 
 @pytest.mark.parametrize(("url", "base"), [
     ("prom:9090", "http://prom:9090"), (" https://prom/prefix/ ", "https://prom/prefix"),
+    ("https://PROMBOX//", "https://PROMBOX"),  # only the slashes go, whatever ends the name
 ])
 def test_a_prometheus_url_as_people_write_it(url: str, base: str) -> None:
     settings = load_settings(url, selector=' {job="vllm"} ')
@@ -523,6 +534,15 @@ def test_a_prometheus_that_cannot_be_used_is_refused(url: str, step: float | Non
                                                      says: str) -> None:
     with pytest.raises(ValueError, match=re.escape(says)):
         load_settings(url, backfill_step_s=step)
+
+
+def test_any_backfill_step_over_zero_is_taken_as_given() -> None:
+    for step in (0.001, 0.5, 1.0, 15.0):  # PromQL takes a step in fractions of a second
+        assert load_settings("prom:9090", backfill_step_s=step).backfill_step_s == step
+    for step in (0.0, -1.0):
+        with pytest.raises(ValueError) as raised:
+            load_settings("prom:9090", backfill_step_s=step)
+        assert str(raised.value) == "backfill_step must be > 0 seconds"
 
 
 # -- Prometheus's own scrape errors ---------------------------------------------------------
@@ -1115,6 +1135,8 @@ def test_a_selector_that_cannot_be_used_is_refused_saying_why(selector: str, say
     ("  ", f'up{{job=~"{JOB}"}}[60000ms]'),
     ("{}", f'up{{job=~"{JOB}"}}[60000ms]'),
     (' { namespace="prod",} ', f'up{{namespace="prod", job=~"{JOB}"}}[60000ms]'),
+    # not PromQL (an unquoted value): passed on whole, for Prometheus to refuse in its words
+    ("{tier=XX}", f'up{{tier=XX, job=~"{JOB}"}}[60000ms]'),
 ])
 async def test_a_selector_is_added_to_queries_as_written_or_not_at_all(
         prom: tuple[Stored, FaultServer], selector: str, up_query: str) -> None:
@@ -1146,3 +1168,76 @@ def test_a_source_reads_every_second_with_a_timeout_of_twice_that_and_at_least_5
     assert PrometheusSource(settings, interval_s=4.0).api.timeout_s == 8.0
     assert PrometheusSource(settings, timeout_s=2.0, insecure=True).api.timeout_s == 2.0
     assert src.clock is time.time and src.settings is settings
+
+
+async def test_a_source_closes_quietly_before_its_first_read_and_when_closed_twice(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    async with source(server, Clock()):
+        pass  # the command gave up before asking anything (a bad flag, Ctrl-C)
+    src = source(server, Clock())
+    async with src:
+        assert [t.name for t in await src.discover()] == [A]
+    await src.aclose()  # and once more, as a command's own clean-up may
+
+
+@mode("first_late")
+async def _first_late(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    """The API, its first answer sent only after ``delay_s``."""
+    if srv.requests[0] is req and not await srv.pause(srv.delay_s):
+        return False
+    status, body = srv.api(req)
+    return await srv.respond(w, status, body, content_type="application/json")
+
+
+async def test_after_a_refresh_slower_than_the_interval_the_next_starts_at_once() -> None:
+    # A slow Prometheus must not make the refreshes fall further behind: no pause after a
+    # refresh that took longer than the interval (nothing known: one query a refresh).
+    stored = Stored()
+    async with FaultServer(mode="first_late", api=stored.respond, delay_s=1.5) as server:
+        stop = asyncio.Event()
+        async with source(server, Clock(), interval_s=1.0) as src:
+            task = asyncio.create_task(src.run(lambda scrape: None, stop=stop, backfill=False))
+            await eventually(lambda: len(server.requests) >= 2, "the second refresh")
+            stop.set()
+            await asyncio.wait_for(task, 30)
+    first, second = server.requests[:2]
+    # the next request comes right after the late answer; a pause of even 1 s is a bug
+    assert second.at - first.at < server.delay_s + 0.9
+
+
+async def test_a_backfill_of_a_week_asks_for_no_more_points_than_prometheus_gives(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    week = 7 * 86400.0
+    stored.scrapes = {(JOB, A): [(T0 - week + 60, 1.0), (T0 - 60, 2.0)]}
+    async with source(server, Clock(), interval_s=1.0, window_s=week) as src:
+        assert [s.t for s in await src.backfill()] == [T0 - week + 60, T0 - 60]
+    [query] = [q for q in stored.queries if q["path"].endswith("query_range")]
+    assert float(query["step"]) == pytest.approx(week / 11_000)  # ~55 s, not the default 15
+
+
+async def test_a_backfill_gives_up_on_a_silent_prometheus_after_six_times_the_timeout() -> None:
+    async with FaultServer(mode="hang") as server:
+        base = server.base_url
+        async with PrometheusSource(load_settings(base), timeout_s=0.1, clock=Clock()) as src:
+            with pytest.raises(PrometheusError) as raised:
+                await asyncio.wait_for(src.backfill(60.0), 30)
+    assert (raised.value.kind, str(raised.value)) == (
+        "timeout", f"Prometheus {base}: no complete answer within 0.6 s")
+
+
+def test_the_limits_and_periods_the_docs_give_are_the_sources() -> None:
+    said = " ".join((REPO / "docs" / "prometheus.md").read_text(encoding="utf-8").split())
+    assert f"Per refresh (default every {PROMETHEUS_INTERVAL_S:g} s;" in said
+    assert f"A refresh reads up to {INGEST_LAG_S:g} s ago" in said
+    assert f"read at most every {TARGETS_CACHE_S:g} s" in said
+    assert f"default max(refresh interval, {DEFAULT_BACKFILL_STEP_S:g} s)" in said
+    assert f"never more than {MAX_POINTS:,} points per series".replace(",", " ") in said
+    assert f"An answer is read up to {MAX_ANSWER_BYTES / 2**20:g} MiB" in said
+    assert (f"Answers over {OFF_LOOP_BYTES / 2**20:g} MiB are decoded, and results over "
+            f"{OFF_LOOP_SERIES:,} series grouped per instance, in a worker thread") in said
+    security = (REPO / "docs" / "security.md").read_text(encoding="utf-8").splitlines()
+    (row,) = [line for line in security if line.startswith("| Prometheus series heads")]
+    assert f"| {MAX_CACHED_HEADS:,} entries, {MAX_CACHED_HEAD_CHARS / 2**20:g} MiB of label" in row
