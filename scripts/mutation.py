@@ -361,8 +361,8 @@ def run_mutmut(module: str, jobs: int, fresh: bool, survivors_only: bool = False
         # mutmut reuses its map of which tests reach which function and extends it only for
         # new tests: after the module changed, a new function would have "no tests"
         (ws / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
-        # that map also holds the test list mutmut compares to reset its verdicts: without
-        # it a changed list kept them (a test left out still "caught" its mutants)
+        # a plain run names every mutant, so mutmut reruns them all; forgetting the verdicts
+        # of a changed list first keeps a run stopped halfway from showing stale ones
         if config_before not in (None, config.read_text()):
             _forget_verdicts(module)
     command = [sys.executable, str(Path(__file__).resolve()), "--mutmut", "run",
