@@ -170,8 +170,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/headless/snapshot_command.py": ("tests/behaviour/test_headless.py",),
     "kvtop/headless/rules.py": ("tests/test_prometheus_unit.py", "tests/behaviour/test_rules.py"),
     # the headless modules below were first scored on 2026-12-02; each takes the tests that reach
-    # it in this process (coverage by test). `kvtop record` (record_command.py) is reached only
-    # through a subprocess, so it is not listed; nor are the slow simulations of tests/baseline
+    # it in this process (coverage by test); the slow simulations of tests/baseline are left out
     "kvtop/headless/table.py": ("tests/behaviour/test_headless.py", "tests/behaviour/test_table.py",
                                 "tests/hostile/test_headless_display.py::"
                                 "test_the_table_never_reads_labels_as_markup"),
@@ -184,6 +183,9 @@ MODULES: dict[str, tuple[str, ...]] = {
                                         "tests/baseline/test_commands.py",
                                         "tests/baseline/test_compare_sim.py::"
                                         "test_text_output_names_the_change_first"),
+    # `kvtop record` through main() in this process (its subprocess tests in test_snapshot_cli.py
+    # and hostile/test_recordings.py are out of a mutant's reach)
+    "kvtop/headless/record_command.py": ("tests/behaviour/test_record.py",),
     "kvtop/headless/rehearse_command.py": (
         *(f"tests/rehearse/test_rehearse_cli.py::{name}" for name in (
             "test_usage_errors_exit_2", "test_bad_values_exit_2",
