@@ -198,7 +198,7 @@ MODULES: dict[str, tuple[str, ...]] = {
             "test_the_parsers_copies_of_names_agree_with_the_modules")),
         *(f"tests/test_cli.py::{name}" for name in CLI_IN_PROCESS)),
     "kvtop/headless/baseline_command.py": (
-        "tests/baseline/test_commands.py",
+        "tests/behaviour/test_baseline_command.py", "tests/baseline/test_commands.py",
         "tests/baseline/test_compare_sim.py::test_commands_on_recordings",
         *(f"tests/test_cli.py::{name}" for name in CLI_IN_PROCESS)),
     **{f"kvtop/store/{name}.py": STORE_TESTS

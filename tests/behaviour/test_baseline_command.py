@@ -1,0 +1,207 @@
+"""`kvtop baseline` and `kvtop compare` in this process (so the mutation runs see them), on
+what tests/baseline/test_commands.py leaves to a word or two: live runs against a real server
+on 127.0.0.1 (what is saved, what stderr and stdout say), --probe refused by a server that is
+not OpenAI-compatible, the probe count's limits, a baseline saved at a path, the list's JSON,
+rm's and show's words, a recording's warnings passed on."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.baseline_eval.scenarios import HEALTHY, write_recording
+from kvtop.cli import build_command_parser, main
+from kvtop.store.recording import read_recording
+from tests.faultserver import FaultServer, closed_port, served_in_thread
+
+
+@pytest.fixture
+def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    return tmp_path / "data" / "kvtop" / "baselines"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short healthy recording of the simulated server (3 minutes)."""
+    return write_recording(HEALTHY.but(minutes=3),
+                           tmp_path_factory.mktemp("rec") / "small.jsonl.gz")
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    """A vLLM server's /metrics (a real scrape) on 127.0.0.1; no OpenAI API."""
+    with served_in_thread(FaultServer()) as served:
+        yield served.url()
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def run(*argv: str, tty: bool = False) -> tuple[int, str, str]:
+    out, err = Terminal() if tty else io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+LIVE = ("--duration", "60s", "--time-scale", "20", "--interval", "0.5", "--no-gpu")
+
+
+def test_a_live_baseline_is_saved_with_its_source_and_said_so(data_home: Path,
+                                                              server: str) -> None:
+    code, out, err = run("baseline", "save", "live", server, *LIVE)
+    assert code == 0, err
+    assert err == "kvtop: watching 1 target(s) for 60 s ...\n"
+    saved = json.loads((data_home / "live.json").read_text())
+    assert out == (f"saved baseline 'live' to {data_home / 'live.json'}: 1 engine(s), "
+                   f"{saved['duration_s'] / 60:.1f} min\n")
+    assert saved["name"] == "live" and saved["interval_s"] == 0.5
+    assert saved["source"] == {"kind": "live", "time_scale": 20.0}
+    assert 40 < saved["duration_s"] <= 60  # in the server's time: 60 s at 20x
+    assert [t["target"] for t in saved["targets"]] == [server]
+
+
+def test_save_json_prints_the_file_it_saved(data_home: Path, server: str) -> None:
+    code, out, err = run("baseline", "save", "live", server, "--json", *LIVE)
+    assert code == 0, err
+    assert out == (data_home / "live.json").read_text()
+
+
+def test_the_default_duration_is_twenty_minutes(data_home: Path) -> None:
+    """Read from the line that starts a live run (a target that refuses: nothing saved)."""
+    code, _, err = run("baseline", "save", "dead", f"127.0.0.1:{closed_port()}",
+                       "--time-scale", "1200", "--interval", "0.2", "--no-gpu")
+    assert code == 3
+    assert err.splitlines() == ["kvtop: watching 1 target(s) for 1200 s ...",
+                                "kvtop baseline: no engine was read; nothing saved"]
+    assert not data_home.exists() or list(data_home.iterdir()) == []
+
+
+def test_a_probe_of_a_server_without_an_openai_api_is_no_data(data_home: Path,
+                                                              server: str) -> None:
+    refusal = (f"--probe: {server.removesuffix('/metrics')}/v1/models did not answer with an "
+               'OpenAI model list ({"data": [{"id": ...}]}): not an OpenAI-compatible server')
+    code, out, err = run("baseline", "save", "probed", server, "--probe", *LIVE)
+    assert (code, out) == (3, "")
+    assert err.splitlines()[-1] == f"kvtop baseline: {refusal}"
+    assert not (data_home / "probed.json").exists()
+    assert run("baseline", "save", "live", server, *LIVE)[0] == 0
+    code, out, err = run("compare", "live", server, "--probe", *LIVE)
+    assert (code, out) == (3, "")
+    assert err.splitlines()[-1] == f"kvtop compare: {refusal}"
+
+
+def test_probes_need_probe_and_count_from_1_to_100(data_home: Path, server: str) -> None:
+    code, _, err = run("baseline", "save", "x", server, "--probes", "3", *LIVE)
+    assert code == 2 and err.splitlines()[-1] == "kvtop: --probes N needs --probe"
+    parse = build_command_parser().parse_args
+    assert parse(["baseline", "save", "x", "--probe", "--probes", "1"]).probes == 1
+    assert parse(["compare", "x", "--probe", "--probes", "100"]).probes == 100
+    assert parse(["compare", "x"]).probes is None
+    for value, error in (("0", "from 1 to 100"), ("101", "from 1 to 100"),
+                         ("2.5", "not a whole number: '2.5'"),
+                         ("five", "not a whole number: 'five'")):
+        code, _, err = run("compare", "x", "--probe", "--probes", value)
+        assert code == 2
+        assert err.splitlines()[-1] == f"kvtop compare: error: argument --probes: {error}"
+
+
+def test_live_options_default_as_documented() -> None:
+    args = build_command_parser().parse_args(["baseline", "save", "x"])
+    assert (args.duration, args.interval, args.time_scale, args.probe, args.no_gpu) == (
+        None, 1.0, 1.0, False, False)
+
+
+def test_a_baseline_saved_at_a_path_is_named_by_its_file(tmp_path: Path, data_home: Path,
+                                                         small: Path) -> None:
+    path = tmp_path / "kept" / "before-upgrade.json"
+    code, out, err = run("baseline", "save", str(path), "--from", str(small))
+    assert code == 0, err
+    assert out.startswith(f"saved baseline 'before-upgrade' to {path}: 1 engine(s), ")
+    saved = json.loads(path.read_text())
+    assert saved["name"] == "before-upgrade"
+    assert saved["source"] == {"kind": "recording", "recording": str(small)}
+    assert not data_home.exists()  # not among the saved names
+    code, out, _ = run("baseline", "show", str(path))
+    assert code == 0 and json.loads(out)["name"] == "before-upgrade"
+
+
+def test_a_baseline_that_cannot_be_written_is_a_usage_error(tmp_path: Path, small: Path,
+                                                            data_home: Path) -> None:
+    taken = tmp_path / "file"
+    taken.write_text("")
+    path = taken / "x.json"
+    code, out, err = run("baseline", "save", str(path), "--from", str(small))
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1].startswith(f"kvtop baseline: cannot write {path}: ")
+
+
+def test_a_recordings_warnings_are_passed_on_and_its_scrapes_used(
+        tmp_path: Path, small: Path, data_home: Path) -> None:
+    import gzip
+
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(gzip.decompress(small.read_bytes()) + b'{"t": 1, "tar')
+    code, _, err = run("baseline", "save", "cut", "--from", str(cut))
+    assert code == 0, err
+    warning = err.splitlines()[0]
+    assert warning.startswith(f"kvtop: {cut}: ") and "line" in warning
+    saved = json.loads((data_home / "cut.json").read_text())
+    assert saved["interval_s"] == read_recording(small).interval_s == 10.0
+
+
+def test_the_list_as_json_says_what_each_baseline_is(small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "b", "--from", str(small))[0] == 0
+    assert run("baseline", "save", "a", "--from", str(small))[0] == 0
+    (data_home / "broken.json").write_text("{")
+    code, out, _ = run("baseline", "list", "--json")
+    listed = json.loads(out)["baselines"]
+    saved = json.loads((data_home / "a.json").read_text())
+    assert code == 0 and [e["name"] for e in listed] == ["a", "b", "broken"]
+    assert listed[0] == {"name": "a", "path": str(data_home / "a.json"), "error": None,
+                         "created": saved["created"], "duration_s": saved["duration_s"],
+                         "models": ["sim-llama-3-8b"]}
+    broken = listed[2]
+    assert broken["error"] and (broken["created"], broken["duration_s"], broken["models"]) == (
+        None, None, [])
+
+
+def test_rm_and_show_name_the_file(small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "one", "--from", str(small))[0] == 0
+    code, out, _ = run("baseline", "show", "one", tty=True)
+    assert code == 0 and str(data_home / "one.json") in out and not out.startswith("{")
+    code, out, _ = run("baseline", "show", "one", "--json")
+    assert json.loads(out) == json.loads((data_home / "one.json").read_text())
+    assert run("baseline", "rm", "one") == (0, f"removed {data_home / 'one.json'}\n", "")
+
+
+def test_compare_with_a_live_run(small: Path, data_home: Path, server: str) -> None:
+    assert run("baseline", "save", "live", server, *LIVE)[0] == 0
+    code, out, err = run("compare", "live", server, *LIVE, "--json")
+    doc = json.loads(out)
+    assert err == "kvtop: watching 1 target(s) for 60 s ...\n"
+    assert doc["baseline"]["name"] == "live" and doc["now"]["source"]["kind"] == "live"
+    assert code == 3 and doc["verdict"] == "unknown"  # a minute of data: too few to judge
+    code, out, err = run("compare", "live", f"127.0.0.1:{closed_port()}", *LIVE)
+    assert (code, out) == (3, "")
+    assert err.splitlines()[-1] == ("kvtop compare: no engine was read in this run; "
+                                    "nothing to compare")
+
+
+def test_a_lone_target_with_a_duration_is_watched_not_read_as_a_baseline(
+        small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "one", "--from", str(small))[0] == 0
+    assert run("baseline", "save", "two", "--from", str(small))[0] == 0
+    code, out, _ = run("compare", "one", "two", "--json")
+    assert code == 0 and json.loads(out)["now"]["name"] == "two"
+    for extra in (("--duration", "1s"), ("--probe",)):
+        code, _, err = run("compare", "one", "two", "--no-gpu", "--interval", "0.2", *extra)
+        assert code == 3 and "watching 1 target(s)" in err, extra
