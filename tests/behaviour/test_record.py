@@ -285,6 +285,23 @@ def test_the_size_limit_stops_the_recording_whole_and_exits_4(
         "kvtop record: stopped early at --max-size 1 MiB"]
 
 
+def test_a_first_scrape_past_the_limit_is_told_too(tmp_path: Path,
+                                                   stderr: io.StringIO) -> None:
+    output = tmp_path / "run.jsonl"
+    padding = "".join(f'exporter_padding_total{{series="s{i:07d}"}} 1\n' for i in range(25000))
+    big = fixture() + padding.encode()  # over 1 MiB: not one scrape fits
+    with served_in_thread(FaultServer(bodies=[big])) as server:
+        code = record(stderr, server.url(), "-o", str(output), "--full-metrics",
+                      "--duration", "60", "--max-size", "1M")
+    assert code == 4, stderr.getvalue()
+    recording = read_recording(output)
+    assert recording.warnings == [] and recording.scrapes == []
+    assert said(stderr)[1:] == [
+        f"kvtop record: {output} reached --max-size (1 MiB); recording stopped",
+        f"kvtop record: 0 scrapes written to {output}",
+        "kvtop record: stopped early at --max-size 1 MiB"]
+
+
 def test_a_full_disk_is_told_once_polling_goes_on_and_the_file_stays_whole(
         small_disk: Path, stderr: io.StringIO, interrupt: Callable[[], None]) -> None:
     output = small_disk / "run.jsonl.gz"

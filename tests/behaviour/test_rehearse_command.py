@@ -19,6 +19,7 @@ from kvtop.config import ConfigError
 from kvtop.derive.leak import LeakParams
 from kvtop.headless.rehearse_command import settings_from_args
 from kvtop.rehearse.run import RehearsalSettings
+from tests.fakes.fake_nvml import FakeGpuReader
 from tests.faultserver import FaultServer, served_in_thread
 
 SERVER = "http://gpu-1:8000"
@@ -34,8 +35,13 @@ def refused(*argv: str) -> str:
     return str(error.value)
 
 
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def run(*argv: str, tty: bool = False) -> tuple[int, str, str]:
+    out, err = (Terminal(), Terminal()) if tty else (io.StringIO(), io.StringIO())
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["rehearse", *argv])
     return code, out.getvalue(), err.getvalue()
@@ -147,6 +153,8 @@ def test_the_server_is_found_from_any_of_its_urls() -> None:
                   "http://gpu-1:8000/metrics/", "http://gpu-1:8000/metrics?x=1"):
         done = settings(given)
         assert (done.metrics.url, done.api_base) == (SERVER + "/metrics", SERVER + "/v1"), given
+    odd = settings("https://proxy/route-X")  # only slashes are trimmed from the end
+    assert odd.api_base == "https://proxy/route-X/v1"
     behind = settings("https://proxy/llm/v1")
     assert (behind.metrics.url, behind.api_base) == ("https://proxy/llm/metrics",
                                                      "https://proxy/llm/v1")
@@ -192,17 +200,39 @@ def test_watch_only_watches_the_metrics_and_reports_as_json(tmp_path: Path) -> N
     assert (out_dir / "recording.jsonl.gz").exists()
 
 
-def test_a_person_at_a_terminal_gets_the_text_report(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+WATCH = ("--watch-only", "--duration", "20s", "--time-scale", "20", "--interval", "0.2")
 
-    terminal = Terminal()
+
+def test_a_person_at_a_terminal_gets_the_text_report_and_progress(tmp_path: Path) -> None:
     with served_in_thread(FaultServer()) as server:
-        monkeypatch.setattr("sys.stdout", terminal)
-        code = main(["rehearse", server.url(), "--watch-only", "--duration", "20s",
-                     "--time-scale", "20", "--interval", "0.2", "--no-gpu", "--quiet",
-                     "--out", str(tmp_path / "out")])
-    assert code == 3
-    assert terminal.getvalue().startswith("kvtop rehearse: NO-VERDICT\n")
+        code, out, err = run(server.url(), *WATCH, "--duration", "60s", "--no-gpu", "--out",
+                             str(tmp_path / "a"), tty=True)  # 3 s: a redraw a second
+        as_json = run(server.url(), *WATCH, "--no-gpu", "--json", "--quiet", "--out",
+                      str(tmp_path / "b"), tty=True)
+        quiet = run(server.url(), *WATCH, "--no-gpu", "--quiet", "--out", str(tmp_path / "c"),
+                    tty=True)
+    assert code == 3 and out.startswith("kvtop rehearse: NO-VERDICT\n")
+    assert re.search(r"\r\x1b\[2K\S+ / \S+ \| KV ", err)  # the progress line, redrawn
+    assert as_json[0] == 3 and json.loads(as_json[1])["verdict"] == "no-verdict"
+    assert quiet[0] == 3 and quiet[2] == ""
+
+
+def test_local_gpus_are_read_unless_told_not_to(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakeGpuReader()
+    monkeypatch.setattr("kvtop.collect.nvml.NvmlReader", lambda: nvml)
+    with served_in_thread(FaultServer()) as server:
+        assert run(server.url(), *WATCH, "--quiet", "--out", str(tmp_path / "a"))[0] == 3
+        reads = nvml.reads
+        assert run(server.url(), *WATCH, "--quiet", "--no-gpu", "--out",
+                   str(tmp_path / "b"))[0] == 3
+    assert reads > 0 and nvml.reads == reads
+    assert (tmp_path / "a" / "gpus.jsonl").exists() and not (tmp_path / "b" / "gpus.jsonl").exists()
+
+
+def test_kvtop_help_lists_rehearse_with_what_it_does() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main(["--help"])
+    assert ("rehearse go-live rehearsal: drive load for hours, watch, GO / NO-GO verdict"
+            in " ".join(out.getvalue().split()))
