@@ -18,6 +18,7 @@ from benchmarks.baseline_eval.scenarios import HEALTHY, write_recording
 from kvtop.cli import build_command_parser, main
 from kvtop.store.recording import read_recording
 from tests.faultserver import FaultServer, closed_port, served_in_thread
+from tests.load.fake_openai import MODEL, FakeOpenAI
 
 
 @pytest.fixture
@@ -205,3 +206,38 @@ def test_a_lone_target_with_a_duration_is_watched_not_read_as_a_baseline(
     for extra in (("--duration", "1s"), ("--probe",)):
         code, _, err = run("compare", "one", "two", "--no-gpu", "--interval", "0.2", *extra)
         assert code == 3 and "watching 1 target(s)" in err, extra
+
+
+def test_json_when_asked_even_at_a_terminal(small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "one", "--from", str(small))[0] == 0
+    code, out, _ = run("baseline", "list", "--json", tty=True)
+    assert code == 0 and json.loads(out)["baselines"][0]["name"] == "one"
+    assert not run("baseline", "list", tty=True)[1].startswith("{")
+    code, out, _ = run("baseline", "show", "one", "--json", tty=True)
+    assert code == 0 and json.loads(out)["name"] == "one"
+
+
+def test_a_compare_probes_as_the_baseline_did(small: Path, data_home: Path) -> None:
+    """The baseline's probe model is asked for again: a server that no longer lists it
+    cannot be compared (exit 3), rather than being probed with another model."""
+    assert run("baseline", "save", "probed", "--from", str(small))[0] == 0
+    doc = json.loads((data_home / "probed.json").read_text())
+    doc["targets"][0]["probe"] = {"model": "llama-probed", "prompt": "text", "max_tokens": 8,
+                                  "requests": 3, "failed": 0, "figures": {}}
+    (data_home / "probed.json").write_text(json.dumps(doc))
+    with served_in_thread(FakeOpenAI()) as api:
+        code, out, err = run("compare", "probed", f"{api.url}/metrics", "--probe", *LIVE)
+    assert (code, out) == (3, "")
+    assert err.splitlines()[-1] == (
+        f"kvtop compare: --probe: {api.url}/v1/models does not list the baseline's probe "
+        f"model 'llama-probed' (it lists {MODEL})")
+
+
+def test_a_recording_is_summarised_with_the_configs_thresholds(
+        small: Path, tmp_path: Path, data_home: Path) -> None:
+    """The config's [thresholds] are read for a recording too: a misspelt one is refused."""
+    config = tmp_path / "kvtop.toml"
+    config.write_text("[thresholds]\nleak_persist = 600\n")
+    code, out, err = run("baseline", "save", "x", "--from", str(small), "--config", str(config))
+    assert (code, out) == (2, "") and "leak_persist_s" in err
+    assert not (data_home / "x.json").exists()
