@@ -17,6 +17,7 @@ import os
 import re
 import resource
 import signal
+import ssl
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -202,6 +203,24 @@ def test_a_token_is_sent_and_never_written(tmp_path: Path, stderr: io.StringIO) 
     assert code == 0, stderr.getvalue()
     assert recording.scrapes and all(s.body == fixture().decode() for s in recording.scrapes)
     assert TOKEN not in output.read_text() and TOKEN not in stderr.getvalue()
+
+
+def test_timeout_and_insecure_reach_the_scrapes(tmp_path: Path, stderr: io.StringIO,
+                                                self_signed: ssl.SSLContext) -> None:
+    slow = tmp_path / "slow.jsonl"
+    with served_in_thread(FaultServer(mode="slow", delay_s=1.0)) as server:
+        code = record(stderr, server.url(), "-o", str(slow), "--interval", "0.2",
+                      "--timeout", "0.3", "--duration", "2")
+    scrapes = read_recording(slow).scrapes
+    assert code == 0, stderr.getvalue()
+    assert len(scrapes) >= 2 and {s.failure for s in scrapes} == {"timeout"}  # not 2 s
+    tls = tmp_path / "tls.jsonl"
+    with served_in_thread(FaultServer(ssl_context=self_signed)) as server:
+        code = record(stderr, server.url(), "-o", str(tls), "--interval", "0.2",
+                      "--insecure", "--duration", "1")
+    scrapes = read_recording(tls).scrapes
+    assert code == 0, stderr.getvalue()
+    assert scrapes and all(s.body == fixture().decode() for s in scrapes)
 
 
 # -- a path kvtop must not write -----------------------------------------------------------
