@@ -241,3 +241,27 @@ def test_a_recording_is_summarised_with_the_configs_thresholds(
     code, out, err = run("baseline", "save", "x", "--from", str(small), "--config", str(config))
     assert (code, out) == (2, "") and "leak_persist_s" in err
     assert not (data_home / "x.json").exists()
+
+
+def test_usage_errors_word_for_word(small: Path, data_home: Path) -> None:
+    rec = str(small)
+    from_error = ("kvtop: --from reads a recording: give no targets, --duration or --probe "
+                  "with it (a probe needs a live server)")
+    replay_error = ("kvtop: --replay reads a recording: give no targets, --duration or "
+                    "--probe with it")
+    assert run("baseline", "save", "x", "gpu-1:8000", "--from", rec) == (
+        2, "", from_error + "\n")
+    for extra in (("--duration", "1s"), ("--probe",)):
+        assert run("baseline", "save", "x", "--from", rec, *extra) == (2, "", from_error + "\n")
+    assert run("baseline", "save") == (2, "", "kvtop: give the baseline's NAME first\n")
+    assert run("baseline", "save", "ok", "--from", rec)[0] == 0
+    path = data_home / "ok.json"
+    assert run("baseline", "save", "ok", "--from", rec) == (
+        2, "", f"kvtop: baseline 'ok' exists ({path}); --force replaces it\n")
+    code, out, _ = run("baseline", "save", "ok", "--from", rec, "--force")
+    assert code == 0 and out.startswith(f"saved baseline 'ok' to {path}")
+    assert run("compare", "ok", "gpu-1:8000", "--replay", rec) == (2, "", replay_error + "\n")
+    for extra in (("--duration", "1s"), ("--probe",)):
+        assert run("compare", "ok", "--replay", rec, *extra) == (2, "", replay_error + "\n")
+    assert run("compare") == (
+        2, "", "kvtop: give the BASELINE (a saved name or a path) first\n")
