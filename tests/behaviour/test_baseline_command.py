@@ -10,9 +10,13 @@ import contextlib
 import io
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
+from aiohttp import web
 
 from benchmarks.baseline_eval.scenarios import HEALTHY, write_recording
 from kvtop.cli import build_command_parser, main
@@ -265,3 +269,69 @@ def test_usage_errors_word_for_word(small: Path, data_home: Path) -> None:
         assert run("compare", "ok", "--replay", rec, *extra) == (2, "", replay_error + "\n")
     assert run("compare") == (
         2, "", "kvtop: give the BASELINE (a saved name or a path) first\n")
+
+
+OTHER_MODEL = "another-model"
+
+
+@dataclass
+class ProbedOpenAI(FakeOpenAI):
+    """The fake API listing two models (another first), keeping what each request asked."""
+
+    asked: list[dict[str, Any]] = field(default_factory=list)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model", "max_model_len": 2048}
+            for name in (OTHER_MODEL, MODEL)]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        self.asked.append(orjson.loads(await request.read()))
+        return await super()._completions(request)
+
+
+def with_probe(data_home: Path, small: Path, name: str, prompt: str) -> None:
+    """A baseline whose probe asked MODEL ``prompt``-style three times."""
+    assert run("baseline", "save", name, "--from", str(small))[0] == 0
+    doc = json.loads((data_home / f"{name}.json").read_text())
+    doc["targets"][0]["probe"] = {"model": MODEL, "prompt": prompt, "max_tokens": 8,
+                                  "requests": 3, "failed": 0, "figures": {}}
+    (data_home / f"{name}.json").write_text(json.dumps(doc))
+
+
+def probes_sent(*command: str, extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The requests a run of kvtop sent to the fake API (which has no /metrics: exit 3)."""
+    api = ProbedOpenAI()
+    with served_in_thread(api):
+        code, _, err = run(*command, f"{api.url}/metrics", *extra, "--probe", *LIVE)
+    assert code == 3 and "no engine was read" in err, err
+    return api.asked
+
+
+def test_a_compare_probes_as_the_baseline_did_model_form_and_count(
+        small: Path, data_home: Path) -> None:
+    with_probe(data_home, small, "ids", "token_ids")
+    with_probe(data_home, small, "text", "text")
+    sent = probes_sent("compare", "ids")
+    assert len(sent) == 3 and {r["model"] for r in sent} == {MODEL}
+    assert all(isinstance(r["prompt"], list) for r in sent)  # token ids, as the baseline
+    sent = probes_sent("compare", "text", extra=("--probes", "2"))
+    assert len(sent) == 2 and {r["model"] for r in sent} == {MODEL}
+    assert all(isinstance(r["prompt"], str) for r in sent)
+
+
+def test_a_new_baseline_probes_the_first_model_five_times_with_text(data_home: Path) -> None:
+    sent = probes_sent("baseline", "save", "new")
+    assert len(sent) == 5 and {r["model"] for r in sent} == {OTHER_MODEL}
+    assert all(isinstance(r["prompt"], str) for r in sent)
+    assert len(probes_sent("baseline", "save", "new", extra=("--probes", "2"))) == 2
+
+
+def test_a_lone_target_that_is_no_baseline_is_watched(small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "one", "--from", str(small))[0] == 0
+    code, _, err = run("compare", "one", f"127.0.0.1:{closed_port()}", "--time-scale", "1200",
+                       "--interval", "0.2", "--no-gpu")
+    assert code == 3
+    assert err.splitlines() == ["kvtop: watching 1 target(s) for 1200 s ...",
+                                "kvtop compare: no engine was read in this run; "
+                                "nothing to compare"]
