@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from aiohttp import web
 from benchmarks.baseline_eval.scenarios import HEALTHY, write_recording
 from kvtop.cli import build_command_parser, main
 from kvtop.store.recording import read_recording
+from tests.fakes.fake_nvml import FakeGpuReader
 from tests.faultserver import FaultServer, closed_port, served_in_thread
 from tests.load.fake_openai import MODEL, FakeOpenAI
 
@@ -335,3 +337,42 @@ def test_a_lone_target_that_is_no_baseline_is_watched(small: Path, data_home: Pa
     assert err.splitlines() == ["kvtop: watching 1 target(s) for 1200 s ...",
                                 "kvtop compare: no engine was read in this run; "
                                 "nothing to compare"]
+
+
+def test_a_live_run_reads_the_local_gpus_unless_told_not_to(
+        data_home: Path, server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    live = tuple(a for a in LIVE if a != "--no-gpu")
+    nvml = FakeGpuReader()
+    monkeypatch.setattr("kvtop.collect.nvml.NvmlReader", lambda: nvml)
+    assert run("baseline", "save", "gpus", server, *live)[0] == 0
+    assert run("baseline", "save", "none", server, *LIVE)[0] == 0
+    gpus, none = (json.loads((data_home / f"{n}.json").read_text())["gpus"]
+                  for n in ("gpus", "none"))
+    assert len(gpus) == len(nvml.gpus) > 0 and none == []
+    monkeypatch.setattr("kvtop.collect.nvml.NvmlReader",
+                        lambda: FakeGpuReader(unavailable="no NVIDIA driver"))
+    code, _, err = run("baseline", "save", "nodriver", server, *live)
+    assert code == 0 and "kvtop: GPUs not read: no NVIDIA driver" in err.splitlines()
+
+
+def test_a_live_run_takes_the_configs_targets(tmp_path: Path, data_home: Path,
+                                              server: str) -> None:
+    config = tmp_path / "kvtop.toml"
+    config.write_text(f'[[targets]]\nurl = "{server}"\n')
+    code, _, err = run("baseline", "save", "cfg", "--config", str(config), *LIVE)
+    assert code == 0, err
+    saved = json.loads((data_home / "cfg.json").read_text())
+    assert [t["target"] for t in saved["targets"]] == [server]
+
+
+def test_a_live_run_passes_timeout_insecure_and_full_metrics_on(
+        data_home: Path, self_signed: ssl.SSLContext) -> None:
+    with served_in_thread(FaultServer(mode="slow", delay_s=1.0)) as slow:
+        code, _, err = run("baseline", "save", "slow", slow.url(), "--timeout", "0.3", *LIVE)
+    assert code == 3 and "nothing saved" in err  # every read timed out at 0.3 s, not 2 s
+    with served_in_thread(FaultServer(ssl_context=self_signed)) as tls:
+        assert run("baseline", "save", "tls", tls.url(), "--insecure", *LIVE)[0] == 0
+    with served_in_thread(FaultServer()) as full:
+        assert run("baseline", "save", "full", full.url(), "--full-metrics", *LIVE)[0] == 0
+        reads = [r for r in full.requests if r.path == "/metrics"]
+    assert reads and not any("name[]" in r.query for r in reads)
