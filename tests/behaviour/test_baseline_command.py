@@ -23,7 +23,7 @@ from benchmarks.baseline_eval.scenarios import HEALTHY, write_recording
 from kvtop.cli import build_command_parser, main
 from kvtop.store.recording import read_recording
 from tests.fakes.fake_nvml import FakeGpuReader
-from tests.faultserver import FaultServer, closed_port, served_in_thread
+from tests.faultserver import FaultServer, closed_port, fixture, served_in_thread
 from tests.load.fake_openai import MODEL, FakeOpenAI
 
 
@@ -363,6 +363,9 @@ def test_a_live_run_takes_the_configs_targets(tmp_path: Path, data_home: Path,
     assert code == 0, err
     saved = json.loads((data_home / "cfg.json").read_text())
     assert [t["target"] for t in saved["targets"]] == [server]
+    config.write_text("[thresholds]\nleak_persist = 600\n")  # its thresholds are read too
+    code, out, err = run("baseline", "save", "typo", server, "--config", str(config), *LIVE)
+    assert (code, out) == (2, "") and "leak_persist_s" in err
 
 
 def test_a_live_run_passes_timeout_insecure_and_full_metrics_on(
@@ -376,3 +379,19 @@ def test_a_live_run_passes_timeout_insecure_and_full_metrics_on(
         assert run("baseline", "save", "full", full.url(), "--full-metrics", *LIVE)[0] == 0
         reads = [r for r in full.requests if r.path == "/metrics"]
     assert reads and not any("name[]" in r.query for r in reads)
+
+
+def test_a_live_run_judges_leaks_with_the_configs_thresholds(tmp_path: Path,
+                                                             data_home: Path) -> None:
+    """Blocks held at an idle server: WATCH within a minute by default, LEAK when the
+    config says ten seconds held at idle is enough."""
+    config = tmp_path / "kvtop.toml"
+    config.write_text("[thresholds]\nidle_leak_s = 10\nidle_min_s = 5\n")
+    leaking = FaultServer(bodies=[fixture("vllm-0.33.0-v1-twin-leaking-idle.txt")])
+    with served_in_thread(leaking) as server:
+        assert run("baseline", "save", "usual", server.url(), *LIVE)[0] == 0
+        assert run("baseline", "save", "told", server.url(), "--config", str(config),
+                   *LIVE)[0] == 0
+    usual, told = (json.loads((data_home / f"{n}.json").read_text())["targets"][0]
+                   ["engines"][0]["leak"]["verdict"] for n in ("usual", "told"))
+    assert (usual, told) == ("watch", "leak")
