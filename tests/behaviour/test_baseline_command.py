@@ -395,3 +395,13 @@ def test_a_live_run_judges_leaks_with_the_configs_thresholds(tmp_path: Path,
     usual, told = (json.loads((data_home / f"{n}.json").read_text())["targets"][0]
                    ["engines"][0]["leak"]["verdict"] for n in ("usual", "told"))
     assert (usual, told) == ("watch", "leak")
+
+
+def test_a_live_run_scrapes_at_the_interval_asked(data_home: Path) -> None:
+    with served_in_thread(FaultServer()) as server:
+        code, _, err = run("baseline", "save", "often", server.url(), "--duration", "3s",
+                           "--interval", "0.2", "--no-gpu")
+        hits = server.hits
+    assert code == 0, err
+    assert hits >= 8  # 3 s at 0.2 s: about 15 (the default, 1 s, would be 3 or 4)
+    assert json.loads((data_home / "often.json").read_text())["interval_s"] == 0.2
