@@ -221,6 +221,8 @@ def test_json_when_asked_even_at_a_terminal(small: Path, data_home: Path) -> Non
     assert not run("baseline", "list", tty=True)[1].startswith("{")
     code, out, _ = run("baseline", "show", "one", "--json", tty=True)
     assert code == 0 and json.loads(out)["name"] == "one"
+    code, out, _ = run("compare", "one", "--replay", str(small), "--json", tty=True)
+    assert code == 0 and json.loads(out)["verdict"] == "same"
 
 
 def test_a_compare_probes_as_the_baseline_did(small: Path, data_home: Path) -> None:
