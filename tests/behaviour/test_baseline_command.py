@@ -148,7 +148,7 @@ def test_a_baseline_that_cannot_be_written_is_a_usage_error(tmp_path: Path, smal
     path = taken / "x.json"
     code, out, err = run("baseline", "save", str(path), "--from", str(small))
     assert (code, out) == (2, "")
-    assert err.splitlines()[-1].startswith(f"kvtop baseline: cannot write {path}: ")
+    assert err.splitlines()[-1] == f"kvtop baseline: cannot write {path}: File exists"
 
 
 def test_a_recordings_warnings_are_passed_on_and_its_scrapes_used(
@@ -407,3 +407,12 @@ def test_a_live_run_scrapes_at_the_interval_asked(data_home: Path) -> None:
     assert code == 0, err
     assert hits >= 8  # 3 s at 0.2 s: about 15 (the default, 1 s, would be 3 or 4)
     assert json.loads((data_home / "often.json").read_text())["interval_s"] == 0.2
+
+
+def test_the_saved_line_gives_the_minutes_watched(data_home: Path, server: str) -> None:
+    code, out, err = run("baseline", "save", "ten", server, "--duration", "600s",
+                         "--time-scale", "200", "--interval", "5", "--no-gpu")
+    assert code == 0, err
+    minutes = json.loads((data_home / "ten.json").read_text())["duration_s"] / 60
+    assert 9 < minutes <= 10
+    assert out.endswith(f": 1 engine(s), {minutes:.1f} min\n")
