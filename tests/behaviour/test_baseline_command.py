@@ -416,3 +416,13 @@ def test_the_saved_line_gives_the_minutes_watched(data_home: Path, server: str) 
     minutes = json.loads((data_home / "ten.json").read_text())["duration_s"] / 60
     assert 9 < minutes <= 10
     assert out.endswith(f": 1 engine(s), {minutes:.1f} min\n")
+
+
+def test_baseline_needs_an_action_and_its_help_lists_them() -> None:
+    code, out, err = run("baseline")
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == ("kvtop baseline: error: the following arguments are "
+                                    "required: ACTION")
+    code, out, _ = run("baseline", "--help")
+    assert code == 0
+    assert "usage: kvtop baseline [-h] ACTION ..." in out and "\nactions:\n  ACTION\n" in out
