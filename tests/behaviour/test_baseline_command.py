@@ -1,0 +1,428 @@
+"""`kvtop baseline` and `kvtop compare` in this process (so the mutation runs see them), on
+what tests/baseline/test_commands.py leaves to a word or two: live runs against a real server
+on 127.0.0.1 (what is saved, what stderr and stdout say), --probe refused by a server that is
+not OpenAI-compatible, the probe count's limits, a baseline saved at a path, the list's JSON,
+rm's and show's words, a recording's warnings passed on."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from benchmarks.baseline_eval.scenarios import HEALTHY, write_recording
+from kvtop.cli import build_command_parser, main
+from kvtop.store.recording import read_recording
+from tests.fakes.fake_nvml import FakeGpuReader
+from tests.faultserver import FaultServer, closed_port, fixture, served_in_thread
+from tests.load.fake_openai import MODEL, FakeOpenAI
+
+
+@pytest.fixture
+def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    return tmp_path / "data" / "kvtop" / "baselines"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short healthy recording of the simulated server (3 minutes)."""
+    return write_recording(HEALTHY.but(minutes=3),
+                           tmp_path_factory.mktemp("rec") / "small.jsonl.gz")
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    """A vLLM server's /metrics (a real scrape) on 127.0.0.1; no OpenAI API."""
+    with served_in_thread(FaultServer()) as served:
+        yield served.url()
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def run(*argv: str, tty: bool = False) -> tuple[int, str, str]:
+    out, err = Terminal() if tty else io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+LIVE = ("--duration", "60s", "--time-scale", "20", "--interval", "0.5", "--no-gpu")
+
+
+def test_a_live_baseline_is_saved_with_its_source_and_said_so(data_home: Path,
+                                                              server: str) -> None:
+    code, out, err = run("baseline", "save", "live", server, *LIVE)
+    assert code == 0, err
+    assert err == "kvtop: watching 1 target(s) for 60 s ...\n"
+    saved = json.loads((data_home / "live.json").read_text())
+    assert out == (f"saved baseline 'live' to {data_home / 'live.json'}: 1 engine(s), "
+                   f"{saved['duration_s'] / 60:.1f} min\n")
+    assert saved["name"] == "live" and saved["interval_s"] == 0.5
+    assert saved["source"] == {"kind": "live", "time_scale": 20.0}
+    assert 40 < saved["duration_s"] <= 60  # in the server's time: 60 s at 20x
+    assert [t["target"] for t in saved["targets"]] == [server]
+
+
+def test_save_json_prints_the_file_it_saved(data_home: Path, server: str) -> None:
+    code, out, err = run("baseline", "save", "live", server, "--json", *LIVE)
+    assert code == 0, err
+    assert out == (data_home / "live.json").read_text()
+
+
+def test_the_default_duration_is_twenty_minutes(data_home: Path) -> None:
+    """Read from the line that starts a live run (a target that refuses: nothing saved)."""
+    code, _, err = run("baseline", "save", "dead", f"127.0.0.1:{closed_port()}",
+                       "--time-scale", "1200", "--interval", "0.2", "--no-gpu")
+    assert code == 3
+    assert err.splitlines() == ["kvtop: watching 1 target(s) for 1200 s ...",
+                                "kvtop baseline: no engine was read; nothing saved"]
+    assert not data_home.exists() or list(data_home.iterdir()) == []
+
+
+def test_a_probe_of_a_server_without_an_openai_api_is_no_data(data_home: Path,
+                                                              server: str) -> None:
+    refusal = (f"--probe: {server.removesuffix('/metrics')}/v1/models did not answer with an "
+               'OpenAI model list ({"data": [{"id": ...}]}): not an OpenAI-compatible server')
+    code, out, err = run("baseline", "save", "probed", server, "--probe", *LIVE)
+    assert (code, out) == (3, "")
+    assert err.splitlines()[-1] == f"kvtop baseline: {refusal}"
+    assert not (data_home / "probed.json").exists()
+    assert run("baseline", "save", "live", server, *LIVE)[0] == 0
+    code, out, err = run("compare", "live", server, "--probe", *LIVE)
+    assert (code, out) == (3, "")
+    assert err.splitlines()[-1] == f"kvtop compare: {refusal}"
+
+
+def test_probes_need_probe_and_count_from_1_to_100(data_home: Path, server: str) -> None:
+    code, _, err = run("baseline", "save", "x", server, "--probes", "3", *LIVE)
+    assert code == 2 and err.splitlines()[-1] == "kvtop: --probes N needs --probe"
+    parse = build_command_parser().parse_args
+    assert parse(["baseline", "save", "x", "--probe", "--probes", "1"]).probes == 1
+    assert parse(["compare", "x", "--probe", "--probes", "100"]).probes == 100
+    assert parse(["compare", "x"]).probes is None
+    for value, error in (("0", "from 1 to 100"), ("101", "from 1 to 100"),
+                         ("2.5", "not a whole number: '2.5'"),
+                         ("five", "not a whole number: 'five'")):
+        code, _, err = run("compare", "x", "--probe", "--probes", value)
+        assert code == 2
+        assert err.splitlines()[-1] == f"kvtop compare: error: argument --probes: {error}"
+
+
+def test_live_options_default_as_documented() -> None:
+    args = build_command_parser().parse_args(["baseline", "save", "x"])
+    assert (args.duration, args.interval, args.time_scale, args.probe, args.no_gpu) == (
+        None, 1.0, 1.0, False, False)
+
+
+def test_a_baseline_saved_at_a_path_is_named_by_its_file(tmp_path: Path, data_home: Path,
+                                                         small: Path) -> None:
+    path = tmp_path / "kept" / "before-upgrade.json"
+    code, out, err = run("baseline", "save", str(path), "--from", str(small))
+    assert code == 0, err
+    assert out.startswith(f"saved baseline 'before-upgrade' to {path}: 1 engine(s), ")
+    saved = json.loads(path.read_text())
+    assert saved["name"] == "before-upgrade"
+    assert saved["source"] == {"kind": "recording", "recording": str(small)}
+    assert not data_home.exists()  # not among the saved names
+    code, out, _ = run("baseline", "show", str(path))
+    assert code == 0 and json.loads(out)["name"] == "before-upgrade"
+
+
+def test_a_baseline_that_cannot_be_written_is_a_usage_error(tmp_path: Path, small: Path,
+                                                            data_home: Path) -> None:
+    taken = tmp_path / "file"
+    taken.write_text("")
+    path = taken / "x.json"
+    code, out, err = run("baseline", "save", str(path), "--from", str(small))
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == f"kvtop baseline: cannot write {path}: File exists"
+
+
+def test_a_recordings_warnings_are_passed_on_and_its_scrapes_used(
+        tmp_path: Path, small: Path, data_home: Path) -> None:
+    import gzip
+
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(gzip.decompress(small.read_bytes()) + b'{"t": 1, "tar')
+    code, _, err = run("baseline", "save", "cut", "--from", str(cut))
+    assert code == 0, err
+    warning = err.splitlines()[0]
+    assert warning.startswith(f"kvtop: {cut}: ") and "line" in warning
+    saved = json.loads((data_home / "cut.json").read_text())
+    assert saved["interval_s"] == read_recording(small).interval_s == 10.0
+
+
+def test_the_list_as_json_says_what_each_baseline_is(small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "b", "--from", str(small))[0] == 0
+    assert run("baseline", "save", "a", "--from", str(small))[0] == 0
+    (data_home / "broken.json").write_text("{")
+    code, out, _ = run("baseline", "list", "--json")
+    listed = json.loads(out)["baselines"]
+    saved = json.loads((data_home / "a.json").read_text())
+    assert code == 0 and [e["name"] for e in listed] == ["a", "b", "broken"]
+    assert listed[0] == {"name": "a", "path": str(data_home / "a.json"), "error": None,
+                         "created": saved["created"], "duration_s": saved["duration_s"],
+                         "models": ["sim-llama-3-8b"]}
+    broken = listed[2]
+    assert broken["error"] and (broken["created"], broken["duration_s"], broken["models"]) == (
+        None, None, [])
+
+
+def test_rm_and_show_name_the_file(small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "one", "--from", str(small))[0] == 0
+    code, out, _ = run("baseline", "show", "one", tty=True)
+    assert code == 0 and str(data_home / "one.json") in out and not out.startswith("{")
+    code, out, _ = run("baseline", "show", "one", "--json")
+    assert json.loads(out) == json.loads((data_home / "one.json").read_text())
+    assert run("baseline", "rm", "one") == (0, f"removed {data_home / 'one.json'}\n", "")
+
+
+def test_compare_with_a_live_run(small: Path, data_home: Path, server: str) -> None:
+    assert run("baseline", "save", "live", server, *LIVE)[0] == 0
+    code, out, err = run("compare", "live", server, *LIVE, "--json")
+    doc = json.loads(out)
+    assert err == "kvtop: watching 1 target(s) for 60 s ...\n"
+    assert doc["baseline"]["name"] == "live" and doc["now"]["source"]["kind"] == "live"
+    assert code == 3 and doc["verdict"] == "unknown"  # a minute of data: too few to judge
+    code, out, err = run("compare", "live", f"127.0.0.1:{closed_port()}", *LIVE)
+    assert (code, out) == (3, "")
+    assert err.splitlines()[-1] == ("kvtop compare: no engine was read in this run; "
+                                    "nothing to compare")
+
+
+def test_a_lone_target_with_a_duration_is_watched_not_read_as_a_baseline(
+        small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "one", "--from", str(small))[0] == 0
+    assert run("baseline", "save", "two", "--from", str(small))[0] == 0
+    code, out, _ = run("compare", "one", "two", "--json")
+    assert code == 0 and json.loads(out)["now"]["name"] == "two"
+    for extra in (("--duration", "1s"), ("--probe",)):
+        code, _, err = run("compare", "one", "two", "--no-gpu", "--interval", "0.2", *extra)
+        assert code == 3 and "watching 1 target(s)" in err, extra
+
+
+def test_json_when_asked_even_at_a_terminal(small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "one", "--from", str(small))[0] == 0
+    code, out, _ = run("baseline", "list", "--json", tty=True)
+    assert code == 0 and json.loads(out)["baselines"][0]["name"] == "one"
+    assert not run("baseline", "list", tty=True)[1].startswith("{")
+    code, out, _ = run("baseline", "show", "one", "--json", tty=True)
+    assert code == 0 and json.loads(out)["name"] == "one"
+    code, out, _ = run("compare", "one", "--replay", str(small), "--json", tty=True)
+    assert code == 0 and json.loads(out)["verdict"] == "same"
+
+
+def test_a_compare_probes_as_the_baseline_did(small: Path, data_home: Path) -> None:
+    """The baseline's probe model is asked for again: a server that no longer lists it
+    cannot be compared (exit 3), rather than being probed with another model."""
+    assert run("baseline", "save", "probed", "--from", str(small))[0] == 0
+    doc = json.loads((data_home / "probed.json").read_text())
+    doc["targets"][0]["probe"] = {"model": "llama-probed", "prompt": "text", "max_tokens": 8,
+                                  "requests": 3, "failed": 0, "figures": {}}
+    (data_home / "probed.json").write_text(json.dumps(doc))
+    with served_in_thread(FakeOpenAI()) as api:
+        code, out, err = run("compare", "probed", f"{api.url}/metrics", "--probe", *LIVE)
+    assert (code, out) == (3, "")
+    assert err.splitlines()[-1] == (
+        f"kvtop compare: --probe: {api.url}/v1/models does not list the baseline's probe "
+        f"model 'llama-probed' (it lists {MODEL})")
+
+
+def test_a_recording_is_summarised_with_the_configs_thresholds(
+        small: Path, tmp_path: Path, data_home: Path) -> None:
+    """The config's [thresholds] are read for a recording too: a misspelt one is refused."""
+    config = tmp_path / "kvtop.toml"
+    config.write_text("[thresholds]\nleak_persist = 600\n")
+    code, out, err = run("baseline", "save", "x", "--from", str(small), "--config", str(config))
+    assert (code, out) == (2, "") and "leak_persist_s" in err
+    assert not (data_home / "x.json").exists()
+
+
+def test_usage_errors_word_for_word(small: Path, data_home: Path) -> None:
+    rec = str(small)
+    from_error = ("kvtop: --from reads a recording: give no targets, --duration or --probe "
+                  "with it (a probe needs a live server)")
+    replay_error = ("kvtop: --replay reads a recording: give no targets, --duration or "
+                    "--probe with it")
+    assert run("baseline", "save", "x", "gpu-1:8000", "--from", rec) == (
+        2, "", from_error + "\n")
+    for extra in (("--duration", "1s"), ("--probe",)):
+        assert run("baseline", "save", "x", "--from", rec, *extra) == (2, "", from_error + "\n")
+    assert run("baseline", "save") == (2, "", "kvtop: give the baseline's NAME first\n")
+    assert run("baseline", "save", "ok", "--from", rec)[0] == 0
+    path = data_home / "ok.json"
+    assert run("baseline", "save", "ok", "--from", rec) == (
+        2, "", f"kvtop: baseline 'ok' exists ({path}); --force replaces it\n")
+    code, out, _ = run("baseline", "save", "ok", "--from", rec, "--force")
+    assert code == 0 and out.startswith(f"saved baseline 'ok' to {path}")
+    assert run("compare", "ok", "gpu-1:8000", "--replay", rec) == (2, "", replay_error + "\n")
+    for extra in (("--duration", "1s"), ("--probe",)):
+        assert run("compare", "ok", "--replay", rec, *extra) == (2, "", replay_error + "\n")
+    assert run("compare") == (
+        2, "", "kvtop: give the BASELINE (a saved name or a path) first\n")
+
+
+OTHER_MODEL = "another-model"
+
+
+@dataclass
+class ProbedOpenAI(FakeOpenAI):
+    """The fake API listing two models (another first), keeping what each request asked."""
+
+    asked: list[dict[str, Any]] = field(default_factory=list)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model", "max_model_len": 2048}
+            for name in (OTHER_MODEL, MODEL)]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        self.asked.append(orjson.loads(await request.read()))
+        return await super()._completions(request)
+
+
+def with_probe(data_home: Path, small: Path, name: str, prompt: str) -> None:
+    """A baseline whose probe asked MODEL ``prompt``-style three times."""
+    assert run("baseline", "save", name, "--from", str(small))[0] == 0
+    doc = json.loads((data_home / f"{name}.json").read_text())
+    doc["targets"][0]["probe"] = {"model": MODEL, "prompt": prompt, "max_tokens": 8,
+                                  "requests": 3, "failed": 0, "figures": {}}
+    (data_home / f"{name}.json").write_text(json.dumps(doc))
+
+
+def probes_sent(*command: str, extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The requests a run of kvtop sent to the fake API (which has no /metrics: exit 3)."""
+    api = ProbedOpenAI()
+    with served_in_thread(api):
+        code, _, err = run(*command, f"{api.url}/metrics", *extra, "--probe", *LIVE)
+    assert code == 3 and "no engine was read" in err, err
+    return api.asked
+
+
+def test_a_compare_probes_as_the_baseline_did_model_form_and_count(
+        small: Path, data_home: Path) -> None:
+    with_probe(data_home, small, "ids", "token_ids")
+    with_probe(data_home, small, "text", "text")
+    sent = probes_sent("compare", "ids")
+    assert len(sent) == 3 and {r["model"] for r in sent} == {MODEL}
+    assert all(isinstance(r["prompt"], list) for r in sent)  # token ids, as the baseline
+    sent = probes_sent("compare", "text", extra=("--probes", "2"))
+    assert len(sent) == 2 and {r["model"] for r in sent} == {MODEL}
+    assert all(isinstance(r["prompt"], str) for r in sent)
+
+
+def test_a_new_baseline_probes_the_first_model_five_times_with_text(data_home: Path) -> None:
+    sent = probes_sent("baseline", "save", "new")
+    assert len(sent) == 5 and {r["model"] for r in sent} == {OTHER_MODEL}
+    assert all(isinstance(r["prompt"], str) for r in sent)
+    assert len(probes_sent("baseline", "save", "new", extra=("--probes", "2"))) == 2
+
+
+def test_a_lone_target_that_is_no_baseline_is_watched(small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "one", "--from", str(small))[0] == 0
+    code, _, err = run("compare", "one", f"127.0.0.1:{closed_port()}", "--time-scale", "1200",
+                       "--interval", "0.2", "--no-gpu")
+    assert code == 3
+    assert err.splitlines() == ["kvtop: watching 1 target(s) for 1200 s ...",
+                                "kvtop compare: no engine was read in this run; "
+                                "nothing to compare"]
+
+
+def test_a_live_run_reads_the_local_gpus_unless_told_not_to(
+        data_home: Path, server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    live = tuple(a for a in LIVE if a != "--no-gpu")
+    nvml = FakeGpuReader()
+    monkeypatch.setattr("kvtop.collect.nvml.NvmlReader", lambda: nvml)
+    assert run("baseline", "save", "gpus", server, *live)[0] == 0
+    assert run("baseline", "save", "none", server, *LIVE)[0] == 0
+    gpus, none = (json.loads((data_home / f"{n}.json").read_text())["gpus"]
+                  for n in ("gpus", "none"))
+    assert len(gpus) == len(nvml.gpus) > 0 and none == []
+    monkeypatch.setattr("kvtop.collect.nvml.NvmlReader",
+                        lambda: FakeGpuReader(unavailable="no NVIDIA driver"))
+    code, _, err = run("baseline", "save", "nodriver", server, *live)
+    assert code == 0 and "kvtop: GPUs not read: no NVIDIA driver" in err.splitlines()
+
+
+def test_a_live_run_takes_the_configs_targets(tmp_path: Path, data_home: Path,
+                                              server: str) -> None:
+    config = tmp_path / "kvtop.toml"
+    config.write_text(f'[[targets]]\nurl = "{server}"\n')
+    code, _, err = run("baseline", "save", "cfg", "--config", str(config), *LIVE)
+    assert code == 0, err
+    saved = json.loads((data_home / "cfg.json").read_text())
+    assert [t["target"] for t in saved["targets"]] == [server]
+    config.write_text("[thresholds]\nleak_persist = 600\n")  # its thresholds are read too
+    code, out, err = run("baseline", "save", "typo", server, "--config", str(config), *LIVE)
+    assert (code, out) == (2, "") and "leak_persist_s" in err
+
+
+def test_a_live_run_passes_timeout_insecure_and_full_metrics_on(
+        data_home: Path, self_signed: ssl.SSLContext) -> None:
+    with served_in_thread(FaultServer(mode="slow", delay_s=1.0)) as slow:
+        code, _, err = run("baseline", "save", "slow", slow.url(), "--timeout", "0.3", *LIVE)
+    assert code == 3 and "nothing saved" in err  # every read timed out at 0.3 s, not 2 s
+    with served_in_thread(FaultServer(ssl_context=self_signed)) as tls:
+        assert run("baseline", "save", "tls", tls.url(), "--insecure", *LIVE)[0] == 0
+    with served_in_thread(FaultServer()) as full:
+        assert run("baseline", "save", "full", full.url(), "--full-metrics", *LIVE)[0] == 0
+        reads = [r for r in full.requests if r.path == "/metrics"]
+    assert reads and not any("name[]" in r.query for r in reads)
+
+
+def test_a_live_run_judges_leaks_with_the_configs_thresholds(tmp_path: Path,
+                                                             data_home: Path) -> None:
+    """Blocks held at an idle server: WATCH within a minute by default, LEAK when the
+    config says ten seconds held at idle is enough."""
+    config = tmp_path / "kvtop.toml"
+    config.write_text("[thresholds]\nidle_leak_s = 10\nidle_min_s = 5\n")
+    leaking = FaultServer(bodies=[fixture("vllm-0.33.0-v1-twin-leaking-idle.txt")])
+    with served_in_thread(leaking) as server:
+        assert run("baseline", "save", "usual", server.url(), *LIVE)[0] == 0
+        assert run("baseline", "save", "told", server.url(), "--config", str(config),
+                   *LIVE)[0] == 0
+    usual, told = (json.loads((data_home / f"{n}.json").read_text())["targets"][0]
+                   ["engines"][0]["leak"]["verdict"] for n in ("usual", "told"))
+    assert (usual, told) == ("watch", "leak")
+
+
+def test_a_live_run_scrapes_at_the_interval_asked(data_home: Path) -> None:
+    with served_in_thread(FaultServer()) as server:
+        code, _, err = run("baseline", "save", "often", server.url(), "--duration", "3s",
+                           "--interval", "0.2", "--no-gpu")
+        hits = server.hits
+    assert code == 0, err
+    assert hits >= 8  # 3 s at 0.2 s: about 15 (the default, 1 s, would be 3 or 4)
+    assert json.loads((data_home / "often.json").read_text())["interval_s"] == 0.2
+
+
+def test_the_saved_line_gives_the_minutes_watched(data_home: Path, server: str) -> None:
+    code, out, err = run("baseline", "save", "ten", server, "--duration", "600s",
+                         "--time-scale", "200", "--interval", "5", "--no-gpu")
+    assert code == 0, err
+    minutes = json.loads((data_home / "ten.json").read_text())["duration_s"] / 60
+    assert 9 < minutes <= 10
+    assert out.endswith(f": 1 engine(s), {minutes:.1f} min\n")
+
+
+def test_baseline_needs_an_action_and_its_help_lists_them() -> None:
+    code, out, err = run("baseline")
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == ("kvtop baseline: error: the following arguments are "
+                                    "required: ACTION")
+    code, out, _ = run("baseline", "--help")
+    assert code == 0
+    assert "usage: kvtop baseline [-h] ACTION ..." in out and "\nactions:\n  ACTION\n" in out
