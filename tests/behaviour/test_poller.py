@@ -5,17 +5,27 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import gzip
+import random
 import socket
 import ssl
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
 
-from kvtop.collect.http import classify_exception, make_session
+from kvtop import __version__
+from kvtop.collect import http
+from kvtop.collect.http import Failed, classify_exception, make_session
 from kvtop.collect.poller import scrape
 from kvtop.collect.target import Scrape, Target
-from tests.faultserver import FaultServer, mode
+from tests.faultserver import FaultServer, fixture, mode
+from tests.waiting import DEADLINE_S, eventually
 
 LOGIN = b"Please sign in to continue.\n<form method=post><input name=user></form>\n"
 # a protobuf-delimited MetricFamily: printable bytes with NULs among them
@@ -164,3 +174,209 @@ class Unprintable(Exception):
 def test_an_error_that_cannot_be_printed_is_named_by_its_type() -> None:
     assert classify_exception(Unprintable()) == (
         "down", "cannot read the server: Unprintable")
+
+
+# -- compressed bodies: decoded here, under the cap, and named when they are not what they say --
+
+TEXT = fixture()
+
+
+def raw_deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+def flipped(data: bytes, at: int) -> bytes:
+    """``data`` with the byte at ``at`` inverted (a checksum that no longer matches)."""
+    broken = bytearray(data)
+    broken[at] ^= 0xFF
+    return bytes(broken)
+
+
+ENCODED = {  # name -> (body, Content-Encoding) served by mode "encoded"
+    "gzip": (gzip.compress(TEXT), "gzip"),
+    "x-gzip": (gzip.compress(TEXT), "x-gzip"),
+    "gzip, spaced and capitalised": (gzip.compress(TEXT), " GZip "),
+    "deflate": (zlib.compress(TEXT), "deflate"),
+    "identity": (TEXT, "identity"),
+    "Identity": (TEXT, "Identity"),
+    "raw deflate": (raw_deflate(TEXT), "deflate"),
+    "zlib said to be gzip": (zlib.compress(TEXT), " X-GZIP"),
+    "gzip with a bad CRC": (flipped(gzip.compress(TEXT), -8), "gzip"),
+    "deflate with a bad checksum": (flipped(zlib.compress(TEXT), -1), "deflate"),
+    "gzip cut short": (gzip.compress(TEXT)[: len(gzip.compress(TEXT)) // 2], "gzip"),
+    "brotli": (b"\x1b\x03\x00\xf8\xa5\x40\x02", "br"),
+    "a hostile encoding": (TEXT, "x" * 100),
+}
+
+
+@mode("encoded")
+async def _encoded(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    body, encoding = ENCODED[req.query["as"]]
+    return await srv.respond(w, 200, body, headers={"Content-Encoding": encoding})
+
+
+async def read_encoded(name: str, **kw: Any) -> Scrape:
+    async with FaultServer() as server, make_session() as client:
+        url = server.url("encoded", urlencode({"as": name}))
+        return await scrape(client, Target(url), timeout_s=DEADLINE_S, **kw)
+
+
+@pytest.mark.parametrize("name", ["gzip", "x-gzip", "gzip, spaced and capitalised", "deflate",
+                                  "identity", "Identity"])
+async def test_a_body_in_any_encoding_kvtop_asks_for_or_accepts_is_read_whole(name: str) -> None:
+    result = await read_encoded(name)
+    assert result.ok, result.error
+    assert result.body == TEXT.decode()
+
+
+DATA_CHECK = "Error -3 while decompressing data: incorrect data check"
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("raw deflate", "raw deflate data: 'Content-Encoding: deflate' must be zlib-wrapped "
+                    "(RFC 9110), and this body has no zlib header"),
+    ("zlib said to be gzip", "not gzip data, though the server says 'Content-Encoding: x-gzip'"),
+    ("gzip with a bad CRC", f"corrupt gzip data ({DATA_CHECK})"),
+    ("deflate with a bad checksum", f"corrupt deflate data ({DATA_CHECK})"),
+    ("gzip cut short", "response cut short: the compressed body ended early"),
+    ("brotli", "unsupported Content-Encoding 'br'"),
+    ("a hostile encoding", f"unsupported Content-Encoding {'x' * 40!r}"),
+])
+async def test_a_body_that_cannot_be_decoded_says_why(name: str, reason: str) -> None:
+    result = await read_encoded(name)
+    assert (result.failure, result.error) == ("bad_payload", reason)
+    assert result.body is None
+
+
+async def test_a_decoded_body_over_the_cap_is_dropped_with_the_cap_named() -> None:
+    result = await read_encoded("gzip", max_bytes=len(TEXT) - 1)  # sent small, decoded over
+    assert (result.failure, result.error) == (
+        "bad_payload", f"the body is over the {len(TEXT) - 1:,}-byte size cap; dropped "
+                       "(raise the cap if it is real)")
+
+
+CAP = 4 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=1)
+def text_then_bomb() -> bytes:
+    """gzip of 3.5 MiB of metrics text (random values: ~1.5 MB compressed, so it arrives in
+    many pieces), then 32 MiB of zeros (~100 KB compressed)."""
+    rng, lines, size = random.Random(0), [], 0
+    while size < CAP * 7 // 8:
+        lines.append(f'vllm:num_requests_running{{engine="{len(lines) % 8}"}} {rng.random()!r}\n')
+        size += len(lines[-1])
+    packer = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = b"\0" * (1 << 20)
+    return (packer.compress("".join(lines).encode())
+            + b"".join(packer.compress(zeros) for _ in range(32)) + packer.flush())
+
+
+@mode("text_then_bomb")
+async def _text_then_bomb(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    return await srv.respond(w, 200, text_then_bomb(), headers={"Content-Encoding": "gzip"})
+
+
+async def test_a_bomb_after_real_text_never_inflates_past_the_cap() -> None:
+    """Each piece is inflated only up to what the cap has left: a bomb behind 3.5 MiB of
+    text must not add another cap's worth to memory before it is refused."""
+    text_then_bomb()  # built before memory is counted
+    async with FaultServer() as server, make_session() as client:
+        tracemalloc.start()
+        try:
+            result = await scrape(client, Target(server.url("text_then_bomb")),
+                                  timeout_s=DEADLINE_S, max_bytes=CAP)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert result.failure == "bad_payload" and "size cap" in (result.error or "")
+    assert peak < 2 * CAP, f"peak {peak:,} bytes while reading"  # ~1.4 caps here
+
+
+# -- what kvtop's requests carry, and what they ignore -------------------------------------------
+
+
+async def test_each_request_names_kvtop_and_asks_for_gzip_only() -> None:
+    """gzip is the one encoding asked for (kvtop decodes bodies itself, under the cap)."""
+    async with FaultServer() as server, make_session() as client:
+        assert (await scrape(client, Target(server.url()), timeout_s=DEADLINE_S)).ok
+    (request,) = server.requests
+    assert request.headers["user-agent"] == f"kvtop/{__version__}"
+    assert request.headers["accept-encoding"].lower() == "gzip"
+
+
+@mode("cookie")
+async def _cookie(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    return await srv.respond(w, 200, srv.bodies[0], headers={"Set-Cookie": "session=abc; Path=/"})
+
+
+async def test_cookies_a_server_sets_are_never_sent_back() -> None:
+    async with FaultServer() as server, make_session() as client:
+        url = server.url("cookie").replace("127.0.0.1", "localhost")  # IPs get no cookies anyway
+        for _ in range(2):
+            assert (await scrape(client, Target(url), timeout_s=DEADLINE_S)).ok
+    assert [r.headers.get("cookie") for r in server.requests] == [None, None]
+
+
+async def test_proxies_set_in_the_environment_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with FaultServer() as proxy, FaultServer() as server:
+        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(name, proxy.base_url)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        async with make_session() as client:
+            result = await scrape(client, Target(server.url()), timeout_s=DEADLINE_S)
+    assert result.ok and result.body == TEXT.decode()
+    assert proxy.requests == [] and len(server.requests) == 1
+
+
+async def test_a_hundred_hung_targets_do_not_hold_up_a_healthy_one() -> None:
+    """No connection limit: each hung target holds its connection until its deadline, and
+    the poller lets 128 requests run at once (aiohttp's default limit is 100)."""
+    async with FaultServer(mode="hang") as hung, FaultServer() as healthy, \
+            make_session() as client:
+        stuck = [asyncio.create_task(scrape(client, Target(hung.url()), timeout_s=DEADLINE_S))
+                 for _ in range(120)]
+        try:
+            await eventually(lambda: len(hung.requests) == 120, "120 hung requests")
+            result = await scrape(client, Target(healthy.url()), timeout_s=DEADLINE_S / 4)
+        finally:
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
+    assert result.ok, result.error
+
+
+async def test_an_idle_connection_is_closed_by_kvtop_after_its_keep_alive(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kvtop hangs up an idle connection before the server does (uvicorn: after 5 s), so it
+    never sends a request on a socket the server is closing."""
+    assert http.KEEPALIVE_S < 5.0
+    monkeypatch.setattr(http, "KEEPALIVE_S", 0.2)  # the same, without the wait
+    hung_up = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
+                     % len(TEXT) + TEXT)
+        await writer.drain()
+        if await reader.read() == b"":  # the client closed its end
+            hung_up.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with make_session() as client:
+            result = await scrape(client, Target(f"http://127.0.0.1:{port}/metrics"),
+                                  timeout_s=DEADLINE_S)
+            assert result.ok, result.error
+            await asyncio.wait_for(hung_up.wait(), DEADLINE_S / 4)
+    finally:
+        server.close()
+
+
+def test_a_failure_reads_as_its_reason() -> None:
+    """Where a failure is quoted as text (Prometheus's instances), it reads as its reason."""
+    assert str(Failed("down", "connection refused")) == "connection refused"
