@@ -23,7 +23,7 @@ from kvtop import __version__
 from kvtop.collect import http
 from kvtop.collect.http import Failed, classify_exception, make_session
 from kvtop.collect.poller import scrape
-from kvtop.collect.target import Scrape, Target
+from kvtop.collect.target import MASK, Scrape, Secret, Target
 from tests.faultserver import FaultServer, fixture, mode
 from tests.waiting import DEADLINE_S, eventually
 
@@ -380,3 +380,79 @@ async def test_an_idle_connection_is_closed_by_kvtop_after_its_keep_alive(
 def test_a_failure_reads_as_its_reason() -> None:
     """Where a failure is quoted as text (Prometheus's instances), it reads as its reason."""
     assert str(Failed("down", "connection refused")) == "connection refused"
+
+
+# -- an answer that is not 2xx: its status, and a short quote of what the server said ---------
+
+FAILING = "HTTP 500: the server is failing or not ready"
+ANSWERS = {  # name -> (status, body, Content-Type) served by mode "answer"
+    "llama.cpp loading": (503, b'{"error":{"code":503,"message":"Loading model"}}', "json"),
+    "FastAPI detail": (500, b'{"detail":"Engine core died"}', "json"),
+    "error string": (500, b'{"error":"engine crashed","code":500}', "json"),
+    "nested error": (500, b'{"error":{"error":"out of memory"}}', "json"),
+    "JSON without a message": (500, b'{"status":"dead"}', "json"),
+    "nginx page": (502, b"<html><head><TITLE>502 Bad\n Gateway</TITLE></head>"
+                        b"<body><h1>502</h1></body></html>", "text/html"),
+    "long text": (500, b"stack trace:\n  " + b"x" * 300, "text/plain"),
+    "terminal escapes": (500, b"\x1b[31mred alert\x1b[0m", "text/plain"),
+    "empty": (500, b"", "text/plain"),
+    "not UTF-8": (500, b"caf\xe9 closed", "text/plain"),
+    "over 2 KB": (500, b"error " * 1000, "text/plain"),
+    "teapot": (418, b"I'm a teapot", "text/plain"),
+    "bad request": (400, b"Bad Request", "text/plain"),
+    "multiple choices": (300, b"pick one", "text/plain"),
+}
+
+
+@mode("answer")
+async def _answer(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    status, body, content_type = ANSWERS[req.query["as"]]
+    return await srv.respond(w, status, body, content_type=content_type)
+
+
+async def read_answer(name: str) -> Scrape:
+    async with FaultServer() as server, make_session() as client:
+        url = server.url("answer", urlencode({"as": name}))
+        return await scrape(client, Target(url), timeout_s=DEADLINE_S)
+
+
+@pytest.mark.parametrize(("name", "kind", "reason"), [
+    ("llama.cpp loading", "down", "HTTP 503: the server is failing or not ready (Loading model)"),
+    ("FastAPI detail", "down", f"{FAILING} (Engine core died)"),
+    ("error string", "down", f"{FAILING} (engine crashed)"),
+    ("nested error", "down", f"{FAILING} (out of memory)"),
+    ("JSON without a message", "down", f'{FAILING} ({{"status":"dead"}})'),
+    ("nginx page", "down", "HTTP 502: the server is failing or not ready (502 Bad Gateway)"),
+    ("long text", "down", f"{FAILING} (stack trace: {'x' * 107})"),  # 120 characters
+    ("terminal escapes", "down", FAILING),  # nothing unprintable is quoted
+    ("empty", "down", FAILING),
+    ("not UTF-8", "down", f"{FAILING} (caf\ufffd closed)"),
+    ("over 2 KB", "down", FAILING),  # not worth quoting
+    ("teapot", "bad_payload", "HTTP 418: not a metrics answer (I'm a teapot)"),
+    ("bad request", "bad_payload", "HTTP 400: not a metrics answer (Bad Request)"),
+    ("multiple choices", "bad_payload", "HTTP 300: a redirect kvtop could not follow (pick one)"),
+])
+async def test_an_error_answer_is_named_by_its_status_and_what_the_server_said(
+        name: str, kind: str, reason: str) -> None:
+    result = await read_answer(name)
+    assert (result.failure, result.error) == (kind, reason)
+
+
+@pytest.mark.parametrize("token", ["dGVzdA/s3cret+t0ken", "s3cr\\u0065t-t0ken"])
+async def test_a_token_echoed_in_a_json_error_is_masked_however_it_was_escaped(
+        token: str) -> None:
+    """Some encoders write '/' as '\\/' (the raw text then lacks the token, the message has
+    it); a server pasting the header into its JSON unescaped leaves a '\\u' the parser
+    would turn into something else (the raw text has the token, the message does not).
+    Here the token straddles the 120th character, where the quote is cut."""
+    said = f"{'x' * 110} {token}".replace("/", "\\/")
+    body = b'{"detail": "' + said.encode() + b'"}'
+    async with FaultServer() as server, make_session() as client:
+        ANSWERS["echo"] = (500, body, "json")
+        try:
+            result = await scrape(client, Target(server.url("answer", "as=echo"),
+                                                 token=Secret(token)), timeout_s=DEADLINE_S)
+        finally:
+            del ANSWERS["echo"]
+    assert result.failure == "down"
+    assert result.error == f"{FAILING} ({'x' * 110} {MASK})"
