@@ -18,6 +18,8 @@ from urllib.parse import urlencode
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from kvtop import __version__
 from kvtop.collect import http
@@ -105,6 +107,8 @@ VERIFY = ssl.SSLCertVerificationError(
 WRONG_VERSION = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
 NAMED = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
 NAMED.reason = "WRONG_VERSION_NUMBER"  # as OpenSSL's errors come: the reason on its own
+METRICS_URL = URL("http://gpu-1:8000/metrics")
+REQUEST = aiohttp.RequestInfo(METRICS_URL, "GET", CIMultiDictProxy(CIMultiDict()), METRICS_URL)
 
 
 @pytest.mark.parametrize(("exc", "kind", "reason"), [
@@ -131,6 +135,14 @@ NAMED.reason = "WRONG_VERSION_NUMBER"  # as OpenSSL's errors come: the reason on
      "broken HTTP answer: Invalid header"),
     (aiohttp.ClientConnectorError(None, OSError(113, "No route to host")), "down",  # type: ignore[arg-type]
      "cannot connect: No route to host"),
+    (aiohttp.ClientConnectorError(None, OSError("no route")), "down",  # type: ignore[arg-type]
+     "cannot connect: no route"),  # an OSError without an errno: its text
+    (aiohttp.ClientResponseError(REQUEST, (), status=400, message=""), "down",
+     "broken HTTP answer: 400, message='', url='http://gpu-1:8000/metrics'"),
+    (ssl.SSLCertVerificationError(1, "certificate has expired"), "down",  # as a wrapper words it
+     UNTRUSTED.replace("self-signed certificate", "certificate has expired")),
+    (ssl.SSLCertVerificationError(1, "certificate verify failed: X509 chain too long"), "down",
+     UNTRUSTED.replace("self-signed certificate", "X509 chain too long")),  # quoted whole
     (ValueError("odd \n  text"), "down", "cannot read the server: odd text"),
     (ValueError(), "down", "cannot read the server: ValueError"),
     (ValueError("x" * 300), "down", "cannot read the server: " + "x" * 200),
