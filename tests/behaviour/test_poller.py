@@ -10,6 +10,7 @@ import gzip
 import random
 import socket
 import ssl
+import time
 import tracemalloc
 import zlib
 from collections.abc import AsyncIterator
@@ -24,7 +25,7 @@ from yarl import URL
 from kvtop import __version__
 from kvtop.collect import http
 from kvtop.collect.http import Failed, classify_exception, make_session
-from kvtop.collect.poller import scrape
+from kvtop.collect.poller import OFF_LOOP_CHARS, Poller, narrowed_url, scrape
 from kvtop.collect.target import MASK, Scrape, Secret, Target
 from tests.faultserver import FaultServer, fixture, mode
 from tests.waiting import DEADLINE_S, eventually
@@ -468,3 +469,69 @@ async def test_a_token_echoed_in_a_json_error_is_masked_however_it_was_escaped(
             del ANSWERS["echo"]
     assert result.failure == "down"
     assert result.error == f"{FAILING} ({'x' * 110} {MASK})"
+
+
+# -- targets added and removed, a big body's version, one run at a time -----------------------
+
+
+def test_targets_are_added_before_polling_once_each_and_removed_quietly() -> None:
+    first, second = Target("http://127.0.0.1:9/metrics"), Target("http://127.0.0.1:10/metrics")
+    poller = Poller([first])  # built outside any event loop, as a program does
+    poller.add_target(second)
+    poller.add_target(first)  # known already
+    assert poller.targets == (first, second)
+    assert poller.state(second).failures == 0 and poller.state(second).version is None
+    poller.remove_target(Target("http://127.0.0.1:11/metrics"))  # never added
+    poller.remove_target(first)  # not running: nothing in flight to cancel
+    assert poller.targets == (second,)
+
+
+async def test_a_target_removed_while_its_attempt_hangs_is_never_reported_again() -> None:
+    async with FaultServer(mode="hang") as hung, FaultServer() as healthy:
+        gone, kept = Target(hung.url()), Target(healthy.url())
+        after_removal: list[Scrape] = []
+        removed_at: list[float] = []
+        stop = asyncio.Event()
+        async with Poller([gone, kept], interval_s=0.05, timeout_s=1.0) as poller:
+
+            def on_scrape(result: Scrape) -> None:
+                if removed_at:
+                    after_removal.append(result)
+                    if result.t > removed_at[0] + 1.5:  # past the hung attempt's deadline
+                        stop.set()
+                elif hung.requests:  # its attempt is in flight
+                    poller.remove_target(gone)
+                    removed_at.append(time.time())
+
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    assert after_removal and {s.target for s in after_removal} == {kept}
+
+
+async def test_a_poller_runs_once_at_a_time(fault_server: FaultServer) -> None:
+    stop, stopped = asyncio.Event(), asyncio.Event()
+    stopped.set()
+    async with Poller([Target(fault_server.url())], interval_s=0.05) as poller:
+        running = asyncio.create_task(poller.run(lambda s: None, stop=stop))
+        await eventually(lambda: fault_server.hits, "a first scrape")
+        with pytest.raises(RuntimeError, match=r"^Poller\.run is already running$"):
+            await poller.run(lambda s: None, stop=stopped)
+        stop.set()
+        await asyncio.wait_for(running, DEADLINE_S)
+
+
+async def test_a_big_body_is_read_with_the_servers_version() -> None:
+    """A body over OFF_LOOP_CHARS is read in a worker thread: with /version's answer, as a
+    small one is (it decides how an old vLLM's pool is counted)."""
+    padding = b"".join(b"# HELP kvtop_padding_%d not read\n" % i for i in range(3000))
+    body = fixture() + padding
+    assert len(body) > OFF_LOOP_CHARS
+    async with FaultServer(bodies=[body], version="0.33.0") as server, \
+            Poller([Target(server.url())], timeout_s=DEADLINE_S) as poller:
+        (result,) = await poller.poll_once()
+    assert result.ok and result.reading is not None, result.error
+    assert result.reading.version == "0.33.0"
+
+
+def test_a_narrowed_url_is_the_url_asked_for_and_nothing_else() -> None:
+    assert narrowed_url("http://gpu-1:8000/metrics", ["vllm:b", "vllm:a"]) == (
+        "http://gpu-1:8000/metrics/?name%5B%5D=vllm%3Aa&name%5B%5D=vllm%3Ab")
