@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
+import logging
 import random
 import socket
 import ssl
@@ -24,6 +25,7 @@ from yarl import URL
 
 from kvtop import __version__
 from kvtop.collect import http
+from kvtop.collect import poller as poller_module
 from kvtop.collect.http import Failed, classify_exception, make_session
 from kvtop.collect.poller import OFF_LOOP_CHARS, Poller, narrowed_url, scrape
 from kvtop.collect.target import MASK, Scrape, Secret, Target
@@ -535,3 +537,30 @@ async def test_a_big_body_is_read_with_the_servers_version() -> None:
 def test_a_narrowed_url_is_the_url_asked_for_and_nothing_else() -> None:
     assert narrowed_url("http://gpu-1:8000/metrics", ["vllm:b", "vllm:a"]) == (
         "http://gpu-1:8000/metrics/?name%5B%5D=vllm%3Aa&name%5B%5D=vllm%3Ab")
+
+
+async def test_a_bug_while_polling_one_target_is_logged_and_polling_goes_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        fault_server: FaultServer) -> None:
+    real, calls = poller_module.interpret, []
+
+    async def broken_once(result: Scrape) -> float:  # a bug in reading, the first time only
+        calls.append(result)
+        if len(calls) == 1:
+            raise RuntimeError("adapter bug")
+        return await real(result)
+
+    monkeypatch.setattr(poller_module, "interpret", broken_once)
+    target, seen, stop = Target(fault_server.url()), [], asyncio.Event()
+
+    def on_scrape(result: Scrape) -> None:
+        seen.append(result)
+        stop.set()
+
+    with caplog.at_level(logging.ERROR, logger=poller_module.__name__):
+        async with Poller([target], interval_s=0.05) as poller:
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    assert len(calls) >= 2 and seen[0].ok  # the next attempt was read and delivered
+    (record,) = [r for r in caplog.records if r.exc_info]
+    assert record.getMessage() == f"polling {target.label} failed"
+    assert str(record.exc_info[1]) == "adapter bug"
