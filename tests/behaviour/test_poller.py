@@ -564,3 +564,22 @@ async def test_a_bug_while_polling_one_target_is_logged_and_polling_goes_on(
     (record,) = [r for r in caplog.records if r.exc_info]
     assert record.getMessage() == f"polling {target.label} failed"
     assert str(record.exc_info[1]) == "adapter bug"
+
+
+async def test_a_poller_runs_again_after_it_stopped_and_leaves_nothing_running(
+        fault_server: FaultServer) -> None:
+    def polling_tasks() -> list[asyncio.Task[object]]:
+        return [t for t in asyncio.all_tasks() if "Poller" in t.get_coro().__qualname__]
+
+    async with Poller([Target(fault_server.url())], interval_s=0.05) as poller:
+        for _ in range(2):
+            stop, seen = asyncio.Event(), []
+
+            def on_scrape(result: Scrape, seen: list[Scrape] = seen,
+                          stop: asyncio.Event = stop) -> None:
+                seen.append(result)
+                stop.set()
+
+            await http.within(DEADLINE_S, poller.run(on_scrape, stop=stop))  # no task between
+            assert seen and seen[0].ok
+            assert polling_tasks() == []  # every target's task ended with run()
