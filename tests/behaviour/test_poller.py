@@ -27,7 +27,7 @@ from kvtop import __version__
 from kvtop.collect import http
 from kvtop.collect import poller as poller_module
 from kvtop.collect.http import Failed, classify_exception, make_session
-from kvtop.collect.poller import OFF_LOOP_CHARS, Poller, narrowed_url, scrape
+from kvtop.collect.poller import OFF_LOOP_CHARS, Gate, Poller, narrowed_url, scrape
 from kvtop.collect.target import MASK, Scrape, Secret, Target
 from tests.faultserver import FaultServer, fixture, mode
 from tests.waiting import DEADLINE_S, eventually
@@ -583,3 +583,65 @@ async def test_a_poller_runs_again_after_it_stopped_and_leaves_nothing_running(
             await http.within(DEADLINE_S, poller.run(on_scrape, stop=stop))  # no task between
             assert seen and seen[0].ok
             assert polling_tasks() == []  # every target's task ended with run()
+
+
+# -- the gate: at most MAX_IN_FLIGHT requests at once, the others in turn ---------------------
+
+
+async def let_the_loop_run() -> None:
+    """A few turns of the event loop: enough for any woken waiter to run (no time passes)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_the_gate_lets_its_size_in_and_the_others_in_their_turn() -> None:
+    gate, inside, leave = Gate(2), [], {n: asyncio.Event() for n in range(6)}
+
+    async def request(n: int) -> None:
+        async with gate:
+            inside.append(n)
+            await leave[n].wait()
+
+    tasks = [asyncio.create_task(request(n)) for n in range(5)]
+    await let_the_loop_run()
+    assert inside == [0, 1]
+    leave[1].set()
+    await let_the_loop_run()
+    assert inside == [0, 1, 2]  # one left, the first waiting came in
+    tasks[3].cancel()  # gave up waiting: skipped when its turn comes
+    leave[0].set()
+    await let_the_loop_run()
+    assert inside == [0, 1, 2, 4]
+    tasks.append(asyncio.create_task(request(5)))
+    await let_the_loop_run()
+    assert inside == [0, 1, 2, 4]  # 2 and 4 hold both places
+    leave[2].set()
+    await let_the_loop_run()
+    assert inside == [0, 1, 2, 4, 5]
+    for n in (4, 5):
+        leave[n].set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def both_places() -> None:
+        async with gate, gate:
+            pass
+
+    await asyncio.wait_for(both_places(), DEADLINE_S)  # both places are free again
+
+
+async def test_a_turn_that_comes_as_its_waiter_leaves_is_passed_on() -> None:
+    gate = Gate(1)
+    await gate.__aenter__()
+    inside: list[str] = []
+
+    async def request(name: str) -> None:
+        async with gate:
+            inside.append(name)
+
+    leaving, next_one = (asyncio.create_task(request(n)) for n in ("leaving", "next"))
+    await let_the_loop_run()
+    await gate.__aexit__(None, None, None)  # the turn goes to "leaving"...
+    leaving.cancel()  # ...which is cancelled before it can run
+    await asyncio.wait_for(next_one, DEADLINE_S)
+    assert inside == ["next"]
+    assert leaving.cancelled()
