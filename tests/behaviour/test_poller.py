@@ -645,3 +645,31 @@ async def test_a_turn_that_comes_as_its_waiter_leaves_is_passed_on() -> None:
     await asyncio.wait_for(next_one, DEADLINE_S)
     assert inside == ["next"]
     assert leaving.cancelled()
+
+
+async def test_failing_targets_back_off_with_jitter_not_in_lockstep(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    interval, planned = 0.05, []  # (failures so far, delay) after each attempt
+    real = poller_module.backoff_delay
+
+    def spy(failures: int, interval_s: float, max_backoff_s: float, jitter: float = 1.0) -> float:
+        delay = real(failures, interval_s, max_backoff_s, jitter)
+        planned.append((failures, delay))
+        return delay
+
+    monkeypatch.setattr(poller_module, "backoff_delay", spy)
+    attempts, stop = [], asyncio.Event()
+
+    def on_scrape(result: Scrape) -> None:
+        attempts.append(result)
+        if len(attempts) == 9:
+            stop.set()
+
+    async with FaultServer(mode="error500") as server:
+        targets = [Target(server.url(query=f"n={n}")) for n in range(3)]
+        async with Poller(targets, interval_s=interval, max_backoff_s=10.0, seed=1) as poller:
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    doubled = [delay for failures, delay in planned if failures == 2]
+    assert len(doubled) >= 2
+    assert all(0.8 * 2 * interval <= delay <= 1.2 * 2 * interval for delay in doubled)
+    assert len(set(doubled)) == len(doubled)  # each its own: they do not retry together
