@@ -673,3 +673,22 @@ async def test_failing_targets_back_off_with_jitter_not_in_lockstep(
     assert len(doubled) >= 2
     assert all(0.8 * 2 * interval <= delay <= 1.2 * 2 * interval for delay in doubled)
     assert len(set(doubled)) == len(doubled)  # each its own: they do not retry together
+
+
+async def test_a_consumer_that_fails_is_logged_with_the_target_and_polling_goes_on(
+        caplog: pytest.LogCaptureFixture, fault_server: FaultServer) -> None:
+    target, seen, stop = Target(fault_server.url()), [], asyncio.Event()
+
+    def on_scrape(result: Scrape) -> None:
+        seen.append(result)
+        if len(seen) == 2:
+            stop.set()
+        raise RuntimeError("consumer bug")
+
+    with caplog.at_level(logging.ERROR, logger=poller_module.__name__):
+        async with Poller([target], interval_s=0.05) as poller:
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    records = [r for r in caplog.records if r.exc_info]
+    assert len(records) == 2
+    assert {r.getMessage() for r in records} == {f"on_scrape failed for {target.label}"}
+    assert all(str(r.exc_info[1]) == "consumer bug" for r in records)
