@@ -27,7 +27,14 @@ from kvtop import __version__
 from kvtop.collect import http
 from kvtop.collect import poller as poller_module
 from kvtop.collect.http import Failed, classify_exception, make_session
-from kvtop.collect.poller import OFF_LOOP_CHARS, Gate, Poller, narrowed_url, scrape
+from kvtop.collect.poller import (
+    OFF_LOOP_CHARS,
+    Gate,
+    Poller,
+    backoff_delay,
+    narrowed_url,
+    scrape,
+)
 from kvtop.collect.target import MASK, Scrape, Secret, Target
 from tests.faultserver import FaultServer, fixture, mode
 from tests.waiting import DEADLINE_S, eventually
@@ -521,17 +528,35 @@ async def test_a_poller_runs_once_at_a_time(fault_server: FaultServer) -> None:
         await asyncio.wait_for(running, DEADLINE_S)
 
 
-async def test_a_big_body_is_read_with_the_servers_version() -> None:
-    """A body over OFF_LOOP_CHARS is read in a worker thread: with /version's answer, as a
-    small one is (it decides how an old vLLM's pool is counted)."""
-    padding = b"".join(b"# HELP kvtop_padding_%d not read\n" % i for i in range(3000))
-    body = fixture() + padding
-    assert len(body) > OFF_LOOP_CHARS
-    async with FaultServer(bodies=[body], version="0.33.0") as server, \
+def padded(size: int) -> bytes:
+    """The fixture padded with comment lines to exactly ``size`` bytes."""
+    body = fixture()
+    while len(body) < size:
+        body += b"#" + b" " * min(98, size - len(body) - 2) + b"\n"
+    assert len(body) == size
+    return body
+
+
+@pytest.mark.parametrize(("size", "in_a_thread"), [
+    (len(fixture()), False), (OFF_LOOP_CHARS, False), (OFF_LOOP_CHARS + 100, True)])
+async def test_a_body_is_read_with_the_servers_version_in_the_loop_or_over_the_limit_in_a_thread(
+        size: int, in_a_thread: bool) -> None:
+    """Up to OFF_LOOP_CHARS a body is read in the event loop (nothing to pace: read_s 0),
+    over it in a worker thread; either way with /version's answer (it decides how an old
+    vLLM's pool is counted)."""
+    async with FaultServer(bodies=[padded(size)], version="0.33.0") as server, \
             Poller([Target(server.url())], timeout_s=DEADLINE_S) as poller:
         (result,) = await poller.poll_once()
+        read_s = poller.state(result.target).read_s
     assert result.ok and result.reading is not None, result.error
     assert result.reading.version == "0.33.0"
+    assert (read_s > 0) == in_a_thread
+
+
+def test_a_healthy_target_waits_the_interval_and_a_first_failure_its_jitter() -> None:
+    for jitter in (0.8, 1.0, 3.0):  # healthy: the interval, whatever the jitter
+        assert backoff_delay(0, 1.0, 30.0, jitter=jitter) == 1.0
+    assert backoff_delay(1, 1.0, 30.0, jitter=1.2) == pytest.approx(1.2)
 
 
 def test_a_narrowed_url_is_the_url_asked_for_and_nothing_else() -> None:
