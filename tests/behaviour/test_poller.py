@@ -37,6 +37,7 @@ from kvtop.collect.poller import (
 )
 from kvtop.collect.target import MASK, Scrape, Secret, Target
 from tests.faultserver import FaultServer, fixture, mode
+from tests.hostile import bodies
 from tests.waiting import DEADLINE_S, eventually
 
 LOGIN = b"Please sign in to continue.\n<form method=post><input name=user></form>\n"
@@ -717,3 +718,14 @@ async def test_a_consumer_that_fails_is_logged_with_the_target_and_polling_goes_
     assert len(records) == 2
     assert {r.getMessage() for r in records} == {f"on_scrape failed for {target.label}"}
     assert all(str(r.exc_info[1]) == "consumer bug" for r in records)
+
+
+async def test_a_body_the_adapters_refuse_is_a_bad_payload_with_their_reason() -> None:
+    body = bodies.bad_config("num_gpu_blocks", "inf").encode()
+    async with FaultServer(bodies=[body]) as server, \
+            Poller([Target(server.url())], timeout_s=DEADLINE_S) as poller:
+        (result,) = await poller.poll_once()
+    assert result.failure == "bad_payload" and not result.ok
+    assert "num_gpu_blocks='inf'" in (result.error or "")
+    assert "not a usable count" in (result.error or "")
+    assert result.reading is None
