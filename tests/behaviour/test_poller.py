@@ -729,3 +729,10 @@ async def test_a_body_the_adapters_refuse_is_a_bad_payload_with_their_reason() -
     assert "num_gpu_blocks='inf'" in (result.error or "")
     assert "not a usable count" in (result.error or "")
     assert result.reading is None
+
+
+async def test_a_server_whose_version_hangs_is_still_read_within_the_deadline() -> None:
+    async with FaultServer(version_mode="hang") as server, \
+            Poller([Target(server.url())], timeout_s=0.5) as poller:
+        (result,) = await asyncio.wait_for(poller.poll_once(), DEADLINE_S / 4)
+    assert result.ok and result.version is None
