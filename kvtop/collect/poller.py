@@ -236,10 +236,11 @@ async def _server_message(response: aiohttp.ClientResponse, target: Target) -> s
         parsed = json.loads(text)
     except ValueError:
         parsed = None
-    if isinstance(parsed, dict):
-        inner = parsed.get("error", parsed)
+    if isinstance(parsed, dict):  # {"error": {"message": why}}, {"detail": why}, {"error": why}
+        error = parsed.get("error")
+        inner = error if isinstance(error, dict) else parsed
         for key in ("message", "detail", "error"):
-            value = inner.get(key) if isinstance(inner, dict) else None
+            value = inner.get(key)
             if isinstance(value, str):
                 text = value
                 break

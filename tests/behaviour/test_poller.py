@@ -5,17 +5,40 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import gzip
+import logging
+import random
 import socket
 import ssl
+import time
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
-from kvtop.collect.http import classify_exception, make_session
-from kvtop.collect.poller import scrape
-from kvtop.collect.target import Scrape, Target
-from tests.faultserver import FaultServer, mode
+from kvtop import __version__
+from kvtop.collect import http
+from kvtop.collect import poller as poller_module
+from kvtop.collect.http import Failed, classify_exception, make_session
+from kvtop.collect.poller import (
+    OFF_LOOP_CHARS,
+    Gate,
+    Poller,
+    backoff_delay,
+    narrowed_url,
+    scrape,
+)
+from kvtop.collect.target import MASK, Scrape, Secret, Target
+from tests.faultserver import FaultServer, fixture, mode
+from tests.hostile import bodies
+from tests.waiting import DEADLINE_S, eventually
 
 LOGIN = b"Please sign in to continue.\n<form method=post><input name=user></form>\n"
 # a protobuf-delimited MetricFamily: printable bytes with NULs among them
@@ -95,6 +118,8 @@ VERIFY = ssl.SSLCertVerificationError(
 WRONG_VERSION = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
 NAMED = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
 NAMED.reason = "WRONG_VERSION_NUMBER"  # as OpenSSL's errors come: the reason on its own
+METRICS_URL = URL("http://gpu-1:8000/metrics")
+REQUEST = aiohttp.RequestInfo(METRICS_URL, "GET", CIMultiDictProxy(CIMultiDict()), METRICS_URL)
 
 
 @pytest.mark.parametrize(("exc", "kind", "reason"), [
@@ -121,6 +146,14 @@ NAMED.reason = "WRONG_VERSION_NUMBER"  # as OpenSSL's errors come: the reason on
      "broken HTTP answer: Invalid header"),
     (aiohttp.ClientConnectorError(None, OSError(113, "No route to host")), "down",  # type: ignore[arg-type]
      "cannot connect: No route to host"),
+    (aiohttp.ClientConnectorError(None, OSError("no route")), "down",  # type: ignore[arg-type]
+     "cannot connect: no route"),  # an OSError without an errno: its text
+    (aiohttp.ClientResponseError(REQUEST, (), status=400, message=""), "down",
+     "broken HTTP answer: 400, message='', url='http://gpu-1:8000/metrics'"),
+    (ssl.SSLCertVerificationError(1, "certificate has expired"), "down",  # as a wrapper words it
+     UNTRUSTED.replace("self-signed certificate", "certificate has expired")),
+    (ssl.SSLCertVerificationError(1, "certificate verify failed: X509 chain too long"), "down",
+     UNTRUSTED.replace("self-signed certificate", "X509 chain too long")),  # quoted whole
     (ValueError("odd \n  text"), "down", "cannot read the server: odd text"),
     (ValueError(), "down", "cannot read the server: ValueError"),
     (ValueError("x" * 300), "down", "cannot read the server: " + "x" * 200),
@@ -164,3 +197,542 @@ class Unprintable(Exception):
 def test_an_error_that_cannot_be_printed_is_named_by_its_type() -> None:
     assert classify_exception(Unprintable()) == (
         "down", "cannot read the server: Unprintable")
+
+
+# -- compressed bodies: decoded here, under the cap, and named when they are not what they say --
+
+TEXT = fixture()
+
+
+def raw_deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+def flipped(data: bytes, at: int) -> bytes:
+    """``data`` with the byte at ``at`` inverted (a checksum that no longer matches)."""
+    broken = bytearray(data)
+    broken[at] ^= 0xFF
+    return bytes(broken)
+
+
+ENCODED = {  # name -> (body, Content-Encoding) served by mode "encoded"
+    "gzip": (gzip.compress(TEXT), "gzip"),
+    "x-gzip": (gzip.compress(TEXT), "x-gzip"),
+    "gzip, spaced and capitalised": (gzip.compress(TEXT), " GZip "),
+    "deflate": (zlib.compress(TEXT), "deflate"),
+    "identity": (TEXT, "identity"),
+    "Identity": (TEXT, "Identity"),
+    "raw deflate": (raw_deflate(TEXT), "deflate"),
+    "zlib said to be gzip": (zlib.compress(TEXT), " X-GZIP"),
+    "gzip with a bad CRC": (flipped(gzip.compress(TEXT), -8), "gzip"),
+    "deflate with a bad checksum": (flipped(zlib.compress(TEXT), -1), "deflate"),
+    "gzip cut short": (gzip.compress(TEXT)[: len(gzip.compress(TEXT)) // 2], "gzip"),
+    "brotli": (b"\x1b\x03\x00\xf8\xa5\x40\x02", "br"),
+    "a hostile encoding": (TEXT, "x" * 100),
+}
+
+
+@mode("encoded")
+async def _encoded(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    body, encoding = ENCODED[req.query["as"]]
+    return await srv.respond(w, 200, body, headers={"Content-Encoding": encoding})
+
+
+async def read_encoded(name: str, **kw: Any) -> Scrape:
+    async with FaultServer() as server, make_session() as client:
+        url = server.url("encoded", urlencode({"as": name}))
+        return await scrape(client, Target(url), timeout_s=DEADLINE_S, **kw)
+
+
+@pytest.mark.parametrize("name", ["gzip", "x-gzip", "gzip, spaced and capitalised", "deflate",
+                                  "identity", "Identity"])
+async def test_a_body_in_any_encoding_kvtop_asks_for_or_accepts_is_read_whole(name: str) -> None:
+    result = await read_encoded(name)
+    assert result.ok, result.error
+    assert result.body == TEXT.decode()
+
+
+DATA_CHECK = "Error -3 while decompressing data: incorrect data check"
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("raw deflate", "raw deflate data: 'Content-Encoding: deflate' must be zlib-wrapped "
+                    "(RFC 9110), and this body has no zlib header"),
+    ("zlib said to be gzip", "not gzip data, though the server says 'Content-Encoding: x-gzip'"),
+    ("gzip with a bad CRC", f"corrupt gzip data ({DATA_CHECK})"),
+    ("deflate with a bad checksum", f"corrupt deflate data ({DATA_CHECK})"),
+    ("gzip cut short", "response cut short: the compressed body ended early"),
+    ("brotli", "unsupported Content-Encoding 'br'"),
+    ("a hostile encoding", f"unsupported Content-Encoding {'x' * 40!r}"),
+])
+async def test_a_body_that_cannot_be_decoded_says_why(name: str, reason: str) -> None:
+    result = await read_encoded(name)
+    assert (result.failure, result.error) == ("bad_payload", reason)
+    assert result.body is None
+
+
+async def test_a_decoded_body_over_the_cap_is_dropped_with_the_cap_named() -> None:
+    result = await read_encoded("gzip", max_bytes=len(TEXT) - 1)  # sent small, decoded over
+    assert (result.failure, result.error) == (
+        "bad_payload", f"the body is over the {len(TEXT) - 1:,}-byte size cap; dropped "
+                       "(raise the cap if it is real)")
+
+
+CAP = 4 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=1)
+def text_then_bomb() -> bytes:
+    """gzip of 3.5 MiB of metrics text (random values: ~1.5 MB compressed, so it arrives in
+    many pieces), then 32 MiB of zeros (~100 KB compressed)."""
+    rng, lines, size = random.Random(0), [], 0
+    while size < CAP * 7 // 8:
+        lines.append(f'vllm:num_requests_running{{engine="{len(lines) % 8}"}} {rng.random()!r}\n')
+        size += len(lines[-1])
+    packer = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = b"\0" * (1 << 20)
+    return (packer.compress("".join(lines).encode())
+            + b"".join(packer.compress(zeros) for _ in range(32)) + packer.flush())
+
+
+@mode("text_then_bomb")
+async def _text_then_bomb(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    return await srv.respond(w, 200, text_then_bomb(), headers={"Content-Encoding": "gzip"})
+
+
+async def test_a_bomb_after_real_text_never_inflates_past_the_cap() -> None:
+    """Each piece is inflated only up to what the cap has left: a bomb behind 3.5 MiB of
+    text must not add another cap's worth to memory before it is refused."""
+    text_then_bomb()  # built before memory is counted
+    async with FaultServer() as server, make_session() as client:
+        tracemalloc.start()
+        try:
+            result = await scrape(client, Target(server.url("text_then_bomb")),
+                                  timeout_s=DEADLINE_S, max_bytes=CAP)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert result.failure == "bad_payload" and "size cap" in (result.error or "")
+    assert peak < 2 * CAP, f"peak {peak:,} bytes while reading"  # ~1.4 caps here
+
+
+# -- what kvtop's requests carry, and what they ignore -------------------------------------------
+
+
+async def test_each_request_names_kvtop_and_asks_for_gzip_only() -> None:
+    """gzip is the one encoding asked for (kvtop decodes bodies itself, under the cap)."""
+    async with FaultServer() as server, make_session() as client:
+        assert (await scrape(client, Target(server.url()), timeout_s=DEADLINE_S)).ok
+    (request,) = server.requests
+    assert request.headers["user-agent"] == f"kvtop/{__version__}"
+    assert request.headers["accept-encoding"].lower() == "gzip"
+
+
+@mode("cookie")
+async def _cookie(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    return await srv.respond(w, 200, srv.bodies[0], headers={"Set-Cookie": "session=abc; Path=/"})
+
+
+async def test_cookies_a_server_sets_are_never_sent_back() -> None:
+    async with FaultServer() as server, make_session() as client:
+        url = server.url("cookie").replace("127.0.0.1", "localhost")  # IPs get no cookies anyway
+        for _ in range(2):
+            assert (await scrape(client, Target(url), timeout_s=DEADLINE_S)).ok
+    assert [r.headers.get("cookie") for r in server.requests] == [None, None]
+
+
+async def test_proxies_set_in_the_environment_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with FaultServer() as proxy, FaultServer() as server:
+        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(name, proxy.base_url)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        async with make_session() as client:
+            result = await scrape(client, Target(server.url()), timeout_s=DEADLINE_S)
+    assert result.ok and result.body == TEXT.decode()
+    assert proxy.requests == [] and len(server.requests) == 1
+
+
+async def test_a_hundred_hung_targets_do_not_hold_up_a_healthy_one() -> None:
+    """No connection limit: each hung target holds its connection until its deadline, and
+    the poller lets 128 requests run at once (aiohttp's default limit is 100)."""
+    async with FaultServer(mode="hang") as hung, FaultServer() as healthy, \
+            make_session() as client:
+        stuck = [asyncio.create_task(scrape(client, Target(hung.url()), timeout_s=DEADLINE_S))
+                 for _ in range(120)]
+        try:
+            await eventually(lambda: len(hung.requests) == 120, "120 hung requests")
+            result = await scrape(client, Target(healthy.url()), timeout_s=DEADLINE_S / 4)
+        finally:
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
+    assert result.ok, result.error
+
+
+async def test_an_idle_connection_is_closed_by_kvtop_after_its_keep_alive(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kvtop hangs up an idle connection before the server does (uvicorn: after 5 s), so it
+    never sends a request on a socket the server is closing."""
+    assert http.KEEPALIVE_S < 5.0
+    monkeypatch.setattr(http, "KEEPALIVE_S", 0.2)  # the same, without the wait
+    hung_up = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n"
+                     % len(TEXT) + TEXT)
+        await writer.drain()
+        if await reader.read() == b"":  # the client closed its end
+            hung_up.set()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with make_session() as client:
+            result = await scrape(client, Target(f"http://127.0.0.1:{port}/metrics"),
+                                  timeout_s=DEADLINE_S)
+            assert result.ok, result.error
+            await asyncio.wait_for(hung_up.wait(), DEADLINE_S / 4)
+    finally:
+        server.close()
+
+
+def test_a_failure_reads_as_its_reason() -> None:
+    """Where a failure is quoted as text (Prometheus's instances), it reads as its reason."""
+    assert str(Failed("down", "connection refused")) == "connection refused"
+
+
+# -- an answer that is not 2xx: its status, and a short quote of what the server said ---------
+
+FAILING = "HTTP 500: the server is failing or not ready"
+ANSWERS = {  # name -> (status, body, Content-Type) served by mode "answer"
+    "llama.cpp loading": (503, b'{"error":{"code":503,"message":"Loading model"}}', "json"),
+    "FastAPI detail": (500, b'{"detail":"Engine core died"}', "json"),
+    "error string": (500, b'{"error":"engine crashed","code":500}', "json"),
+    "nested error": (500, b'{"error":{"error":"out of memory"}}', "json"),
+    "JSON without a message": (500, b'{"status":"dead"}', "json"),
+    "nginx page": (502, b"<html><head><TITLE>502 Bad\n Gateway</TITLE></head>"
+                        b"<body><h1>502</h1></body></html>", "text/html"),
+    "long text": (500, b"stack trace:\n  " + b"x" * 300, "text/plain"),
+    "terminal escapes": (500, b"\x1b[31mred alert\x1b[0m", "text/plain"),
+    "empty": (500, b"", "text/plain"),
+    "not UTF-8": (500, b"caf\xe9 closed", "text/plain"),
+    "over 2 KB": (500, b"error " * 1000, "text/plain"),
+    "teapot": (418, b"I'm a teapot", "text/plain"),
+    "bad request": (400, b"Bad Request", "text/plain"),
+    "multiple choices": (300, b"pick one", "text/plain"),
+}
+
+
+@mode("answer")
+async def _answer(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    status, body, content_type = ANSWERS[req.query["as"]]
+    return await srv.respond(w, status, body, content_type=content_type)
+
+
+async def read_answer(name: str) -> Scrape:
+    async with FaultServer() as server, make_session() as client:
+        url = server.url("answer", urlencode({"as": name}))
+        return await scrape(client, Target(url), timeout_s=DEADLINE_S)
+
+
+@pytest.mark.parametrize(("name", "kind", "reason"), [
+    ("llama.cpp loading", "down", "HTTP 503: the server is failing or not ready (Loading model)"),
+    ("FastAPI detail", "down", f"{FAILING} (Engine core died)"),
+    ("error string", "down", f"{FAILING} (engine crashed)"),
+    ("nested error", "down", f"{FAILING} (out of memory)"),
+    ("JSON without a message", "down", f'{FAILING} ({{"status":"dead"}})'),
+    ("nginx page", "down", "HTTP 502: the server is failing or not ready (502 Bad Gateway)"),
+    ("long text", "down", f"{FAILING} (stack trace: {'x' * 107})"),  # 120 characters
+    ("terminal escapes", "down", FAILING),  # nothing unprintable is quoted
+    ("empty", "down", FAILING),
+    ("not UTF-8", "down", f"{FAILING} (caf\ufffd closed)"),
+    ("over 2 KB", "down", FAILING),  # not worth quoting
+    ("teapot", "bad_payload", "HTTP 418: not a metrics answer (I'm a teapot)"),
+    ("bad request", "bad_payload", "HTTP 400: not a metrics answer (Bad Request)"),
+    ("multiple choices", "bad_payload", "HTTP 300: a redirect kvtop could not follow (pick one)"),
+])
+async def test_an_error_answer_is_named_by_its_status_and_what_the_server_said(
+        name: str, kind: str, reason: str) -> None:
+    result = await read_answer(name)
+    assert (result.failure, result.error) == (kind, reason)
+
+
+@pytest.mark.parametrize("token", ["dGVzdA/s3cret+t0ken", "s3cr\\u0065t-t0ken"])
+async def test_a_token_echoed_in_a_json_error_is_masked_however_it_was_escaped(
+        token: str) -> None:
+    """Some encoders write '/' as '\\/' (the raw text then lacks the token, the message has
+    it); a server pasting the header into its JSON unescaped leaves a '\\u' the parser
+    would turn into something else (the raw text has the token, the message does not).
+    Here the token straddles the 120th character, where the quote is cut."""
+    said = f"{'x' * 110} {token}".replace("/", "\\/")
+    body = b'{"detail": "' + said.encode() + b'"}'
+    async with FaultServer() as server, make_session() as client:
+        ANSWERS["echo"] = (500, body, "json")
+        try:
+            result = await scrape(client, Target(server.url("answer", "as=echo"),
+                                                 token=Secret(token)), timeout_s=DEADLINE_S)
+        finally:
+            del ANSWERS["echo"]
+    assert result.failure == "down"
+    assert result.error == f"{FAILING} ({'x' * 110} {MASK})"
+
+
+# -- targets added and removed, a big body's version, one run at a time -----------------------
+
+
+def test_targets_are_added_before_polling_once_each_and_removed_quietly() -> None:
+    first, second = Target("http://127.0.0.1:9/metrics"), Target("http://127.0.0.1:10/metrics")
+    poller = Poller([first])  # built outside any event loop, as a program does
+    poller.add_target(second)
+    poller.add_target(first)  # known already
+    assert poller.targets == (first, second)
+    assert poller.state(second).failures == 0 and poller.state(second).version is None
+    poller.remove_target(Target("http://127.0.0.1:11/metrics"))  # never added
+    poller.remove_target(first)  # not running: nothing in flight to cancel
+    assert poller.targets == (second,)
+
+
+async def test_a_target_removed_while_its_attempt_hangs_is_never_reported_again() -> None:
+    async with FaultServer(mode="hang") as hung, FaultServer() as healthy:
+        gone, kept = Target(hung.url()), Target(healthy.url())
+        after_removal: list[Scrape] = []
+        removed_at: list[float] = []
+        stop = asyncio.Event()
+        async with Poller([gone, kept], interval_s=0.05, timeout_s=1.0) as poller:
+
+            def on_scrape(result: Scrape) -> None:
+                if removed_at:
+                    after_removal.append(result)
+                    if result.t > removed_at[0] + 1.5:  # past the hung attempt's deadline
+                        stop.set()
+                elif hung.requests:  # its attempt is in flight
+                    poller.remove_target(gone)
+                    removed_at.append(time.time())
+
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    assert after_removal and {s.target for s in after_removal} == {kept}
+
+
+async def test_a_poller_runs_once_at_a_time(fault_server: FaultServer) -> None:
+    stop, stopped = asyncio.Event(), asyncio.Event()
+    stopped.set()
+    async with Poller([Target(fault_server.url())], interval_s=0.05) as poller:
+        running = asyncio.create_task(poller.run(lambda s: None, stop=stop))
+        await eventually(lambda: fault_server.hits, "a first scrape")
+        with pytest.raises(RuntimeError, match=r"^Poller\.run is already running$"):
+            await poller.run(lambda s: None, stop=stopped)
+        stop.set()
+        await asyncio.wait_for(running, DEADLINE_S)
+
+
+def padded(size: int) -> bytes:
+    """The fixture padded with comment lines to exactly ``size`` bytes."""
+    body = fixture()
+    while len(body) < size:
+        body += b"#" + b" " * min(98, size - len(body) - 2) + b"\n"
+    assert len(body) == size
+    return body
+
+
+@pytest.mark.parametrize(("size", "in_a_thread"), [
+    (len(fixture()), False), (OFF_LOOP_CHARS, False), (OFF_LOOP_CHARS + 100, True)])
+async def test_a_body_is_read_with_the_servers_version_in_the_loop_or_over_the_limit_in_a_thread(
+        size: int, in_a_thread: bool) -> None:
+    """Up to OFF_LOOP_CHARS a body is read in the event loop (nothing to pace: read_s 0),
+    over it in a worker thread; either way with /version's answer (it decides how an old
+    vLLM's pool is counted)."""
+    async with FaultServer(bodies=[padded(size)], version="0.33.0") as server, \
+            Poller([Target(server.url())], timeout_s=DEADLINE_S) as poller:
+        (result,) = await poller.poll_once()
+        read_s = poller.state(result.target).read_s
+    assert result.ok and result.reading is not None, result.error
+    assert result.reading.version == "0.33.0"
+    assert (read_s > 0) == in_a_thread
+
+
+def test_a_healthy_target_waits_the_interval_and_a_first_failure_its_jitter() -> None:
+    for jitter in (0.8, 1.0, 3.0):  # healthy: the interval, whatever the jitter
+        assert backoff_delay(0, 1.0, 30.0, jitter=jitter) == 1.0
+    assert backoff_delay(1, 1.0, 30.0, jitter=1.2) == pytest.approx(1.2)
+
+
+def test_a_narrowed_url_is_the_url_asked_for_and_nothing_else() -> None:
+    assert narrowed_url("http://gpu-1:8000/metrics", ["vllm:b", "vllm:a"]) == (
+        "http://gpu-1:8000/metrics/?name%5B%5D=vllm%3Aa&name%5B%5D=vllm%3Ab")
+
+
+async def test_a_bug_while_polling_one_target_is_logged_and_polling_goes_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        fault_server: FaultServer) -> None:
+    real, calls = poller_module.interpret, []
+
+    async def broken_once(result: Scrape) -> float:  # a bug in reading, the first time only
+        calls.append(result)
+        if len(calls) == 1:
+            raise RuntimeError("adapter bug")
+        return await real(result)
+
+    monkeypatch.setattr(poller_module, "interpret", broken_once)
+    target, seen, stop = Target(fault_server.url()), [], asyncio.Event()
+
+    def on_scrape(result: Scrape) -> None:
+        seen.append(result)
+        stop.set()
+
+    with caplog.at_level(logging.ERROR, logger=poller_module.__name__):
+        async with Poller([target], interval_s=0.05) as poller:
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    assert len(calls) >= 2 and seen[0].ok  # the next attempt was read and delivered
+    (record,) = [r for r in caplog.records if r.exc_info]
+    assert record.getMessage() == f"polling {target.label} failed"
+    assert str(record.exc_info[1]) == "adapter bug"
+
+
+async def test_a_poller_runs_again_after_it_stopped_and_leaves_nothing_running(
+        fault_server: FaultServer) -> None:
+    def polling_tasks() -> list[asyncio.Task[object]]:
+        return [t for t in asyncio.all_tasks() if "Poller" in t.get_coro().__qualname__]
+
+    async with Poller([Target(fault_server.url())], interval_s=0.05) as poller:
+        for _ in range(2):
+            stop, seen = asyncio.Event(), []
+
+            def on_scrape(result: Scrape, seen: list[Scrape] = seen,
+                          stop: asyncio.Event = stop) -> None:
+                seen.append(result)
+                stop.set()
+
+            await http.within(DEADLINE_S, poller.run(on_scrape, stop=stop))  # no task between
+            assert seen and seen[0].ok
+            assert polling_tasks() == []  # every target's task ended with run()
+
+
+# -- the gate: at most MAX_IN_FLIGHT requests at once, the others in turn ---------------------
+
+
+async def let_the_loop_run() -> None:
+    """A few turns of the event loop: enough for any woken waiter to run (no time passes)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_the_gate_lets_its_size_in_and_the_others_in_their_turn() -> None:
+    gate, inside, leave = Gate(2), [], {n: asyncio.Event() for n in range(6)}
+
+    async def request(n: int) -> None:
+        async with gate:
+            inside.append(n)
+            await leave[n].wait()
+
+    tasks = [asyncio.create_task(request(n)) for n in range(5)]
+    await let_the_loop_run()
+    assert inside == [0, 1]
+    leave[1].set()
+    await let_the_loop_run()
+    assert inside == [0, 1, 2]  # one left, the first waiting came in
+    tasks[3].cancel()  # gave up waiting: skipped when its turn comes
+    leave[0].set()
+    await let_the_loop_run()
+    assert inside == [0, 1, 2, 4]
+    tasks.append(asyncio.create_task(request(5)))
+    await let_the_loop_run()
+    assert inside == [0, 1, 2, 4]  # 2 and 4 hold both places
+    leave[2].set()
+    await let_the_loop_run()
+    assert inside == [0, 1, 2, 4, 5]
+    for n in (4, 5):
+        leave[n].set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def both_places() -> None:
+        async with gate, gate:
+            pass
+
+    await asyncio.wait_for(both_places(), DEADLINE_S)  # both places are free again
+
+
+async def test_a_turn_that_comes_as_its_waiter_leaves_is_passed_on() -> None:
+    gate = Gate(1)
+    await gate.__aenter__()
+    inside: list[str] = []
+
+    async def request(name: str) -> None:
+        async with gate:
+            inside.append(name)
+
+    leaving, next_one = (asyncio.create_task(request(n)) for n in ("leaving", "next"))
+    await let_the_loop_run()
+    await gate.__aexit__(None, None, None)  # the turn goes to "leaving"...
+    leaving.cancel()  # ...which is cancelled before it can run
+    await asyncio.wait_for(next_one, DEADLINE_S)
+    assert inside == ["next"]
+    assert leaving.cancelled()
+
+
+async def test_failing_targets_back_off_with_jitter_not_in_lockstep(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    interval, planned = 0.05, []  # (failures so far, delay) after each attempt
+    real = poller_module.backoff_delay
+
+    def spy(failures: int, interval_s: float, max_backoff_s: float, jitter: float = 1.0) -> float:
+        delay = real(failures, interval_s, max_backoff_s, jitter)
+        planned.append((failures, delay))
+        return delay
+
+    monkeypatch.setattr(poller_module, "backoff_delay", spy)
+    attempts, stop = [], asyncio.Event()
+
+    def on_scrape(result: Scrape) -> None:
+        attempts.append(result)
+        if len(attempts) == 9:
+            stop.set()
+
+    async with FaultServer(mode="error500") as server:
+        targets = [Target(server.url(query=f"n={n}")) for n in range(3)]
+        async with Poller(targets, interval_s=interval, max_backoff_s=10.0, seed=1) as poller:
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    doubled = [delay for failures, delay in planned if failures == 2]
+    assert len(doubled) >= 2
+    assert all(0.8 * 2 * interval <= delay <= 1.2 * 2 * interval for delay in doubled)
+    assert len(set(doubled)) == len(doubled)  # each its own: they do not retry together
+
+
+async def test_a_consumer_that_fails_is_logged_with_the_target_and_polling_goes_on(
+        caplog: pytest.LogCaptureFixture, fault_server: FaultServer) -> None:
+    target, seen, stop = Target(fault_server.url()), [], asyncio.Event()
+
+    def on_scrape(result: Scrape) -> None:
+        seen.append(result)
+        if len(seen) == 2:
+            stop.set()
+        raise RuntimeError("consumer bug")
+
+    with caplog.at_level(logging.ERROR, logger=poller_module.__name__):
+        async with Poller([target], interval_s=0.05) as poller:
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    records = [r for r in caplog.records if r.exc_info]
+    assert len(records) == 2
+    assert {r.getMessage() for r in records} == {f"on_scrape failed for {target.label}"}
+    assert all(str(r.exc_info[1]) == "consumer bug" for r in records)
+
+
+async def test_a_body_the_adapters_refuse_is_a_bad_payload_with_their_reason() -> None:
+    body = bodies.bad_config("num_gpu_blocks", "inf").encode()
+    async with FaultServer(bodies=[body]) as server, \
+            Poller([Target(server.url())], timeout_s=DEADLINE_S) as poller:
+        (result,) = await poller.poll_once()
+    assert result.failure == "bad_payload" and not result.ok
+    assert "num_gpu_blocks='inf'" in (result.error or "")
+    assert "not a usable count" in (result.error or "")
+    assert result.reading is None
+
+
+async def test_a_server_whose_version_hangs_is_still_read_within_the_deadline() -> None:
+    async with FaultServer(version_mode="hang") as server, \
+            Poller([Target(server.url())], timeout_s=0.5) as poller:
+        (result,) = await asyncio.wait_for(poller.poll_once(), DEADLINE_S / 4)
+    assert result.ok and result.version is None
