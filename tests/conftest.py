@@ -7,13 +7,14 @@ import os
 import shutil
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.faultserver import FaultServer
+from tests.full_disk import small_tmpfs
 from tests.mutation_run import MUTATION, cold_caches
 
 TESTS = Path(__file__).resolve().parent
@@ -37,6 +38,13 @@ async def fault_server() -> AsyncIterator[FaultServer]:
     """A started FaultServer (mode "ok", the vLLM 0.33.0 under-load fixture, version 0.33.0)."""
     async with FaultServer() as server:
         yield server
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 512 KiB filesystem to fill (root only: others skip)."""
+    with small_tmpfs(tmp_path / "disk") as folder:
+        yield folder
 
 
 @pytest.fixture(scope="session")

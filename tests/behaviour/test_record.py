@@ -28,6 +28,7 @@ import pytest
 from kvtop.cli import main
 from kvtop.store.recording import RecordingError, read_recording
 from tests.faultserver import FaultServer, fixture, served_in_thread
+from tests.full_disk import fill
 from tests.waiting import wait_until
 
 TOKEN = "s3cret-token-never-written"
@@ -92,36 +93,6 @@ def meanwhile(action: Callable[[], None]) -> Iterator[None]:
     thread.join(60)
     if errors:
         raise errors[0]
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 512 KiB filesystem to fill: a tmpfs, which only root may mount."""
-    if os.geteuid() != 0:
-        pytest.skip("a full disk needs a small tmpfs, and only root can mount one "
-                    "(CI runs as root)")
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(folder)],
-                   check=True, capture_output=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
-def fill(folder: Path) -> Path:
-    """Take every free byte of the filesystem; delete the file returned to free them."""
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        for chunk in (b"x" * 65536, b"x"):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, chunk)
-    finally:
-        os.close(fd)
-    return filler
 
 
 def said(stream: io.StringIO) -> list[str]:

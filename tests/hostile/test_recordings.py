@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,6 +39,7 @@ from kvtop.store.recording import (
 from kvtop.ui.app import AppConfig, KvtopApp, run_app
 from kvtop.ui.replay import ReplayApp, replay_app, run_replay
 from tests.faultserver import FaultServer
+from tests.full_disk import fill
 from tests.paths import fixture_text
 from tests.ui.scenario import (
     HOST_A,
@@ -114,38 +115,6 @@ def scrapes_in(path: Path) -> int:
         return len(read_recording(path).scrapes)
     except RecordingError:
         return 0
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 512 KiB filesystem to fill: a tmpfs, which only root may mount."""
-    if os.geteuid() != 0:
-        pytest.skip("a full disk needs a small tmpfs, and only root can mount one "
-                    "(CI runs as root)")
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(folder)],
-                   check=True, capture_output=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
-def fill(folder: Path) -> Path:
-    """Take every free byte of the filesystem; delete the file returned to free them."""
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        for chunk in (b"x" * 65536, b"x"):
-            try:
-                while True:
-                    os.write(fd, chunk)
-            except OSError as exc:
-                assert exc.errno == 28  # ENOSPC: the disk is full
-    finally:
-        os.close(fd)
-    return filler
 
 
 def numbered_bodies(count: int = 2000) -> list[bytes]:

@@ -1,0 +1,43 @@
+"""A real filesystem that fills up: a 512 KiB tmpfs, for the tests of a full disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+@contextmanager
+def small_tmpfs(folder: Path) -> Iterator[Path]:
+    """Mount a 512 KiB tmpfs at ``folder``; only root may, so others get a skip."""
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a small tmpfs, and only root can mount one "
+                    "(CI runs as root)")
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(folder)],
+                   check=True, capture_output=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Take every free byte of the filesystem; delete the file returned to free them."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        for chunk in (b"x" * 65536, b"x"):
+            try:
+                while True:
+                    os.write(fd, chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC  # the disk is full
+    finally:
+        os.close(fd)
+    return filler
