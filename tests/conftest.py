@@ -41,6 +41,13 @@ async def fault_server() -> AsyncIterator[FaultServer]:
 
 
 @pytest.fixture
+def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where kvtop keeps baselines, under the test's own XDG_DATA_HOME (not made yet)."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    return tmp_path / "data" / "kvtop" / "baselines"
+
+
+@pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 512 KiB filesystem to fill (root only: others skip)."""
     with small_tmpfs(tmp_path / "disk") as folder:

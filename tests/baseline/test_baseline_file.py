@@ -24,12 +24,6 @@ def sample() -> Baseline:
     return baseline(HEALTHY.but(minutes=4), "sample")
 
 
-@pytest.fixture
-def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    return tmp_path / "data" / "kvtop" / "baselines"
-
-
 def test_a_baseline_reads_back_as_written(sample: Baseline) -> None:
     again = loads(sample.dumps())
     assert again.to_json() == sample.to_json()

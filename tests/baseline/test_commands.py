@@ -18,12 +18,6 @@ from tests.faultserver import closed_port
 HOSTILE_MODEL = "evil\x1b]52;c;aGk=\x07\x1b[2J[link=http://x]m[/link]\u202e"
 
 
-@pytest.fixture
-def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    return tmp_path / "data" / "kvtop" / "baselines"
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A short healthy recording (5 minutes)."""

@@ -164,12 +164,6 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
     return code, (json.loads(out) if out.strip().startswith("{") else out), err
 
 
-@pytest.fixture
-def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    return tmp_path / "data" / "kvtop" / "baselines"
-
-
 def test_commands_on_recordings(recordings: Recordings, data_home: Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "baseline", "save", "healthy", "--from",

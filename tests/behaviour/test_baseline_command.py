@@ -27,12 +27,6 @@ from tests.faultserver import FaultServer, closed_port, fixture, served_in_threa
 from tests.load.fake_openai import MODEL, FakeOpenAI
 
 
-@pytest.fixture
-def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    return tmp_path / "data" / "kvtop" / "baselines"
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A short healthy recording of the simulated server (3 minutes)."""

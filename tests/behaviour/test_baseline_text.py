@@ -156,11 +156,10 @@ GPU ? on node-7 NVIDIA A10G: — used of —
 
 
 @pytest.fixture
-def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    folder = tmp_path / "data" / "kvtop" / "baselines"
-    folder.mkdir(parents=True)
-    return folder
+def data_home(data_home: Path) -> Path:
+    """The shared one (tests/conftest.py), made: these tests write baselines straight in."""
+    data_home.mkdir(parents=True)
+    return data_home
 
 
 def shown(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
