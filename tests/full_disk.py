@@ -1,4 +1,4 @@
-"""A real filesystem that fills up: a 512 KiB tmpfs, for the tests of a full disk."""
+"""Real filesystems that refuse a write: a 512 KiB tmpfs to fill, a read-only one."""
 
 from __future__ import annotations
 
@@ -13,18 +13,25 @@ import pytest
 
 
 @contextmanager
+def tmpfs(folder: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at the existing ``folder`` (root only), unmounted after."""
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                   check=True, capture_output=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@contextmanager
 def small_tmpfs(folder: Path) -> Iterator[Path]:
     """Mount a 512 KiB tmpfs at ``folder``; only root may, so others get a skip."""
     if os.geteuid() != 0:
         pytest.skip("a full disk needs a small tmpfs, and only root can mount one "
                     "(CI runs as root)")
     folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(folder)],
-                   check=True, capture_output=True)
-    try:
+    with tmpfs(folder, "size=512k"):
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def fill(folder: Path) -> Path:

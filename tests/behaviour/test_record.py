@@ -18,7 +18,6 @@ import re
 import resource
 import signal
 import ssl
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ import pytest
 from kvtop.cli import main
 from kvtop.store.recording import RecordingError, read_recording
 from tests.faultserver import FaultServer, fixture, served_in_thread
-from tests.full_disk import fill
+from tests.full_disk import fill, tmpfs
 from tests.waiting import wait_until
 
 TOKEN = "s3cret-token-never-written"
@@ -229,12 +228,8 @@ def read_only_folder(tmp_path: Path) -> Iterator[Path]:
         yield folder
         folder.chmod(0o755)
         return
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)],
-                   check=True, capture_output=True)
-    try:
+    with tmpfs(folder, "ro,size=64k"):
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def test_a_read_only_folder_is_named_with_the_reason_and_no_force_hint(
