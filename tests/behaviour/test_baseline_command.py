@@ -420,3 +420,11 @@ def test_baseline_needs_an_action_and_its_help_lists_them() -> None:
     code, out, _ = run("baseline", "--help")
     assert code == 0
     assert "usage: kvtop baseline [-h] ACTION ..." in out and "\nactions:\n  ACTION\n" in out
+    # each action with what it does, as `kvtop baseline -h` is where a user looks them up
+    listed = [" ".join(line.split()) for line in out.split("  ACTION\n", 1)[1].splitlines()]
+    assert listed == [
+        "save watch the targets (or read a recording) and save a baseline",
+        "list the saved baselines",
+        "show what a baseline holds",
+        "rm remove a saved baseline",
+    ]
