@@ -67,6 +67,19 @@ def first(series: list[EngineStats], found: list[LeakVerdict], state: str) -> fl
                 None)
 
 
+def leak_confirmed_after_persisting(
+        change: Callable[[EngineStats], EngineStats]) -> list[LeakVerdict]:
+    """A rising floor, each scrape changed by ``change``: WATCH first, then LEAK exactly
+    ``leak_persist_s`` later (to a bucket), no sooner and no later."""
+    p = LeakParams()
+    series = [change(s) for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
+    found = verdicts(series, p)
+    watch, leak = first(series, found, "watch"), first(series, found, "leak")
+    assert watch is not None and leak is not None
+    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+    return found
+
+
 def last(series: list[EngineStats], found: list[LeakVerdict], state: str) -> float | None:
     times = [s.t - T0 for s, v in zip(series, found, strict=True) if v.state == state]
     return times[-1] if times else None
@@ -616,12 +629,7 @@ def falling_running(s: EngineStats) -> float:
         "queue-grows-with-throughput", "waiting-unknown"])
 def test_what_is_no_consequence_of_a_leak_does_not_confirm_it_sooner(
         change: Callable[[EngineStats], EngineStats]) -> None:
-    p = LeakParams()
-    series = [change(s) for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
-    found = verdicts(series, p)
-    watch, leak = first(series, found, "watch"), first(series, found, "leak")
-    assert watch is not None and leak is not None
-    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+    found = leak_confirmed_after_persisting(change)
     assert found[-1].evidence["consequences"] == "none"
 
 
@@ -748,13 +756,7 @@ def test_a_rising_floor_counts_once_the_batch_has_turned_over(
 
 
 def test_a_server_without_a_preemption_counter_gets_its_leak_found() -> None:
-    p = LeakParams()
-    series = [replace(s, preemptions_per_s=None)
-              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
-    found = verdicts(series, p)
-    watch, leak = first(series, found, "watch"), first(series, found, "leak")
-    assert watch is not None and leak is not None
-    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+    leak_confirmed_after_persisting(lambda s: replace(s, preemptions_per_s=None))
 
 
 def test_what_the_load_explains_is_measured_through_noise_and_nothing_without_a_change() -> None:
@@ -841,13 +843,7 @@ def test_a_buckets_floor_is_its_least_used_blocks_wherever_in_the_minute() -> No
 
 def test_rates_over_one_second_windows_still_count() -> None:
     # a poller reading every second: each scrape's rates cover one second
-    p = LeakParams()
-    series = [replace(s, window_s=1.0)
-              for s in rising_floor(6, start_min=10, stop_min=999, minutes=40)]
-    found = verdicts(series, p)
-    watch, leak = first(series, found, "watch"), first(series, found, "leak")
-    assert watch is not None and leak is not None
-    assert leak - watch == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
+    leak_confirmed_after_persisting(lambda s: replace(s, window_s=1.0))
 
 
 def test_with_no_idle_span_asked_blocks_held_at_the_first_idle_scrape_are_watch() -> None:
