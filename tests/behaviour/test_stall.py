@@ -84,6 +84,7 @@ def test_one_running_request_alone_counts_as_held() -> None:
 def test_a_waiting_request_alone_counts_as_held() -> None:
     verdicts = fed(still(range(1, 6), running=None, waiting=1.0))
     assert verdicts[-1].state == "stalled" and verdicts[-1].evidence["running"] == 0.0
+    assert verdicts[-1].reason.endswith("with 0 running, 1 waiting; KV pool 50% used")
 
 
 def test_a_full_pool_with_a_queue_is_named_as_the_reason() -> None:
@@ -144,6 +145,22 @@ def test_missing_counts_or_token_counter_are_unknown_never_zero() -> None:
         ("unknown", "the server exports no generated-token counter")}
     no_window = fed(still(range(1, 10), waiting=2.0, window=0.0))
     assert {v.reason for v in no_window} == {"rates need another scrape"}
+
+
+def test_the_first_scrape_has_no_rates_and_is_not_blamed_on_the_server() -> None:
+    # no window yet, so no rate of any kind: the counter may well be there
+    first = fed([reading(0, window=None, tokens=None, prompt=None, waiting=2.0)])[0]
+    assert (first.state, first.reason) == ("unknown", "rates need another scrape")
+
+
+def test_unknown_is_dated_from_the_scrape_that_lost_the_numbers() -> None:
+    # snapshot JSON's since_t: when the state began
+    for lost in ({"running": None, "waiting": None}, {"tokens": None},
+                 {"restarted": True, "window": None, "tokens": None}):
+        detector = StallDetector()
+        fed(still(range(1, 4), waiting=2.0, tokens=5.0), detector)
+        verdicts = fed(still((4, 5), **{"waiting": 2.0, **lost}), detector)
+        assert [(v.state, v.since_t) for v in verdicts] == [("unknown", T0 + 4)] * 2, lost
 
 
 def test_before_any_scrape_the_verdict_is_unknown() -> None:
