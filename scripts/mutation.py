@@ -147,6 +147,23 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 "tests/test_gpu_ownership.py", "tests/test_lora.py",
                                 "tests/hostile/test_memory.py",
                                 "tests/hostile/test_boundary_sweep.py"),
+    # the stall verdict: its unit tests, minus the two 5- and 10-minute simulations of healthy
+    # and pressured load (7-11 s each per mutant; tests/behaviour/test_stall.py feeds the same
+    # verdicts scrape by scrape), the tracker's tests and `kvtop check`'s stall cases
+    "kvtop/derive/stall.py": ("tests/behaviour/test_stall.py", "tests/test_stall.py",
+                              "tests/behaviour/test_tracker.py",
+                              *deselected("tests/test_stall.py",
+                                          "test_healthy_load_and_bursts_are_never_stalled",
+                                          "test_a_pool_under_pressure_is_saturated_not_stalled"),
+                              *(f"tests/behaviour/test_check.py::{name}" for name in (
+                                  "test_a_stalled_engine_exits_4_with_when_it_stalled",
+                                  "test_a_leak_outranks_a_stall_in_the_exit_code",
+                                  "test_the_text_says_stalled_in_the_headline_and_under_the_engine",
+                                  "test_the_worst_stall_over_engines_is_the_runs"))),
+    # percentiles of plain samples: its unit test and the rehearsal judge that reads them
+    "kvtop/derive/samples.py": ("tests/behaviour/test_samples.py",
+                                "tests/baseline/test_baseline_file.py::"
+                                "test_percentile_interpolates", "tests/rehearse/test_judge.py"),
     "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py", "tests/test_gpu_ownership.py",
                                    "tests/ui/test_gpu_model.py",
                                    "tests/behaviour/test_gpu_owners.py"),

@@ -1,0 +1,253 @@
+"""When kvtop says a server is STALLED or SATURATED, and when it must not (docs/leak-detector.md,
+"The stall verdict"): scrape by scrape, the numbers a person sees in the table, with each
+threshold met exactly and missed by a hair. A missing metric is never read as 0."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvtop.derive.stall import StallDetector, StallVerdict
+from kvtop.derive.stats import EngineStats
+
+T0 = 1_767_225_600.0
+
+
+def reading(t: float, *, running: float | None = 3.0, waiting: float | None = 0.0,
+            tokens: float | None = 0.0, prompt: float | None = 0.0, usage: float | None = 0.5,
+            window: float | None = 1.0, preempting: float | None = 0.0,
+            finished: dict[str, float] | None = None, **more: object) -> EngineStats:
+    """One engine's numbers after a scrape at T0 + t: rates over the ``window`` before it."""
+    return EngineStats(model="m", engine="0", t=T0 + t, running=running, waiting=waiting,
+                       generation_tps=tokens, prompt_tps=prompt, kv_usage=usage,
+                       window_s=window, preemptions_per_s=preempting,
+                       finished_per_s=finished or {}, **more)  # type: ignore[arg-type]
+
+
+def fed(readings: Iterable[EngineStats], detector: StallDetector | None = None,
+        ) -> list[StallVerdict]:
+    detector = detector or StallDetector()
+    return [detector.update(r) for r in readings]
+
+
+def still(times: Iterable[float], window: float = 1.0, **numbers: object) -> list[EngineStats]:
+    """Requests held and nothing coming out, one scrape at each time."""
+    return [reading(t, window=window, **numbers) for t in times]  # type: ignore[arg-type]
+
+
+# --- STALLED: requests held, nothing out ----------------------------------------------------
+
+def test_a_queue_with_no_token_is_stalled_after_five_seconds_of_one_second_scrapes() -> None:
+    verdicts = fed([reading(0, window=None), *still(range(1, 7), waiting=2.0)])
+    assert verdicts[0].state == "unknown" and verdicts[0].reason == "rates need another scrape"
+    assert [v.state for v in verdicts[1:]] == ["ok"] * 4 + ["stalled"] * 2
+    first = verdicts[5]
+    assert first.reason == ("no token generated for 5 s with 3 running, 2 waiting; "
+                            "KV pool 50% used")
+    assert first.since_t == T0  # the last scrape with progress
+    assert first.evidence == {"running": 3.0, "waiting": 2.0, "kv_usage": 0.5,
+                              "no_progress_s": 5.0}
+    assert verdicts[6].since_t == T0 and verdicts[6].evidence["no_progress_s"] == 6.0
+
+
+def test_slow_scrapes_need_three_windows_without_progress() -> None:
+    verdicts = fed([reading(0, window=None), *still((10, 20, 30), window=10.0, waiting=2.0)])
+    assert [v.state for v in verdicts] == ["unknown", "ok", "ok", "stalled"]
+    assert verdicts[-1].reason.startswith("no token generated for 30 s")
+
+
+def test_a_token_a_prompt_or_a_finished_request_ends_a_stall_at_once() -> None:
+    stalled = still(range(1, 7), waiting=2.0)
+    for moved in ({"tokens": 0.5}, {"prompt": 20.0}, {"finished": {"stop": 0.2}}):
+        detector = StallDetector()
+        assert fed(stalled, detector)[-1].state == "stalled"
+        verdict = detector.update(reading(7, waiting=2.0, **moved))  # type: ignore[arg-type]
+        assert (verdict.state, verdict.reason, verdict.since_t) == (
+            "ok", "making progress", T0 + 7), moved
+        # and the count starts again from there
+        assert [v.state for v in fed(still(range(8, 13), waiting=2.0), detector)] == [
+            "ok"] * 4 + ["stalled"]
+
+
+def test_zero_rates_and_no_finished_request_are_no_progress() -> None:
+    verdicts = fed(still(range(1, 6), waiting=2.0, finished={"stop": 0.0, "length": 0.0}))
+    assert verdicts[-1].state == "stalled"
+
+
+def test_one_running_request_alone_counts_as_held() -> None:
+    verdicts = fed(still(range(1, 6), running=1.0, waiting=None, usage=0.96))
+    assert verdicts[-1].state == "stalled"
+    assert verdicts[-1].evidence["waiting"] == 0.0
+    assert verdicts[-1].reason == ("no token generated for 5 s with 1 running, 0 waiting; "
+                                   "KV pool 96% used")
+
+
+def test_a_waiting_request_alone_counts_as_held() -> None:
+    verdicts = fed(still(range(1, 6), running=None, waiting=1.0))
+    assert verdicts[-1].state == "stalled" and verdicts[-1].evidence["running"] == 0.0
+    assert verdicts[-1].reason.endswith("with 0 running, 1 waiting; KV pool 50% used")
+
+
+def test_a_full_pool_with_a_queue_is_named_as_the_reason() -> None:
+    verdicts = fed(still(range(1, 6), running=4.0, waiting=7.0, usage=0.95))
+    assert verdicts[-1].reason == ("KV pool 95% full with 7 requests waiting: no token "
+                                   "generated for 5 s (4 running)")
+
+
+def test_a_lone_long_prefill_is_stalled_only_after_a_minute() -> None:
+    # requests running, nothing waiting, pool not full: one huge prompt can take this long
+    verdicts = fed(still(range(1, 62), usage=0.94))
+    assert [v.state for v in verdicts[:59]] == ["ok"] * 59
+    assert [v.state for v in verdicts[59:]] == ["stalled", "stalled"]
+    assert verdicts[59].reason == ("no token generated for 60 s with 3 running, 0 waiting; "
+                                   "KV pool 94% used")
+
+
+def test_a_full_pool_without_a_queue_is_not_a_lone_prefill() -> None:
+    assert fed(still(range(1, 6), usage=0.95))[-1].state == "stalled"
+    assert fed(still(range(1, 6), usage=0.949))[-1].state == "ok"
+
+
+def test_the_pool_is_read_from_blocks_when_no_usage_gauge() -> None:
+    verdicts = fed(still(range(1, 6), waiting=2.0, usage=None, blocks_used=960.0,
+                         blocks_total=1000))
+    assert verdicts[-1].reason.startswith("KV pool 96% full with 2 requests waiting")
+    assert verdicts[-1].evidence["kv_usage"] == 0.96
+
+
+def test_an_unknown_pool_is_left_out_of_the_reason_never_read_as_empty() -> None:
+    for pool in ({"usage": None}, {"usage": None, "blocks_used": 5.0, "blocks_total": 0},
+                 {"usage": None, "blocks_used": None, "blocks_total": 1000}):
+        verdict = fed(still(range(1, 6), waiting=2.0, **pool))[-1]  # type: ignore[arg-type]
+        assert verdict.reason == "no token generated for 5 s with 3 running, 2 waiting", pool
+        assert "kv_usage" not in verdict.evidence
+
+
+# --- never STALLED -----------------------------------------------------------------------------
+
+def test_an_idle_server_is_ok_with_no_requests() -> None:
+    verdicts = fed(still(range(1, 100), running=0.0, waiting=0.0))
+    assert {(v.state, v.reason) for v in verdicts} == {("ok", "no requests")}
+    assert verdicts[-1].since_t == T0 + 1  # OK since the first scrape said so
+    assert verdicts[-1].evidence == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.5}
+
+
+def test_tokens_coming_out_are_ok() -> None:
+    verdicts = fed(still(range(1, 100), waiting=5.0, tokens=1.0, usage=0.99))
+    assert {(v.state, v.reason) for v in verdicts} == {("ok", "making progress")}
+
+
+def test_missing_counts_or_token_counter_are_unknown_never_zero() -> None:
+    counts = fed(still(range(1, 10), running=None, waiting=None))
+    assert {(v.state, v.reason) for v in counts} == {
+        ("unknown", "the server exports no running or waiting count")}
+    tokens = fed(still(range(1, 10), waiting=2.0, tokens=None))
+    assert {(v.state, v.reason) for v in tokens} == {
+        ("unknown", "the server exports no generated-token counter")}
+    no_window = fed(still(range(1, 10), waiting=2.0, window=0.0))
+    assert {v.reason for v in no_window} == {"rates need another scrape"}
+
+
+def test_the_first_scrape_has_no_rates_and_is_not_blamed_on_the_server() -> None:
+    # no window yet, so no rate of any kind: the counter may well be there
+    first = fed([reading(0, window=None, tokens=None, prompt=None, waiting=2.0)])[0]
+    assert (first.state, first.reason) == ("unknown", "rates need another scrape")
+
+
+def test_unknown_is_dated_from_the_scrape_that_lost_the_numbers() -> None:
+    # snapshot JSON's since_t: when the state began
+    for lost in ({"running": None, "waiting": None}, {"tokens": None},
+                 {"restarted": True, "window": None, "tokens": None}):
+        detector = StallDetector()
+        fed(still(range(1, 4), waiting=2.0, tokens=5.0), detector)
+        verdicts = fed(still((4, 5), **{"waiting": 2.0, **lost}), detector)
+        assert [(v.state, v.since_t) for v in verdicts] == [("unknown", T0 + 4)] * 2, lost
+
+
+def test_before_any_scrape_the_verdict_is_unknown() -> None:
+    assert StallDetector().verdict == StallVerdict("unknown", "no scrape yet", None, {})
+
+
+def test_a_restart_starts_the_count_again() -> None:
+    detector = StallDetector()
+    fed(still(range(1, 5), waiting=2.0), detector)  # four windows, one short of STALLED
+    verdict = detector.update(reading(5, waiting=2.0, restarted=True))
+    assert verdict.state == "ok"
+    assert [v.state for v in fed(still(range(6, 10), waiting=2.0), detector)] == [
+        "ok", "ok", "ok", "stalled"]
+
+
+def test_a_scrape_without_counts_keeps_the_count() -> None:
+    # a server that dropped its gauges for one scrape: no verdict then, the stall still counts
+    detector = StallDetector()
+    fed(still(range(1, 4), waiting=2.0), detector)
+    assert detector.update(reading(4, running=None, waiting=None)).state == "unknown"
+    assert detector.update(reading(5, waiting=2.0)).state == "stalled"
+
+
+# --- SATURATED: the pool is the bottleneck, not a fault ------------------------------------------
+
+def pressed(times: Iterable[float], *, usage: float = 0.97, waiting: float = 4.0,
+            preempting: float = 0.0, **more: object) -> list[EngineStats]:
+    """A pool near full with a queue, tokens still coming out."""
+    return [reading(t, usage=usage, waiting=waiting, tokens=300.0, preempting=preempting,
+                    **more) for t in times]  # type: ignore[arg-type]
+
+
+def test_a_pinned_pool_with_a_queue_and_preemptions_is_saturated_after_54_s() -> None:
+    verdicts = fed([*pressed([0], preempting=0.5), *pressed(range(1, 60))])
+    assert {v.state for v in verdicts[:54]} == {"ok"}
+    assert {v.state for v in verdicts[54:]} == {"saturated"}
+    assert verdicts[54].reason == ("KV pool pinned full (median 97% over 60 s), requests "
+                                   "waiting and being preempted; still making progress")
+    assert verdicts[-1].since_t == T0 + 54
+    assert verdicts[-1].evidence == {"running": 3.0, "waiting": 4.0, "kv_usage": 0.97}
+
+
+def test_a_preemption_counts_for_a_minute_then_is_forgotten() -> None:
+    verdicts = fed([*pressed([0], preempting=0.5), *pressed(range(1, 62))])
+    assert [v.state for v in verdicts[59:]] == ["saturated", "saturated", "ok"]
+
+
+def test_no_preemption_is_not_saturated() -> None:
+    assert {v.state for v in fed(pressed(range(0, 120)))} == {"ok"}
+
+
+def test_a_median_at_the_pinned_mark_is_saturated_and_below_it_is_not() -> None:
+    for usage, state in ((0.9, "saturated"), (0.899, "ok")):
+        assert fed(pressed(range(0, 60), usage=usage, preempting=1.0))[-1].state == state
+
+
+def test_the_median_not_the_mean_of_usage_counts() -> None:
+    # a third of the scrapes read the pool at 0 (a freed batch): still pinned most of the time
+    dips = [reading(t, usage=0.97 if t % 3 else 0.0, waiting=4.0, tokens=300.0,
+                    preempting=1.0) for t in range(0, 60)]
+    assert fed(dips)[-1].state == "saturated"
+
+
+def test_a_queue_at_half_the_scrapes_is_enough_and_less_is_not() -> None:
+    for every, state in ((2, "saturated"), (3, "ok")):
+        scrapes = [reading(t, usage=0.97, waiting=4.0 if t % every == 0 else 0.0,
+                           tokens=300.0, preempting=1.0) for t in range(0, 60)]
+        assert fed(scrapes)[-1].state == state, every
+
+
+def test_a_pool_not_known_for_a_scrape_restarts_the_minute() -> None:
+    scrapes = [*pressed(range(0, 30), preempting=1.0),
+               reading(30, usage=None, waiting=4.0, tokens=300.0, preempting=1.0),
+               *pressed(range(31, 90), preempting=1.0)]
+    verdicts = fed(scrapes)
+    assert verdicts[84].state == "ok" and verdicts[85].state == "saturated"
+
+
+def test_a_restart_forgets_the_pressure_seen_before() -> None:
+    detector = StallDetector()
+    fed(pressed(range(0, 60), preempting=1.0), detector)
+    assert detector.verdict.state == "saturated"
+    assert detector.update(pressed([60], preempting=1.0, restarted=True)[0]).state == "ok"
+
+
+def test_a_stall_on_a_pinned_pool_is_stalled_not_saturated() -> None:
+    detector = StallDetector()
+    fed(pressed(range(0, 60), preempting=1.0), detector)
+    verdicts = fed(still(range(60, 66), usage=0.97, waiting=4.0), detector)
+    assert verdicts[-1].state == "stalled" and verdicts[-1].since_t == T0 + 59
