@@ -143,7 +143,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                                  "tests/hostile/test_memory.py::"
                                  "test_the_prometheus_head_cache_holds_a_bounded_number_of_characters"),
     # dataclasses only (the constants pass: their defaults), read by every adapter and the tracker
-    "kvtop/collect/reading.py": (*ADAPTER_TESTS, "tests/behaviour/test_tracker.py"),
+    "kvtop/collect/reading.py": (*ADAPTER_TESTS, "tests/behaviour/test_tracker.py",
+                                 "tests/behaviour/test_reading.py"),
     # the GPU record and its JSON: NVML (faked), the exporters' adapters, the owners' views
     "kvtop/collect/gpu.py": ("tests/behaviour/test_gpu_json.py", "tests/ui/test_nvml.py",
                              "tests/test_gpu_adapters.py",

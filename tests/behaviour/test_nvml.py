@@ -53,6 +53,10 @@ class FlakyPynvml(FakePynvml):
         self._ask(d, "temp")
         return super().nvmlDeviceGetTemperature(d, sensor)
 
+    def nvmlDeviceGetPowerUsage(self, d: FakeDevice) -> int:
+        self._ask(d, "power")
+        return super().nvmlDeviceGetPowerUsage(d)
+
     def nvmlDeviceGetComputeRunningProcesses(self, d: FakeDevice) -> list[Any]:
         self._ask(d, "compute")
         return super().nvmlDeviceGetComputeRunningProcesses(d)
@@ -100,17 +104,23 @@ def test_a_field_a_device_cannot_give_is_none_and_the_rest_is_read(tmp_path: Pat
     assert gpu.power_w == 412.0
 
 
-def test_an_unsupported_field_is_not_asked_again_of_that_gpu_but_of_the_others(
+def test_a_field_one_gpu_cannot_give_is_not_asked_of_it_again_but_still_of_the_others(
         tmp_path: Path) -> None:
-    devices = [FakeDevice(uuid="GPU-a"), FakeDevice(uuid="GPU-b")]
-    nvml = FlakyPynvml(devices, {("GPU-a", "temp"): FakeNotSupported,
-                                 ("GPU-a", "compute"): FakeNotSupported})
+    unsupported = ("name", "uuid", "memory", "util", "temp", "power", "compute")
+    devices = [FakeDevice(uuid="GPU-a"), FakeDevice(name="L4", uuid="GPU-b", compute=[(7, GIB)])]
+    nvml = FlakyPynvml(devices, {("GPU-a", query): FakeNotSupported for query in unsupported})
     reader = NvmlReader(nvml, proc_root=tmp_path)
     for _ in range(3):
         a, b = reader.read()
-        assert a.temperature_c is None and b.temperature_c == 61.0
-    assert nvml.asked[("GPU-a", "temp")] == nvml.asked[("GPU-a", "compute")] == 1
-    assert nvml.asked[("GPU-b", "temp")] == nvml.asked[("GPU-b", "compute")] == 3
+        assert (a.name, a.uuid, a.memory_used_bytes, a.util_percent, a.temperature_c,
+                a.power_w, a.processes) == ("GPU", "", None, None, None, None, ())
+        assert (b.name, b.uuid, b.memory_used_bytes, b.util_percent, b.temperature_c,
+                b.power_w, [p.pid for p in b.processes]) == (
+            "L4", "GPU-b", 70 * GIB, 93.0, 61.0, 412.0, [7])
+    assert {query: nvml.asked[("GPU-a", query)] for query in unsupported} == dict.fromkeys(
+        unsupported, 1)
+    assert {query: nvml.asked[("GPU-b", query)] for query in unsupported} == dict.fromkeys(
+        unsupported, 3)
     assert nvml.asked[("GPU-a", "graphics")] == 3  # another field of the same GPU
 
 

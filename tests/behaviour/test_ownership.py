@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvtop.collect import ownership
-from kvtop.collect.ownership import MAX_DEPTH, PortOwners
+from kvtop.collect.ownership import PortOwners
 
 TCP_HEAD = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
             "  timeout inode\n")
@@ -94,8 +94,15 @@ def test_odd_lines_of_the_socket_tables_are_skipped_and_the_rest_read(proc: Proc
                  _socket_line(8000, 0).replace(" 0 1 0000", " x 1 0000"),  # no inode
                  "   2: 0100007F 00000000:0000 0A 0 0 0 0 0 601 1\n"]  # no port
     proc.listen(8000, 501)
+    proc.tcp.append("   3: 0100007F:2328 00000000:0000 0A 0 0 0 0 0 502\n")  # cut after the inode
+    proc.tcp6.append(_socket_line(0, 503, v6=True).replace(  # the port after the last colon
+        "0" * 32 + ":0000", "0000:0000:0000:0000:0000:0000:0000:0001:2710"))
+    proc.write_tables()
     proc.process(100, 1, 501, 600, 601)
-    assert owners_of(proc, [100], {8000: "a"}) == {100: "a"}
+    proc.process(200, 1, 502)
+    proc.process(300, 1, 503)
+    assert owners_of(proc, [100, 200, 300], {8000: "a", 9000: "b", 10000: "c"}) == {
+        100: "a", 200: "b", 300: "c"}
 
 
 def test_without_an_ipv6_table_the_ipv4_one_is_read(proc: Proc) -> None:
@@ -103,6 +110,22 @@ def test_without_an_ipv6_table_the_ipv4_one_is_read(proc: Proc) -> None:
     (proc.root / "net" / "tcp6").unlink()
     proc.process(100, 1, 501)
     assert owners_of(proc, [100], {8000: "a"}) == {100: "a"}
+
+
+def test_without_an_ipv4_table_the_ipv6_one_is_read(proc: Proc) -> None:
+    proc.listen(8000, 501, v6=True)
+    (proc.root / "net" / "tcp").unlink()
+    proc.process(100, 1, 501)
+    assert owners_of(proc, [100], {8000: "a"}) == {100: "a"}
+
+
+def test_in_a_container_the_server_may_be_pid_2(proc: Proc) -> None:
+    # tini or dumb-init is pid 1 of the container's namespace, the API server pid 2
+    proc.listen(8000, 501)
+    proc.process(1, 0, name="tini")
+    proc.process(2, 1, 501)
+    proc.process(3, 2)
+    assert owners_of(proc, [2, 3], {8000: "a"}) == {2: "a", 3: "a"}
 
 
 def test_a_socket_pid_1_holds_makes_no_process_a_servers(proc: Proc) -> None:
@@ -116,9 +139,9 @@ def test_a_socket_pid_1_holds_makes_no_process_a_servers(proc: Proc) -> None:
 def test_the_search_goes_up_a_deep_tree_so_far_and_stops_in_a_loop(proc: Proc) -> None:
     proc.listen(8000, 501)
     proc.process(1000, 1, 501)
-    for pid in range(1001, 1000 + MAX_DEPTH + 1):  # a chain of MAX_DEPTH + 1 processes
+    for pid in range(1001, 1065):  # a chain of 65 processes: 64 are looked at
         proc.process(pid, pid - 1)
-    top, bottom = 1000 + MAX_DEPTH - 1, 1000 + MAX_DEPTH
+    top, bottom = 1063, 1064
     assert owners_of(proc, [top, bottom], {8000: "a"}) == {top: "a"}
     proc.process(5, 6)
     proc.process(6, 5)  # a parent loop (pid reuse while reading): it ends, nobody's
@@ -136,7 +159,9 @@ def test_processes_gone_or_unreadable_on_the_way_are_nobodys(proc: Proc) -> None
     (proc.root / "103" / "fd" / "5").write_text("not a link")
     proc.process(104, 100)
     (proc.root / "104" / "stat").unlink()  # gone between its listing and its parent's
-    assert owners_of(proc, [101, 102, 103, 104, 105], {8000: "a"}) == {103: "a"}
+    proc.process(105, 100)
+    (proc.root / "105" / "stat").write_text("105 S 100 105 105")  # no name in parentheses
+    assert owners_of(proc, [101, 102, 103, 104, 105, 106], {8000: "a"}) == {103: "a"}
 
 
 def test_a_process_whose_fds_are_unreadable_is_named_and_the_next_scan_starts_afresh(
@@ -188,15 +213,45 @@ def test_an_answer_is_kept_for_the_ttl_unless_the_question_changes(proc: Proc) -
     assert owners.scans == 4
 
 
-def test_the_socket_table_is_read_once_a_ttl(proc: Proc) -> None:
-    now = [0.0]
-    owners = PortOwners(proc.root, ttl_s=30.0, clock=lambda: now[0])
+def test_the_socket_table_is_read_once_in_30_seconds_unless_told(proc: Proc) -> None:
+    now = [1000.0]
+    owners = PortOwners(proc.root, clock=lambda: now[0])
     proc.listen(8000, 501)
     proc.process(100, 1, 501)
     proc.process(200, 1, 502)
     assert owners.owners([100, 200], {8000: "a", 9000: "b"}) == {100: "a"}
     proc.listen(9000, 502)  # a server started since: seen once the table is read again
-    now[0] = 29.0
+    now[0] = 1029.0
     assert owners.owners([200], {8000: "a", 9000: "b"}) == {}
-    now[0] = 30.0
+    now[0] = 1030.0
     assert owners.owners([100, 200], {8000: "a", 9000: "b"}) == {100: "a", 200: "b"}
+
+
+def test_an_fd_closed_while_it_is_read_is_passed_over_not_the_end_of_the_list(
+        proc: Proc, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc.listen(8000, 501)
+    proc.process(100, 1, 501)
+    (proc.root / "100" / "fd" / "00").write_text("closed")  # readlink fails on it
+    listdir = os.listdir
+    monkeypatch.setattr(ownership.os, "listdir", lambda path: sorted(listdir(path)))
+    assert owners_of(proc, [100], {8000: "a"}) == {100: "a"}
+
+
+def test_the_workers_of_one_server_have_its_fds_listed_once_a_scan(
+        proc: Proc, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc.listen(8000, 501)
+    proc.process(100, 1, 501)
+    proc.process(101, 100)  # EngineCore
+    workers = list(range(110, 118))  # eight tensor-parallel workers
+    for pid in workers:
+        proc.process(pid, 101)
+    listed: list[str] = []
+    listdir = os.listdir
+
+    def counted(path: Path) -> list[str]:
+        listed.append(Path(path).parent.name)
+        return listdir(path)
+
+    monkeypatch.setattr(ownership.os, "listdir", counted)
+    assert owners_of(proc, workers, {8000: "a"}) == dict.fromkeys(workers, "a")
+    assert sorted(listed) == sorted(["100", "101", *map(str, workers)])
