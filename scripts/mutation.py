@@ -133,6 +133,33 @@ MODULES: dict[str, tuple[str, ...]] = {
     **{f"kvtop/collect/adapters/{name}.py": ("tests/test_gpu_adapters.py",
                                               "tests/behaviour/test_gpu_exporters.py")
        for name in ("dcgm", "nvidia_gpu_exporter")},
+    # the collect modules below were first scored on 2026-12-02 (fourth pass). The parser's and
+    # Prometheus's caches are the bounded cache's users: their memory tests fill it past its caps
+    "kvtop/collect/bounded.py": ("tests/behaviour/test_bounded.py",
+                                 "tests/behaviour/test_exposition.py",
+                                 "tests/test_exposition.py::test_cache_is_bounded",
+                                 "tests/hostile/test_memory.py::"
+                                 "test_the_parser_caches_hold_a_bounded_number_of_characters",
+                                 "tests/hostile/test_memory.py::"
+                                 "test_the_prometheus_head_cache_holds_a_bounded_number_of_characters"),
+    # dataclasses only (the constants pass: their defaults), read by every adapter and the tracker
+    "kvtop/collect/reading.py": (*ADAPTER_TESTS, "tests/behaviour/test_tracker.py",
+                                 "tests/behaviour/test_reading.py"),
+    # the GPU record and its JSON: NVML (faked), the exporters' adapters, the owners' views
+    "kvtop/collect/gpu.py": ("tests/behaviour/test_gpu_json.py", "tests/ui/test_nvml.py",
+                             "tests/test_gpu_adapters.py",
+                             "tests/behaviour/test_gpu_exporters.py", "tests/test_gpu_owners.py",
+                             "tests/behaviour/test_gpu_owners.py",
+                             "tests/behaviour/test_headless_gpus.py"),
+    # NVML through tests/fakes/fake_nvml.py (no GPU here); the ownership tests read it too
+    "kvtop/collect/nvml.py": ("tests/ui/test_nvml.py", "tests/behaviour/test_nvml.py",
+                              "tests/test_gpu_ownership.py"),
+    # the real /proc of this machine (a listening socket in the test process, child processes)
+    # and the headless GPU entry that asks it
+    "kvtop/collect/ownership.py": ("tests/test_gpu_ownership.py",
+                                   "tests/behaviour/test_ownership.py",
+                                   "tests/behaviour/test_gpu_owners.py",
+                                   "tests/behaviour/test_headless_gpus.py"),
     "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
     "kvtop/derive/quantiles.py": ("tests/test_derive.py", "tests/behaviour/test_quantiles.py"),
     "kvtop/derive/stats.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),

@@ -60,12 +60,13 @@ class NvmlReader:
         try:
             nvml.nvmlInit()
             count = nvml.nvmlDeviceGetCount()
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         except nvml.NVMLError as exc:
             raise NvmlUnavailable(f"NVML init failed: {exc}") from exc
-        if not self._handles:
+        if not handles:  # not kept: the next read says so again, never "0 GPUs, fine"
             raise NvmlUnavailable("no NVIDIA GPU found")
-        return self._handles
+        self._handles = handles
+        return handles
 
     def _field(self, index: int, field: str, call: Any, *args: Any) -> Any:
         """One NVML query; None (and never asked again) when the device doesn't support it."""

@@ -71,6 +71,8 @@ class FakePynvml:
         return SimpleNamespace(gpu=d.util, memory=0)
 
     def nvmlDeviceGetTemperature(self, d: FakeDevice, sensor: int) -> int:
+        if sensor != self.NVML_TEMPERATURE_GPU:  # the GPU's is the one sensor there is
+            raise FakeNVMLError("Invalid Argument")
         return d.temp
 
     def nvmlDeviceGetPowerUsage(self, d: FakeDevice) -> int:
