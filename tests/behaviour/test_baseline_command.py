@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import ssl
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -524,6 +525,27 @@ def test_compare_help_says_what_each_option_does(monkeypatch: pytest.MonkeyPatch
     assert options["--probe"] == PROBE_HELP
     assert options["--replay RECORDING"] == "compare a recording instead of live targets"
     assert options["--json"] == "JSON (the default when stdout is not a terminal)"
+
+
+def test_recording_options_complete_file_names(tmp_path: Path) -> None:
+    """`kvtop baseline save x --from <Tab>` and `kvtop compare x --replay <Tab>` offer files,
+    as `kvtop check --replay <Tab>` does."""
+    recording = tmp_path / "run.jsonl.gz"
+    recording.write_bytes(b"")
+    code, script, _ = run("completion", "bash")
+    assert code == 0
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(f"'{w}'" for w in (*words, str(tmp_path / "ru")))
+        shell = (f"source /dev/stdin; COMP_WORDS=({line}); COMP_CWORD={len(words)}; "
+                 "_shtab_kvtop; printf '%s\\n' \"${COMPREPLY[@]}\"")
+        done = subprocess.run(["bash", "-c", shell], input=script, capture_output=True,
+                              text=True, timeout=60, check=False)
+        return done.stdout.split()
+
+    assert complete("kvtop", "check", "--replay") == [str(recording)]  # what the others match
+    assert complete("kvtop", "baseline", "save", "x", "--from") == [str(recording)]
+    assert complete("kvtop", "compare", "x", "--replay") == [str(recording)]
 
 
 def test_a_recording_is_named_by_its_tidied_path(small: Path, data_home: Path) -> None:
