@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-FILE_METAVARS = frozenset({"FILE", "PATH"})
+FILE_METAVARS = frozenset({"FILE", "PATH", "RECORDING"})
 DIR_METAVARS = frozenset({"DIR"})
 
 

@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import ssl
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,6 +220,14 @@ def test_json_when_asked_even_at_a_terminal(small: Path, data_home: Path) -> Non
     assert code == 0 and json.loads(out)["verdict"] == "same"
 
 
+def test_json_by_default_into_a_pipe_text_at_a_terminal(small: Path, data_home: Path) -> None:
+    assert run("baseline", "save", "one", "--from", str(small))[0] == 0
+    for command in (("baseline", "list"), ("baseline", "show", "one"),
+                    ("compare", "one", "--replay", str(small))):
+        json.loads(run(*command)[1])
+        assert not run(*command, tty=True)[1].startswith("{"), command
+
+
 def test_a_compare_probes_as_the_baseline_did(small: Path, data_home: Path) -> None:
     """The baseline's probe model is asked for again: a server that no longer lists it
     cannot be compared (exit 3), rather than being probed with another model."""
@@ -403,9 +412,11 @@ def test_a_live_run_scrapes_at_the_interval_asked(data_home: Path) -> None:
     assert json.loads((data_home / "often.json").read_text())["interval_s"] == 0.2
 
 
-def test_the_saved_line_gives_the_minutes_watched(data_home: Path, server: str) -> None:
-    code, out, err = run("baseline", "save", "ten", server, "--duration", "600s",
-                         "--time-scale", "200", "--interval", "5", "--no-gpu")
+def test_the_saved_line_gives_the_minutes_the_run_covers(tmp_path: Path,
+                                                        data_home: Path) -> None:
+    """A recording of ten minutes (a live run's minutes depend on the machine's load)."""
+    ten = write_recording(HEALTHY.but(minutes=10), tmp_path / "ten.jsonl.gz")
+    code, out, err = run("baseline", "save", "ten", "--from", str(ten))
     assert code == 0, err
     minutes = json.loads((data_home / "ten.json").read_text())["duration_s"] / 60
     assert 9 < minutes <= 10
@@ -428,3 +439,122 @@ def test_baseline_needs_an_action_and_its_help_lists_them() -> None:
         "show what a baseline holds",
         "rm remove a saved baseline",
     ]
+
+
+def help_of(*command: str) -> tuple[str, str, dict[str, str]]:
+    """`kvtop ... -h` as a user reads it: the usage line, the description and each option's
+    help (wrapped lines joined), by how the option is written (`--from RECORDING`)."""
+    code, out, err = run(*command, "-h")
+    assert (code, err) == (0, "")
+    usage, description, rest = out.split("\n\n", 2)
+    options: dict[str, str] = {}
+    current = ""
+    for line in rest.splitlines():
+        if line.startswith("   ") and current:  # the help wrapped onto another line
+            options[current] += " " + line.strip()
+        elif line.startswith("  "):
+            current, _, words = line.strip().partition("  ")
+            options[current] = words
+        else:
+            current = ""  # a heading
+    return (usage, " ".join(description.split()),
+            {option: " ".join(words.split()) for option, words in options.items()})
+
+
+LIVE_HELP = {
+    "--duration D": "how long to watch live targets (default 20m)",
+    "--interval S": "seconds between scrapes (default 1)",
+    "--probes N": "how many probe requests (default 5)",
+    "--time-scale S": "the target's clock runs S times wall time (kvtop sim --speed S): the "
+                      "duration and timings are in its time",
+    "--no-gpu": "do not read local GPUs",
+}
+PROBE_HELP = ("send a fixed short completion to each server's OpenAI API --probes times and "
+              "time it (it sends traffic)")
+TARGETS_HELP = ("then host:port or URL of each /metrics endpoint (default: the config's "
+                "targets, else http://127.0.0.1:8000)")
+
+
+def test_baseline_save_help_says_what_each_option_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    usage, description, options = help_of("baseline", "save")
+    assert usage == ("usage: kvtop baseline save NAME [TARGET ...] [--duration D | --from "
+                     "RECORDING] [--probe] [options]")
+    assert description == (
+        "Watch the targets for --duration (or read a recording with --from) and save what the "
+        "run looked like as NAME: a name (letters, digits, . _ -) or a path ending in .json. "
+        "Exit 0 saved, 2 usage error, 3 no engine could be read (nothing saved).")
+    assert options["NAME TARGET"] == f"NAME, {TARGETS_HELP}"
+    assert {option: options[option] for option in LIVE_HELP} == LIVE_HELP
+    assert options["--probe"] == f"also {PROBE_HELP}"
+    assert options["--from RECORDING"] == "summarise a recording instead of watching live targets"
+    assert options["--force"] == "replace a baseline of that name"
+    assert options["--json"] == "print the saved baseline"
+
+
+def test_baseline_list_show_and_rm_help_say_what_each_option_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    assert help_of("baseline", "list") == (
+        "usage: kvtop baseline list [-h] [--json]", "List the baselines saved by name.",
+        {"-h, --help": "show this help message and exit",
+         "--json": "JSON (the default when stdout is not a terminal)"})
+    assert help_of("baseline", "show") == (
+        "usage: kvtop baseline show [-h] [--json] NAME", "Print a baseline (its file with --json).",
+        {"NAME": "", "-h, --help": "show this help message and exit",
+         "--json": "the file's JSON (the default when stdout is not a terminal)"})
+    assert help_of("baseline", "rm") == (
+        "usage: kvtop baseline rm [-h] NAME", "Remove a baseline.",
+        {"NAME": "", "-h, --help": "show this help message and exit"})
+
+
+def test_compare_help_says_what_each_option_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    usage, description, options = help_of("compare")
+    assert usage == ("usage: kvtop compare BASELINE [TARGET ... --duration D | --replay "
+                     "RECORDING | OTHER_BASELINE] [--json] [options]")
+    assert description == (
+        "Compare a run with a saved baseline: config changes first, then each figure better, "
+        "same or worse beyond run-to-run noise (a rank test on per-minute values; "
+        "docs/baseline-format.md). The run is live targets watched for --duration, a "
+        "recording (--replay), or another baseline (give its name or path as the only "
+        "TARGET). JSON: docs/compare-json.md. Exit 0 nothing worse, 1 a regression, 2 usage "
+        "or unreadable input, 3 no data.")
+    assert options["BASELINE TARGET"] == f"BASELINE, {TARGETS_HELP}"
+    assert {option: options[option] for option in LIVE_HELP} == LIVE_HELP
+    assert options["--probe"] == PROBE_HELP
+    assert options["--replay RECORDING"] == "compare a recording instead of live targets"
+    assert options["--json"] == "JSON (the default when stdout is not a terminal)"
+
+
+def test_recording_options_complete_file_names(tmp_path: Path) -> None:
+    """`kvtop baseline save x --from <Tab>` and `kvtop compare x --replay <Tab>` offer files,
+    as `kvtop check --replay <Tab>` does."""
+    recording = tmp_path / "run.jsonl.gz"
+    recording.write_bytes(b"")
+    code, script, _ = run("completion", "bash")
+    assert code == 0
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(f"'{w}'" for w in (*words, str(tmp_path / "ru")))
+        shell = (f"source /dev/stdin; COMP_WORDS=({line}); COMP_CWORD={len(words)}; "
+                 "_shtab_kvtop; printf '%s\\n' \"${COMPREPLY[@]}\"")
+        done = subprocess.run(["bash", "-c", shell], input=script, capture_output=True,
+                              text=True, timeout=60, check=False)
+        return done.stdout.split()
+
+    assert complete("kvtop", "check", "--replay") == [str(recording)]  # what the others match
+    assert complete("kvtop", "baseline", "save", "x", "--from") == [str(recording)]
+    assert complete("kvtop", "compare", "x", "--replay") == [str(recording)]
+
+
+def test_a_recording_is_named_by_its_tidied_path(small: Path, data_home: Path) -> None:
+    """However the path was typed (`dir/./run.jsonl.gz`, `dir//run.jsonl.gz`), the baseline
+    and the comparison name the recording the same way."""
+    untidy = f"{small.parent}/.//{small.name}"
+    assert run("baseline", "save", "one", "--from", untidy)[0] == 0
+    source = json.loads((data_home / "one.json").read_text())["source"]
+    assert source == {"kind": "recording", "recording": str(small)}
+    code, out, _ = run("compare", "one", "--replay", untidy, "--json")
+    assert code == 0
+    assert json.loads(out)["now"]["source"] == source
