@@ -912,8 +912,10 @@ def test_version_sits_beside_metrics_or_at_the_servers_root() -> None:
 
 @mode("status_line_echo")
 async def _status_line_echo(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
-    """A broken status line quoting the Authorization header: the client's error quotes it."""
-    await srv.send(w, f"HTTP/1.1 abc {req.headers.get('authorization')}\r\n\r\n".encode())
+    """A broken status line quoting the token (no "Bearer" before it to give it away): the
+    client's error quotes it."""
+    token = req.headers.get("authorization", "").removeprefix("Bearer ")
+    await srv.send(w, f"HTTP/1.1 abc {token}\r\n\r\n".encode())
     return False
 
 
@@ -927,9 +929,10 @@ async def test_a_failed_request_says_whether_it_connected_and_never_quotes_the_t
                        for t in (Target(server.url("reset")), echoed, refused)]
     assert [(r.failure, r.connected) for r in results] == [
         ("down", True), ("down", True), ("down", False)]
-    assert "Bearer ***" in (results[1].error or "") and "s3cret" not in (results[1].error or "")
+    assert f"abc {MASK}" in (results[1].error or "") and "s3cret" not in (results[1].error or "")
     # each failure is logged for whoever embeds the poller, with its traceback
-    logged = [(r.getMessage(), r.levelno, r.exc_info is not None) for r in caplog.records]
+    logged = [(r.getMessage(), r.levelno, bool(r.exc_info and r.exc_info[1]))
+              for r in caplog.records]
     assert logged == [(f"scrape of {r.target.label} failed", logging.DEBUG, True) for r in results]
 
 
