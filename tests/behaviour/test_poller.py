@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import random
+import re
 import socket
 import ssl
 import time
@@ -42,6 +43,7 @@ from kvtop.collect.poller import (
 from kvtop.collect.target import MASK, Scrape, Secret, Target
 from tests.faultserver import FaultServer, closed_port, fixture, mode
 from tests.hostile import bodies
+from tests.paths import REPO
 from tests.waiting import DEADLINE_S, eventually
 
 LOGIN = b"Please sign in to continue.\n<form method=post><input name=user></form>\n"
@@ -373,6 +375,31 @@ async def test_a_hundred_hung_targets_do_not_hold_up_a_healthy_one() -> None:
                 task.cancel()
             await asyncio.gather(*stuck, return_exceptions=True)
     assert result.ok, result.error
+
+
+async def test_scrapes_a_poll_apart_share_one_connection() -> None:
+    """A new connection per scrape costs the server (and a TLS server a handshake) each time."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(TEXT) + TEXT)
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    target = Target(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics")
+    try:
+        async with make_session() as client:
+            for _ in range(2):
+                assert (await scrape(client, target, timeout_s=DEADLINE_S)).ok
+                await asyncio.sleep(0.5)
+    finally:
+        for writer in connections:
+            writer.close()
+        server.close()
+    assert len(connections) == 1
 
 
 async def test_an_idle_connection_is_closed_by_kvtop_after_its_keep_alive(
@@ -1012,3 +1039,83 @@ async def test_a_gate_freed_with_no_one_waiting_still_lets_in_only_its_size() ->
     await let_the_loop_run()
     assert second.done()
     await gate.__aexit__(None, None, None)
+
+
+# -- the limits docs/security.md promises, and the defaults a program gets --------------------
+
+
+def promised(pattern: str) -> float:
+    """A number docs/security.md states, read from its text (lines joined)."""
+    text = " ".join((REPO / "docs" / "security.md").read_text(encoding="utf-8").split())
+    match = re.search(pattern, text)
+    assert match, f"docs/security.md no longer says {pattern!r}"
+    return float(match.group(1))
+
+
+async def test_no_more_requests_are_in_flight_than_docs_promise() -> None:
+    limit = int(promised(r"at most (\d+) requests are in flight"))
+    async with FaultServer(mode="hang") as hung:
+        targets = [Target(hung.url(query=f"n={n}")) for n in range(limit + 2)]
+        async with Poller(targets, timeout_s=1.0) as poller:
+            polling = asyncio.create_task(poller.poll_once())
+            await eventually(lambda: len(hung.requests) >= limit, f"{limit} hung requests")
+            await asyncio.sleep(0.2)  # time for any request past the limit to arrive
+            in_flight = len(hung.requests)
+            results = await asyncio.wait_for(polling, DEADLINE_S)
+    assert in_flight == limit
+    assert len(hung.requests) == limit + 2  # the last two had their turn after the others
+    assert {r.failure for r in results} == {"timeout"}
+
+
+async def test_a_failing_target_backs_off_to_one_attempt_in_what_docs_promise() -> None:
+    cap = promised(r"backs off \(to one attempt in (\d+) s\)")
+    poller = Poller([])
+    assert poller.max_backoff_s == cap
+    assert backoff_delay(20, poller.interval_s, poller.max_backoff_s, jitter=1.2) == cap
+
+
+def test_a_poller_made_with_no_settings_polls_each_second_with_a_two_second_timeout() -> None:
+    poller = Poller([])
+    assert (poller.interval_s, poller.timeout_s) == (1.0, 2.0)
+
+
+@pytest.mark.parametrize(("asked", "interval"), [(0.001, 0.05), (0.05, 0.05), (0.07, 0.07)])
+def test_an_interval_under_50_ms_is_raised_to_50_ms(asked: float, interval: float) -> None:
+    poller = Poller([], interval_s=asked)
+    assert poller.interval_s == interval
+    poller.interval_s = asked
+    assert poller.interval_s == interval
+
+
+async def test_version_is_waited_for_two_seconds_at_most_whatever_the_timeout() -> None:
+    async with FaultServer(version_mode="hang") as server, \
+            Poller([Target(server.url())], timeout_s=DEADLINE_S) as poller:
+        started = time.perf_counter()
+        (result,) = await poller.poll_once()
+        took = time.perf_counter() - started
+    assert result.ok and result.version is None
+    assert 2.0 <= took < DEADLINE_S / 2, f"{took:.2f} s"
+
+
+async def test_a_slow_read_is_repeated_after_ten_of_its_reads_and_no_later() -> None:
+    """A body read in a worker thread paces its target: the next attempt starts ten reads'
+    time after this one started (docs/security.md: big bodies take at most a tenth of a core)."""
+    seen: list[tuple[float, float, float | None]] = []
+    stop = asyncio.Event()
+    async with FaultServer(bodies=[bodies.many_models(3_000).encode()]) as slow:
+        target = Target(slow.url())
+        async with Poller([target], interval_s=0.05, timeout_s=DEADLINE_S) as poller:
+            loop = asyncio.get_running_loop()
+
+            def on_scrape(result: Scrape) -> None:
+                state = poller.state(target)
+                seen.append((loop.time(), state.read_s, state.next_due))
+                if len(seen) == 2:
+                    stop.set()
+
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    (delivered, read_s, _), (_, _, planned) = seen
+    assert 10 * read_s > 0.05  # paced by its read, not by the interval
+    assert planned is not None
+    # planned = the first attempt's start + 10 reads; it was delivered one read or more later
+    assert planned - delivered <= 9 * read_s
