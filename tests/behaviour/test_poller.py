@@ -1094,7 +1094,7 @@ async def test_version_is_waited_for_two_seconds_at_most_whatever_the_timeout() 
         (result,) = await poller.poll_once()
         took = time.perf_counter() - started
     assert result.ok and result.version is None
-    assert 2.0 <= took < DEADLINE_S / 2, f"{took:.2f} s"
+    assert 2.0 <= took < 4.0, f"{took:.2f} s"  # the scrape itself takes milliseconds
 
 
 async def test_a_slow_read_is_repeated_after_ten_of_its_reads_and_no_later() -> None:
