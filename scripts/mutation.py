@@ -346,6 +346,9 @@ def prepare(module: str, fresh: bool) -> Path:
     ws.mkdir(parents=True, exist_ok=True)
     for name in ("kvtop", "tests", "man", "docs", "benchmarks"):
         link = ws / name
+        # a workspace copied from another checkout must test this one's code and tests
+        if link.is_symlink() and link.readlink() != REPO / name:
+            link.unlink()
         if not link.is_symlink():
             link.symlink_to(REPO / name)
     # the test tree is copied afresh so removed or renamed tests cannot linger

@@ -155,7 +155,8 @@ class FaultServer:
     # -- lifetime -----------------------------------------------------------------
 
     async def start(self) -> FaultServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ssl_context)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ssl_context,
+                                                  backlog=1024)  # hundreds connect at once
         return self
 
     async def close(self) -> None:

@@ -182,8 +182,9 @@ async def test_content_length_over_the_cap_is_refused_before_reading(
 async def test_a_body_just_under_the_cap_is_read(fault_server: FaultServer) -> None:
     size = len(fixture())
     async with make_session() as c:
-        exact = await scrape(c, Target(fault_server.url("gzip")), max_bytes=size)
-        under = await scrape(c, Target(fault_server.url("gzip")), max_bytes=size - 1)
+        exact = await scrape(c, Target(fault_server.url("gzip")), timeout_s=2.0, max_bytes=size)
+        under = await scrape(c, Target(fault_server.url("gzip")), timeout_s=2.0,
+                             max_bytes=size - 1)
     assert exact.ok
     assert under.failure == "bad_payload"
 

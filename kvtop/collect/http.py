@@ -30,7 +30,9 @@ T = TypeVar("T")
 
 # Keep-alive shorter than uvicorn's 5 s, so kvtop never reuses a socket the server is closing.
 KEEPALIVE_S = 4.0
-MAX_REDIRECTS = 3  # some vLLM builds answered /metrics with 307 /metrics/
+# aiohttp refuses the redirect that reaches this count: two are followed (some vLLM builds
+# answered /metrics with 307 /metrics/)
+MAX_REDIRECTS = 3
 
 
 class Failed(Exception):

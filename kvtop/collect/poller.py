@@ -128,7 +128,7 @@ async def scrape(
     session: aiohttp.ClientSession,
     target: Target,
     *,
-    timeout_s: float = 5.0,
+    timeout_s: float,
     max_bytes: int = DEFAULT_MAX_BYTES,
     url: str | None = None,
 ) -> Scrape:

@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
+import json
 import logging
+import math
 import random
+import re
 import socket
 import ssl
 import time
@@ -33,11 +36,14 @@ from kvtop.collect.poller import (
     Poller,
     backoff_delay,
     narrowed_url,
+    read_version,
     scrape,
+    version_url,
 )
 from kvtop.collect.target import MASK, Scrape, Secret, Target
-from tests.faultserver import FaultServer, fixture, mode
+from tests.faultserver import FaultServer, closed_port, fixture, mode
 from tests.hostile import bodies
+from tests.paths import REPO
 from tests.waiting import DEADLINE_S, eventually
 
 LOGIN = b"Please sign in to continue.\n<form method=post><input name=user></form>\n"
@@ -369,6 +375,31 @@ async def test_a_hundred_hung_targets_do_not_hold_up_a_healthy_one() -> None:
                 task.cancel()
             await asyncio.gather(*stuck, return_exceptions=True)
     assert result.ok, result.error
+
+
+async def test_scrapes_a_poll_apart_share_one_connection() -> None:
+    """A new connection per scrape costs the server (and a TLS server a handshake) each time."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(TEXT) + TEXT)
+            await writer.drain()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    target = Target(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics")
+    try:
+        async with make_session() as client:
+            for _ in range(2):
+                assert (await scrape(client, target, timeout_s=DEADLINE_S)).ok
+                await asyncio.sleep(0.5)
+    finally:
+        for writer in connections:
+            writer.close()
+        server.close()
+    assert len(connections) == 1
 
 
 async def test_an_idle_connection_is_closed_by_kvtop_after_its_keep_alive(
@@ -736,3 +767,355 @@ async def test_a_server_whose_version_hangs_is_still_read_within_the_deadline() 
             Poller([Target(server.url())], timeout_s=0.5) as poller:
         (result,) = await asyncio.wait_for(poller.poll_once(), DEADLINE_S / 4)
     assert result.ok and result.version is None
+
+
+# -- a 200 answer read as text: what is refused, word for word, and what is read whole ------
+
+HTML_PAGE = "an HTML page, not metrics (a login page, proxy or web UI at this URL?)"
+BOM = b"\xef\xbb\xbf"
+SAMPLE = b'a{x="1"} 1\n'  # a one-letter name: the text starts at its very first byte
+OKS = {  # name -> (status, body, Content-Type) served by mode "answer"
+    "blank": (200, b" \r\n\t\n", "text/plain"),
+    "HTML by its type": (200, b"# HELP x y\nx 1\n", "text/html"),
+    "HTML after 63 blank lines": (200, b"\n" * 63 + b"<html>", "text/plain"),
+    "HTML after 64 blank lines": (200, b"\n" * 64 + b"<html>", "text/plain"),
+    "protobuf": (200, PROTOBUF, "application/octet-stream"),
+    "JSON": (200, b' \n {"status": "ok", "detail": "all is well in here"}\n', "json"),
+}
+ANSWERS.update(OKS)
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("blank", "empty body: the server answered with no metrics"),
+    ("HTML by its type", HTML_PAGE),
+    ("HTML after 63 blank lines", HTML_PAGE),
+    # the first tag is looked for in the first 64 bytes only (a body may be 16 MiB)
+    ("HTML after 64 blank lines", "not Prometheus text: it starts with '<html>'"),
+    ("protobuf", "binary data, not Prometheus text"),
+    ("JSON", """not Prometheus text: it starts with '{"status": "ok", "detail": "all is well '"""),
+])
+async def test_a_body_that_is_not_metrics_text_is_refused_saying_what_it_is(
+        name: str, reason: str) -> None:
+    result = await read_answer(name)
+    assert (result.failure, result.error, result.body) == ("bad_payload", reason, None)
+
+
+@pytest.mark.parametrize(("body", "text"), [
+    (BOM + fixture(), fixture().decode()), (BOM + SAMPLE, SAMPLE.decode()),
+    (SAMPLE, SAMPLE.decode())],
+    ids=["BOM, then a vLLM scrape", "BOM, then one sample", "one sample"])
+async def test_metrics_text_is_read_from_its_first_byte_after_any_byte_order_mark(
+        body: bytes, text: str) -> None:
+    async with FaultServer(bodies=[body]) as server, make_session() as client:
+        result = await scrape(client, Target(server.url()), timeout_s=DEADLINE_S)
+    assert result.ok and result.body == text, result.error
+
+
+@mode("no_content_type")
+async def _no_content_type(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(srv.bodies[0])}\r\n\r\n".encode()
+    await srv.send(w, head + srv.bodies[0])
+    return True
+
+
+@mode("echo_in_label")
+async def _echo_in_label(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    """Metrics with the Authorization header pasted into a label, as a careless proxy might."""
+    said = req.headers.get("authorization", "")
+    return await srv.respond(w, 200, srv.bodies[0] + f'probe{{auth="{said}"}} 1\n'.encode())
+
+
+async def test_a_body_is_read_without_a_content_type_and_with_an_echoed_token_masked() -> None:
+    token = "s3cret-t0ken"
+    async with FaultServer() as server, make_session() as client:
+        bare = await scrape(client, Target(server.url("no_content_type")), timeout_s=DEADLINE_S)
+        echoed = await scrape(client, Target(server.url("echo_in_label"), token=Secret(token)),
+                              timeout_s=DEADLINE_S)
+    assert bare.ok and bare.body == fixture().decode(), bare.error
+    assert echoed.ok and echoed.body is not None
+    assert token not in echoed.body and echoed.body.endswith(f'probe{{auth="Bearer {MASK}"}} 1\n')
+
+
+async def test_a_body_announced_at_exactly_the_cap_is_read_and_one_byte_over_is_not() -> None:
+    size = len(fixture())
+    async with FaultServer() as server, make_session() as client:
+        at_cap = await scrape(client, Target(server.url()), timeout_s=DEADLINE_S, max_bytes=size)
+        over = await scrape(client, Target(server.url()), timeout_s=DEADLINE_S,
+                            max_bytes=size - 1)
+    assert at_cap.ok, at_cap.error
+    assert (over.failure, over.error) == ("bad_payload", (
+        f"Content-Length {size:,} is over the {size - 1:,}-byte size cap; dropped "
+        "(raise the cap if it is real)"))
+
+
+async def test_a_body_cut_short_says_so() -> None:
+    async with FaultServer(mode="truncated") as server, make_session() as client:
+        result = await scrape(client, Target(server.url()), timeout_s=DEADLINE_S)
+    assert (result.failure, result.error) == (
+        "bad_payload", "response cut short: the connection closed mid-body")
+
+
+# -- redirects, /version, and what a failed request leaves behind ---------------------------
+
+
+@mode("after_hops")
+async def _after_hops(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    """The answer after as many redirects as the path's first part says (/2/metrics: 2)."""
+    left = int(req.query.get("left", req.path.split("/")[1]))
+    if left:
+        return await srv.respond(w, 307, headers={"Location": f"{req.path}?left={left - 1}"})
+    if req.path.endswith("/version"):
+        return await srv.respond(w, 200, b'{"version": "0.33.0"}', content_type="application/json")
+    return await srv.respond(w, 200, srv.bodies[0])
+
+
+@pytest.mark.parametrize(("hops", "followed"), [(1, True), (2, True), (3, False)])
+async def test_metrics_and_version_are_followed_through_two_redirects_and_no_more(
+        hops: int, followed: bool) -> None:
+    async with FaultServer(mode="after_hops", version_mode="after_hops") as server, \
+            make_session() as client:
+        target = Target(f"{server.base_url}/{hops}/metrics")
+        result = await scrape(client, target, timeout_s=DEADLINE_S)
+        version = await read_version(client, target, timeout_s=DEADLINE_S)
+    if followed:
+        assert result.ok and version == "0.33.0", result.error
+    else:
+        assert (result.failure, result.error) == (
+            "bad_payload", "redirect loop: too many redirects")
+        assert version is None
+
+
+@mode("elsewhere")
+async def _elsewhere(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    return await srv.respond(w, 307, headers={"Location": req.query["to"]})
+
+
+async def test_a_redirect_keeps_the_token_on_its_server_and_never_takes_it_elsewhere() -> None:
+    async with FaultServer(mode="after_hops") as here, FaultServer() as elsewhere, \
+            make_session() as client:
+        results = [await scrape(client, Target(url, token=Secret("s3cret")), timeout_s=DEADLINE_S)
+                   for url in (f"{here.base_url}/1/metrics",
+                               here.url("elsewhere", urlencode({"to": elsewhere.url()})))]
+    assert all(result.ok for result in results)
+    assert [r.headers.get("authorization") for r in here.requests] == ["Bearer s3cret"] * 3
+    assert [r.headers.get("authorization") for r in elsewhere.requests] == [None]
+
+
+@mode("version_behind_auth")
+async def _version_behind_auth(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    if req.headers.get("authorization") != f"Bearer {srv.token}":
+        return await srv.respond(w, 401, b'{"version": "from a 401"}',
+                                 content_type="application/json")
+    return await srv.respond(w, 200, b'{"version": "0.33.0"}', content_type="application/json")
+
+
+async def test_version_is_asked_with_the_token_and_only_a_200_answer_counts() -> None:
+    """Behind a proxy that guards every path, /version wants the token too."""
+    async with FaultServer(mode="auth", token="s3cret",
+                           version_mode="version_behind_auth") as server, make_session() as client:
+        with_token = await read_version(client, Target(server.url(), token=Secret("s3cret")))
+        refused = await read_version(client, Target(server.url()))
+    assert (with_token, refused) == ("0.33.0", None)
+
+
+@pytest.mark.parametrize(("said", "version"), [
+    (" 0.33.0 ", "0.33.0"),
+    ("   ", None),
+    ("0.33\x1b[2J", None),  # a terminal escape is never shown
+    ("v" * 100, "v" * 64),
+    ("0.33.0+s3cret", f"0.33.0+{MASK}"),  # a token in it is masked before the cut
+], ids=["padded", "blank", "escape", "long", "token"])
+async def test_a_version_is_shown_trimmed_cut_and_masked_or_not_at_all(
+        said: str, version: str | None) -> None:
+    async with FaultServer(version_body=json.dumps({"version": said}).encode()) as server, \
+            make_session() as client:
+        assert await read_version(client, Target(server.url(), token=Secret("s3cret"))) == version
+
+
+def test_version_sits_beside_metrics_or_at_the_servers_root() -> None:
+    assert version_url(Target("http://h:8000/proxy/vllm/metrics")) == "http://h:8000/proxy/vllm/version"
+    assert version_url(Target("http://h:8000/stats/prometheus")) == "http://h:8000/version"
+
+
+@mode("status_line_echo")
+async def _status_line_echo(srv, req, w) -> bool:  # type: ignore[no-untyped-def]
+    """A broken status line quoting the token (no "Bearer" before it to give it away): the
+    client's error quotes it."""
+    token = req.headers.get("authorization", "").removeprefix("Bearer ")
+    await srv.send(w, f"HTTP/1.1 abc {token}\r\n\r\n".encode())
+    return False
+
+
+async def test_a_failed_request_says_whether_it_connected_and_never_quotes_the_token(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with FaultServer() as server, make_session() as client:
+        echoed = Target(server.url("status_line_echo"), token=Secret("s3cret-t0ken"))
+        refused = Target(f"http://127.0.0.1:{closed_port()}/metrics")
+        with caplog.at_level(logging.DEBUG, logger=poller_module.__name__):
+            results = [await scrape(client, t, timeout_s=DEADLINE_S)
+                       for t in (Target(server.url("reset")), echoed, refused)]
+    assert [(r.failure, r.connected) for r in results] == [
+        ("down", True), ("down", True), ("down", False)]
+    assert f"abc {MASK}" in (results[1].error or "") and "s3cret" not in (results[1].error or "")
+    # each failure is logged for whoever embeds the poller, with its traceback
+    logged = [(r.getMessage(), r.levelno, bool(r.exc_info and r.exc_info[1]))
+              for r in caplog.records]
+    assert logged == [(f"scrape of {r.target.label} failed", logging.DEBUG, True) for r in results]
+
+
+# -- a poller's own settings and session ---------------------------------------------------
+
+
+async def test_a_pollers_timeout_and_cap_hold_for_metrics_and_version(
+        self_signed: ssl.SSLContext) -> None:
+    async with FaultServer(mode="slow", delay_s=2.0, version_mode="hang") as slow, \
+            FaultServer(version_mode="hang") as hung_version:
+        async with Poller([Target(slow.url())], timeout_s=0.3) as poller:
+            (timed_out,) = await poller.poll_once()
+        async with Poller([Target(hung_version.url())], timeout_s=0.3) as poller:
+            started = time.perf_counter()
+            (read,) = await poller.poll_once()
+            took = time.perf_counter() - started
+        async with Poller([Target(hung_version.url())], timeout_s=DEADLINE_S,
+                          max_bytes=1000) as poller:
+            (capped,) = await poller.poll_once()
+    assert (timed_out.failure, timed_out.error) == ("timeout", "no complete answer within 0.3 s")
+    assert read.ok and read.version is None
+    assert took < 1.5, f"{took:.2f} s: /version waited past the poller's 0.3 s timeout"
+    assert capped.failure == "bad_payload" and "1,000-byte size cap" in (capped.error or "")
+
+
+async def test_tls_is_verified_by_a_poller_unless_it_is_told_not_to(
+        self_signed: ssl.SSLContext) -> None:
+    async with FaultServer(ssl_context=self_signed) as server:
+        target = Target(server.url())
+        async with Poller([target], timeout_s=DEADLINE_S) as strict:
+            (refused,) = await strict.poll_once()
+        async with Poller([target], timeout_s=DEADLINE_S, insecure=True) as lax:
+            (accepted,) = await lax.poll_once()
+    assert refused.failure == "down" and "--insecure" in (refused.error or "")
+    assert accepted.ok, accepted.error
+
+
+async def test_a_poller_closes_the_session_it_made_and_never_one_it_was_given(
+        fault_server: FaultServer) -> None:
+    target = Target(fault_server.url())
+    async with make_session() as given:
+        async with Poller([target], session=given, timeout_s=DEADLINE_S) as poller:
+            (through_given,) = await poller.poll_once()
+            assert poller.session is given
+        assert through_given.ok and not given.closed
+    poller = Poller([target], timeout_s=DEADLINE_S)
+    await poller.poll_once()
+    made = poller.session
+    await poller.aclose()
+    assert made.closed
+    (again,) = await poller.poll_once()  # used after closing: it opens a new session
+    assert again.ok and poller.session is not made
+    await poller.aclose()
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, math.nan])
+def test_an_interval_that_is_not_positive_is_refused_saying_so(value: float) -> None:
+    with pytest.raises(ValueError, match=rf"^interval must be > 0 s, got {value}$"):
+        Poller([], interval_s=value)
+    poller = Poller([])
+    with pytest.raises(ValueError, match=rf"^interval must be > 0 s, got {value}$"):
+        poller.interval_s = value
+
+
+def test_with_no_cap_a_failing_target_stops_doubling_at_two_to_the_thirty_intervals() -> None:
+    assert backoff_delay(10**6, 1.0, math.inf) == 2.0**30  # and never overflows
+
+
+async def test_a_gate_freed_with_no_one_waiting_still_lets_in_only_its_size() -> None:
+    gate = Gate(1)
+    async with gate:
+        pass
+    async with gate:
+        second = asyncio.ensure_future(gate.__aenter__())
+        await let_the_loop_run()
+        assert not second.done()
+    await let_the_loop_run()
+    assert second.done()
+    await gate.__aexit__(None, None, None)
+
+
+# -- the limits docs/security.md promises, and the defaults a program gets --------------------
+
+
+def promised(pattern: str) -> float:
+    """A number docs/security.md states, read from its text (lines joined)."""
+    text = " ".join((REPO / "docs" / "security.md").read_text(encoding="utf-8").split())
+    match = re.search(pattern, text)
+    assert match, f"docs/security.md no longer says {pattern!r}"
+    return float(match.group(1))
+
+
+async def test_no_more_requests_are_in_flight_than_docs_promise() -> None:
+    limit = int(promised(r"at most (\d+) requests are in flight"))
+    async with FaultServer(mode="hang") as hung:
+        targets = [Target(hung.url(query=f"n={n}")) for n in range(limit + 2)]
+        async with Poller(targets, timeout_s=1.0) as poller:
+            polling = asyncio.create_task(poller.poll_once())
+            await eventually(lambda: len(hung.requests) >= limit, f"{limit} hung requests")
+            await asyncio.sleep(0.2)  # time for any request past the limit to arrive
+            in_flight = len(hung.requests)
+            results = await asyncio.wait_for(polling, DEADLINE_S)
+    assert in_flight == limit
+    assert len(hung.requests) == limit + 2  # the last two had their turn after the others
+    assert {r.failure for r in results} == {"timeout"}
+
+
+async def test_a_failing_target_backs_off_to_one_attempt_in_what_docs_promise() -> None:
+    cap = promised(r"backs off \(to one attempt in (\d+) s\)")
+    poller = Poller([])
+    assert poller.max_backoff_s == cap
+    assert backoff_delay(20, poller.interval_s, poller.max_backoff_s, jitter=1.2) == cap
+
+
+def test_a_poller_made_with_no_settings_polls_each_second_with_a_two_second_timeout() -> None:
+    poller = Poller([])
+    assert (poller.interval_s, poller.timeout_s) == (1.0, 2.0)
+
+
+@pytest.mark.parametrize(("asked", "interval"), [(0.001, 0.05), (0.05, 0.05), (0.07, 0.07)])
+def test_an_interval_under_50_ms_is_raised_to_50_ms(asked: float, interval: float) -> None:
+    poller = Poller([], interval_s=asked)
+    assert poller.interval_s == interval
+    poller.interval_s = asked
+    assert poller.interval_s == interval
+
+
+async def test_version_is_waited_for_two_seconds_at_most_whatever_the_timeout() -> None:
+    async with FaultServer(version_mode="hang") as server, \
+            Poller([Target(server.url())], timeout_s=DEADLINE_S) as poller:
+        started = time.perf_counter()
+        (result,) = await poller.poll_once()
+        took = time.perf_counter() - started
+    assert result.ok and result.version is None
+    assert 2.0 <= took < 4.0, f"{took:.2f} s"  # the scrape itself takes milliseconds
+
+
+async def test_a_slow_read_is_repeated_after_ten_of_its_reads_and_no_later() -> None:
+    """A body read in a worker thread paces its target: the next attempt starts ten reads'
+    time after this one started (docs/security.md: big bodies take at most a tenth of a core)."""
+    seen: list[tuple[float, float, float | None]] = []
+    stop = asyncio.Event()
+    async with FaultServer(bodies=[bodies.many_models(3_000).encode()]) as slow:
+        target = Target(slow.url())
+        async with Poller([target], interval_s=0.05, timeout_s=DEADLINE_S) as poller:
+            loop = asyncio.get_running_loop()
+
+            def on_scrape(result: Scrape) -> None:
+                state = poller.state(target)
+                seen.append((loop.time(), state.read_s, state.next_due))
+                if len(seen) == 2:
+                    stop.set()
+
+            await asyncio.wait_for(poller.run(on_scrape, stop=stop), DEADLINE_S)
+    (delivered, read_s, _), (_, _, planned) = seen
+    assert 10 * read_s > 0.05  # paced by its read, not by the interval
+    assert planned is not None
+    # planned = the first attempt's start + 10 reads; it was delivered one read or more later
+    assert planned - delivered <= 9 * read_s
