@@ -41,6 +41,19 @@ async def fault_server() -> AsyncIterator[FaultServer]:
 
 
 @pytest.fixture
+def precious_paths(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(existing, link, victim): a file, and a symbolic link to another file, both holding
+    "precious\n": paths `kvtop record` must neither overwrite nor follow."""
+    existing = tmp_path / "old.jsonl"
+    existing.write_text("precious\n")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "link.jsonl.gz"
+    link.symlink_to(victim)
+    return existing, link, victim
+
+
+@pytest.fixture
 def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Where kvtop keeps baselines, under the test's own XDG_DATA_HOME (not made yet)."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))

@@ -197,13 +197,8 @@ def test_timeout_and_insecure_reach_the_scrapes(tmp_path: Path, stderr: io.Strin
 
 
 def test_an_existing_file_or_a_symlink_is_never_overwritten_or_followed(
-        tmp_path: Path, stderr: io.StringIO) -> None:
-    existing = tmp_path / "old.jsonl"
-    existing.write_text("precious\n")
-    victim = tmp_path / "victim"
-    victim.write_text("precious\n")
-    link = tmp_path / "link.jsonl.gz"
-    link.symlink_to(victim)
+        precious_paths: tuple[Path, Path, Path], stderr: io.StringIO) -> None:
+    existing, link, victim = precious_paths
     with served_in_thread(FaultServer()) as server:
         for path, what in ((existing, "an existing file"), (link, "a symbolic link")):
             assert record(stderr, server.url(), "-o", str(path), "--duration", "0.5") == 2

@@ -336,13 +336,9 @@ def _record(*args: str) -> tuple[int, str]:
     return done.returncode, done.stderr
 
 
-def test_record_never_overwrites_a_file_or_follows_a_symlink(tmp_path: Path) -> None:
-    existing = tmp_path / "old.jsonl"
-    existing.write_text("precious\n")
-    victim = tmp_path / "victim"
-    victim.write_text("precious\n")
-    link = tmp_path / "link.jsonl.gz"
-    link.symlink_to(victim)
+def test_record_never_overwrites_a_file_or_follows_a_symlink(
+        tmp_path: Path, precious_paths: tuple[Path, Path, Path]) -> None:
+    existing, link, victim = precious_paths
     dangling = tmp_path / "dangling.jsonl"
     dangling.symlink_to(tmp_path / "would-be-created")
 
