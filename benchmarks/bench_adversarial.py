@@ -1,7 +1,7 @@
 """Parse time of adversarial /metrics bodies: microseconds per KB at growing sizes, to show
 it stays flat (linear time) whatever a server sends.
 
-Run: ``python benchmarks/bench_adversarial.py [--reps N]``. Each body is parsed as kvtop
+Run: ``python -m benchmarks.bench_adversarial [--reps N]``. Each body is parsed as kvtop
 reads a scrape (``parse(text, keep=WANTED)`` and the adapters: ``read_exposition``), every
 label set new each time where the body is meant to defeat the caches; prints a markdown
 table. Bodies past the parser's limits are refused (the "refused" column), in time linear

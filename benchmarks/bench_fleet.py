@@ -1,6 +1,6 @@
 """Fleet benchmark: 500 engines read directly at 1 Hz vs through Prometheus, side by side.
 
-Run: ``python benchmarks/bench_fleet.py [--engines 500] [--seconds 30] [--scrape 15]
+Run: ``python -m benchmarks.bench_fleet [--engines 500] [--seconds 30] [--scrape 15]
 [--static]`` (needs the ``prometheus`` binary). One server process answers for all N
 engines with vLLM 0.33's two routes (``metrics_server.py``): bodies of a simulated vLLM
 0.33 under load that change every scrape (``--static``: the real 48.6 KB twin scrape);
@@ -23,7 +23,6 @@ import resource
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,9 +30,7 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from metrics_server import moving_bodies, start_server, static_body
-
+from benchmarks.metrics_server import moving_bodies, start_server, static_body
 from kvtop.collect.poller import Poller
 from kvtop.collect.prometheus import PROMETHEUS_INTERVAL_S, PrometheusSource, load_settings
 from kvtop.collect.target import Scrape, Target

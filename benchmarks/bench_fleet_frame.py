@@ -15,7 +15,7 @@ no scrape arrives during the measurement, so only UI work is timed:
 
 Goal (issue 6): a frame for 500 rows renders in under 50 ms.
 
-    .venv/bin/python benchmarks/bench_fleet_frame.py [--engines 500] [--frames 20]
+    .venv/bin/python -m benchmarks.bench_fleet_frame [--engines 500] [--frames 20]
 """
 
 from __future__ import annotations
@@ -29,16 +29,15 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from textual.pilot import Pilot
 
+from benchmarks.paths import METRICS as FIXTURES
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.tracker import TargetTracker
+from kvtop.derive.verdicts import LeakVerdict
 from kvtop.ui.app import AppConfig, KvtopApp
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "metrics"
 BODIES = ("vllm-0.33.0-v1-twin-under-load.txt", "vllm-0.33.0-v1-twin-idle.txt",
           "vllm-0.10.1.1-v1-twin-under-load.txt")
 T0 = 1_767_225_600.0

@@ -1,6 +1,6 @@
 """Parser benchmark: kvtop's parse+adapt vs prometheus_client on real vLLM scrapes.
 
-Run: ``python benchmarks/bench_parser.py [--reps N]``. Same bytes, one process; prints a
+Run: ``python -m benchmarks.bench_parser [--reps N]``. Same bytes, one process; prints a
 markdown table of min and median milliseconds per scrape and the speed-up over
 ``prometheus_client.parser.text_string_to_metric_families`` (fully consumed).
 """
@@ -13,14 +13,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.paths import METRICS as FIXTURES
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.exposition import parse
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "metrics"
 SCRAPES = ("vllm-0.29.0-v1-inferstack-t4-capture.txt", "vllm-0.33.0-v1-twin-under-load.txt")
 
 

@@ -1,6 +1,6 @@
 """Poller benchmark: client CPU per scrape of kvtop's poller (aiohttp).
 
-Run: ``python benchmarks/bench_poller.py [--targets 50,200] [--seconds 10] [--static]``. A
+Run: ``python -m benchmarks.bench_poller [--targets 50,200] [--seconds 10] [--static]``. A
 server in a separate process answers with vLLM 0.33's two routes (``metrics_server.py``; its
 CPU is not counted): bodies of a simulated vLLM 0.33 under load that change every scrape,
 or with ``--static`` the real 48.6 KB twin scrape. kvtop's ``Poller`` reads N targets at
@@ -15,13 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import resource
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from metrics_server import moving_bodies, start_server, static_body
-
+from benchmarks.metrics_server import moving_bodies, start_server, static_body
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 from kvtop.runtime import tune_gc

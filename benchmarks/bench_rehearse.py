@@ -1,6 +1,6 @@
 """What the rehearsal's load driver costs: CPU per request, and the rate one core sustains.
 
-Run: ``python benchmarks/bench_rehearse.py [--rates 50,100,200,400] [--seconds 10]``.
+Run: ``python -m benchmarks.bench_rehearse [--rates 50,100,200,400] [--seconds 10]``.
 Starts ``kvtop sim --workload none`` (speed 1, 8000 blocks, 256 sequences) in its own
 process, then drives it from this process, open loop, at each rate in turn: short requests
 (64-token prompt, 16 tokens out) streamed with usage on every chunk, each attempt logged to
@@ -27,10 +27,7 @@ from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fleet import proc_cpu_s
-
+from benchmarks.bench_fleet import proc_cpu_s
 from kvtop.derive.samples import percentile
 from kvtop.load.driver import DriverSettings, LoadDriver, RequestRecord, RunClock
 from kvtop.load.openai_client import list_models, make_session

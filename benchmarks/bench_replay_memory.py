@@ -11,7 +11,7 @@ and prints each process's peak RSS (``ru_maxrss``) and CPU time (user + system: 
 a shared machine says more about the neighbours). A reader that holds the
 whole recording grows with its length; a streaming one stays flat.
 
-    .venv/bin/python benchmarks/bench_replay_memory.py [--hours 1 4] [--dir DIR]
+    .venv/bin/python -m benchmarks.bench_replay_memory [--hours 1 4] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -32,9 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from tests.paths import FIXTURES  # noqa: E402 - the repository's own fixtures
+from benchmarks.paths import METRICS as FIXTURES
 
 BODY = "vllm-0.33.0-v1-twin-under-load.txt"
 TARGET = "http://10.0.0.5:8000/metrics"

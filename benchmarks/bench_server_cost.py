@@ -1,6 +1,6 @@
 """What one scrape costs the vLLM server: its API process's CPU per /metrics request.
 
-Run: ``python benchmarks/bench_server_cost.py [--requests 300]`` (needs the twin venv,
+Run: ``python -m benchmarks.bench_server_cost [--requests 300]`` (needs the twin venv,
 ``scripts/install-twin.sh``). Starts a served vLLM 0.33.0 twin (``tests/twin``: the real
 ``vllm serve`` with a fake executor, idle), then asks it ``--requests`` times, one request
 at a time, for: the whole ``/metrics`` (what a plain scraper and ``kvtop --full-metrics``
@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import sys
 import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fleet import proc_cpu_s
-
+from benchmarks.bench_fleet import proc_cpu_s
 from kvtop.collect.adapters import vllm
 from kvtop.collect.poller import narrowed_url
-from tests.twin.server import TwinServer, TwinSpec, import_vllm_error, twin_python
+from twin.serve import TwinServer, TwinSpec, import_vllm_error, twin_python
 
 
 def _batch(url: str, requests: int, gzip: bool) -> tuple[float, int]:

@@ -18,7 +18,7 @@ With ``--gpu-exporters N`` the app also reads N dcgm-exporters (each serving the
 Tesla T4 body of tests/fixtures/gpu, two GPUs) on the hosts' machine, so every server owns
 GPUs: the GPU pane (NVML asked too), the GPU column and the engine pane's GPU line are drawn.
 
-    .venv/bin/python benchmarks/bench_tui.py [--seconds 60] [--hosts 16] [--gpu-exporters 16]
+    .venv/bin/python -m benchmarks.bench_tui [--seconds 60] [--hosts 16] [--gpu-exporters 16]
         [--hanging 1]
 
 Run with another checkout's interpreter (``/work/main/.venv/bin/python
@@ -43,14 +43,15 @@ import termios
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+from benchmarks.paths import GPU_METRICS
 
 ANSI = re.compile(
     rb"\x1b(?:\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[()][A-Z0-9]|[=>])"
 )
 KV_BAR = "░".encode()  # a KV bar is drawn once some host's numbers have arrived
 HZ = os.sysconf("SC_CLK_TCK")
-DCGM_BODY = Path(__file__).resolve().parents[1] / "tests/fixtures/gpu/dcgm-datadog-t4.txt"
+DCGM_BODY = GPU_METRICS / "dcgm-datadog-t4.txt"
 
 
 @dataclass

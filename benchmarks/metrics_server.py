@@ -21,11 +21,11 @@ import multiprocessing
 import socket
 import zlib
 from collections.abc import Sequence
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-FIXTURE = (Path(__file__).resolve().parents[1]
-           / "tests/fixtures/metrics/vllm-0.33.0-v1-twin-under-load.txt")
+from benchmarks.paths import METRICS
+
+FIXTURE = METRICS / "vllm-0.33.0-v1-twin-under-load.txt"
 
 
 def moving_bodies(seconds: int = 300, rate: float = 8.0) -> list[str]:

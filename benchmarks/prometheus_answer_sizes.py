@@ -1,6 +1,6 @@
 """How large the Prometheus answers kvtop asks for are: what MAX_ANSWER_BYTES is sized from.
 
-Run: ``python benchmarks/prometheus_answer_sizes.py``. Writes the refresh and backfill
+Run: ``python -m benchmarks.prometheus_answer_sizes``. Writes the refresh and backfill
 answers as Prometheus writes them (``{"metric": {...}, "values": [[t, "v"], ...]}``, labels
 sorted, ``job``/``instance``/``namespace``/``pod`` added) for the series a real vLLM 0.33
 scrape has of the names kvtop queries; prints bytes per engine and how many engines fit
@@ -10,16 +10,15 @@ under the cap (docs/prometheus.md, "Answer sizes").
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import orjson
 
+from benchmarks.paths import METRICS
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.exposition import parse
 from kvtop.collect.prometheus import BACKFILL_NAMES, MAX_ANSWER_BYTES
 
-FIXTURE = (Path(__file__).resolve().parents[1]
-           / "tests/fixtures/metrics/vllm-0.33.0-v1-twin-under-load.txt")
+FIXTURE = METRICS / "vllm-0.33.0-v1-twin-under-load.txt"
 TARGET_LABELS = {"instance": "10.200.13.117:8000", "job": "vllm", "namespace": "prod",
                  "pod": "vllm-7f9c6b7d5-x2x9q"}
 

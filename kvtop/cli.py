@@ -110,11 +110,11 @@ def _snapshot_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_snapshot(args: argparse.Namespace) -> int:
-    from kvtop.headless.snapshot_command import run_snapshot
+    from kvtop.commands.snapshot import run_snapshot
 
     config = load_config(args.config)
     if (prometheus := resolve_prometheus(args, config)) is not None:
-        from kvtop.headless.prometheus_commands import run_snapshot_prometheus
+        from kvtop.commands.prometheus import run_snapshot_prometheus
 
         return run_snapshot_prometheus(prometheus, timeout_s=args.timeout,
                                        insecure=args.insecure, as_json=args.as_json,
@@ -149,7 +149,7 @@ def _record_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_record(args: argparse.Namespace) -> int:
-    from kvtop.headless.record_command import run_record
+    from kvtop.commands.record import run_record
 
     targets = resolve_targets(args, load_config(args.config))
     return run_record(targets, args.output, interval_s=args.interval,
@@ -188,7 +188,7 @@ def _check_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    from kvtop.headless.check_command import run_check_live, run_check_replay
+    from kvtop.commands.check import run_check_live, run_check_replay
 
     config = load_config(args.config)
     params = leak_params(config)
@@ -211,7 +211,7 @@ def _run_check(args: argparse.Namespace) -> int:
 def _run_check_prometheus(args: argparse.Namespace, prometheus: PrometheusSettings,
                           params: LeakParams) -> int:
     from kvtop.collect.prometheus import PROMETHEUS_INTERVAL_S
-    from kvtop.headless.prometheus_commands import run_check_prometheus
+    from kvtop.commands.prometheus import run_check_prometheus
 
     if args.record:
         raise ConfigError("--record writes direct scrapes; Prometheus keeps its own history")
@@ -237,7 +237,7 @@ def _rules_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_rules(args: argparse.Namespace) -> int:
     from kvtop.collect.prometheus import selector_matchers
-    from kvtop.headless.rules import render_rules
+    from kvtop.report.rules import render_rules
 
     config = load_config(args.config)
     selector = args.selector or str(config.prometheus.get("selector", ""))
@@ -278,25 +278,25 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 
 def _sim_parser(subparsers: argparse._SubParsersAction) -> None:
-    from kvtop.sim.cli import add_sim_parser, run_sim
+    from kvtop.commands.sim import add_sim_parser, run_sim
 
     add_sim_parser(subparsers, SUMMARIES["sim"]).set_defaults(command=run_sim)
 
 
 def _rehearse_parser(subparsers: argparse._SubParsersAction) -> None:
-    from kvtop.headless.rehearse_command import add_rehearse_parser
+    from kvtop.commands.rehearse import add_rehearse_parser
 
     add_rehearse_parser(subparsers)
 
 
 def _baseline_parser(subparsers: argparse._SubParsersAction) -> None:
-    from kvtop.headless.baseline_command import add_baseline_parser
+    from kvtop.commands.baseline import add_baseline_parser
 
     add_baseline_parser(subparsers, SUMMARIES["baseline"])
 
 
 def _compare_parser(subparsers: argparse._SubParsersAction) -> None:
-    from kvtop.headless.baseline_command import add_compare_parser
+    from kvtop.commands.baseline import add_compare_parser
 
     add_compare_parser(subparsers, SUMMARIES["compare"])
 
@@ -443,7 +443,7 @@ def _run_app_prometheus(prometheus: PrometheusSettings, args: argparse.Namespace
     from kvtop.collect.prometheus import PROMETHEUS_INTERVAL_S, PrometheusError, PrometheusSource
 
     interval = interval or PROMETHEUS_INTERVAL_S
-    from kvtop.headless.prometheus_commands import discover_targets
+    from kvtop.commands.prometheus import discover_targets
     from kvtop.ui.app import run_app
 
     source = PrometheusSource(prometheus, interval_s=interval, timeout_s=args.timeout,

@@ -61,7 +61,7 @@ THRESHOLD_FRACTIONS = frozenset({"residual_min_frac", "watch_rise_frac", "leak_r
 
 @dataclass(frozen=True, slots=True)
 class AlertSettings:
-    """The ``[alerts]`` table (kvtop/ui/alerts.py runs them)."""
+    """The ``[alerts]`` table (kvtop/alerts.py runs them)."""
 
     bell: bool = True
     command: tuple[str, ...] = ()  # argv; empty: no command

@@ -204,44 +204,44 @@ MODULES: dict[str, tuple[str, ...]] = {
                         *(f"tests/test_cli.py::{name}" for name in CLI_IN_PROCESS),
                         "tests/behaviour/test_config.py"),
     # tests/test_check.py runs `kvtop check` as a subprocess (nothing a mutant here reaches)
-    "kvtop/headless/check_command.py": ("tests/behaviour/test_check.py",
+    "kvtop/commands/check.py": ("tests/behaviour/test_check.py",
                                         "tests/test_prometheus_unit.py"),
-    "kvtop/headless/output.py": ("tests/behaviour/test_headless.py",
+    "kvtop/report/output.py": ("tests/behaviour/test_headless.py",
                                  "tests/behaviour/test_check.py"),
-    "kvtop/headless/lifetime.py": ("tests/behaviour/test_headless.py",),
-    "kvtop/headless/snapshot.py": ("tests/behaviour/test_snapshot_json.py",
+    "kvtop/collect/clock.py": ("tests/behaviour/test_headless.py",),
+    "kvtop/report/snapshot.py": ("tests/behaviour/test_snapshot_json.py",
                                    "tests/behaviour/test_headless.py"),
-    "kvtop/headless/snapshot_command.py": ("tests/behaviour/test_headless.py",),
-    "kvtop/headless/rules.py": ("tests/test_prometheus_unit.py", "tests/behaviour/test_rules.py"),
+    "kvtop/commands/snapshot.py": ("tests/behaviour/test_headless.py",),
+    "kvtop/report/rules.py": ("tests/test_prometheus_unit.py", "tests/behaviour/test_rules.py"),
     # the headless modules below were first scored on 2026-12-02; each takes the tests that reach
     # it in this process (coverage by test); the slow simulations of tests/baseline are left out
-    "kvtop/headless/table.py": ("tests/behaviour/test_headless.py", "tests/behaviour/test_table.py",
+    "kvtop/view/table.py": ("tests/behaviour/test_headless.py", "tests/behaviour/test_table.py",
                                 "tests/hostile/test_headless_display.py::"
                                 "test_the_table_never_reads_labels_as_markup"),
-    "kvtop/headless/gpus.py": ("tests/behaviour/test_gpu_owners.py",
+    "kvtop/report/gpus.py": ("tests/behaviour/test_gpu_owners.py",
                                "tests/behaviour/test_headless.py",
                                "tests/behaviour/test_headless_gpus.py"),
-    "kvtop/headless/prometheus_commands.py": ("tests/test_prometheus_unit.py",
+    "kvtop/commands/prometheus.py": ("tests/test_prometheus_unit.py",
                                               "tests/behaviour/test_prometheus_commands.py"),
-    "kvtop/headless/baseline_text.py": ("tests/behaviour/test_baseline_text.py",
+    "kvtop/baseline/text.py": ("tests/behaviour/test_baseline_text.py",
                                         "tests/baseline/test_commands.py",
                                         "tests/baseline/test_compare_sim.py::"
                                         "test_text_output_names_the_change_first"),
     # `kvtop record` through main() in this process (its subprocess tests in test_snapshot_cli.py
     # and hostile/test_recordings.py are out of a mutant's reach)
-    "kvtop/headless/record_command.py": ("tests/behaviour/test_record.py",),
+    "kvtop/commands/record.py": ("tests/behaviour/test_record.py",),
     # every command-line test builds the rehearse parser, so a surviving mutant there cost
     # them all: tests/baseline/test_commands.py is left out (it reaches this module only by
     # building kvtop's parser); the man page test pins every help text, the behaviour tests
     # the options, their defaults and errors, and runs refused or judged in this process
-    "kvtop/headless/rehearse_command.py": (
+    "kvtop/commands/rehearse.py": (
         "tests/behaviour/test_rehearse_command.py",
         *(f"tests/rehearse/test_rehearse_cli.py::{name}" for name in (
             "test_usage_errors_exit_2", "test_bad_values_exit_2",
             "test_the_target_gives_both_the_api_and_metrics",
             "test_the_parsers_copies_of_names_agree_with_the_modules")),
         *(f"tests/test_cli.py::{name}" for name in CLI_IN_PROCESS)),
-    "kvtop/headless/baseline_command.py": (
+    "kvtop/commands/baseline.py": (
         "tests/behaviour/test_baseline_command.py", "tests/baseline/test_commands.py",
         "tests/baseline/test_compare_sim.py::test_commands_on_recordings",
         *(f"tests/test_cli.py::{name}" for name in CLI_IN_PROCESS)),

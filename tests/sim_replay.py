@@ -14,7 +14,7 @@ from typing import Any
 
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.stats import EngineStats
-from kvtop.headless.check_command import CheckRun
+from kvtop.derive.worst import CheckRun
 from kvtop.sim.engine import EngineConfig, RequestSpec
 from kvtop.sim.exposition import render
 from kvtop.sim.faults import Fault

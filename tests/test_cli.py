@@ -210,7 +210,7 @@ def test_token_files_that_are_not_regular_files_are_refused(tmp_path: Path) -> N
 
 # -- internal errors -----------------------------------------------------------------------
 
-PLANT = ("import sys, kvtop.cli, kvtop.headless.snapshot_command as s\n"
+PLANT = ("import sys, kvtop.cli, kvtop.commands.snapshot as s\n"
          "def boom(*a, **k):\n"
          "    raise RuntimeError('a planted bug')\n"
          "s.run_snapshot = boom\n"
@@ -378,9 +378,9 @@ async def test_snapshot_table_into_a_pipe_is_the_apps_rows_unwrapped(tmp_path: P
 
 def test_headless_commands_load_no_textual() -> None:
     # The table shares the app's rows and formatters, not its framework: start-up stays light.
-    code = ("import sys, kvtop.cli, kvtop.headless.snapshot_command, kvtop.headless.table, "
-            "kvtop.headless.check_command, kvtop.headless.baseline_command, "
-            "kvtop.headless.baseline_text, kvtop.baseline.live, kvtop.baseline.compare; "
+    code = ("import sys, kvtop.cli, kvtop.commands.snapshot, kvtop.view.table, "
+            "kvtop.commands.check, kvtop.commands.baseline, "
+            "kvtop.baseline.text, kvtop.baseline.live, kvtop.baseline.compare; "
             "print(sorted(m for m in sys.modules "
             "if m.split('.')[0] == 'textual'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from kvtop.derive.leak import LeakDetector, LeakVerdict, median, theil_sen
+from kvtop.derive.leak import LeakDetector, median, theil_sen
 from kvtop.derive.leak_estimate import LoadPoint, fit_leak, leaked_now
 from kvtop.derive.stats import EngineStats
+from kvtop.derive.verdicts import LeakVerdict
 
 INF = math.inf
 MIN = 60.0

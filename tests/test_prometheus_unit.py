@@ -19,10 +19,10 @@ from kvtop.collect.prometheus import (
     vector_selector,
 )
 from kvtop.collect.target import Scrape, Target
+from kvtop.commands.prometheus import _judge
 from kvtop.derive.leak import LeakParams
-from kvtop.headless.check_command import CheckRun
-from kvtop.headless.prometheus_commands import _judge
-from kvtop.headless.rules import render_rules
+from kvtop.derive.worst import CheckRun
+from kvtop.report.rules import render_rules
 
 
 def test_selector_matchers_are_merged_into_the_fleet_query() -> None:

@@ -8,16 +8,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakVerdict
-from kvtop.derive.stall import StallDetector, StallVerdict
+from kvtop.derive.stall import StallDetector
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetTracker
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 from kvtop.sim.engine import EngineConfig, RequestSpec, StepCost
 from kvtop.sim.exposition import render
 from kvtop.sim.faults import Fault, plan
 from kvtop.sim.simulation import Simulation, Truth
 from kvtop.sim.workloads import make_workload
-from kvtop.ui.fleet import leak_cell
+from kvtop.view.fleet import leak_cell
 
 T0 = 1_767_225_600.0
 TARGET = Target.from_spec("http://127.0.0.1:8000")

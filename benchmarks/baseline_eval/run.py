@@ -6,7 +6,7 @@ any figure is flagged worse (and, separately, any figure flagged at all) and how
 rank test alone fell under alpha. Detection: each change of scenarios.CHANGES run with
 other seeds than the baseline's, counting how often the figures it should move are flagged.
 
-    python benchmarks/baseline_eval/run.py --runs 40 --detect-seeds 5 [--minutes 20]
+    python -m benchmarks.baseline_eval.run --runs 40 --detect-seeds 5 [--minutes 20]
 
 Numbers are quoted in docs/baseline-format.md.
 """
@@ -15,12 +15,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import time
 from collections import Counter
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.baseline_eval.scenarios import CHANGES, HEALTHY, baseline
 from kvtop.baseline.compare import ALPHA, compare

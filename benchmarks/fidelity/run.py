@@ -1,6 +1,6 @@
 """Fidelity of kvtop's simulator against vLLM 0.33's real scheduler (the twin).
 
-Run: ``python benchmarks/fidelity/run.py [--quick] [--workloads a,b] [--out DIR]``.
+Run: ``python -m benchmarks.fidelity.run [--quick] [--workloads a,b] [--out DIR]``.
 
 Both sides replay the same request list (arrival step, prompt token ids, max_tokens, output
 length that ends in EOS), with the same pool, block size 16, max_num_seqs,
@@ -29,10 +29,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.paths import REPO
 from kvtop.sim.engine import Engine, EngineConfig, RequestSpec
 from kvtop.sim.workloads import azure, mooncake
+from twin.serve import twin_python
 
-REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("twin_driver.py")
 BLOCK = 16
 VOCAB = 32000  # the twin's fake Llama; ids 0-2 are special (2 is EOS)
@@ -41,10 +42,6 @@ TWIN_MODEL_LEN = 8192  # the twin's config.json max_position_embeddings
 Workload = dict[str, Any]
 Step = dict[str, float]
 SAMPLED = ("usage", "running", "waiting", "preemptions", "queries", "hits")
-
-
-def twin_python() -> Path:
-    return Path(os.environ.get("KVTOP_TWIN_PYTHON", REPO / ".venv-twin" / "bin" / "python"))
 
 
 # -- workloads -------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Lumps injected into healthy recordings: how soon kvtop sees them, where they land.
 
-Run after ``run.py`` (same ``--out``): ``python benchmarks/leak_eval/inject.py [--out DIR]
+Run after ``run.py`` (same ``--out``): ``python -m benchmarks.leak_eval.inject [--out DIR]
 [--only a,b]``. For each healthy continuous recording, and each start minute in 12, 16, ...
 28, it adds a lump to the usage gauge of every scrape from that minute on (two lumps of 3 %
 30 min apart, or one of 5 %), replays the result through ``kvtop check``'s code and prints
@@ -16,12 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from run import SCENARIOS
-
+from benchmarks.leak_eval.run import SCENARIOS
 from kvtop.collect.target import Scrape
-from kvtop.headless.check_command import CheckRun
+from kvtop.derive.worst import CheckRun
 from kvtop.store.recording import read_recording
 
 USAGE = re.compile(r"^(vllm:kv_cache_usage_perc\{[^}]*\}) (\S+)$", re.M)

@@ -1,6 +1,6 @@
 """KV-leak evaluation: kvtop's detector vs a threshold rule and a trend rule.
 
-Run: ``python benchmarks/leak_eval/run.py [--quick] [--out DIR] [--jobs N] [--only a,b]
+Run: ``python -m benchmarks.leak_eval.run [--quick] [--out DIR] [--jobs N] [--only a,b]
 [--reuse]``.
 
 Generates recordings (kvtop recording format, gzip) from kvtop's simulator over synthetic
@@ -26,11 +26,10 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from scenarios import Scenario, generate, read_truth
-from score import FIGURES, Score, score
-from twin_recordings import generate_twin, twin_python
+from benchmarks.leak_eval.scenarios import Scenario, generate, read_truth
+from benchmarks.leak_eval.score import FIGURES, Score, score
+from benchmarks.leak_eval.twin_recordings import generate_twin, twin_python
+from benchmarks.paths import REPO
 
 CONT = {"rate": 4.0, "output_mean": 300.0}  # ~10 running, never idle at 10 s scrapes
 # 1 min of bursts, then 2 min idle
@@ -260,10 +259,9 @@ def _goal(met: bool, what: str, detail: str) -> str:
 
 
 def commit() -> str:
-    repo = Path(__file__).resolve().parents[2]
-    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--",
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
                             "kvtop", "benchmarks/leak_eval"], capture_output=True, text=True)
     return head + (" (+ uncommitted changes)" if dirty.stdout.strip() else "")
 
@@ -281,7 +279,7 @@ def main() -> int:
     args = ap.parse_args()
     chosen = [sc for sc in SCENARIOS if (sc.quick or not args.quick)
               and (not args.only or sc.name in args.only.split(","))]
-    if twin_python() is None:
+    if not twin_python().exists():
         print("no twin interpreter: skipping the twin scenarios", file=sys.stderr)
         chosen = [sc for sc in chosen if sc.source != "twin"]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtop.headless.check_command import CheckRun
+from kvtop.derive.worst import CheckRun
 from kvtop.store.recording import read_recording
 
 

@@ -12,26 +12,21 @@ import os
 import subprocess
 from pathlib import Path
 
-from scenarios import EPOCH, Scenario, TruthLog
-
+from benchmarks.leak_eval.scenarios import EPOCH, Scenario, TruthLog
+from benchmarks.paths import REPO
 from kvtop.collect.target import Scrape, Target
 from kvtop.store.recording import RecordingWriter
+from twin.serve import twin_python
 
 WARMUP_S = 120.0  # stepped before the recording starts; the twin's requests last seconds
 
-REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("twin_driver.py")
 TIMEOUT_S = 3600  # vLLM's own scheduler, stepped in Python: minutes each on a loaded 2-core box
 
 
-def twin_python() -> Path | None:
-    python = Path(os.environ.get("KVTOP_TWIN_PYTHON", REPO / ".venv-twin/bin/python"))
-    return python if python.exists() else None
-
-
 def generate_twin(scenario: Scenario, out: Path, seed: int = 0) -> tuple[Path, Path]:
     python = twin_python()
-    if python is None:
+    if not python.exists():
         raise FileNotFoundError("no twin interpreter (.venv-twin): run scripts/install-twin.sh")
     spec_path, raw_path = out / f"{scenario.name}.spec.json", out / f"{scenario.name}.raw.jsonl"
     spec = {**scenario.params, "seed": seed, "blocks": scenario.blocks,

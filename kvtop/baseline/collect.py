@@ -34,7 +34,7 @@ from kvtop.derive.quantiles import bucket_delta, quantile
 from kvtop.derive.samples import percentile
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetTracker
-from kvtop.headless.check_command import EngineVerdict
+from kvtop.derive.worst import EngineVerdict
 
 MINUTE_S = 60.0
 MIN_LATENCY_OBSERVATIONS = 5  # fewer requests in a minute say nothing about its p99

@@ -35,7 +35,7 @@ from kvtop.baseline.model import (
     TargetSummary,
 )
 from kvtop.baseline.stats import mann_whitney
-from kvtop.headless.output import json_number
+from kvtop.contract import json_number
 
 ALPHA = 0.01
 NOISE_Z = 2.576  # two-sided 1 %, as ALPHA

@@ -17,11 +17,11 @@ import aiohttp
 
 from kvtop.baseline.collect import Collector
 from kvtop.baseline.probe import Prober, ProbeSettings
+from kvtop.collect.clock import stop_event
 from kvtop.collect.nvml import GpuReader, NvmlUnavailable
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams
-from kvtop.headless.lifetime import stop_event
 from kvtop.load.driver import RunClock
 from kvtop.load.openai_client import NotOpenAI, make_session
 

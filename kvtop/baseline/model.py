@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtop.headless.output import json_number
+from kvtop.contract import json_number
 
 FORMAT, VERSION = "kvtop-baseline", 1
 ConfigValue = str | int | float | bool | None

@@ -18,13 +18,12 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Literal
 
 from kvtop.derive.leak_estimate import LeakFit, LoadPoint, fit_leak, leaked_now
 from kvtop.derive.stats import EngineStats
+from kvtop.derive.verdicts import LeakState, LeakVerdict
 
-State = Literal["warmup", "ok", "watch", "leak"]
-_RANK: dict[State, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
+_RANK: dict[LeakState, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
 
 
 @dataclass(frozen=True)
@@ -59,18 +58,6 @@ class LeakParams:
     step_z: float = 3.5  # a lump: the level after a split above the level before, this sure
     step_min_buckets: int = 5  # buckets on each side of the split
 
-
-@dataclass(frozen=True)
-class LeakVerdict:
-    """The figures (leaked blocks, slope, time to full) are None unless the state is WATCH
-    or LEAK: an OK verdict never carries a leak estimate (docs/check-json.md)."""
-
-    state: State
-    reason: str  # one line a person understands
-    leaked_blocks: float | None  # estimated blocks held by no live request
-    slope_blocks_per_hour: float | None
-    hours_to_full: float | None  # at the current slope, until the pool is full
-    evidence: dict[str, float | str] = field(default_factory=dict)
 
 
 def median(values: list[float]) -> float:
@@ -404,7 +391,7 @@ class LeakDetector:
         return turned and (rising or trend.step >= p.watch_rise_frac * total)
 
     # -- verdict -------------------------------------------------------------------------
-    def _floor_level(self, t: float) -> tuple[State, str]:
+    def _floor_level(self, t: float) -> tuple[LeakState, str]:
         trend, p, total = self._trend, self.params, self._total or 1.0
         if trend is None or self._floor_since is None or self._floor_last is None:
             return "ok", ""
@@ -436,11 +423,11 @@ class LeakDetector:
         confirmed = bool(self._residuals) and self._residuals[-1][0] >= self._idle_start
         return self._idle_min, t - self._idle_start, confirmed
 
-    def _idle_level(self, t: float) -> tuple[State, str]:
+    def _idle_level(self, t: float) -> tuple[LeakState, str]:
         """The idle evidence, worded for this scrape: what is held now, or at the last idle."""
         if not self._residuals:
             return "ok", ""
-        level: State = "leak" if self._residual_long else "watch"
+        level: LeakState = "leak" if self._residual_long else "watch"
         last_t, blocks = self._residuals[-1]
         now = self._idle_now(t)
         if now is not None and now[2]:
@@ -475,7 +462,7 @@ class LeakDetector:
             level, reason = self._quiet(t)
         return self._verdict_for(level, reason, used)
 
-    def _held(self, t: float) -> State | None:
+    def _held(self, t: float) -> LeakState | None:
         """A recent LEAK or WATCH outlives its evidence for a while."""
         p = self.params
         if self._leak_last is not None and t - self._leak_last <= p.leak_hold_s:
@@ -484,7 +471,7 @@ class LeakDetector:
             return "watch"
         return None
 
-    def _quiet(self, t: float) -> tuple[State, str]:
+    def _quiet(self, t: float) -> tuple[LeakState, str]:
         now = self._idle_now(t)
         if now is not None:  # blocks held at idle, not confirmed yet: no leak figure, but say so
             judged = self._trend is not None or self._clean_t is not None
@@ -503,7 +490,7 @@ class LeakDetector:
                           f"{_ago(t - self._clean_t)} ago")
         return "warmup", self._reset_why if self._reset_t is not None else "collecting data"
 
-    def _verdict_for(self, level: State, reason: str, used: float) -> LeakVerdict:
+    def _verdict_for(self, level: LeakState, reason: str, used: float) -> LeakVerdict:
         residual = self._residuals[-1][1] if self._residuals else None
         evidence = self._evidence(used, residual)
         if level not in ("watch", "leak"):

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from kvtop.derive.stats import EngineStats
-
-StallState = Literal["unknown", "ok", "saturated", "stalled"]
-STALL_RANK: dict[StallState, int] = {"unknown": 0, "ok": 1, "saturated": 2, "stalled": 3}
+from kvtop.derive.verdicts import StallState, StallVerdict
 
 
 @dataclass(frozen=True)
@@ -36,13 +33,6 @@ class StallParams:
     pinned_frac: float = 0.9  # median usage over saturated_s counted as pinned full
     saturated_s: float = 60.0  # window over which the pool is pinned, queued and preempting
 
-
-@dataclass(frozen=True)
-class StallVerdict:
-    state: StallState
-    reason: str  # one line a person understands
-    since_t: float | None  # when this state began (STALLED: the last scrape with progress)
-    evidence: dict[str, float | str] = field(default_factory=dict)
 
 
 def _usage(stats: EngineStats) -> float | None:

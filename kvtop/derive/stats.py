@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from kvtop.collect.reading import LoraInfo
-    from kvtop.derive.leak import LeakVerdict
-    from kvtop.derive.stall import StallVerdict
+    from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 
 
 @dataclass(frozen=True, slots=True)

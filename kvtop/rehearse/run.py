@@ -18,10 +18,10 @@ from typing import IO, Any, TextIO
 import aiohttp
 import orjson
 
+from kvtop.collect.clock import stop_event
 from kvtop.collect.nvml import GpuReader
 from kvtop.collect.target import Target
 from kvtop.derive.leak import LeakParams
-from kvtop.headless.lifetime import stop_event
 from kvtop.load.driver import DriverSettings, LoadDriver, RequestRecord, RunClock
 from kvtop.load.openai_client import NotOpenAI, ServedModel, list_models, make_session
 from kvtop.load.workloads import Workload, WorkloadError, make_workload

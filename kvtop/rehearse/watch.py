@@ -25,7 +25,7 @@ from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetTracker
-from kvtop.headless.check_command import EngineVerdict
+from kvtop.derive.worst import EngineVerdict
 from kvtop.load.driver import RunClock
 from kvtop.store.recording import RecordingWriter
 

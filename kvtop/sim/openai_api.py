@@ -27,15 +27,13 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
-from kvtop.sim.engine import Request
-
-if TYPE_CHECKING:
-    from kvtop.sim.server import SimServer
+from kvtop.sim.engine import EngineConfig, Request
+from kvtop.sim.simulation import Simulation
 
 PIECE_CHARS = 6  # characters per token within a word, in the approximate tokenizer
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
@@ -182,10 +180,31 @@ class Call:
                 "completion_tokens": completion_tokens}
 
 
+class _ServedModel(Protocol):
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def engine(self) -> EngineConfig: ...
+
+
+class ApiHost(Protocol):
+    """What the routes need of the server they are mounted on (sim/server.py's SimServer)."""
+
+    simulation: Simulation
+
+    @property
+    def config(self) -> _ServedModel: ...
+
+    def authorized(self, request: web.Request) -> bool: ...
+
+    def due_at(self, sim_t: float) -> float: ...
+
+
 class OpenAIRoutes:
     """The `/v1/completions` and `/v1/chat/completions` handlers of one SimServer."""
 
-    def __init__(self, server: SimServer, fingerprint: str | None) -> None:
+    def __init__(self, server: ApiHost, fingerprint: str | None) -> None:
         self.server = server
         self.fingerprint = fingerprint
 

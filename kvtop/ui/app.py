@@ -29,6 +29,7 @@ from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Footer, Input
 
+from kvtop.alerts import AlertEvent, AlertRunner
 from kvtop.collect.gpu import GpuReading
 from kvtop.collect.nvml import GpuReader, NvmlReader, NvmlUnavailable
 from kvtop.collect.ownership import PortOwners
@@ -51,12 +52,20 @@ from kvtop.derive.gpu_owners import (
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
 from kvtop.exits import EXIT_INTERNAL
+from kvtop.report.snapshot_files import SnapshotFiles, stamp, write_snapshot
 from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingWriter
-from kvtop.ui import format as fmt
-from kvtop.ui.alerts import AlertEvent, AlertRunner
-from kvtop.ui.engine_view import engine_view, group_view
-from kvtop.ui.fleet import (
+from kvtop.ui.screens.detail import DetailScreen
+from kvtop.ui.screens.help import KEYS, HelpScreen
+from kvtop.ui.screens.sort_menu import SortMenu
+from kvtop.ui.widgets.engine_panel import EnginePanel
+from kvtop.ui.widgets.fleet_table import FleetTable
+from kvtop.ui.widgets.gpu_pane import GpuPane
+from kvtop.ui.widgets.panes import EnginePanes
+from kvtop.ui.widgets.summary import SummaryBar
+from kvtop.view import format as fmt
+from kvtop.view.engine import engine_view, group_view
+from kvtop.view.fleet import (
     COLUMN_SORT,
     LARGE_FLEET,
     SORT_CYCLE,
@@ -72,17 +81,8 @@ from kvtop.ui.fleet import (
     stall_entries,
     summarise,
 )
-from kvtop.ui.gpus import GpuTrails, failed_sources, gpu_note, owned_cell, pane_lines
-from kvtop.ui.groups import NONE, GroupRow, group_modes, group_rows, mode_label
-from kvtop.ui.screens.detail import DetailScreen
-from kvtop.ui.screens.help import KEYS, HelpScreen
-from kvtop.ui.screens.sort_menu import SortMenu
-from kvtop.ui.snapshot_files import SnapshotFiles, stamp, write_snapshot
-from kvtop.ui.widgets.engine_panel import EnginePanel
-from kvtop.ui.widgets.fleet_table import FleetTable
-from kvtop.ui.widgets.gpu_pane import GpuPane
-from kvtop.ui.widgets.panes import EnginePanes
-from kvtop.ui.widgets.summary import SummaryBar
+from kvtop.view.gpus import GpuTrails, failed_sources, gpu_note, owned_cell, pane_lines
+from kvtop.view.groups import NONE, GroupRow, group_modes, group_rows, mode_label
 
 if TYPE_CHECKING:
     from kvtop.baseline.overlay import Band, BaselineOverlay
@@ -755,7 +755,7 @@ class KvtopApp(App[None]):
 
     def action_snapshot(self) -> None:
         """Gather everything on the UI thread (consistent), write it in a thread."""
-        from kvtop.headless.snapshot import snapshot_document
+        from kvtop.report.snapshot import snapshot_document
 
         now = self.config.clock()
         taken_at = datetime.fromtimestamp(now, tz=timezone.utc)

@@ -23,9 +23,9 @@ from kvtop.collect.target import Scrape
 from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import RecordingError, open_recording
 from kvtop.store.replay import ReplaySource
-from kvtop.ui import format as fmt
 from kvtop.ui.app import INTERVALS, AppConfig, KvtopApp, app_exit_code
 from kvtop.ui.screens.help import KEYS
+from kvtop.view import format as fmt
 
 if TYPE_CHECKING:
     from kvtop.baseline.overlay import BaselineOverlay

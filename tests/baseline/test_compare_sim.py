@@ -189,7 +189,7 @@ def test_commands_on_recordings(recordings: Recordings, data_home: Path,
 
 def test_text_output_names_the_change_first(recordings: Recordings, data_home: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from kvtop.headless.baseline_text import render_comparison
+    from kvtop.baseline.text import render_comparison
 
     base = summarise(recordings.path("healthy"), "healthy")
     text = render_comparison(compare(base, summarise(recordings.path("fewer_blocks")))

@@ -17,8 +17,8 @@ from kvtop.baseline.model import (
     ProbeSummary,
     TargetSummary,
 )
+from kvtop.baseline.text import DASH, GIB, change, number, render_comparison
 from kvtop.cli import main
-from kvtop.headless.baseline_text import DASH, GIB, change, number, render_comparison
 
 
 @pytest.mark.parametrize(("value", "unit", "text"), [

@@ -14,22 +14,12 @@ from pathlib import Path
 import pytest
 
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakParams, LeakVerdict
-from kvtop.derive.stall import StallVerdict
+from kvtop.commands.check import Progress, print_result, run_check_live, run_check_replay
+from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES
-from kvtop.headless.check_command import (
-    EXIT_LEAK,
-    EXIT_NO_DATA,
-    EXIT_OK,
-    EXIT_STALLED,
-    EXIT_USAGE,
-    CheckRun,
-    EngineVerdict,
-    Progress,
-    print_result,
-    run_check_live,
-    run_check_replay,
-)
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.derive.worst import CheckRun, EngineVerdict
+from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED, EXIT_USAGE
 from kvtop.store.recording import RecordingWriter, read_recording
 from kvtop.store.writer import MIN_MAX_BYTES
 from tests.faultserver import FaultServer, closed_port, served_in_thread

@@ -7,7 +7,7 @@ from __future__ import annotations
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.gpu import GpuProcess, GpuReading, Workload, gpu_to_json
 from kvtop.derive.gpu_owners import local_host
-from kvtop.headless.gpus import gpu_report
+from kvtop.report.gpus import gpu_report
 from tests.fakes.fake_nvml import FakeGpuReader
 
 

@@ -22,7 +22,7 @@ from kvtop.derive.gpu_owners import (
     owned_memory,
 )
 from kvtop.derive.tracker import TargetTracker
-from kvtop.headless.gpus import gpu_report
+from kvtop.report.gpus import gpu_report
 from tests.fakes.fake_nvml import GIB, FakeGpuReader
 from tests.gpu_fixtures import DCGM_T4, gpu_fixture, prometheus_state
 from tests.gpu_fixtures import server_state as state

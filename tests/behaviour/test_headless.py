@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
+from kvtop.collect.clock import stop_event
 from kvtop.collect.target import Target
-from kvtop.headless.lifetime import stop_event
-from kvtop.headless.output import emit, json_number
-from kvtop.headless.snapshot_command import (
+from kvtop.commands.snapshot import (
     EXIT_OK,
     EXIT_UNREADABLE,
     collect_states,
@@ -27,6 +26,8 @@ from kvtop.headless.snapshot_command import (
     run_snapshot,
     snapshot_exit_code,
 )
+from kvtop.contract import json_number
+from kvtop.report.output import emit
 from tests.faultserver import FaultServer, closed_port, fixture, served_in_thread
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtop.headless import gpus
+from kvtop.report import gpus
 from tests.fakes.fake_nvml import FakeGpuReader
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvtop.derive.leak import LeakDetector, LeakParams, LeakVerdict, median, theil_sen
+from kvtop.derive.leak import LeakDetector, LeakParams, median, theil_sen
 from kvtop.derive.leak_estimate import (
     MIN_AFTER,
     MIN_POINTS,
@@ -25,6 +25,7 @@ from kvtop.derive.leak_estimate import (
     leaked_now,
 )
 from kvtop.derive.stats import EngineStats
+from kvtop.derive.verdicts import LeakVerdict
 from tests.paths import REPO
 
 T0 = 1_700_000_040.0  # on a minute: buckets start with the series

@@ -23,14 +23,14 @@ from kvtop.collect.adapters import WANTED
 from kvtop.collect.exposition import parse
 from kvtop.collect.prometheus import PrometheusSource, load_settings
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakParams
-from kvtop.headless import gpus
-from kvtop.headless.prometheus_commands import (
+from kvtop.commands.prometheus import (
     discover_targets,
     latest_per_target,
     run_check_prometheus,
     run_snapshot_prometheus,
 )
+from kvtop.derive.leak import LeakParams
+from kvtop.report import gpus
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.faultserver import Request, served_in_thread
 from tests.hostile.fakeprom import INSTANCES, FakePrometheus, answer, series, success

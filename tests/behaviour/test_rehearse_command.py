@@ -15,9 +15,9 @@ import pytest
 
 from kvtop.cli import build_command_parser, main
 from kvtop.collect.target import Target
+from kvtop.commands.rehearse import settings_from_args
 from kvtop.config import ConfigError
 from kvtop.derive.leak import LeakParams
-from kvtop.headless.rehearse_command import settings_from_args
 from kvtop.rehearse.run import RehearsalSettings
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.faultserver import FaultServer, served_in_thread

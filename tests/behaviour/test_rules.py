@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kvtop.derive.leak import LeakParams
-from kvtop.headless.rules import render_rules
+from kvtop.report.rules import render_rules
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="no 'promtool' on PATH (Debian's "

@@ -7,11 +7,10 @@ import math
 from datetime import datetime, timezone
 
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakVerdict
-from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import TargetState, TargetTracker
-from kvtop.headless.snapshot import (
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.report.snapshot import (
     SNAPSHOT_VERSION,
     engine_json,
     history_json,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvtop.derive.stall import StallDetector, StallVerdict
+from kvtop.derive.stall import StallDetector
 from kvtop.derive.stats import EngineStats
+from kvtop.derive.verdicts import StallVerdict
 
 T0 = 1_767_225_600.0
 

@@ -10,7 +10,7 @@ import pytest
 
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
-from kvtop.headless.table import aligned, gpu_lines, print_table, table_lines
+from kvtop.view.table import aligned, gpu_lines, print_table, table_lines
 from tests.paths import fixture_text
 
 GIB = 2**30

@@ -13,14 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtop.collect.target import Target
-from kvtop.derive.leak import LeakVerdict
+from kvtop.commands.check import _render_text
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
-from kvtop.headless.check_command import CheckRun, EngineVerdict, _render_text
-from kvtop.headless.snapshot import snapshot_document
-from kvtop.headless.table import print_table
-from kvtop.ui.fleet import build_rows, leak_changes
+from kvtop.derive.verdicts import LeakVerdict
+from kvtop.derive.worst import CheckRun, EngineVerdict
+from kvtop.report.snapshot import snapshot_document
 from kvtop.ui.screens.detail import CONFIG_KEYS, describe
+from kvtop.view.fleet import build_rows, leak_changes
+from kvtop.view.table import print_table
 from tests.hostile.hostile import RAW_CONTROLS
 
 NOW = 1000.0

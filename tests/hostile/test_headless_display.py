@@ -13,13 +13,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
-from kvtop.headless.snapshot import snapshot_document
-from kvtop.headless.table import print_table
+from kvtop.derive.verdicts import LeakVerdict
+from kvtop.report.snapshot import snapshot_document
 from kvtop.safe_text import display_text
 from kvtop.store.recording import RecordingWriter
+from kvtop.view.table import print_table
 from tests.faultserver import FaultServer
 from tests.hostile.hostile import (
     EVIL_ENGINE,

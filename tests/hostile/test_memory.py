@@ -16,7 +16,7 @@ from kvtop.collect.poller import Poller
 from kvtop.collect.prometheus import group_scrapes
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, TargetTracker
-from kvtop.headless.check_command import CheckRun
+from kvtop.derive.worst import CheckRun
 from tests.faultserver import FaultServer, Request, mode
 from tests.hostile import bodies
 

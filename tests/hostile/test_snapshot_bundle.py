@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvtop.ui.snapshot_files import MAX_NAME, SnapshotFiles, body_names, write_snapshot
+from kvtop.report.snapshot_files import MAX_NAME, SnapshotFiles, body_names, write_snapshot
 from tests.hostile.hostile import OSC52
 
 TAKEN = datetime(2026, 1, 1, tzinfo=timezone.utc)

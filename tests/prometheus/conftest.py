@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from kvtop.config import Config, leak_params
-from kvtop.headless.rules import render_rules
+from kvtop.report.rules import render_rules
 from tests.faultserver import refused_port
 
 # Short idle confirmation (the defaults are tested on constructed series in test_leak.py);

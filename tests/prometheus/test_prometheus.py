@@ -18,8 +18,8 @@ import pytest
 
 from kvtop.collect.prometheus import PrometheusSource, load_settings
 from kvtop.collect.target import Target
-from kvtop.ui import format as fmt
 from kvtop.ui.app import AppConfig, KvtopApp
+from kvtop.view import format as fmt
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.prometheus.conftest import PromEnv
 from tests.ui.scenario import table_rows

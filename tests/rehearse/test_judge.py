@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from kvtop.derive.leak import LeakParams, LeakVerdict
-from kvtop.headless.check_command import EngineVerdict
+from kvtop.derive.leak import LeakParams
+from kvtop.derive.verdicts import LeakVerdict
+from kvtop.derive.worst import EngineVerdict
 from kvtop.load.driver import RequestRecord
 from kvtop.rehearse import judge
 from kvtop.rehearse.requests import RequestTable

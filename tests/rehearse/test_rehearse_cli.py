@@ -17,7 +17,7 @@ import pytest
 
 from kvtop.cli import main
 from kvtop.collect.target import Target
-from kvtop.headless import rehearse_command
+from kvtop.commands import rehearse as rehearse_command
 from kvtop.load.driver import RequestRecord, RunClock
 from kvtop.load.workloads import NAMED
 from kvtop.rehearse.judge import DEFAULT_MAX_ERROR_RATE

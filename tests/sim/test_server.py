@@ -183,7 +183,7 @@ async def test_leak_shows_at_idle_as_the_leaked_blocks() -> None:
 
 def test_kvtop_sim_command_serves_until_interrupted() -> None:
     script = ("import argparse, sys\n"
-              "from kvtop.sim.cli import add_sim_parser\n"
+              "from kvtop.commands.sim import add_sim_parser\n"
               "p = argparse.ArgumentParser(prog='kvtop')\n"
               "add_sim_parser(p.add_subparsers())\n"
               "a = p.parse_args(sys.argv[1:])\n"

@@ -27,9 +27,10 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.twin.server import MODEL_NAME
+from twin.model import MODEL_NAME
 
 VOCAB = 32000
+SUMMARY: list[str] = []  # one line per scenario, printed at the end of the session (conftest)
 REQUEST_TIMEOUT_S = 120.0
 KVTOP_TIMEOUT_S = 60.0
 

@@ -14,14 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.twin.server import (
-    SUMMARY,
-    TwinServer,
-    TwinSpec,
-    import_vllm_error,
-    twin_python,
-    unavailable_reason,
-)
+from tests.twin.client import SUMMARY
+from twin.serve import TwinServer, TwinSpec, import_vllm_error, twin_python, unavailable_reason
 
 # One served twin per scenario; fixture `twin_<name>` hands out a ready one.
 SPECS = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.poller import narrowed_url
 from tests.twin.client import (
+    SUMMARY,
     Load,
     Metrics,
     MetricsTap,
@@ -15,7 +16,7 @@ from tests.twin.client import (
     only_engine,
     wait_until_idle,
 )
-from tests.twin.server import SUMMARY, TwinServer
+from twin.serve import TwinServer
 
 REQUESTS = 12
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.twin.client import complete, make_prompts, wait_until_busy
-from tests.twin.server import SUMMARY, TwinServer, TwinSpec
+from tests.twin.client import SUMMARY, complete, make_prompts, wait_until_busy
+from twin.serve import TwinServer, TwinSpec
 
 if TYPE_CHECKING:
     from tests.twin.conftest import TwinSetup

@@ -16,6 +16,7 @@ import pytest
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.poller import narrowed_url
 from tests.twin.client import (
+    SUMMARY,
     Load,
     Metrics,
     MetricsTap,
@@ -27,7 +28,7 @@ from tests.twin.client import (
     wait_until_busy,
     wait_until_idle,
 )
-from tests.twin.server import SUMMARY, TwinServer
+from twin.serve import TwinServer
 
 
 @dataclass

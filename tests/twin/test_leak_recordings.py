@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakVerdict
-from kvtop.derive.stall import StallVerdict
-from kvtop.headless.check_command import EXIT_LEAK, EXIT_STALLED, CheckRun
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.derive.worst import CheckRun
+from kvtop.exits import EXIT_LEAK, EXIT_STALLED
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = REPO / "benchmarks" / "leak_eval" / "twin_driver.py"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.twin.client import (
+    SUMMARY,
     Load,
     Metrics,
     json_num,
@@ -20,7 +21,7 @@ from tests.twin.client import (
     read_metrics,
     wait_until_idle,
 )
-from tests.twin.server import SUMMARY, TwinServer
+from twin.serve import TwinServer
 
 WAVES = 3  # the leak's seeded draws leave 8, 4 and 3 of each 40 requests leaked
 USABLE_BLOCKS = 999  # TWIN_NUM_BLOCKS=1000 less vLLM's null block

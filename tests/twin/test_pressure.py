@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.twin.client import (
+    SUMMARY,
     Load,
     Metrics,
     kvtop_snapshot,
@@ -17,7 +18,7 @@ from tests.twin.client import (
     wait_until_busy,
     wait_until_idle,
 )
-from tests.twin.server import SUMMARY, TwinServer
+from twin.serve import TwinServer
 
 MAX_POLLS = 8
 

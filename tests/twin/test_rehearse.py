@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.twin.server import SUMMARY, TwinServer, TwinSpec
+from tests.twin.client import SUMMARY
+from twin.serve import TwinServer, TwinSpec
 
 if TYPE_CHECKING:
     from tests.twin.conftest import TwinSetup

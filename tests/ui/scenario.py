@@ -13,10 +13,9 @@ from textual.pilot import Pilot
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.reading import LoraInfo
 from kvtop.collect.target import Scrape, Secret, Target
-from kvtop.derive.leak import LeakVerdict
-from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import EngineKey, TargetState
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 from kvtop.store.recording import RecordingWriter
 from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.ui.widgets.fleet_table import FleetTable

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from kvtop.alerts import AlertEvent, AlertRunner
 from kvtop.collect.target import Scrape, Secret, Target
 from kvtop.config import AlertSettings, ConfigError, load_config
-from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
-from kvtop.ui.alerts import AlertEvent, AlertRunner
+from kvtop.derive.verdicts import StallVerdict
 from kvtop.ui.app import AppConfig, KvtopApp
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_source import FakeSource

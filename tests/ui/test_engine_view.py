@@ -8,13 +8,12 @@ import re
 
 from kvtop.collect.reading import LoraInfo
 from kvtop.collect.target import Target
-from kvtop.derive.leak import LeakVerdict
-from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
-from kvtop.ui.chart import Chart, Series, join_gaps, nice_ceiling, render, spark_rows
-from kvtop.ui.engine_view import engine_view, kv_pane, lora_line
-from kvtop.ui.fleet import build_rows
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.view.chart import Chart, Series, join_gaps, nice_ceiling, render, spark_rows
+from kvtop.view.engine import engine_view, kv_pane, lora_line
+from kvtop.view.fleet import build_rows
 
 NOW = 10_000.0
 SPAN = 300.0

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 from kvtop.collect.target import Target
-from kvtop.derive.leak import LeakVerdict
-from kvtop.derive.stall import StallVerdict
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import TargetState
-from kvtop.ui import format as fmt
-from kvtop.ui.fleet import (
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.ui.widgets.fleet_table import fit
+from kvtop.view import format as fmt
+from kvtop.view.fleet import (
     Cell,
     RowCache,
     build_rows,
@@ -19,7 +19,6 @@ from kvtop.ui.fleet import (
     summarise,
     visible_columns,
 )
-from kvtop.ui.widgets.fleet_table import fit
 
 NOW = 1000.0
 

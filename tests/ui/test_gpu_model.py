@@ -7,9 +7,9 @@ from __future__ import annotations
 from kvtop.collect.adapters import read_exposition
 from kvtop.derive.gpu_owners import GpuView, nvml_source
 from kvtop.derive.stats import EngineStats
-from kvtop.ui import format as fmt
-from kvtop.ui.gpus import memory_points, memory_top, owned_cell, pane_lines
 from kvtop.ui.widgets.engine_panel import kv_points
+from kvtop.view import format as fmt
+from kvtop.view.gpus import memory_points, memory_top, owned_cell, pane_lines
 from tests.gpu_fixtures import DCGM_MIG, gpu_fixture
 
 GIB = 2**30

@@ -11,10 +11,10 @@ from textual.events import MouseScrollDown
 
 from kvtop.collect.target import Scrape, Target
 from kvtop.ui.app import AppConfig, KvtopApp
-from kvtop.ui.groups import GroupRow
 from kvtop.ui.screens.help import KEYS, HelpScreen, help_text
 from kvtop.ui.screens.sort_menu import SortMenu
 from kvtop.ui.widgets.fleet_table import FleetTable
+from kvtop.view.groups import GroupRow
 from tests.fakes.fake_source import FakeSource
 from tests.faultserver import FaultServer, closed_port
 from tests.paths import fixture_text

@@ -7,13 +7,13 @@ from dataclasses import replace
 import pytest
 
 from kvtop.collect.target import Target
-from kvtop.derive.leak import LeakVerdict
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
-from kvtop.ui import format as fmt
+from kvtop.derive.verdicts import LeakVerdict
 from kvtop.ui.app import KvtopApp
-from kvtop.ui.fleet import build_rows, leak_cell, leak_changes, order_rows, summarise
 from kvtop.ui.widgets.engine_panel import kv_points
+from kvtop.view import format as fmt
+from kvtop.view.fleet import build_rows, leak_cell, leak_changes, order_rows, summarise
 from tests.ui.scenario import (
     LEAKING,
     QUIET,

@@ -13,8 +13,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from kvtop.safe_text import display_text as shown
-from kvtop.ui import format as fmt
-from kvtop.ui.fleet import (
+from kvtop.ui.widgets.history_plot import HistoryPlot, Reference, Series
+from kvtop.view import format as fmt
+from kvtop.view.fleet import (
     LEAK_LABEL,
     lifetime_hit,
     shown_label,
@@ -22,14 +23,12 @@ from kvtop.ui.fleet import (
     window_hit,
     window_quantiles,
 )
-from kvtop.ui.widgets.history_plot import HistoryPlot, Reference, Series
 
 if TYPE_CHECKING:
     from kvtop.baseline.overlay import Band
-    from kvtop.derive.leak import LeakVerdict
-    from kvtop.derive.stall import StallVerdict
     from kvtop.derive.stats import EngineStats, Quantiles
     from kvtop.derive.tracker import EngineKey, TargetState
+    from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 
 Getters = tuple[tuple[str, Callable[["EngineStats"], "float | None"]], ...]
 # (plot id, title, ((series label, value getter), ...))

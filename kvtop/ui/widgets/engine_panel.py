@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual.widgets import Static
 
-from kvtop.ui.chart import Point, bins, spark_rows
-from kvtop.ui.engine_view import EngineView, Line, PaneView
-from kvtop.ui.gpus import memory_tail, memory_top
 from kvtop.ui.widgets.panes import ROLES, Styled
+from kvtop.view.chart import Point, bins, spark_rows
+from kvtop.view.engine import EngineView, Line, PaneView
+from kvtop.view.gpus import memory_tail, memory_top
 
 if TYPE_CHECKING:
     from kvtop.derive.stats import EngineStats

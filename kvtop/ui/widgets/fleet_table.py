@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from kvtop.ui.fleet import CELL_PADDING, Cell, Column, FleetRow, visible_columns
+from kvtop.view.fleet import CELL_PADDING, Cell, Column, FleetRow, visible_columns
 
 SCROLLBAR_W = 2  # the vertical scrollbar's cells, kept free so no column is half drawn
 ELLIPSIS = "…"

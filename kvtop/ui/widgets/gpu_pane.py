@@ -8,11 +8,11 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from kvtop.ui.gpus import Line
+from kvtop.view.gpus import Line
 
 
 class GpuPane(Static, can_focus=True):
-    """Draws the lines :func:`kvtop.ui.gpus.pane_lines` makes: per GPU memory used/total,
+    """Draws the lines :func:`kvtop.view.gpus.pane_lines` makes: per GPU memory used/total,
     use, temperature, power, its servers, and processes (vLLM marked)."""
 
     COMPONENT_CLASSES = {  # noqa: RUF012

@@ -8,7 +8,7 @@ from rich.style import Style
 from rich.text import Span, Text
 from textual.widgets import Static
 
-from kvtop.ui import format as fmt
+from kvtop.view import format as fmt
 
 
 @dataclass(frozen=True, slots=True)

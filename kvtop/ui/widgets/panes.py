@@ -13,8 +13,8 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
-from kvtop.ui.chart import render
-from kvtop.ui.engine_view import EngineView, Line, PaneView
+from kvtop.view.chart import render
+from kvtop.view.engine import EngineView, Line, PaneView
 
 ROLES = ("title", "key", "axis", "ticks", "s1", "s2", "s3", "floor", "base", "ok", "warn",
          "bad", "alarm", "dim")

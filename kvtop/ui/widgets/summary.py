@@ -7,8 +7,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from kvtop.ui import format as fmt
-from kvtop.ui.fleet import FleetSummary
+from kvtop.view import format as fmt
+from kvtop.view.fleet import FleetSummary
 
 Pieces = list[tuple[str, str]]
 Part = tuple[int, Pieces]  # (priority, pieces): a lower priority survives a narrower terminal

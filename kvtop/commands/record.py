@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from kvtop.collect.clock import stop_event
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
-from kvtop.headless.lifetime import stop_event
 from kvtop.safe_text import warn
 from kvtop.store.recording import (
     DEFAULT_MAX_BYTES,

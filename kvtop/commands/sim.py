@@ -128,7 +128,7 @@ def run_sim(args: argparse.Namespace) -> int:
 
 
 async def _serve(fleet: SimFleet) -> int:
-    from kvtop.headless.lifetime import stop_event
+    from kvtop.collect.clock import stop_event
 
     try:
         await fleet.start()

@@ -18,17 +18,16 @@ from typing import TYPE_CHECKING, Literal
 
 from kvtop.collect.reading import GPU_EXPORTER_KINDS
 from kvtop.safe_text import display_text
-from kvtop.ui import format as fmt
+from kvtop.view import format as fmt
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from kvtop.baseline.overlay import Delta
     from kvtop.collect.target import Target
-    from kvtop.derive.leak import LeakVerdict
-    from kvtop.derive.stall import StallVerdict
     from kvtop.derive.stats import EngineStats, Quantiles
     from kvtop.derive.tracker import EngineKey, TargetState
+    from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 
 Level = Literal["ok", "warn", "bad", "alarm", "dim"]
 NOT_INFERENCE = "not an inference server?"

@@ -9,11 +9,10 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from kvtop.derive.leak import LeakVerdict
-from kvtop.derive.stall import StallVerdict
+from kvtop.contract import json_number
 from kvtop.derive.stats import EngineStats, Quantiles
 from kvtop.derive.tracker import EngineKey, TargetState
-from kvtop.headless.output import json_number
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 
 SNAPSHOT_VERSION = 1
 

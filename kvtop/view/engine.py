@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvtop.safe_text import display_text
-from kvtop.ui import format as fmt
-from kvtop.ui.chart import Chart, Point, Rule, Series
-from kvtop.ui.fleet import (
+from kvtop.view import format as fmt
+from kvtop.view.chart import Chart, Point, Rule, Series
+from kvtop.view.fleet import (
     LEAK_LEVEL,
     Cell,
     FleetRow,
@@ -25,7 +25,7 @@ from kvtop.ui.fleet import (
     window_hit,
     window_quantiles,
 )
-from kvtop.ui.gpus import memory_tail
+from kvtop.view.gpus import memory_tail
 
 if TYPE_CHECKING:
     from kvtop.baseline.overlay import Band

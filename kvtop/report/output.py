@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -19,10 +18,3 @@ def emit(document: dict[str, Any], as_json: bool | None,
         sys.stdout.write("\n")
     else:
         render_text(document)
-
-
-def json_number(value: float | None, digits: int = 6) -> float | None:
-    """A rounded number for a JSON contract; NaN or Inf (JSON has neither) is unknown."""
-    if value is None or not math.isfinite(value):
-        return None
-    return round(value, digits)

@@ -22,7 +22,7 @@ from kvtop.config import (
     positive_number,
     resolve_targets,
 )
-from kvtop.headless.output import emit
+from kvtop.report.output import emit
 from kvtop.safe_text import display_text, warn
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ def run_save(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     from kvtop.baseline import store
-    from kvtop.headless.baseline_text import render_list
+    from kvtop.baseline.text import render_list
 
     listed = store.list_saved()
     document = {"baselines": [
@@ -277,7 +277,7 @@ def _load(spec: str) -> Baseline:
 
 def run_show(args: argparse.Namespace) -> int:
     from kvtop.baseline import store
-    from kvtop.headless.baseline_text import render_baseline
+    from kvtop.baseline.text import render_baseline
 
     baseline = _load(args.name)
     path = str(store.baseline_path(args.name))
@@ -314,7 +314,7 @@ def _other_baseline(args: argparse.Namespace) -> str | None:
 
 def run_compare(args: argparse.Namespace) -> int:
     from kvtop.baseline.compare import ModelMismatch, compare
-    from kvtop.headless.baseline_text import render_comparison
+    from kvtop.baseline.text import render_comparison
 
     base = _load(_first(args, "BASELINE (a saved name or a path)"))
     if args.replay is not None and (args.targets or args.duration or args.probe):

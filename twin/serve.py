@@ -15,15 +15,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.paths import REPO
 from twin.model import MODEL_NAME, VLLM_ENV, write_model_dir
 
+REPO = Path(__file__).resolve().parents[1]
 EXECUTOR = "twin.executor.TwinExecutor"  # importable in the server: PYTHONPATH is the checkout
 # Start-up is 15-35 s on an idle machine, 100 s for three at once on a busy 2-core one.
 INSTALL_HINT = "run scripts/install-twin.sh (or set KVTOP_TWIN_PYTHON)"
 START_TIMEOUT_S = float(os.environ.get("KVTOP_TWIN_START_TIMEOUT", "300"))
 STOP_TIMEOUT_S = 20.0
-SUMMARY: list[str] = []  # one line per scenario, printed at the end of the session
 
 
 def twin_python() -> Path:

@@ -26,7 +26,7 @@ from kvtop.config import (
     parse_duration,
     resolve_targets,
 )
-from kvtop.headless.output import emit
+from kvtop.report.output import emit
 
 if TYPE_CHECKING:
     from kvtop.rehearse.run import RehearsalSettings

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kvtop.ui import format as fmt
+from kvtop.view import format as fmt
 
 Point = tuple[float, "float | None"]  # (unix seconds, value); None: not known then
 Piece = tuple[str, str]  # (text, role): the widget maps a role to a style

@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from kvtop.collect.clock import stop_event
 from kvtop.collect.prometheus import PrometheusError, PrometheusSettings, PrometheusSource
 from kvtop.collect.target import Scrape, Target
+from kvtop.commands.check import Progress, print_result
+from kvtop.commands.snapshot import EXIT_UNREADABLE, print_snapshot
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import TargetState, TargetTracker
-from kvtop.headless.check_command import EXIT_NO_DATA, CheckRun, Progress, print_result
-from kvtop.headless.lifetime import stop_event
-from kvtop.headless.snapshot_command import EXIT_UNREADABLE, print_snapshot
+from kvtop.derive.worst import CheckRun
+from kvtop.exits import EXIT_NO_DATA
 from kvtop.safe_text import warn
 
 SNAPSHOT_SCRAPES = 2  # the newest two scrapes per instance: values and rates

@@ -48,7 +48,7 @@ class AlertEvent:
 
     def document(self) -> dict[str, Any]:
         """The JSON the command reads (docs/alerts.md): exact values, never the token."""
-        from kvtop.headless.snapshot import leak_json, stall_json
+        from kvtop.report.snapshot import leak_json, stall_json
 
         stats, target = self.stats, self.state.target
         return {

@@ -14,10 +14,10 @@ from typing import Any
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Target
 from kvtop.derive.tracker import TargetState, TargetTracker
-from kvtop.headless.gpus import gpu_report
-from kvtop.headless.output import emit
-from kvtop.headless.snapshot import snapshot_document
-from kvtop.headless.table import print_table
+from kvtop.report.gpus import gpu_report
+from kvtop.report.output import emit
+from kvtop.report.snapshot import snapshot_document
+from kvtop.view.table import print_table
 
 EXIT_OK, EXIT_UNREADABLE = 0, 3
 

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvtop.safe_text import display_text
-from kvtop.ui import format as fmt
-from kvtop.ui.fleet import (
+from kvtop.view import format as fmt
+from kvtop.view.fleet import (
     LEAK_RANK,
     TEXT_SORTS,
     Cell,

@@ -1,0 +1,1 @@
+"""The baseline comparison's evaluation: healthy reruns and planted changes."""

@@ -1,0 +1,1 @@
+"""The leak detector's evaluation: scenarios, recordings (simulator and vLLM twin), scores."""

@@ -1,0 +1,146 @@
+"""The worst verdict each engine reached over a run, and when: what ``kvtop check`` reports
+and what ``baseline`` and ``rehearse`` keep of the leak and stall detectors while they watch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from kvtop.collect.target import Scrape, Target
+from kvtop.contract import json_number
+from kvtop.derive.leak import LeakParams
+from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
+from kvtop.derive.verdicts import STALL_RANK, LeakVerdict, StallState, StallVerdict
+from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
+
+Verdict = Literal["unknown", "ok", "watch", "leak"]
+RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
+
+
+@dataclass(slots=True)
+class EngineVerdict:
+    """The worst state one engine reached, and when each state was first reached."""
+
+    model: str | None
+    engine: str | None
+    verdict: Verdict = "unknown"
+    leak_first_t: float | None = None
+    watch_first_t: float | None = None
+    at_worst: LeakVerdict | None = None  # the latest verdict while at the worst state
+    stall: StallState = "unknown"  # the worst stall state reached
+    stall_at_worst: StallVerdict | None = None
+    stall_first_t: float | None = None  # first STALLED
+    saturated_first_t: float | None = None  # first SATURATED
+
+    def observe_stall(self, t: float, stall: StallVerdict) -> None:
+        if stall.state == "stalled" and self.stall_first_t is None:
+            self.stall_first_t = t
+        if stall.state == "saturated" and self.saturated_first_t is None:
+            self.saturated_first_t = t
+        if STALL_RANK[stall.state] >= STALL_RANK[self.stall] and stall.state != "unknown":
+            self.stall, self.stall_at_worst = stall.state, stall
+
+    def observe(self, t: float, leak: LeakVerdict) -> None:
+        state: Verdict = "unknown" if leak.state == "warmup" else leak.state
+        if state == "leak" and self.leak_first_t is None:
+            self.leak_first_t = t
+        if state in ("watch", "leak") and self.watch_first_t is None:
+            self.watch_first_t = t
+        if RANK[state] >= RANK[self.verdict] and state != "unknown":
+            self.verdict, self.at_worst = state, leak
+
+    def to_json(self) -> dict[str, Any]:
+        worst = self.at_worst
+        return {
+            "model": self.model, "engine": self.engine, "verdict": self.verdict,
+            "leak_first_t": self.leak_first_t, "watch_first_t": self.watch_first_t,
+            "leaked_blocks": json_number(worst.leaked_blocks if worst else None, 1),
+            "slope_blocks_per_hour": json_number(worst.slope_blocks_per_hour if worst else None, 1),
+            "reason": worst.reason if worst else "not enough data for a verdict",
+            "stall": {
+                "verdict": self.stall, "stalled_first_t": self.stall_first_t,
+                "saturated_first_t": self.saturated_first_t,
+                "reason": (self.stall_at_worst.reason if self.stall_at_worst
+                           else "not enough data for a verdict")},
+        }
+
+
+@dataclass(slots=True)
+class CheckRun:
+    """Feeds scrapes through trackers and keeps each engine's worst verdict."""
+
+    params: LeakParams | None = None
+    trackers: dict[str, TargetTracker] = field(default_factory=dict)
+    engines: dict[str, dict[EngineKey, EngineVerdict]] = field(default_factory=dict)
+    first_t: float | None = None  # the span judged: first and last scrape fed, read or not
+    last_t: float | None = None
+
+    def add_target(self, target: Target) -> None:
+        if target.url not in self.trackers:
+            self.trackers[target.url] = TargetTracker(target, leak_params=self.params)
+            self.engines[target.url] = {}
+
+    def feed(self, scrape: Scrape) -> None:
+        self.add_target(scrape.target)
+        self.first_t = scrape.t if self.first_t is None else min(self.first_t, scrape.t)
+        self.last_t = scrape.t if self.last_t is None else max(self.last_t, scrape.t)
+        state = self.trackers[scrape.target.url].update(scrape)
+        if not scrape.ok or state.last_good_t != scrape.t:
+            return
+        verdicts = self.engines[scrape.target.url]
+        for stats in state.engines:
+            key = (stats.model, stats.engine)
+            entry = verdicts.setdefault(key, EngineVerdict(stats.model, stats.engine))
+            if stats.leak is not None:
+                entry.observe(scrape.t, stats.leak)
+            if stats.stall is not None:
+                entry.observe_stall(scrape.t, stats.stall)
+        if len(verdicts) > MAX_TRACKED_ENGINES:
+            _forget_unjudged(verdicts, {(s.model, s.engine) for s in state.engines})
+
+    @property
+    def leak_found(self) -> bool:
+        return self.verdict() == "leak"
+
+    def verdict(self) -> Verdict:
+        verdicts = [e.verdict for per in self.engines.values() for e in per.values()]
+        return max(verdicts, key=RANK.__getitem__, default="unknown")
+
+    def stall_verdict(self) -> StallState:
+        states = [e.stall for per in self.engines.values() for e in per.values()]
+        return max(states, key=STALL_RANK.__getitem__, default="unknown")
+
+    def engines_seen(self) -> int:
+        return sum(len(per) for per in self.engines.values())
+
+    def to_json(self) -> dict[str, Any]:
+        span = None if self.first_t is None or self.last_t is None else self.last_t - self.first_t
+        return {"verdict": self.verdict(), "stall": self.stall_verdict(),
+                "started_at": _iso(self.first_t), "ended_at": _iso(self.last_t),
+                "duration_s": json_number(span, 3),
+                "targets": [{"target": url, "engines": [e.to_json() for e in per.values()]}
+                            for url, per in self.engines.items()]}
+
+    def exit_code(self) -> int:
+        verdict = self.verdict()
+        if verdict == "leak":
+            return EXIT_LEAK
+        if self.stall_verdict() == "stalled":
+            return EXIT_STALLED
+        return EXIT_NO_DATA if verdict == "unknown" else EXIT_OK
+
+
+def _iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _forget_unjudged(verdicts: dict[EngineKey, EngineVerdict], current: set[EngineKey]) -> None:
+    """Drop engines gone from the target that never got a verdict (a server inventing model
+    names every scrape would otherwise grow the report without bound); a verdict, leak or
+    stall, once reached, is the report and stays."""
+    for key in [k for k, v in verdicts.items()
+                if v.verdict == "unknown" and v.stall == "unknown" and k not in current]:
+        del verdicts[key]
