@@ -1,6 +1,6 @@
 """kvtop(1), written from the same argparse parser that parses the command line.
 
-    python -m kvtop.manpage > man/kvtop.1      # tests/test_cli.py checks it is current
+    python -m kvtop.manpage > man/kvtop.1      # tests/unit/test_cli.py checks it is current
 
 Deterministic (no date, no terminal width): the page changes only when an option does.
 """

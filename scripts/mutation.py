@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".mutation"
 EQUIVALENTS = REPO / "scripts" / "mutation_equivalents.toml"
 # Every test run on a mutant: no twin tier, no bytecode left in the copies, and the suite in
-# its mutation mode (tests/mutation_run.py: few Hypothesis examples, caches empty per test)
+# its mutation mode (tests/support/mutation_run.py: few Hypothesis examples, caches empty per test)
 MUTATION_ENV = {"KVTOP_TWIN": "0", "PYTHONDONTWRITEBYTECODE": "1", "KVTOP_MUTATION": "1"}
 
 
@@ -63,21 +63,20 @@ def deselected(path: str, *names: str) -> tuple[str, ...]:
     return tuple(arg for name in names for arg in ("--deselect", f"{path}::{name}"))
 
 
-# Module -> the test files that exercise it. Chosen as: the unit tests that import the module (or
-# drive it through its one public entry, e.g. adapters through `parse_engines`), plus the
-# behaviour tests written for it; never the slow tiers (twin, tmux, real Prometheus, Textual
-# Pilot), which add minutes per mutant and no unit-level checks.
-ADAPTER_TESTS = ("tests/test_adapters.py", "tests/behaviour/test_vllm_adapter.py",
-                 "tests/behaviour/test_other_adapters.py", "tests/behaviour/test_plausible.py",
-                 "tests/behaviour/test_adapt.py", "tests/test_lora.py")
+# Module -> the tests that exercise it: its own test file, tests/unit/<package>/test_<module>.py,
+# plus the others that reach it in this process (a caller's tests, a hostile case); never the
+# slow tiers (twin, tmux, real Prometheus, Textual Pilot) nor the tests marked `slow` (minutes
+# of simulated scrapes each), which add minutes per mutant and no unit-level checks.
+UNIT = "tests/unit"
+ADAPTER_TESTS = tuple(f"{UNIT}/collect/adapters/test_{name}.py" for name in (
+    "adapters", "vllm", "sglang", "llamacpp", "trtllm", "plausible"))
 # The fuzz test (tests/hostile/test_recording_fuzz.py, 80 s) is left out: per mutant it costs
 # more than the rest together, and test_recordings.py covers the same reader paths; so are
 # the hostile tests that drive the Textual app (Pilot) or `kvtop record` in a subprocess
 # (seconds each, and the writer they test runs in the subprocess, out of a mutant's reach:
-# tests/behaviour/test_store.py writes through the same limits in this process).
-STORE_TESTS = ("tests/test_recording.py", "tests/test_replay.py",
-               "tests/hostile/test_recordings.py", "tests/behaviour/test_store.py",
-               "tests/behaviour/test_replay.py",
+# tests/unit/store/test_recording.py writes through the same limits in this process).
+STORE_TESTS = (f"{UNIT}/store/test_recording.py", f"{UNIT}/store/test_replay.py",
+               "tests/hostile/test_recordings.py",
                *deselected("tests/hostile/test_recordings.py",
                            "test_record_goes_on_through_a_full_disk_and_keeps_the_file_whole",
                            "test_record_through_refused_writes_keeps_one_valid_gzip",
@@ -90,170 +89,139 @@ STORE_TESTS = ("tests/test_recording.py", "tests/test_replay.py",
                            "test_replay_streams_and_rebuilds_on_a_seek_back",
                            "test_a_replay_draw_landing_at_shutdown_paints_nothing"))
 # kvtop's command line run through main() in this process (no subprocess, no server)
-CLI_IN_PROCESS = ("test_unknown_config_keys_are_named_with_the_closest_known_one",
-                  "test_wrong_types_and_impossible_values_in_the_config_are_usage_errors",
-                  "test_nan_inf_zero_and_negative_numbers_on_the_command_line_are_usage_errors",
-                  "test_the_man_page_is_current_and_renders")
-LEAK_FIT_TESTS = tuple(f"tests/test_leak.py::{name}" for name in (
-    "test_fit_separates_a_lumpy_leak_from_the_load", "test_a_lump_leaked_lately_counts_at_once",
-    "test_noise_alone_does_not_raise_a_flat_leak"))
-LEAK_UNIT_TESTS = tuple(f"tests/test_leak.py::{name}" for name in (
-    "test_theil_sen_is_robust_and_bounds_the_slope",
-    "test_idle_residual_needs_persistence_not_one_stale_scrape",
-    "test_idle_residual_watch_then_leak_and_floor_of_old_vllm",
-    "test_pool_full_of_leaked_blocks_with_a_stuck_queue_is_a_leak",
-    "test_a_stalled_queue_on_an_empty_pool_is_not_a_leak",
-    "test_clean_idle_after_a_residual_brings_it_back_to_ok"))
+CLI_IN_PROCESS = tuple(f"{UNIT}/test_cli.py::{name}" for name in (
+    "test_unknown_config_keys_are_named_with_the_closest_known_one",
+    "test_wrong_types_and_impossible_values_in_the_config_are_usage_errors",
+    "test_nan_inf_zero_and_negative_numbers_on_the_command_line_are_usage_errors",
+    "test_the_man_page_is_current_and_renders"))
+# `kvtop snapshot` run in this process (its subprocess and simulator tests are out of reach)
+SNAPSHOT_IN_PROCESS = tuple(f"{UNIT}/commands/test_snapshot.py::{name}" for name in (
+    "test_snapshot_reads_twice_for_rates_and_exits_0_when_all_are_up",
+    "test_one_unreadable_target_makes_the_exit_code_3",
+    "test_one_read_gives_values_but_no_rates_and_no_wait",
+    "test_kvtop_snapshot_prints_what_it_read_and_its_exit_code",
+    "test_kvtop_snapshot_reads_every_metric_only_when_asked",
+    "test_kvtop_snapshot_for_a_person_is_the_table_and_its_time_is_utc",
+    "test_kvtop_snapshot_asks_for_its_series_only_unless_told",
+    "test_kvtop_snapshot_keeps_to_the_timeout_given_or_twice_the_interval",
+    "test_kvtop_snapshot_reads_a_self_signed_server_only_when_insecure"))
+POLLER_TESTS = (f"{UNIT}/collect/test_poller.py", "tests/hostile/test_bodies.py",
+                *deselected("tests/hostile/test_bodies.py",
+                            "test_the_app_shows_a_bad_value_as_bad_payload_and_reads_the_rest",
+                            "test_a_big_body_is_read_off_the_event_loop"))
 MODULES: dict[str, tuple[str, ...]] = {
-    "kvtop/collect/exposition.py": ("tests/test_exposition.py",
-                                    "tests/test_exposition_properties.py",
-                                    "tests/behaviour/test_exposition.py"),
+    "kvtop/collect/exposition.py": (f"{UNIT}/collect/test_exposition.py",),
     **{f"kvtop/collect/adapters/{name}.py": ADAPTER_TESTS
        for name in ("__init__", "common", "vllm", "sglang", "llamacpp", "trtllm", "plausible")},
     # the poller and its HTTP client are reached through real servers on 127.0.0.1; left out:
     # the app's test (Pilot) and the one that times the event loop's lag (load-dependent)
-    **{f"kvtop/collect/{name}.py": (
-        "tests/test_poller.py", "tests/test_poller_narrow.py", "tests/hostile/test_bodies.py",
-        "tests/behaviour/test_poller.py",
-        *deselected("tests/hostile/test_bodies.py",
-                    "test_the_app_shows_a_bad_value_as_bad_payload_and_reads_the_rest",
-                    "test_a_big_body_is_read_off_the_event_loop"))
-       for name in ("poller", "http")},
-    "kvtop/collect/prometheus.py": ("tests/test_prometheus_unit.py",
-                                    "tests/test_prometheus_windows.py",
-                                    "tests/hostile/test_prometheus_answers.py",
-                                    "tests/behaviour/test_prometheus.py"),
+    "kvtop/collect/poller.py": POLLER_TESTS,
+    "kvtop/collect/http.py": POLLER_TESTS,
+    "kvtop/collect/prometheus.py": (f"{UNIT}/collect/test_prometheus.py",
+                                    "tests/hostile/test_prometheus_answers.py"),
     # targets, tokens and secrets in URLs: test_cli.py's own cases run kvtop as a subprocess
-    "kvtop/collect/target.py": ("tests/test_poller.py", "tests/hostile/test_secrets.py",
-                                "tests/test_recording.py", "tests/behaviour/test_config.py",
-                                "tests/behaviour/test_target.py",
-                                *(f"tests/test_cli.py::{name}" for name in (
-                                    *CLI_IN_PROCESS,
-                                    "test_only_http_and_https_urls_are_targets"))),
-    **{f"kvtop/collect/adapters/{name}.py": ("tests/test_gpu_adapters.py",
-                                              "tests/behaviour/test_gpu_exporters.py")
+    "kvtop/collect/target.py": (f"{UNIT}/collect/test_target.py", f"{UNIT}/collect/test_poller.py",
+                                "tests/hostile/test_secrets.py", f"{UNIT}/store/test_recording.py",
+                                f"{UNIT}/test_config.py", *CLI_IN_PROCESS,
+                                f"{UNIT}/test_cli.py::test_only_http_and_https_urls_are_targets"),
+    **{f"kvtop/collect/adapters/{name}.py": (f"{UNIT}/collect/adapters/test_gpu_exporters.py",)
        for name in ("dcgm", "nvidia_gpu_exporter")},
-    # the collect modules below were first scored on 2026-12-02 (fourth pass). The parser's and
-    # Prometheus's caches are the bounded cache's users: their memory tests fill it past its caps
-    "kvtop/collect/bounded.py": ("tests/behaviour/test_bounded.py",
-                                 "tests/behaviour/test_exposition.py",
-                                 "tests/test_exposition.py::test_cache_is_bounded",
+    # The parser's and Prometheus's caches are the bounded cache's users: their memory tests
+    # fill it past its caps
+    "kvtop/collect/bounded.py": (f"{UNIT}/collect/test_bounded.py",
+                                 f"{UNIT}/collect/test_exposition.py",
                                  "tests/hostile/test_memory.py::"
                                  "test_the_parser_caches_hold_a_bounded_number_of_characters",
                                  "tests/hostile/test_memory.py::"
                                  "test_the_prometheus_head_cache_holds_a_bounded_number_of_characters"),
     # dataclasses only (the constants pass: their defaults), read by every adapter and the tracker
-    "kvtop/collect/reading.py": (*ADAPTER_TESTS, "tests/behaviour/test_tracker.py",
-                                 "tests/behaviour/test_reading.py"),
+    "kvtop/collect/reading.py": (*ADAPTER_TESTS, f"{UNIT}/derive/test_tracker.py",
+                                 f"{UNIT}/collect/test_reading.py"),
     # the GPU record and its JSON: NVML (faked), the exporters' adapters, the owners' views
-    "kvtop/collect/gpu.py": ("tests/behaviour/test_gpu_json.py", "tests/ui/test_nvml.py",
-                             "tests/test_gpu_adapters.py",
-                             "tests/behaviour/test_gpu_exporters.py", "tests/test_gpu_owners.py",
-                             "tests/behaviour/test_gpu_owners.py",
-                             "tests/behaviour/test_headless_gpus.py"),
+    "kvtop/collect/gpu.py": (f"{UNIT}/report/test_gpus.py", f"{UNIT}/collect/test_nvml.py",
+                             f"{UNIT}/collect/adapters/test_gpu_exporters.py",
+                             f"{UNIT}/derive/test_gpu_owners.py"),
     # NVML through tests/fakes/fake_nvml.py (no GPU here); the ownership tests read it too
-    "kvtop/collect/nvml.py": ("tests/ui/test_nvml.py", "tests/behaviour/test_nvml.py",
-                              "tests/test_gpu_ownership.py"),
+    "kvtop/collect/nvml.py": (f"{UNIT}/collect/test_nvml.py", f"{UNIT}/collect/test_ownership.py"),
     # the real /proc of this machine (a listening socket in the test process, child processes)
     # and the headless GPU entry that asks it
-    "kvtop/collect/ownership.py": ("tests/test_gpu_ownership.py",
-                                   "tests/behaviour/test_ownership.py",
-                                   "tests/behaviour/test_gpu_owners.py",
-                                   "tests/behaviour/test_headless_gpus.py"),
-    "kvtop/derive/rates.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
-    "kvtop/derive/quantiles.py": ("tests/test_derive.py", "tests/behaviour/test_quantiles.py"),
-    "kvtop/derive/stats.py": ("tests/test_derive.py", "tests/behaviour/test_rates.py"),
-    # The leak tests' simulations of hours of scrapes cost seconds to a minute each, per
-    # mutant: the detector is scored on the behaviour tests and the unit tests of its parts
-    # (each well under a second); the simulations stay in the normal suite.
-    "kvtop/derive/leak_estimate.py": ("tests/behaviour/test_leak.py", *LEAK_FIT_TESTS),
-    "kvtop/derive/leak.py": ("tests/behaviour/test_leak.py", *LEAK_FIT_TESTS, *LEAK_UNIT_TESTS),
-    # the tracker is the one entry every reading goes through: the behaviour tier drives it from
-    # all sides (snapshots, rules, leak, headless), the GPU and memory tests reach its caps
-    "kvtop/derive/tracker.py": ("tests/test_derive.py", "tests/behaviour",
-                                "tests/test_gpu_ownership.py", "tests/test_lora.py",
-                                "tests/hostile/test_memory.py",
+    "kvtop/collect/ownership.py": (f"{UNIT}/collect/test_ownership.py",
+                                   f"{UNIT}/derive/test_gpu_owners.py",
+                                   f"{UNIT}/report/test_gpus.py"),
+    "kvtop/collect/clock.py": (f"{UNIT}/collect/test_clock.py",),
+    "kvtop/derive/rates.py": (f"{UNIT}/derive/test_rates.py",),
+    "kvtop/derive/quantiles.py": (f"{UNIT}/derive/test_quantiles.py",),
+    "kvtop/derive/stats.py": (f"{UNIT}/derive/test_rates.py", f"{UNIT}/derive/test_tracker.py"),
+    # The leak tests' simulations of hours of scrapes (marked slow) cost seconds to a minute
+    # each, per mutant: the detector is scored on the tests of its rules and parts, each well
+    # under a second; the simulations stay in the normal suite.
+    "kvtop/derive/leak_estimate.py": (f"{UNIT}/derive/test_leak.py",),
+    "kvtop/derive/leak.py": (f"{UNIT}/derive/test_leak.py",),
+    # the tracker is the one entry every reading goes through: the unit tier drives it from
+    # all sides (snapshots, rules, leak, commands), the GPU and memory tests reach its caps
+    "kvtop/derive/tracker.py": (UNIT, "tests/hostile/test_memory.py",
                                 "tests/hostile/test_boundary_sweep.py"),
-    # the stall verdict: its unit tests, minus the two 5- and 10-minute simulations of healthy
-    # and pressured load (7-11 s each per mutant; tests/behaviour/test_stall.py feeds the same
-    # verdicts scrape by scrape), the tracker's tests and `kvtop check`'s stall cases
-    "kvtop/derive/stall.py": ("tests/behaviour/test_stall.py", "tests/test_stall.py",
-                              "tests/behaviour/test_tracker.py",
-                              *deselected("tests/test_stall.py",
-                                          "test_healthy_load_and_bursts_are_never_stalled",
-                                          "test_a_pool_under_pressure_is_saturated_not_stalled"),
-                              *(f"tests/behaviour/test_check.py::{name}" for name in (
-                                  "test_a_stalled_engine_exits_4_with_when_it_stalled",
-                                  "test_a_leak_outranks_a_stall_in_the_exit_code",
-                                  "test_the_text_says_stalled_in_the_headline_and_under_the_engine",
-                                  "test_the_worst_stall_over_engines_is_the_runs"))),
+    # the stall verdict: its tests (the two simulations of healthy and pressured load are slow),
+    # the tracker's and the worst-verdict's
+    "kvtop/derive/stall.py": (f"{UNIT}/derive/test_stall.py", f"{UNIT}/derive/test_tracker.py",
+                              f"{UNIT}/derive/test_worst.py",
+                              f"{UNIT}/commands/test_check.py::"
+                              "test_the_text_says_stalled_in_the_headline_and_under_the_engine"),
+    "kvtop/derive/worst.py": (f"{UNIT}/derive/test_worst.py", f"{UNIT}/commands/test_check.py"),
     # percentiles of plain samples: its unit test and the rehearsal judge that reads them
-    "kvtop/derive/samples.py": ("tests/behaviour/test_samples.py",
-                                "tests/baseline/test_baseline_file.py::"
-                                "test_percentile_interpolates", "tests/rehearse/test_judge.py"),
-    "kvtop/derive/gpu_owners.py": ("tests/test_gpu_owners.py", "tests/test_gpu_ownership.py",
-                                   "tests/ui/test_gpu_model.py",
-                                   "tests/behaviour/test_gpu_owners.py"),
-    # test_config.py's two Hypothesis fuzz tests (500 documents, "no crash" only) are left out:
+    "kvtop/derive/samples.py": (f"{UNIT}/derive/test_samples.py",
+                                f"{UNIT}/rehearse/test_judge.py"),
+    "kvtop/derive/gpu_owners.py": (f"{UNIT}/derive/test_gpu_owners.py",
+                                   f"{UNIT}/collect/test_ownership.py",
+                                   f"{UNIT}/view/test_gpus.py"),
+    # the config's two Hypothesis fuzz tests (500 documents, "no crash" only) are left out:
     # they reach every loader mutant at seconds each and catch nothing the rest does not; the
     # command-line tests that run in this process reach the option parsers and the man page
-    "kvtop/config.py": (*(f"tests/test_config.py::{name}" for name in (
-                            "test_every_default_threshold_passes_its_own_check",
-                            "test_a_valid_config_loads",
-                            "test_a_huge_config_is_refused_without_reading_it_all")),
-                        *(f"tests/test_cli.py::{name}" for name in CLI_IN_PROCESS),
-                        "tests/behaviour/test_config.py"),
-    # tests/test_check.py runs `kvtop check` as a subprocess (nothing a mutant here reaches)
-    "kvtop/commands/check.py": ("tests/behaviour/test_check.py",
-                                        "tests/test_prometheus_unit.py"),
-    "kvtop/report/output.py": ("tests/behaviour/test_headless.py",
-                                 "tests/behaviour/test_check.py"),
-    "kvtop/collect/clock.py": ("tests/behaviour/test_headless.py",),
-    "kvtop/report/snapshot.py": ("tests/behaviour/test_snapshot_json.py",
-                                   "tests/behaviour/test_headless.py"),
-    "kvtop/commands/snapshot.py": ("tests/behaviour/test_headless.py",),
-    "kvtop/report/rules.py": ("tests/test_prometheus_unit.py", "tests/behaviour/test_rules.py"),
-    # the headless modules below were first scored on 2026-12-02; each takes the tests that reach
-    # it in this process (coverage by test); the slow simulations of tests/baseline are left out
-    "kvtop/view/table.py": ("tests/behaviour/test_headless.py", "tests/behaviour/test_table.py",
-                                "tests/hostile/test_headless_display.py::"
-                                "test_the_table_never_reads_labels_as_markup"),
-    "kvtop/report/gpus.py": ("tests/behaviour/test_gpu_owners.py",
-                               "tests/behaviour/test_headless.py",
-                               "tests/behaviour/test_headless_gpus.py"),
-    "kvtop/commands/prometheus.py": ("tests/test_prometheus_unit.py",
-                                              "tests/behaviour/test_prometheus_commands.py"),
-    "kvtop/baseline/text.py": ("tests/behaviour/test_baseline_text.py",
-                                        "tests/baseline/test_commands.py",
-                                        "tests/baseline/test_compare_sim.py::"
-                                        "test_text_output_names_the_change_first"),
-    # `kvtop record` through main() in this process (its subprocess tests in test_snapshot_cli.py
-    # and hostile/test_recordings.py are out of a mutant's reach)
-    "kvtop/commands/record.py": ("tests/behaviour/test_record.py",),
-    # every command-line test builds the rehearse parser, so a surviving mutant there cost
-    # them all: tests/baseline/test_commands.py is left out (it reaches this module only by
-    # building kvtop's parser); the man page test pins every help text, the behaviour tests
-    # the options, their defaults and errors, and runs refused or judged in this process
-    "kvtop/commands/rehearse.py": (
-        "tests/behaviour/test_rehearse_command.py",
-        *(f"tests/rehearse/test_rehearse_cli.py::{name}" for name in (
-            "test_usage_errors_exit_2", "test_bad_values_exit_2",
-            "test_the_target_gives_both_the_api_and_metrics",
-            "test_the_parsers_copies_of_names_agree_with_the_modules")),
-        *(f"tests/test_cli.py::{name}" for name in CLI_IN_PROCESS)),
-    "kvtop/commands/baseline.py": (
-        "tests/behaviour/test_baseline_command.py", "tests/baseline/test_commands.py",
-        "tests/baseline/test_compare_sim.py::test_commands_on_recordings",
-        *(f"tests/test_cli.py::{name}" for name in CLI_IN_PROCESS)),
+    "kvtop/config.py": (f"{UNIT}/test_config.py", *CLI_IN_PROCESS,
+                        *deselected(f"{UNIT}/test_config.py",
+                                    "test_the_loader_accepts_or_raises_config_error_only",
+                                    "test_arbitrary_text_is_a_config_error_or_a_config")),
+    "kvtop/contract.py": (f"{UNIT}/test_contract.py", f"{UNIT}/derive/test_worst.py"),
+    "kvtop/commands/check.py": (f"{UNIT}/commands/test_check.py",
+                                f"{UNIT}/commands/test_prometheus.py"),
+    "kvtop/report/output.py": (f"{UNIT}/report/test_output.py", f"{UNIT}/commands/test_check.py"),
+    "kvtop/report/snapshot.py": (f"{UNIT}/report/test_snapshot.py", *SNAPSHOT_IN_PROCESS),
+    "kvtop/commands/snapshot.py": SNAPSHOT_IN_PROCESS,
+    "kvtop/report/rules.py": (f"{UNIT}/report/test_rules.py",),
+    "kvtop/view/table.py": (f"{UNIT}/view/test_table.py", *SNAPSHOT_IN_PROCESS,
+                            "tests/hostile/test_headless_display.py::"
+                            "test_the_table_never_reads_labels_as_markup"),
+    "kvtop/report/gpus.py": (f"{UNIT}/report/test_gpus.py", f"{UNIT}/derive/test_gpu_owners.py",
+                             *SNAPSHOT_IN_PROCESS),
+    "kvtop/commands/prometheus.py": (f"{UNIT}/commands/test_prometheus.py",),
+    "kvtop/baseline/text.py": (f"{UNIT}/baseline/test_text.py",
+                               f"{UNIT}/commands/test_baseline.py",
+                               f"{UNIT}/baseline/test_compare.py::"
+                               "test_text_output_names_the_change_first"),
+    # `kvtop record` through main() in this process (its subprocess tests in
+    # tests/hostile/test_recordings.py are out of a mutant's reach)
+    "kvtop/commands/record.py": (f"{UNIT}/commands/test_record.py",),
+    # every command-line test builds the rehearse parser, so a surviving mutant there costs
+    # them all; the man page test pins every help text, the command's tests the options,
+    # their defaults and errors, and runs refused or judged in this process (its `kvtop sim`
+    # subprocess tests are left out)
+    "kvtop/commands/rehearse.py": (f"{UNIT}/commands/test_rehearse.py", *CLI_IN_PROCESS,
+                                   *deselected(f"{UNIT}/commands/test_rehearse.py",
+                                               "test_refuses_what_is_not_an_openai_server",
+                                               "test_refuses_a_server_whose_metrics_cannot_be_read",
+                                               "test_a_model_it_does_not_serve_is_a_usage_error",
+                                               "test_watch_only_judges_the_servers_own_histograms",
+                                               "test_no_token_in_any_file_or_output",
+                                               "test_outside_text_is_made_safe_in_the_text_report",
+                                               "test_progress_lines")),
+    "kvtop/commands/baseline.py": (f"{UNIT}/commands/test_baseline.py",
+                                   f"{UNIT}/baseline/test_compare.py::test_commands_on_recordings",
+                                   *CLI_IN_PROCESS),
     **{f"kvtop/store/{name}.py": STORE_TESTS
        for name in ("format", "reader", "writer", "replay", "recording")},
-    # the simulator is outside the issue's restriction but on its list of modules to score
-    "kvtop/sim/blocks.py": ("tests/sim/test_blocks.py", "tests/sim/test_engine.py",
-                            "tests/behaviour/test_sim_blocks.py"),
+    "kvtop/sim/blocks.py": (f"{UNIT}/sim/test_blocks.py", f"{UNIT}/sim/test_engine.py"),
     # the simulation's faults (leaks, lumps, wedges, restarts, stalls) drive the engine too
-    "kvtop/sim/engine.py": ("tests/sim/test_engine.py", "tests/sim/test_simulation.py",
-                            "tests/sim/test_lump_and_wedge.py",
-                            "tests/behaviour/test_sim_engine.py"),
+    "kvtop/sim/engine.py": (f"{UNIT}/sim/test_engine.py", f"{UNIT}/sim/test_simulation.py"),
 }
 
 
@@ -317,7 +285,8 @@ def _config(module: str, tests: Iterable[str]) -> str:
         "only_mutate": [module],
         "pytest_add_cli_args_test_selection": list(tests),
         # -n 0: mutmut's in-process trampoline sees only tests run in its own process
-        "pytest_add_cli_args": ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly"],
+        "pytest_add_cli_args": ["-n", "0", "-p", "no:cacheprovider", "-p", "no:randomly",
+                                "-m", "not slow"],
         # rerun on demand only; a pyproject change must not silently reset results
         "use_git_change_detection": False,
         # the man page test compares it with the parsers' help; the leak tests read the
@@ -509,7 +478,7 @@ def _digest(module: str) -> str:
 
 def _pytest(copy: Path, tests: Iterable[str], timeout: float) -> str:
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:randomly",
-               "-p", "no:cacheprovider", *tests]
+               "-p", "no:cacheprovider", "-m", "not slow", *tests]
     env = {**os.environ, **MUTATION_ENV}
     try:
         done = subprocess.run(command, cwd=copy, env=env, capture_output=True, timeout=timeout,

@@ -1,7 +1,7 @@
 """Copy the SVG snapshot renders into screenshots/ for the README: what the README shows is
-what the snapshot tests check (tests/ui/test_snapshots.py, fixed clock and data).
+what the snapshot tests check (tests/ui/snapshots/test_snapshots.py, fixed clock and data).
 
-    .venv/bin/python -m pytest -n 0 tests/ui/test_snapshots.py --snapshot-update
+    .venv/bin/python -m pytest -n 0 tests/ui/snapshots/test_snapshots.py --snapshot-update
     .venv/bin/python scripts/screenshots.py
 """
 

@@ -5,23 +5,32 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import ssl
 import subprocess
+import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.faultserver import FaultServer
-from tests.full_disk import small_tmpfs
-from tests.mutation_run import MUTATION, cold_caches
+from tests.fakes.faultserver import FaultServer
+from tests.scenarios.baseline_runs import Recordings
+from tests.support.full_disk import small_tmpfs
+from tests.support.mutation_run import MUTATION, cold_caches
+from tests.support.tmux import Tmux, processes_with
 
 TESTS = Path(__file__).resolve().parent
 # The tiers that need something outside Python: a user without it gets a skip that says
 # why; CI installs each (.ci/run), so there a skip means the tier silently did not run.
-# The tmux tier is every test_tmux*.py module; the others are folders.
-CI_FOLDERS = {"prometheus": TESTS / "prometheus", "twin": TESTS / "twin"}
+# The tmux tier is tests/ui/tmux and every other test_tmux*.py module (the hostile ones).
+CI_FOLDERS = {"prometheus": TESTS / "prometheus", "twin": TESTS / "twin",
+              "tmux": TESTS / "ui" / "tmux"}
+# Every tier's folder, and the marker its tests get (pyproject.toml registers them)
+TIER_FOLDERS = {**CI_FOLDERS, "pilot": TESTS / "ui" / "pilot",
+                "snapshots": TESTS / "ui" / "snapshots", "hostile": TESTS / "hostile"}
+XDIST_GROUPS = ("prometheus", "twin")  # tiers whose servers start once, on one worker
 # The one deliberate way to leave a tier out, honoured in CI too (.ci/run skips the install).
 OPTED_OUT = {"twin": ("KVTOP_TWIN", "0")}
 
@@ -67,6 +76,24 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield folder
 
 
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[Tmux]:
+    """A tmux server of the test's own; every process the test started is killed after."""
+    server = Tmux(f"kvtop-test-{uuid.uuid4().hex[:12]}")
+    try:
+        yield server
+    finally:
+        server("kill-server")
+        for pid in processes_with(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def recordings(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
+    """The baseline scenarios' recordings (tests/scenarios/baseline_runs.py), made once."""
+    return Recordings(tmp_path_factory.mktemp("baseline-runs"))
+
+
 @pytest.fixture(scope="session")
 def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
     """A server-side TLS context with a fresh self-signed certificate for 127.0.0.1."""
@@ -86,12 +113,17 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each server tier is one xdist group: its servers start once, on one worker, and the
-    largest group (the twin tier) is handed out first, to run beside everything else."""
+    """Each test gets its tier's marker (`-m "not twin"`); each server tier is one xdist group:
+    its servers start once, on one worker, and the largest group (the twin tier) is handed
+    out first, to run beside everything else."""
     for item in items:
         path = Path(str(item.path)).resolve()
-        tier = next((name for name, folder in CI_FOLDERS.items() if folder in path.parents),
-                    None)
+        for tier, folder in TIER_FOLDERS.items():
+            if folder in path.parents:
+                item.add_marker(tier)
+        if path.name.startswith("test_tmux"):
+            item.add_marker("tmux")
+        tier = next((name for name in XDIST_GROUPS if CI_FOLDERS[name] in path.parents), None)
         if tier:
             item.add_marker(pytest.mark.xdist_group(tier))
 

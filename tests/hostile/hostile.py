@@ -34,8 +34,8 @@ from aiohttp import web
 
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.exposition import parse
-from tests.faultserver import FaultServer, Request, mode
-from tests.paths import fixture_text
+from tests.fakes.faultserver import FaultServer, Request, mode
+from tests.support.paths import fixture_text
 
 UNDER_LOAD = "vllm-0.33.0-v1-twin-under-load.txt"
 TOKEN = "tok-0123456789abcdef-SECRET-do-not-print"

@@ -8,7 +8,7 @@ import asyncio
 import json
 import sys
 
-from tests.faultserver import FaultServer
+from tests.fakes.faultserver import FaultServer
 from tests.hostile.hostile import healthy_body, hostile_body
 
 

@@ -23,7 +23,7 @@ from kvtop.ui.replay import ReplayApp
 from kvtop.ui.screens.detail import DetailScreen
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_source import FakeSource
-from tests.faultserver import FaultServer
+from tests.fakes.faultserver import FaultServer
 from tests.hostile.hostile import (
     EVIL_CONFIG,
     EVIL_INSTANCE,
@@ -36,8 +36,8 @@ from tests.hostile.hostile import (
     healthy_body,
     hostile_body,
 )
-from tests.paths import fixture_text
-from tests.ui.scenario import LEAKING_IDLE, T0, table_rows, until
+from tests.scenarios.app import LEAKING_IDLE, T0, table_rows, until
+from tests.support.paths import fixture_text
 
 SIZE = (160, 48)
 

@@ -21,10 +21,10 @@ from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.ui.app import AppConfig, KvtopApp
 from tests.fakes.fake_nvml import FakeGpuReader
-from tests.faultserver import FaultServer
-from tests.hostile import bodies
-from tests.paths import fixture_text
-from tests.ui.scenario import until
+from tests.fakes.faultserver import FaultServer
+from tests.scenarios import bodies
+from tests.scenarios.app import until
+from tests.support.paths import fixture_text
 
 LOAD = "vllm-0.33.0-v1-twin-under-load.txt"
 

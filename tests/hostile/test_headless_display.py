@@ -20,7 +20,7 @@ from kvtop.report.snapshot import snapshot_document
 from kvtop.safe_text import display_text
 from kvtop.store.recording import RecordingWriter
 from kvtop.view.table import print_table
-from tests.faultserver import FaultServer
+from tests.fakes.faultserver import FaultServer
 from tests.hostile.hostile import (
     EVIL_ENGINE,
     EVIL_MODEL,

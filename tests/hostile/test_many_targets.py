@@ -16,8 +16,8 @@ import pytest
 
 from kvtop.collect.poller import Gate, Poller
 from kvtop.collect.target import Target
-from tests.faultserver import closed_port
-from tests.ui.test_tmux import Tmux, processes_with, tmux, wait_for  # noqa: F401 - fixture
+from tests.fakes.faultserver import closed_port
+from tests.support.tmux import Tmux, processes_with, wait_for
 
 TARGETS = 5_000
 
@@ -42,7 +42,7 @@ def _config(tmp_path: Path, count: int) -> Path:
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="the tmux test needs tmux")
 @pytest.mark.parametrize("leave", ["q", "terminal gone"])
 def test_the_app_with_thousands_of_targets_quits_and_goes_with_its_terminal(
-        tmux: Tmux, tmp_path: Path, leave: str) -> None:  # noqa: F811 - the fixture
+        tmux: Tmux, tmp_path: Path, leave: str) -> None:
     """Measured with 10,000 on a loaded 2-core machine (docs/security.md): first frame
     3.6-8.4 s, q 3.9-6.2 s, terminal gone 3.1-4.7 s. Here 3,000 and bounds far above
     those: with the terminal gone, Textual's shutdown could block for good writing to it."""

@@ -17,8 +17,8 @@ from kvtop.collect.prometheus import group_scrapes
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, TargetTracker
 from kvtop.derive.worst import CheckRun
-from tests.faultserver import FaultServer, Request, mode
-from tests.hostile import bodies
+from tests.fakes.faultserver import FaultServer, Request, mode
+from tests.scenarios import bodies
 
 NEW_PER_SCRAPE = 300
 _scrapes_served = count()

@@ -21,7 +21,7 @@ from kvtop.collect.prometheus import (
 )
 from kvtop.collect.target import Scrape
 from kvtop.derive.tracker import TargetTracker
-from tests.hostile.fakeprom import INSTANCES, JOB, FakePrometheus, answer, series, success
+from tests.fakes.fake_prometheus import INSTANCES, JOB, FakePrometheus, answer, series, success
 
 METRIC = {"__name__": "vllm:num_requests_running", "job": JOB, "instance": INSTANCES[0],
           "model_name": "m", "engine": "0"}

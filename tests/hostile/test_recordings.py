@@ -38,10 +38,8 @@ from kvtop.store.recording import (
 )
 from kvtop.ui.app import AppConfig, KvtopApp, run_app
 from kvtop.ui.replay import ReplayApp, replay_app, run_replay
-from tests.faultserver import FaultServer
-from tests.full_disk import fill
-from tests.paths import fixture_text
-from tests.ui.scenario import (
+from tests.fakes.faultserver import FaultServer
+from tests.scenarios.app import (
     HOST_A,
     HOST_B,
     T0,
@@ -51,6 +49,8 @@ from tests.ui.scenario import (
     table_rows,
     until,
 )
+from tests.support.full_disk import fill
+from tests.support.paths import fixture_text
 
 SIZE = (120, 30)
 URL = "http://10.0.0.5:8000/metrics"

@@ -15,7 +15,7 @@ import pytest
 
 from kvtop.collect.prometheus import load_settings
 from kvtop.collect.target import Secret, normalise_url, redact
-from tests.faultserver import FaultServer
+from tests.fakes.faultserver import FaultServer
 from tests.hostile.hostile import TOKEN, TOKEN_HEAD, FakePrometheus
 
 ENV = {"KVTOP_TOKEN": TOKEN}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.hostile.hostile import foreign_controls
-from tests.ui.test_tmux import Tmux, processes_with, tmux, wait_for  # noqa: F401 - fixture
+from tests.support.tmux import Tmux, processes_with, wait_for
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["which", "tmux"], capture_output=True, check=False).returncode != 0,
@@ -42,7 +42,7 @@ def _rows_up(screen: str) -> bool:
     return "hosts 2/2" in screen and sum(" up " in line for line in screen.splitlines()) >= 2
 
 
-def test_no_escape_from_a_server_reaches_the_terminal(tmux: Tmux, tmp_path: Path,  # noqa: F811
+def test_no_escape_from_a_server_reaches_the_terminal(tmux: Tmux, tmp_path: Path,
                                                       servers: dict[str, str]) -> None:
     config = tmp_path / "config.toml"
     config.write_text(  # a config name is outside text too

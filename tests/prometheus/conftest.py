@@ -18,7 +18,7 @@ import pytest
 
 from kvtop.config import Config, leak_params
 from kvtop.report.rules import render_rules
-from tests.faultserver import refused_port
+from tests.fakes.faultserver import refused_port
 
 # Short idle confirmation (the defaults are tested on constructed series in test_leak.py);
 # a backfill step of one scrape, so the idle runs survive the backfill. The rules see only

@@ -13,8 +13,8 @@ import sys
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet
-from tests.derived_fixtures import vllm_08_idle
-from tests.faultserver import FaultServer
+from tests.fakes.faultserver import FaultServer
+from tests.scenarios.derived import vllm_08_idle
 
 # Bursts with idle gaps (~20 s): a leak shows as blocks held while nothing runs.
 BURSTS = {"rate": 0.4, "arrival": "bursty", "burst_factor": 8.0, "burst_len": 4.0,

@@ -12,7 +12,7 @@ import sys
 from aiohttp import web
 
 from kvtop.sim.server import SimConfig, SimFleet
-from tests.gpu_fixtures import DCGM_POD, DCGM_T4, NVIDIA_SMI_H100, gpu_fixture
+from tests.scenarios.gpu import DCGM_POD, DCGM_T4, NVIDIA_SMI_H100, gpu_fixture
 
 EXPORTERS = {"dcgm": DCGM_T4, "dcgm_pod": DCGM_POD, "nvidia_smi": NVIDIA_SMI_H100}
 

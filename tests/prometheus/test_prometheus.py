@@ -22,8 +22,8 @@ from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.view import format as fmt
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.prometheus.conftest import PromEnv
-from tests.ui.scenario import table_rows
-from tests.waiting import eventually
+from tests.scenarios.app import table_rows
+from tests.support.waiting import eventually
 
 ALERT_WAIT_S = 150.0  # a deadline for "never", not how long it takes (~30 s)
 

@@ -1,0 +1,291 @@
+"""What a target's row shows as its scrapes come and go: the last error only while it
+fails, a restart of any of its engines, the last values for ``stale_after_s`` after a
+failed read, and a history as long as asked for (15 minutes unless told).
+
+The tracker's statuses: stale then down, a late older scrape ignored, a restart between
+scrapes, an inferred version never read back as exact."""
+
+from __future__ import annotations
+
+from kvtop.collect.adapters import read_exposition
+from kvtop.collect.adapters.common import MAX_ENGINES
+from kvtop.collect.exposition import parse
+from kvtop.collect.target import Scrape, Target
+from kvtop.derive.leak import LeakParams
+from kvtop.derive.tracker import TargetTracker
+from tests.scenarios.bodies import many_models
+from tests.scenarios.derived import vllm_08_idle
+from tests.support.paths import fixture_text
+
+TARGET = Target.from_spec("127.0.0.1:8000")
+
+
+def body(finished: dict[str, int]) -> str:
+    """A vLLM server with one engine per key, each with its finished-request count."""
+    lines = []
+    for engine, count in finished.items():
+        labels = f'engine="{engine}",model_name="m"'
+        lines += [f"vllm:num_requests_running{{{labels}}} 1.0",
+                  f"vllm:kv_cache_usage_perc{{{labels}}} 0.25",
+                  f'vllm:request_success_total{{{labels},finished_reason="stop"}} {count}.0']
+    return "\n".join(lines) + "\n"
+
+
+def good(t: float, **finished: int) -> Scrape:
+    return Scrape(TARGET, t, body=body(finished or {"0": 10}))
+
+
+def failed(t: float) -> Scrape:
+    return Scrape(TARGET, t, failure="down", error="connection refused")
+
+
+def test_the_error_goes_when_the_target_answers_again() -> None:
+    tracker = TargetTracker(TARGET, stale_after_s=5)
+    tracker.update(good(100.0))
+    state = tracker.update(failed(200.0))
+    assert (state.status, state.error) == ("down", "connection refused")
+    state = tracker.update(good(210.0))
+    assert (state.status, state.error) == ("up", None)
+
+
+def test_a_restart_of_any_engine_is_the_target_restarting() -> None:
+    tracker = TargetTracker(TARGET)
+    tracker.update(Scrape(TARGET, 1.0, body=body({"0": 50, "1": 50, "2": 50})))
+    # engine 0's counter went back (restarted); engines 1 and 2, read after it, did not
+    state = tracker.update(Scrape(TARGET, 2.0, body=body({"0": 1, "1": 60, "2": 60})))
+    assert [e.restarted for e in state.engines] == [True, False, False]
+    assert state.restarted_at == 2.0
+    # and only the middle one
+    tracker.update(Scrape(TARGET, 3.0, body=body({"0": 2, "1": 1, "2": 70})))
+    assert tracker.state.restarted_at == 3.0
+
+
+def test_the_last_values_stay_up_to_stale_after_s_after_a_failed_read() -> None:
+    tracker = TargetTracker(TARGET, stale_after_s=30)
+    tracker.update(good(100.0))
+    state = tracker.update(failed(130.0))  # exactly stale_after_s later: still shown
+    assert state.status == "stale" and state.engines
+    state = tracker.update(failed(130.5))
+    assert state.status == "down" and state.engines == []
+
+
+def test_history_keeps_the_span_asked_for() -> None:
+    tracker = TargetTracker(TARGET, history_s=120)
+    for t in range(0, 600, 10):
+        tracker.update(good(float(t), **{"0": t}))
+    times = [s.t for s in tracker.history[("m", "0")]]
+    assert times[0] == 590.0 - 120 and times[-1] == 590.0
+
+
+def test_history_is_fifteen_minutes_unless_told() -> None:
+    tracker = TargetTracker(TARGET)
+    for t in range(0, 3600, 60):
+        tracker.update(good(float(t), **{"0": t}))
+    times = [s.t for s in tracker.history[("m", "0")]]
+    assert times[-1] - times[0] == 15 * 60
+
+
+# vLLM's cache config naming a pool no GPU has: the adapters refuse the whole answer
+IMPOSSIBLE_POOL = ('vllm:cache_config_info{num_gpu_blocks="1e300",block_size="16"} 1.0\n'
+                   + body({"0": 10}))
+
+
+DCGM = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-abc",modelName="Tesla T4",Hostname="h"} 25\n'
+
+
+def test_a_refused_answer_is_bad_payload_with_its_reason() -> None:
+    tracker = TargetTracker(TARGET, stale_after_s=30)
+    tracker.update(good(100.0))
+    state = tracker.update(Scrape(TARGET, 110.0, body=IMPOSSIBLE_POOL))
+    # the last good values stay on screen, and the row says why the new answer was not used
+    assert (state.status, state.failure) == ("stale", "bad_payload") and state.engines
+    assert state.error == "vllm:cache_config_info num_gpu_blocks='1e300' is not a usable count"
+    state = tracker.update(Scrape(TARGET, 140.5, body=IMPOSSIBLE_POOL))
+    assert (state.status, state.failure, state.engines) == ("bad_payload", "bad_payload", [])
+
+
+def test_the_failure_kind_shows_while_stale_and_goes_with_a_good_read() -> None:
+    tracker = TargetTracker(TARGET, stale_after_s=30)
+    tracker.update(good(100.0))
+    state = tracker.update(Scrape(TARGET, 105.0, failure="timeout", error="timed out"))
+    assert (state.status, state.failure, state.error) == ("stale", "timeout", "timed out")
+    state = tracker.update(good(110.0))
+    assert (state.status, state.failure, state.error) == ("up", None, None)
+
+
+def test_an_answer_with_no_body_and_no_reason_is_down() -> None:
+    state = TargetTracker(TARGET).update(Scrape(TARGET, 1.0))
+    assert (state.status, state.failure) == ("down", "down")
+
+
+def test_a_failure_at_the_instant_of_the_last_read_still_counts() -> None:
+    # only an *older* scrape is ignored (a late answer); one at the same second is news
+    tracker = TargetTracker(TARGET)
+    tracker.update(good(100.0))
+    state = tracker.update(failed(100.0))
+    assert (state.status, state.error) == ("stale", "connection refused")
+
+
+def test_the_last_values_stay_a_minute_unless_told() -> None:
+    tracker = TargetTracker(TARGET)
+    tracker.update(good(100.0))
+    assert tracker.update(failed(160.0)).status == "stale"
+    assert tracker.update(failed(160.5)).status == "down"
+
+
+def test_gpus_are_shown_while_read_and_gone_with_the_target() -> None:
+    tracker = TargetTracker(TARGET, stale_after_s=30)
+    state = tracker.update(Scrape(TARGET, 100.0, body=DCGM))
+    assert [(g.uuid, g.temperature_c) for g in state.gpus] == [("GPU-abc", 25.0)]
+    assert tracker.update(failed(110.0)).gpus == state.gpus  # stale: last values kept
+    assert tracker.update(failed(200.0)).gpus == []
+
+
+def test_the_last_good_body_and_its_age_are_kept_through_failures() -> None:
+    tracker = TargetTracker(TARGET, stale_after_s=30)
+    state = tracker.update(good(100.0))
+    assert state.last_body == body({"0": 10}) and state.age_s(100.0) == 0.0
+    state = tracker.update(failed(200.0))
+    assert state.last_body == body({"0": 10}) and state.age_s(250.0) == 150.0
+    assert state.age_s(99.0) == 0.0  # a clock stepped back never gives a negative age
+
+
+def test_an_exact_version_stays_exact_when_later_scrapes_do_not_ask_again() -> None:
+    # the poller asks /version once; the scrapes after it carry no version
+    tracker = TargetTracker(Target.from_spec("127.0.0.1:8000"))
+    target = tracker.state.target
+    tracker.update(Scrape(target, 1.0, body=vllm_08_idle(), version="0.8.2"))
+    for t in (2.0, 3.0):
+        state = tracker.update(Scrape(target, t, body=vllm_08_idle()))
+        assert (state.version, state.version_inferred) == ("0.8.2", False)
+        assert state.engines[0].idle_floor_blocks == 0  # 0.8.2 had no null block
+
+
+def test_parsed_samples_are_read_with_the_servers_exact_version() -> None:
+    # Prometheus hands samples over parsed: the same reading as the body, the same version rule
+    tracker = TargetTracker(Target.from_spec("127.0.0.1:8000"))
+    target = tracker.state.target
+    samples = parse(vllm_08_idle())
+    state = tracker.update(Scrape(target, 1.0, samples=samples))
+    assert (state.engines[0].blocks_total, state.engines[0].idle_floor_blocks) == (600, 1)
+    assert (state.version, state.version_inferred) == ("0.7+", True)
+    state = tracker.update(Scrape(target, 2.0, samples=samples, version="0.8.2"))
+    assert state.engines[0].idle_floor_blocks == 0
+
+
+def test_a_reading_made_by_the_poller_is_used_as_it_is() -> None:
+    reading = read_exposition(body({"0": 10, "1": 20}))
+    state = TargetTracker(TARGET).update(Scrape(TARGET, 1.0, body="", reading=reading))
+    assert [e.engine for e in state.engines] == ["0", "1"]
+
+
+def test_rates_are_over_the_time_between_scrapes() -> None:
+    tracker = TargetTracker(TARGET)
+    tracker.update(good(1000.0, **{"0": 10}))
+    (engine,) = tracker.update(good(1010.0, **{"0": 40})).engines
+    assert engine.window_s == 10.0 and engine.finished_per_s == {"stop": 3.0}
+
+
+def test_the_leak_detector_follows_each_engine_with_the_params_asked_for() -> None:
+    leaking = fixture_text("vllm-0.33.0-v1-twin-leaking-idle.txt")
+
+    def states(params: LeakParams | None) -> list[str]:
+        tracker = TargetTracker(TARGET, leak_params=params)
+        return [tracker.update(Scrape(TARGET, float(t), body=leaking)).engines[0].leak.state
+                for t in range(0, 70, 10)]
+
+    # blocks held at idle: WATCH once the idle run counts, LEAK after idle_leak_s (60 s)
+    assert states(None) == ["warmup", "warmup", "watch", "watch", "watch", "watch", "leak"]
+    assert states(LeakParams(idle_leak_s=20.0, idle_min_s=10.0))[2] == "leak"
+
+
+def test_a_wedged_engine_reads_stalled_beside_an_idle_one() -> None:
+    # engine 0 full, with requests waiting and no token made; engine 1 idle beside it
+    wedged = fixture_text("vllm-0.33.0-v1-twin-under-load.txt")
+    idle = fixture_text("vllm-0.33.0-v1-twin-idle.txt").replace('engine="0"', 'engine="1"')
+    both = wedged + "".join(line + "\n" for line in idle.splitlines()
+                            if not line.startswith("#"))
+    tracker = TargetTracker(TARGET)
+    for t in range(0, 50, 10):
+        state = tracker.update(Scrape(TARGET, float(t), body=both))
+    assert [(e.engine, e.stall and e.stall.state) for e in state.engines] == [
+        ("0", "stalled"), ("1", "ok")]
+
+
+def test_an_engine_unseen_for_forget_after_s_is_forgotten_and_not_before() -> None:
+    tracker = TargetTracker(TARGET, history_s=600, forget_after_s=30)
+    tracker.update(good(0.0, a=1))
+    tracker.update(good(10.0, b=1))
+    tracker.update(good(20.0, a=2))  # a seen again: b is now the longest unseen
+    tracker.update(good(40.0, a=3))  # b unseen exactly 30 s: kept
+    assert set(tracker.history) == set(tracker.detectors) == {("m", "a"), ("m", "b")}
+    tracker.update(good(41.0, a=4))
+    assert set(tracker.history) == set(tracker.detectors) == {("m", "a")}
+    assert set(tracker.stall_detectors) == {("m", "a")}
+
+
+def test_too_many_engines_is_said_while_it_lasts_and_never_of_an_unread_target() -> None:
+    tracker = TargetTracker(TARGET)
+    assert (tracker.state.engines_over_cap, tracker.state.impossible_values) == (0, 0)
+    assert tracker.update(failed(1.0)).engines_over_cap == 0  # down from the start
+    state = tracker.update(Scrape(TARGET, 2.0, body=many_models(MAX_ENGINES + 3)))
+    assert (len(state.engines), state.engines_over_cap) == (MAX_ENGINES, 3)
+    assert any(note.startswith("too many engines: 259") for note in state.notes)
+    state = tracker.update(good(3.0))
+    assert (state.engines_over_cap, state.notes) == (0, [])
+
+
+def test_impossible_values_are_counted_and_named_per_answer() -> None:
+    tracker = TargetTracker(TARGET)
+    over_full = body({"0": 10}).replace("kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25",
+                                        "kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 1.7")
+    state = tracker.update(Scrape(TARGET, 1.0, body=over_full))
+    assert state.impossible_values == 1 and state.notes[0].startswith("impossible values left out")
+    state = tracker.update(good(2.0))
+    assert (state.impossible_values, state.notes) == (0, [])
+
+
+def test_tracker_stale_then_down() -> None:
+    tracker = TargetTracker(TARGET, stale_after_s=30)
+    body = fixture_text("vllm-0.33.0-v1-twin-under-load.txt")
+    assert tracker.update(Scrape(TARGET, 100.0, body=body)).status == "up"
+    state = tracker.update(Scrape(TARGET, 110.0, failure="timeout", error="timed out"))
+    assert state.status == "stale" and state.engines and state.error == "timed out"
+    assert state.age_s(115.0) == 15.0
+    state = tracker.update(Scrape(TARGET, 140.0, failure="timeout", error="timed out"))
+    assert state.status == "timeout" and state.engines == []
+
+
+def test_tracker_ignores_a_late_older_scrape() -> None:
+    tracker = TargetTracker(TARGET)
+    idle = fixture_text("vllm-0.33.0-v1-twin-idle.txt")
+    load = fixture_text("vllm-0.33.0-v1-twin-under-load.txt")
+    tracker.update(Scrape(TARGET, 200.0, body=idle))
+    state = tracker.update(Scrape(TARGET, 190.0, body=load))
+    assert state.engines[0].running == 0  # the newer scrape stays on screen
+
+
+def test_tracker_marks_restart_between_scrapes() -> None:
+    tracker = TargetTracker(TARGET)
+    tracker.update(Scrape(TARGET, 1.0, body=fixture_text("vllm-0.33.0-v1-twin-idle.txt")))
+    state = tracker.update(
+        Scrape(TARGET, 2.0, body=fixture_text("vllm-0.33.0-v1-twin-under-load.txt"))
+    )
+    assert state.restarted_at == 2.0 and state.engines[0].restarted
+    assert state.engines[0].prompt_tps is None
+    assert len(tracker.history[("twin-llama", "0")]) == 2
+
+
+def test_an_inferred_version_is_never_read_back_as_exact() -> None:
+    # "0.7+" read as exactly 0.7.0 once dropped the null block from the second scrape on
+    tracker = TargetTracker(Target.from_spec("127.0.0.1:8000"))
+    body = vllm_08_idle()
+    for t in (1.0, 2.0, 3.0):
+        state = tracker.update(Scrape(tracker.state.target, t, body=body))
+        (engine,) = state.engines
+        assert (engine.blocks_total, engine.idle_floor_blocks) == (600, 1), t
+        assert (state.version, state.version_inferred) == ("0.7+", True)
+    # the server's own /version wins, and is exact: 0.8.2 had no null block
+    state = tracker.update(Scrape(tracker.state.target, 4.0, body=body, version="0.8.2"))
+    assert (state.version, state.version_inferred) == ("0.8.2", False)
+    assert state.engines[0].idle_floor_blocks == 0

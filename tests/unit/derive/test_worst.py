@@ -1,0 +1,198 @@
+"""The worst verdict each engine reached over a run and when (derive/worst.py): WATCH before
+LEAK, STALLED and SATURATED with their first times, engines a server invents forgotten
+unless judged, the span judged, and the exit code a leak, a stall or no data give."""
+
+from __future__ import annotations
+
+from kvtop.collect.target import Scrape, Target
+from kvtop.derive.leak import LeakParams
+from kvtop.derive.tracker import MAX_TRACKED_ENGINES
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.derive.worst import CheckRun, EngineVerdict
+from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
+from tests.scenarios.check_runs import (
+    STEP,
+    T0,
+    TARGET,
+    body,
+    engine,
+    idle_holding,
+    judged,
+    leak,
+    quiet,
+    stalling,
+    warmup,
+)
+
+
+def test_blocks_held_at_idle_are_a_leak_with_when_watch_and_leak_began() -> None:
+    run = judged(idle_holding(12))
+    assert run.verdict() == "leak" and run.leak_found and run.exit_code() == EXIT_LEAK == 1
+    document = run.to_json()
+    assert (document["verdict"], document["stall"]) == ("leak", "ok")
+    assert document["started_at"] == "2026-01-01T00:00:00.000+00:00"
+    assert document["ended_at"] == "2026-01-01T00:01:50.000+00:00"
+    assert document["duration_s"] == 110.0
+    entry = engine(run)
+    assert (entry["model"], entry["engine"], entry["verdict"]) == ("m", "0", "leak")
+    assert (entry["watch_first_t"], entry["leak_first_t"]) == (T0 + 20, T0 + 60)
+    assert entry["leaked_blocks"] == 39.0 and entry["slope_blocks_per_hour"] is None
+    assert "39 blocks held" in entry["reason"]
+    assert entry["stall"] == {"verdict": "ok", "stalled_first_t": None,
+                              "saturated_first_t": None, "reason": "no requests"}
+
+
+def test_the_detectors_thresholds_are_the_ones_asked_for() -> None:
+    patient = LeakParams(idle_leak_s=1000.0)
+    run = judged(idle_holding(12), patient)
+    assert run.verdict() == "watch" and not run.leak_found
+    assert run.exit_code() == EXIT_OK
+    assert engine(run)["leak_first_t"] is None and engine(run)["watch_first_t"] == T0 + 20
+
+
+def test_a_healthy_engine_is_ok_and_exits_0() -> None:
+    run = judged(quiet(12))
+    assert (run.verdict(), run.stall_verdict(), run.exit_code()) == ("ok", "ok", EXIT_OK)
+    entry = engine(run)
+    assert entry["verdict"] == "ok" and entry["watch_first_t"] is None
+    assert entry["leaked_blocks"] is None
+
+
+def test_a_stalled_engine_exits_4_with_when_it_stalled() -> None:
+    run = judged(stalling(9))
+    assert run.stall_verdict() == "stalled" and run.exit_code() == EXIT_STALLED == 4
+    stall = engine(run)["stall"]
+    assert stall["verdict"] == "stalled" and stall["saturated_first_t"] is None
+    assert stall["stalled_first_t"] == T0 + 8 * STEP
+    assert stall["reason"] != "not enough data for a verdict"
+
+
+def test_a_leak_outranks_a_stall_in_the_exit_code() -> None:
+    run = judged(idle_holding(12))
+    other = Target.from_spec("127.0.0.1:8001")
+    for scrape in stalling(9, target=other):
+        run.feed(scrape)
+    assert (run.verdict(), run.stall_verdict()) == ("leak", "stalled")
+    assert run.exit_code() == EXIT_LEAK
+    assert [t["target"] for t in run.to_json()["targets"]] == [TARGET.url, other.url]
+
+
+def test_no_engine_read_is_no_data_exit_3() -> None:
+    run = CheckRun()
+    run.add_target(TARGET)
+    document = run.to_json()
+    assert (run.verdict(), run.stall_verdict(), run.exit_code()) == (
+        "unknown", "unknown", EXIT_NO_DATA)
+    assert document == {"verdict": "unknown", "stall": "unknown", "started_at": None,
+                        "ended_at": None, "duration_s": None,
+                        "targets": [{"target": TARGET.url, "engines": []}]}
+
+
+def test_failed_reads_count_in_the_span_but_judge_no_engine() -> None:
+    run = judged([Scrape(TARGET, T0 + 5, failure="down", error="refused"),
+                  Scrape(TARGET, T0 + 65, failure="timeout", error="slow")])
+    assert run.engines_seen() == 0 and run.exit_code() == EXIT_NO_DATA
+    assert run.to_json()["duration_s"] == 60.0
+    assert run.to_json()["started_at"] == "2026-01-01T00:00:05.000+00:00"
+
+
+def test_the_span_is_first_to_last_scrape_whatever_order_they_come_in() -> None:
+    scrapes = idle_holding(4)
+    run = judged([scrapes[2], scrapes[0], scrapes[3], scrapes[1]])
+    document = run.to_json()
+    assert (document["started_at"], document["duration_s"]) == (
+        "2026-01-01T00:00:00.000+00:00", 30.0)
+
+
+def test_a_scrape_older_than_the_last_read_is_not_judged_again() -> None:
+    run = judged(idle_holding(3))
+    late = Scrape(TARGET, T0 + 5, body=body(0.04, model="late"))
+    run.feed(late)
+    assert [e["model"] for t in run.to_json()["targets"] for e in t["engines"]] == ["m"]
+
+
+def test_an_engines_verdict_is_the_worst_it_reached_with_the_latest_figures_at_it() -> None:
+    verdict = EngineVerdict("m", "0")
+    verdict.observe(1.0, warmup())
+    assert verdict.verdict == "unknown" and verdict.to_json()["reason"] == (
+        "not enough data for a verdict")
+    verdict.observe(2.0, leak("ok"))
+    verdict.observe(3.0, leak("leak", 10.0, "first"))
+    verdict.observe(4.0, leak("leak", 12.0, "second"))
+    verdict.observe(5.0, leak("watch", 1.0))
+    verdict.observe(6.0, leak("ok"))
+    verdict.observe(7.0, warmup())
+    assert (verdict.verdict, verdict.watch_first_t, verdict.leak_first_t) == ("leak", 3.0, 3.0)
+    document = verdict.to_json()
+    assert (document["leaked_blocks"], document["reason"]) == (12.0, "second")
+
+
+def test_watch_is_first_reached_before_a_later_leak() -> None:
+    verdict = EngineVerdict("m", "0")
+    for t, state in ((1.0, "ok"), (2.0, "watch"), (3.0, "watch"), (4.0, "leak")):
+        verdict.observe(t, leak(state))
+    assert (verdict.watch_first_t, verdict.leak_first_t) == (2.0, 4.0)
+
+
+def test_stall_states_are_kept_at_their_worst_with_when_each_began() -> None:
+    verdict = EngineVerdict("m", "0")
+    for t, state in ((1.0, "unknown"), (2.0, "ok"), (3.0, "saturated"), (4.0, "saturated"),
+                     (5.0, "stalled"), (6.0, "stalled"), (7.0, "ok"), (8.0, "unknown")):
+        verdict.observe_stall(t, StallVerdict(state, f"{state} at {t:g}", t))  # type: ignore[arg-type]
+    document = verdict.to_json()["stall"]
+    assert document == {"verdict": "stalled", "stalled_first_t": 5.0, "saturated_first_t": 3.0,
+                        "reason": "stalled at 6"}
+
+
+def test_unknown_stall_is_no_verdict() -> None:
+    verdict = EngineVerdict("m", "0")
+    verdict.observe_stall(1.0, StallVerdict("unknown", "no scrape yet", None))
+    assert verdict.to_json()["stall"] == {
+        "verdict": "unknown", "stalled_first_t": None, "saturated_first_t": None,
+        "reason": "not enough data for a verdict"}
+
+
+def test_engines_a_server_invents_are_forgotten_unless_judged() -> None:
+    run = judged(idle_holding(12))  # ("m", "0"): a leak, which stays in the report
+    for i in range(MAX_TRACKED_ENGINES + 20):
+        run.feed(Scrape(TARGET, T0 + 200 + i, body=body(0.04, model=f"invented-{i}")))
+    models = [e["model"] for e in run.to_json()["targets"][0]["engines"]]
+    assert "m" in models and len(models) <= MAX_TRACKED_ENGINES + 1
+    assert f"invented-{MAX_TRACKED_ENGINES + 19}" in models  # the one read now stays
+
+
+def test_an_engine_with_a_stall_verdict_stays_in_the_report_when_names_are_invented() -> None:
+    run = judged(stalling(2))  # ("m", "0"): stall OK, no leak verdict yet
+    for i in range(MAX_TRACKED_ENGINES + 20):
+        run.feed(Scrape(TARGET, T0 + 200 + i, body=body(0.04, model=f"invented-{i}")))
+    kept = {(e["model"], e["stall"]["verdict"]) for e in run.to_json()["targets"][0]["engines"]}
+    assert ("m", "ok") in kept
+
+
+def test_leak_figures_are_rounded_to_a_tenth_of_a_block() -> None:
+    verdict = EngineVerdict("m", "0")
+    verdict.observe(T0, LeakVerdict("leak", "held", 12.3456, 3.14159, 2.0))
+    document = verdict.to_json()
+    assert (document["leaked_blocks"], document["slope_blocks_per_hour"]) == (12.3, 3.1)
+
+
+def test_an_engine_gone_without_a_verdict_stays_listed_while_under_the_cap() -> None:
+    run = CheckRun()
+    for i in range(MAX_TRACKED_ENGINES):  # each scrape names another engine, judged by none
+        run.feed(Scrape(TARGET, T0 + i, body=body(0.04, model=f"m{i}")))
+    models = [e["model"] for e in run.to_json()["targets"][0]["engines"]]
+    assert models == [f"m{i}" for i in range(MAX_TRACKED_ENGINES)]
+
+
+def test_the_worst_stall_over_engines_is_the_runs() -> None:
+    run = judged(stalling(9))
+    never = EngineVerdict("never", "0")
+    never.observe_stall(T0, StallVerdict("unknown", "no scrape yet", None))
+    run.engines[TARGET.url][("never", "0")] = never
+    assert run.stall_verdict() == "stalled" and run.exit_code() == EXIT_STALLED
+
+
+def test_the_span_judged_is_rounded_to_the_millisecond() -> None:
+    run = judged([Scrape(TARGET, T0, failure="down", error="x"),
+                  Scrape(TARGET, T0 + 1.2345678, failure="down", error="x")])
+    assert run.to_json()["duration_s"] == 1.235

@@ -1,0 +1,422 @@
+"""The command line as a person scripting kvtop meets it, through the real command (a
+subprocess): closed pipes, typos and nonsense in the config and options, non-HTTP targets,
+token files that are not files, help for every command, completions, the man page, the
+snapshot table, check's progress on a terminal and its text/JSON, and internal errors."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from kvtop.cli import SUMMARIES, main
+from kvtop.collect.target import Scrape, Target
+from kvtop.manpage import render
+from kvtop.store.recording import RecordingWriter
+from tests.fakes.faultserver import FaultServer, closed_port, fixture
+from tests.support.paths import REPO
+
+LOAD, IDLE = "vllm-0.33.0-v1-twin-under-load.txt", "vllm-0.33.0-v1-twin-idle.txt"
+LEAKING = "vllm-0.33.0-v1-twin-leaking-idle.txt"
+KVTOP = [sys.executable, "-m", "kvtop"]
+
+
+def kvtop(*args: str, env: dict[str, str] | None = None,
+          timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KVTOP, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``kvtop ARGS`` through the same main() in this process (for the many small cases; the
+    process boundary itself is covered by the subprocess tests)."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["kvtop", *args], code, out, err)
+
+
+def usage_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The one-line message of a usage error (exit 2, no traceback)."""
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    return done.stderr
+
+
+def recording(path: Path, bodies: list[str], t0: float = 1_800_000_000.0) -> Path:
+    target = Target.from_spec("127.0.0.1:8000")
+    with RecordingWriter(path, interval_s=10.0, targets=[target]) as writer:
+        for i, body in enumerate(bodies):
+            writer.write(Scrape(target, t0 + 10 * i, body=body))
+    return path
+
+
+# -- a closed pipe -------------------------------------------------------------------------
+
+
+def closed_reader(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    """Run kvtop with stdout a pipe whose reader is gone before kvtop writes a byte (what
+    `| head -1` becomes once head has its line)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([*KVTOP, *args], stdout=write, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, timeout=timeout)
+    finally:
+        os.close(write)
+
+
+async def test_every_command_ends_quietly_when_its_reader_goes_away(tmp_path: Path) -> None:
+    replay = recording(tmp_path / "r.jsonl", [fixture(LOAD).decode()] * 3)
+    async with FaultServer(bodies=[fixture(LOAD), fixture(IDLE)]) as server:
+        commands = [
+            ["--help"],
+            ["snapshot", server.url(), "--json", "--no-gpu", "--interval", "0.2"],
+            ["snapshot", server.url(), "--table", "--no-gpu", "--samples", "1"],
+            ["check", "--replay", str(replay), "--json"],
+            ["check", "--replay", str(replay), "--text"],
+            ["rules"],
+            ["completion", "bash"],
+            ["baseline", "save", str(tmp_path / "b.json"), "--from", str(replay), "--json"],
+            ["baseline", "list"],
+            ["compare", str(tmp_path / "b.json"), "--replay", str(replay), "--json"],
+            ["sim", "--port", "0"],  # prints its URL, then would serve until Ctrl-C
+        ]
+        for args in commands:
+            done = await asyncio.to_thread(closed_reader, args)
+            err = done.stderr.decode()
+            assert done.returncode == 141, (args, done.returncode, err)
+            assert "Traceback" not in err and "BrokenPipe" not in err, (args, err)
+
+
+# -- the config file -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "key", "suggestion"), [
+    ('[[target]]\nurl = "gpu-1:8000"\n', "target", "targets"),
+    ("intervall = 2\n", "intervall", "interval"),
+    ('[[targets]]\nurl = "gpu-1:8000"\nnmae = "gpu-1"\n', "nmae", "name"),
+    ('[[targets]]\nurll = "gpu-1:8000"\n', "urll", "url"),
+    ("[thresholds]\nidle_leek_s = 60\n", "idle_leek_s", "idle_leak_s"),
+    ('[prometheus]\nurl = "prom:9090"\nselecter = "{}"\n', "selecter", "selector"),
+])
+def test_unknown_config_keys_are_named_with_the_closest_known_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, key: str,
+        suggestion: str) -> None:
+    config = tmp_path / "kvtop.toml"
+    config.write_text(text)
+    err = usage_error(in_process(capsys, "snapshot", "--config", str(config), "--no-gpu"))
+    assert f"unknown key '{key}'" in err and f"did you mean '{suggestion}'?" in err, err
+    assert str(config) in err
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('interval = "1"\n', "interval (seconds) must be a finite number > 0"),
+    ("interval = nan\n", "interval (seconds) must be a finite number > 0"),
+    ("interval = -1\n", "interval (seconds) must be a finite number > 0"),
+    ("interval = true\n", "interval (seconds) must be a finite number > 0"),
+    ("targets = 5\n", "targets must be an array of tables"),
+    ('targets = ["gpu-1:8000"]\n', "each [[targets]] must be a table"),
+    ('[[targets]]\nurl = 8000\n', "url must be a string"),
+    ('[[targets]]\nurl = "gpu-1:8000"\nname = 5\n', "name must be a string"),
+    ('[[targets]]\nurl = "gpu-1:8000"\ngroup = ["a"]\n', "group must be a string"),
+    ('[[targets]]\nurl = "ftp://gpu-1"\n', "not an http:// or https:// URL"),
+    ("thresholds = 3\n", "[thresholds] must be a table"),
+    ("[thresholds]\nbucket_s = 0\n", "bucket_s must be a finite number > 0"),
+    ("[thresholds]\nidle_leak_s = nan\n", "idle_leak_s must be a finite number >= 0"),
+    ("[thresholds]\nleak_hold_s = -5\n", "leak_hold_s must be a finite number >= 0"),
+    ("[thresholds]\nwindow_s = inf\n", "window_s must be a finite number > 0"),
+    ("[thresholds]\nidle_min_scrapes = 2.5\n", "idle_min_scrapes must be a whole number"),
+    ('[thresholds]\nz = "2"\n', "z must be a finite number >= 0"),
+    ("[thresholds]\npinned_frac = 1.5\n", "pinned_frac is a fraction: at most 1"),
+    ('[prometheus]\nurl = "prom:9090"\nbackfill_step = "15s"\n', "backfill_step (seconds)"),
+    ("[prometheus]\nurl = 9090\n", "url must be a string"),
+    ("prometheus = 1\n", "[prometheus] must be a table"),
+    ("interval = \n", "Invalid value"),  # not TOML at all
+])
+def test_wrong_types_and_impossible_values_in_the_config_are_usage_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str) -> None:
+    config = tmp_path / "kvtop.toml"
+    config.write_text(text)
+    for command in (["snapshot", "--no-gpu"], ["check", "--duration", "1s"], ["rules"]):
+        err = usage_error(in_process(capsys, *command, "--config", str(config)))
+        assert says in err, err
+
+
+def test_config_errors_through_the_real_command(tmp_path: Path) -> None:
+    config = tmp_path / "kvtop.toml"
+    config.write_text('[[target]]\nurl = "gpu-1:8000"\n[thresholds]\nbucket_s = 0\n')
+    err = usage_error(kvtop("check", "--config", str(config)))
+    assert err == (f"kvtop: {config}: unknown key 'target' (did you mean 'targets'?)\n")
+
+
+@pytest.mark.parametrize("args", [
+    ["snapshot", "--interval", "nan"], ["snapshot", "--interval", "0"],
+    ["snapshot", "--timeout", "-1"], ["snapshot", "--timeout", "inf"],
+    ["check", "--duration", "inf"], ["check", "--duration", "nan"],
+    ["check", "--duration=-5m"], ["check", "--interval", "0"],
+    ["record", "-o", "x.jsonl", "--duration", "0s"],
+    ["record", "-o", "x.jsonl", "--interval=-inf"],
+    ["replay", "x.jsonl", "--speed", "nan"], ["sim", "--speed", "inf"],
+    ["sim", "--leak-frac", "1.5"], ["sim", "--slow-metrics=-1"],
+    ["--interval", "nan"], ["--timeout", "0"],
+    ["compare", "b", "--interval", "inf"], ["baseline", "save", "b", "--time-scale", "nan"],
+    ["compare", "b", "--duration", "0"],
+])
+def test_nan_inf_zero_and_negative_numbers_on_the_command_line_are_usage_errors(
+        capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    err = usage_error(in_process(capsys, *args))
+    assert "must be" in err, err
+
+
+def test_only_http_and_https_urls_are_targets(capsys: pytest.CaptureFixture[str]) -> None:
+    err = usage_error(kvtop("snapshot", "ftp://gpu-1:8000", "--no-gpu", "--json"))
+    assert err == ("kvtop: not an http:// or https:// URL: 'ftp://gpu-1:8000' (kvtop reads "
+                   "/metrics over HTTP)\n")
+    for target in ("file:///etc/passwd", "gopher://x:70", "unix:///run/vllm.sock"):
+        err = usage_error(in_process(capsys, "check", target, "--duration", "1s"))
+        assert "not an http:// or https:// URL" in err, err
+
+
+def test_token_files_that_are_not_regular_files_are_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody will ever write to it: reading it would block for ever
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (65 * 1024))
+    cases = [("/dev/zero", "not a regular file"), (str(fifo), "not a regular file"),
+             (str(tmp_path), "not a regular file"), (str(big), "larger than 64 KiB"),
+             (str(tmp_path / "absent"), "No such file")]
+    for path, says in cases:
+        err = usage_error(kvtop("snapshot", "127.0.0.1:1", "--token-file", path, "--no-gpu",
+                                timeout=30))
+        assert says in err and "--token-file" in err, err
+        config = tmp_path / "kvtop.toml"
+        config.write_text(f'[[targets]]\nurl = "127.0.0.1:1"\ntoken_file = "{path}"\n')
+        err = usage_error(kvtop("snapshot", "--config", str(config), "--no-gpu", timeout=30))
+        assert says in err and "token_file" in err, err
+
+
+# -- internal errors -----------------------------------------------------------------------
+
+PLANT = ("import sys, kvtop.cli, kvtop.commands.snapshot as s\n"
+         "def boom(*a, **k):\n"
+         "    raise RuntimeError('a planted bug')\n"
+         "s.run_snapshot = boom\n"
+         "sys.exit(kvtop.cli.main(['snapshot', '127.0.0.1:1', '--no-gpu']))\n")
+
+
+def test_an_internal_error_exits_70_with_one_line_and_the_traceback_in_a_file(
+        tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", PLANT], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 70, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("kvtop: internal error, a bug: RuntimeError: a planted bug")
+    (report,) = tmp_path.glob("kvtop-crash-*.txt")
+    assert str(report) in line
+    assert "Traceback" in report.read_text() and "boom" in report.read_text()
+
+
+APP_CRASH = ("import sys, kvtop.cli, kvtop.ui.app as a\n"
+             "def boom(self):\n"
+             "    token = 'sk-LOCAL-SECRET-7f3a'  # a local, as the HTTP client has one\n"
+             "    raise RuntimeError('a planted bug in the app')\n"
+             "a.KvtopApp.on_mount = boom\n"
+             "sys.exit(kvtop.cli.main(['127.0.0.1:1', '--no-gpu']))\n")
+
+
+def run_in_terminal(args: list[str], *, seconds: float, cols: int = 100, rows: int = 30,
+                    env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run with stdin, stdout and stderr on a pseudo-terminal; (exit code, what it wrote)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave,
+                            env={**os.environ, "TERM": "xterm-256color", **(env or {})},
+                            start_new_session=True)
+    os.close(slave)
+    output = bytearray()
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the child closed the terminal: it has ended
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            elif proc.poll() is not None:
+                break
+        return proc.wait(timeout=10), output.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+def test_the_app_exits_70_after_a_crash_with_no_locals_shown(tmp_path: Path) -> None:
+    code, output = run_in_terminal([sys.executable, "-c", APP_CRASH], seconds=60,
+                                   env={"TMPDIR": str(tmp_path)})
+    assert code == 70, output[-2000:]
+    assert "the app stopped on an internal error, a bug: RuntimeError: a planted bug in the "\
+        "app" in output
+    # Textual's own report prints each frame's locals; a token held in one must not show.
+    assert "sk-LOCAL-SECRET" not in output
+    (report,) = tmp_path.glob("kvtop-crash-*.txt")
+    assert str(report) in output.replace("\r\n", "").replace("\n", "")
+    text = report.read_text()
+    assert "boom" in text and "sk-LOCAL-SECRET" not in text
+
+
+# -- help, completion, man page ------------------------------------------------------------
+
+
+def test_help_lists_every_command_with_one_line() -> None:
+    done = kvtop("--help")
+    assert done.returncode == 0
+    for name, summary in SUMMARIES.items():
+        assert re.search(rf"^  {name} +{re.escape(summary)}$", done.stdout, re.M), name
+    replay = kvtop("replay", "--help").stdout
+    assert "a recording written by kvtop record" in replay and "where the s key" in replay
+    record = " ".join(kvtop("record", "--help").stdout.split())
+    assert "-o FILE, --output FILE the recording to write" in record
+
+
+def test_bash_completes_commands_and_options() -> None:
+    script = kvtop("completion", "bash").stdout
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(f"'{w}'" for w in words)
+        shell = (f"source /dev/stdin; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; "
+                 "_shtab_kvtop; printf '%s\\n' \"${COMPREPLY[@]}\"")
+        done = subprocess.run(["bash", "-c", shell], input=script, capture_output=True,
+                              text=True, timeout=30)
+        return done.stdout.split()
+
+    assert complete("kvtop", "sn") == ["snapshot"]
+    assert "completion" in complete("kvtop", "")
+    assert complete("kvtop", "check", "--unt") == ["--until-leak"]
+    assert set(complete("kvtop", "completion", "")) == {"bash", "zsh", "fish"}
+    assert set(complete("kvtop", "baseline", "")) == {"save", "list", "show", "rm"}
+    assert "--probe" in complete("kvtop", "compare", "--pro")
+
+
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
+def test_fish_completes_commands_and_options() -> None:
+    script = kvtop("completion", "fish").stdout
+    done = subprocess.run(["fish", "--no-config", "-c",
+                           "source; complete -C'kvtop sn'; complete -C'kvtop check --unt'"],
+                          input=script, capture_output=True, text=True, timeout=30)
+    names = [line.split("\t")[0] for line in done.stdout.splitlines()]
+    assert names == ["snapshot", "--until-leak"], done.stdout + done.stderr
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+def test_zsh_completion_is_valid_and_defines_kvtop() -> None:
+    script = kvtop("completion", "zsh").stdout
+    assert script.startswith("#compdef kvtop")
+    done = subprocess.run(["zsh", "-n"], input=script, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "snapshot:'Read every target" in script and '"--until-leak[' in script
+
+
+def test_the_man_page_is_current_and_renders() -> None:
+    page = REPO / "man" / "kvtop.1"
+    assert page.read_text(encoding="utf-8") == render(), \
+        "man/kvtop.1 is out of date: python -m kvtop.manpage > man/kvtop.1"
+    if shutil.which("groff") is None:
+        pytest.skip("groff is not installed")
+    done = subprocess.run(["groff", "-man", "-Tutf8", "-ww", str(page)], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    text = re.sub(r".\x08", "", done.stdout)
+    for name in SUMMARIES:
+        assert f"{name}: {SUMMARIES[name]}"[:40] in " ".join(text.split())
+    for action in ("save", "list", "show", "rm"):  # a command's own actions too
+        assert f"kvtop baseline {action}" in text
+
+
+# -- snapshot ------------------------------------------------------------------------------
+
+
+async def test_snapshot_table_into_a_pipe_is_the_apps_rows_unwrapped(tmp_path: Path) -> None:
+    evil = fixture(LOAD).replace(b'model_name="twin-llama"',
+                                 b'model_name="twin-llama-with-a-long-name\x1b[2J"')
+    async with FaultServer(bodies=[evil]) as server:
+        down = f"http://127.0.0.1:{closed_port()}/metrics"
+        done = await asyncio.to_thread(kvtop, "snapshot", server.url(), down, "--table",
+                                       "--samples", "1", "--no-gpu", env={"COLUMNS": "40"})
+    assert done.returncode == 3, done.stderr
+    header, up, refused = done.stdout.splitlines()
+    for title in ("NAME", "MODEL", "STATUS", "KV BLOCKS", "LEAK", "RUN", "WAIT", "PRE/s", "HIT",
+                  "PP t/s", "GEN t/s", "TTFT 50/99"):
+        assert title in header
+    assert len(up) > 80  # never squeezed to 80 columns, never wrapped onto a second line
+    assert "\x1b" not in done.stdout and "long-name\\x1b[2J" in up  # shown, not obeyed
+    assert "588/599" in up and "30" in up.split() and "149" in up.split()
+    # one scrape has no window: HIT shows only the lifetime, labelled; latency none at all
+    # (a lifetime figure is never shown as current)
+    assert "(38%)" in up and up.split()[-1] == "–" and not re.search(r"\d+(ms|s)/", up)
+    assert "connection refused" in refused and "down" in refused
+
+
+def test_headless_commands_load_no_textual() -> None:
+    # The table shares the app's rows and formatters, not its framework: start-up stays light.
+    code = ("import sys, kvtop.cli, kvtop.commands.snapshot, kvtop.view.table, "
+            "kvtop.commands.check, kvtop.commands.baseline, "
+            "kvtop.baseline.text, kvtop.baseline.live, kvtop.baseline.compare; "
+            "print(sorted(m for m in sys.modules "
+            "if m.split('.')[0] == 'textual'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# -- check ---------------------------------------------------------------------------------
+
+
+def test_check_text_when_piped_and_the_span_it_judged(tmp_path: Path) -> None:
+    replay = recording(tmp_path / "r.jsonl", [fixture(LOAD).decode()] * 4)
+    done = kvtop("check", "--replay", str(replay), "--json")
+    document = json.loads(done.stdout)
+    assert document["started_at"] == "2027-01-15T08:00:00.000+00:00"
+    assert document["ended_at"] == "2027-01-15T08:00:30.000+00:00"
+    assert document["duration_s"] == 30.0
+    text = kvtop("check", "--replay", str(replay), "--text")
+    # the same loaded body 4 times: requests held, no token counted for 30 s is a stall (4)
+    assert text.returncode == done.returncode == 4
+    assert text.stdout.startswith(
+        "kvtop check: UNKNOWN, STALLED (30s judged, 2027-01-15T08:00:00")
+    assert "not enough data" in text.stdout
+
+
+async def test_check_shows_progress_on_a_terminal_only() -> None:
+    async with FaultServer(bodies=[fixture(IDLE)]) as server:
+        args = ["check", server.url(), "--duration", "4s", "--interval", "0.5"]
+        code, output = await asyncio.to_thread(run_in_terminal, [*KVTOP, *args], seconds=60)
+        piped = await asyncio.to_thread(kvtop, *args, "--json")
+    assert code == 0, output
+    progress = re.findall(r"kvtop check: (\S+) of 4s \((\S+) left\) · (\d) engine\(s\) seen · "
+                          r"worst so far: (\w+)", output)
+    assert len(progress) >= 2, output
+    assert progress[-1][2] == "1" and progress[-1][3] == "OK"  # an idle pool, drained
+    assert "\r\x1b[K" in output  # the line is cleared before the verdict
+    assert "kvtop check: OK (" in output  # the text verdict on a terminal
+    assert piped.returncode == 0 and "engine(s) seen" not in piped.stderr
+    assert json.loads(piped.stdout)["verdict"] == "ok"
