@@ -64,25 +64,14 @@ from kvtop.ui.widgets.gpu_pane import GpuPane
 from kvtop.ui.widgets.panes import EnginePanes
 from kvtop.ui.widgets.summary import SummaryBar
 from kvtop.view import format as fmt
+from kvtop.view.cells import delta_cell
 from kvtop.view.engine import engine_view, group_view
-from kvtop.view.fleet import (
-    COLUMN_SORT,
-    LARGE_FLEET,
-    SORT_CYCLE,
-    SORT_LABELS,
-    TEXT_SORTS,
-    FleetRow,
-    LeakChange,
-    RowCache,
-    delta_cell,
-    filter_rows,
-    leak_changes,
-    order_rows,
-    stall_entries,
-    summarise,
-)
+from kvtop.view.fleet import FleetRow, RowCache, filter_rows, order_rows
+from kvtop.view.fleet_summary import summarise
 from kvtop.view.gpus import GpuTrails, failed_sources, gpu_note, owned_cell, pane_lines
 from kvtop.view.groups import NONE, GroupRow, group_modes, group_rows, mode_label
+from kvtop.view.sort_keys import COLUMN_SORT, LARGE_FLEET, SORT_CYCLE, SORT_LABELS, TEXT_SORTS
+from kvtop.view.verdict_changes import LeakChange, leak_changes, stall_entries
 
 if TYPE_CHECKING:
     from kvtop.baseline.overlay import Band, BaselineOverlay

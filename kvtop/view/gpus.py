@@ -14,8 +14,8 @@ from kvtop.collect.gpu import GpuReading
 from kvtop.derive.gpu_owners import GpuSource, GpuView, Owner
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
+from kvtop.view.cells import Cell
 from kvtop.view.chart import Point, bins, spark_rows
-from kvtop.view.fleet import Cell
 
 Piece = tuple[str, str]  # (text, role): the pane maps a role to a component style
 Line = list[Piece]

@@ -10,15 +10,10 @@ from dataclasses import dataclass, field
 
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
-from kvtop.view.fleet import (
-    LEAK_RANK,
-    TEXT_SORTS,
-    Cell,
-    FleetRow,
-    Level,
-    order_rows,
-    summarise,
-)
+from kvtop.view.cells import Cell, Level
+from kvtop.view.fleet import FleetRow, order_rows
+from kvtop.view.fleet_summary import summarise
+from kvtop.view.sort_keys import LEAK_RANK, TEXT_SORTS
 
 NONE = "none"
 BASE_MODES = (NONE, "group", "model")

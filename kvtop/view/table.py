@@ -1,8 +1,9 @@
 """The human-readable form of a snapshot (``kvtop snapshot --table``): the app's fleet rows,
 then the GPUs.
 
-Rows and cells come from the fleet view's own model (``kvtop.view.fleet``, which formats with
-``kvtop.view.format`` and imports no Textual), so a number reads the same here as in the app.
+Rows and cells come from the fleet view's own model (``kvtop.view.fleet`` and
+``kvtop.view.cells``, which format with ``kvtop.view.format`` and import no Textual), so a
+number reads the same here as in the app.
 Every column is printed, each line is one row however wide it gets (a pipe is never squeezed
 to 80 columns and nothing wraps), and every cell goes through ``display_text``: names and
 errors come from servers.
@@ -17,7 +18,8 @@ from typing import Any, TextIO
 from kvtop.derive.tracker import TargetState
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
-from kvtop.view.fleet import COLUMNS, build_rows
+from kvtop.view.cells import COLUMNS
+from kvtop.view.fleet import build_rows
 
 NUMERIC = frozenset({"running", "waiting", "preempt", "hit", "prompt", "gen"})
 GAP = "  "

@@ -20,8 +20,9 @@ from kvtop.derive.verdicts import LeakVerdict
 from kvtop.derive.worst import CheckRun, EngineVerdict
 from kvtop.report.snapshot import snapshot_document
 from kvtop.ui.screens.detail import CONFIG_KEYS, describe
-from kvtop.view.fleet import build_rows, leak_changes
+from kvtop.view.fleet import build_rows
 from kvtop.view.table import print_table
+from kvtop.view.verdict_changes import leak_changes
 from tests.hostile.hostile import RAW_CONTROLS
 
 NOW = 1000.0

@@ -17,7 +17,8 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from kvtop.view.fleet import CELL_PADDING, Cell, Column, FleetRow, visible_columns
+from kvtop.view.cells import CELL_PADDING, Cell, Column, visible_columns
+from kvtop.view.fleet import FleetRow
 
 SCROLLBAR_W = 2  # the vertical scrollbar's cells, kept free so no column is half drawn
 ELLIPSIS = "…"

@@ -23,7 +23,7 @@ from kvtop.sim.exposition import render
 from kvtop.sim.faults import Fault, plan
 from kvtop.sim.simulation import Simulation, Truth
 from kvtop.sim.workloads import make_workload
-from kvtop.view.fleet import leak_cell
+from kvtop.view.cells import leak_cell
 
 T0 = 1_767_225_600.0
 
