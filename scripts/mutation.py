@@ -222,6 +222,20 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/sim/blocks.py": (f"{UNIT}/sim/test_blocks.py", f"{UNIT}/sim/test_engine.py"),
     # the simulation's faults (leaks, lumps, wedges, restarts, stalls) drive the engine too
     "kvtop/sim/engine.py": (f"{UNIT}/sim/test_engine.py", f"{UNIT}/sim/test_simulation.py"),
+    # the fleet view's model (issue 26 split it by concern): each part's own tests, and the
+    # rows' tests that read cells and sort values through the rows
+    "kvtop/view/cells.py": (f"{UNIT}/view/test_cells.py", f"{UNIT}/view/test_fleet.py",
+                            f"{UNIT}/view/test_table.py"),
+    "kvtop/view/sort_keys.py": (f"{UNIT}/view/test_sort_keys.py", f"{UNIT}/view/test_fleet.py",
+                                f"{UNIT}/view/test_view_state.py"),
+    "kvtop/view/fleet.py": (f"{UNIT}/view/test_fleet.py", f"{UNIT}/view/test_cells.py",
+                            f"{UNIT}/view/test_view_state.py"),
+    "kvtop/view/fleet_summary.py": (f"{UNIT}/view/test_fleet_summary.py",),
+    "kvtop/view/verdict_changes.py": (f"{UNIT}/view/test_verdict_changes.py",),
+    "kvtop/view/view_state.py": (f"{UNIT}/view/test_view_state.py",),
+    # the app's parts that hold no widget (the others are reached by tests/ui/pilot only)
+    "kvtop/ui/draw_clock.py": (f"{UNIT}/ui/test_draw_clock.py",),
+    "kvtop/ui/fleet_trackers.py": (f"{UNIT}/ui/test_fleet_trackers.py",),
 }
 
 

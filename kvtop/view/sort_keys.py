@@ -29,6 +29,13 @@ LEAK_RANK: dict[str, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
 STALL_RANK: dict[str, int] = {"saturated": 1, "stalled": 2}  # as urgent as WATCH, LEAK
 
 
+def column_sort_key(column: str) -> str | None:
+    """The sort key a click on ``column``'s header asks for; None for a column that sorts
+    nothing."""
+    key = COLUMN_SORT.get(column, column)
+    return key if key in SORT_LABELS else None
+
+
 def _leak_rank(stats: EngineStats) -> float | None:
     """LEAK and STALLED first (either is an outage now or soon), then WATCH, SATURATED."""
     stall = STALL_RANK.get(stats.stall.state) if stats.stall is not None else None
