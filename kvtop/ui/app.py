@@ -201,9 +201,11 @@ class KvtopApp(App[None]):
         self.gpu_pane.display = False  # until some GPU is known
         self.table.focus()
         self._draw()
-        self.call_after_refresh(self._collect)  # the first frame (the hosts) is painted first
+        # the first frame (the hosts) is painted first: the poller's HTTP stack and NVML are
+        # imported after it
+        self.call_after_refresh(self._collect)
+        self.call_after_refresh(self.gpu_watch.start)
         self.draw_clock.start()
-        self.gpu_watch.start()
         if self.config.watch_tty and not self.is_headless:
             self.watchdog.start()
         self.recording.start()
