@@ -220,7 +220,7 @@ class SimFleet:
     async def start(self, listeners: Sequence[socket.socket] = ()) -> None:
         """Start every server, on ``listeners`` (one each, bound and listening) if given."""
         started = []
-        sockets = listeners or [None] * len(self.servers)
+        sockets: Sequence[socket.socket | None] = listeners or [None] * len(self.servers)
         try:
             for server, listener in zip(self.servers, sockets, strict=True):
                 await server.start(listener)

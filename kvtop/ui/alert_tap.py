@@ -6,7 +6,6 @@ a toast; entering LEAK or STALLED also rings the bell and runs the configured co
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kvtop.alerts import AlertEvent, AlertRunner
@@ -67,7 +66,7 @@ class AlertTap:
             self._app.bell()
         for event in events:
             if self._runner.due(event):
-                self._app.run_worker(partial(self._run_command, event), name="run_alert",
+                self._app.run_worker(self._run_command(event), name="run_alert",
                                      group="alerts", exit_on_error=False)
 
     async def _run_command(self, event: AlertEvent) -> None:
