@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from textual.pilot import Pilot
 
 from benchmarks.paths import METRICS as FIXTURES
+from benchmarks.quick import parse_args, quick_option
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.derive.verdicts import LeakVerdict
@@ -172,7 +173,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=500)
     parser.add_argument("--frames", type=int, default=20)
-    args = parser.parse_args()
+    quick_option(parser, engines=50, frames=3)
+    args = parse_args(parser)
     for size in ((160, 48), (80, 24)):
         print(report(asyncio.run(measure(args.engines, args.frames, size)), args.engines, size))
         print()

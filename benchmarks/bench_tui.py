@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.paths import GPU_METRICS
+from benchmarks.quick import parse_args, quick_option
 
 ANSI = re.compile(
     rb"\x1b(?:\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[()][A-Z0-9]|[=>])"
@@ -224,7 +225,8 @@ def main() -> int:
     parser.add_argument("--hanging", type=int, default=0, metavar="N",
                         help="also N hosts that take the connection and never answer, first")
     parser.add_argument("--only", choices=("80x24", "160x48"), help="one terminal size")
-    args = parser.parse_args()
+    quick_option(parser, seconds=2.0, warmup=1.0, hosts=4, only="80x24")
+    args = parse_args(parser)
     gpu = args.gpu_exporters > 0
     runs = [Run("80×24", 80, 24, gpu=gpu), Run("160×48", 160, 48, gpu=gpu),
             Run("80×24 --low-bandwidth", 80, 24, ("--low-bandwidth",), gpu)]
