@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from textual.pilot import Pilot
 
 from benchmarks.paths import METRICS as FIXTURES
+from benchmarks.quick import parse_args, quick_option
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.derive.verdicts import LeakVerdict
@@ -175,12 +176,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=500)
     parser.add_argument("--frames", type=int, default=20)
-    parser.add_argument("--quick", action="store_true", help="a few seconds: 50 engines, 80x24")
-    args = parser.parse_args()
-    sizes = ((160, 48), (80, 24))
-    if args.quick:
-        args.engines, args.frames, sizes = 50, 3, ((80, 24),)
-    for size in sizes:
+    quick_option(parser, engines=50, frames=3)
+    args = parse_args(parser)
+    for size in ((80, 24),) if args.quick else ((160, 48), (80, 24)):
         print(report(asyncio.run(measure(args.engines, args.frames, size)), args.engines, size))
         print()
     return 0

@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.paths import GPU_METRICS
+from benchmarks.quick import parse_args, quick_option
 
 ANSI = re.compile(
     rb"\x1b(?:\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[()][A-Z0-9]|[=>])"
@@ -240,10 +241,8 @@ def main() -> int:
     parser.add_argument("--only", choices=("80x24", "160x48"), help="one terminal size")
     parser.add_argument("--demo", action="store_true", help="run `kvtop --demo` instead")
     parser.add_argument("--rounds", type=int, default=1, help="each run this many times")
-    parser.add_argument("--quick", action="store_true", help="a few seconds at 80x24")
-    args = parser.parse_args()
-    if args.quick:
-        args.seconds, args.warmup, args.only, args.hosts = 2.0, 2.0, "80x24", min(args.hosts, 4)
+    quick_option(parser, seconds=2.0, warmup=2.0, hosts=4, only="80x24")
+    args = parse_args(parser)
     gpu = args.gpu_exporters > 0 or args.demo  # the demo as the README runs it: NVML asked
     runs = [Run("80×24", 80, 24, gpu=gpu, demo=args.demo),
             Run("160×48", 160, 48, gpu=gpu, demo=args.demo),
