@@ -35,13 +35,12 @@ from benchmarks.paths import METRICS
 from kvtop.collect import poller
 from kvtop.collect.adapters import WANTED, read_exposition
 from kvtop.collect.exposition import parse
-from kvtop.collect.target import Secret, redact_bytes
+from kvtop.collect.prometheus import group_scrapes
+from kvtop.collect.target import Secret, mask_bytes
 from kvtop.safe_text import display_text
 from kvtop.view.fleet import build_rows
 from kvtop.view.groups import group_rows
 from kvtop.view.table import table_lines
-
-from kvtop.collect.prometheus import group_scrapes
 
 BODY = METRICS / "vllm-0.33.0-v1-twin-under-load.txt"
 TOKEN = Secret("tok-0123456789abcdef-bench")
@@ -62,7 +61,7 @@ def best_ms(action: Callable[[], object], repeats: int, rounds: int) -> float:
 
 
 def _scrape_once(raw: bytes) -> None:
-    data = redact_bytes(bytearray(raw), TOKEN)
+    data = mask_bytes(bytearray(raw), TOKEN)
     text = poller._decode_text(data, "text/plain")
     read_exposition(text, None)
 
@@ -80,7 +79,7 @@ def _prometheus_answer(engines: int) -> bytes:
 
 
 def _refresh_once(raw: bytes) -> None:
-    data = redact_bytes(bytearray(raw), TOKEN)
+    data = mask_bytes(bytearray(raw), TOKEN)
     group_scrapes(orjson.loads(data)["data"]["result"])
 
 

@@ -53,9 +53,8 @@ from kvtop.collect.target import (
     Secret,
     Target,
     check_no_credentials,
-    redact,
-    redact_bytes,
 )
+from kvtop.safe_text import mask, mask_bytes
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ def quote(said: object, token: Secret | None) -> str:
     """A short quote of what Prometheus said (an ``error``, a ``lastError``): one line,
     masked (a header echoed in JSON escapes, or cut by a proxy) and only then cut to
     ``QUOTE_CHARS``."""
-    return redact(" ".join(str(said).split()), token)[:QUOTE_CHARS]
+    return mask(" ".join(str(said).split()), token)[:QUOTE_CHARS]
 
 
 class PrometheusError(Exception):
@@ -311,7 +310,7 @@ class PrometheusAPI:
             body = await read_capped(response, MAX_ANSWER_BYTES)
         # A Prometheus or proxy may echo the Authorization header anywhere in its answer
         # (an error, a label): masked before anything reads or quotes it.
-        return response.status, redact_bytes(body, self.settings.token)
+        return response.status, mask_bytes(body, self.settings.token)
 
     def _data(self, status: int, payload: Any) -> Any:
         where = f"Prometheus {self.settings.base}"

@@ -12,59 +12,12 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from kvtop.collect.exposition import Exposition, to_text
 from kvtop.collect.reading import ServerReading
+from kvtop.safe_text import MASK, Secret
+
+__all__ = ["MASK", "Secret"]  # where readers of targets have always found them
 
 FailureKind = Literal["down", "timeout", "auth", "bad_payload"]
 DEFAULT_TARGET = "http://127.0.0.1:8000"
-
-
-class Secret:
-    """A bearer token that never shows itself in repr, str, logs or JSON."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-
-MASK = "***"
-# A header echoed by a server or proxy ("Authorization: Bearer abc…"), even one it cut short;
-# case-sensitive "Bearer" alone, so kvtop's own hints ("a bearer token") are left as they are.
-_BEARER = re.compile(r"((?:(?i:authorization)[\s\"':=]{0,6}(?i:bearer)|\bBearer)\s+)"
-                     r"[^\s\"',;)}\]]+")
-
-
-def redact(text: str, token: Secret | None) -> str:
-    """``text`` (a server's or Prometheus's words) with the token and anything quoted after
-    ``Bearer`` masked. Call it before cutting a quote short: a token cut in two would no
-    longer match, and its first characters would leak."""
-    if token is not None and token.reveal() and token.reveal() in text:
-        text = text.replace(token.reveal(), MASK)
-    if "earer" in text.lower():  # a cheap test before the regex (HTTP headers: any case)
-        text = _BEARER.sub(lambda m: m.group(1) + MASK, text)
-    return text
-
-
-def redact_bytes(data: bytearray, token: Secret | None) -> bytearray:
-    """A raw answer with the token masked, before anything quotes or parses it."""
-    if token is not None and token.reveal():
-        raw = token.reveal().encode("utf-8")
-        if raw in data:
-            data = data.replace(raw, MASK.encode())
-    return data
 
 
 MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token is a line; /dev/zero would never end
