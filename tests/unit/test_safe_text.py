@@ -184,9 +184,9 @@ def test_json_for_files_and_scripts_masks_known_tokens_in_every_form() -> None:
 ])
 def test_width_is_counted_in_terminal_cells(text: str, width: int) -> None:
     assert cells(text) == width
-    assert cells(pad(text, 10)) == 10 and pad(text, 10).startswith(text)
-    assert pad(text, 10, right=True).endswith(text) and cells(pad(text, 10, right=True)) == 10
-    assert pad(text, 0) == text  # never cut
+    assert cells(pad(text, 16)) == 16 and pad(text, 16).startswith(text)
+    assert pad(text, 16, right=True).endswith(text) and cells(pad(text, 16, right=True)) == 16
+    assert pad(text, width - 1) == text  # never cut
 
 
 def test_a_document_keeps_its_lines_and_loses_everything_else(capsys) -> None:
