@@ -186,7 +186,7 @@ def _target_from_table(entry: object, where: str) -> Target:
         token = read_token(_string(entry, "token_env", where), _string(entry, "token_file", where))
         return Target.from_spec(url, name=name, group=group, token=token)
     except TokenError as exc:
-        raise ConfigError(f"{where}: token_file: {exc}") from None
+        raise ConfigError(f"{where}: {exc.field}: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -287,9 +287,9 @@ def resolve_targets(args: argparse.Namespace, config: Config) -> list[Target]:
     if not args.targets:
         return config.targets or [Target.from_spec(DEFAULT_TARGET)]
     try:
-        token = read_token(args.token_env or DEFAULT_TOKEN_ENV, args.token_file)
+        token = read_token(args.token_env, args.token_file, default_env=DEFAULT_TOKEN_ENV)
     except TokenError as exc:
-        raise ConfigError(f"--token-file: {exc}") from None
+        raise ConfigError(f"--{exc.field.replace('_', '-')}: {exc}") from None
     targets = []
     for spec in args.targets:
         try:
@@ -353,6 +353,6 @@ def resolve_prometheus(args: argparse.Namespace, config: Config) -> PrometheusSe
         return load_settings(str(url), selector=str(selector), token=token,
                              backfill_step_s=None if step is None else float(step))
     except TokenError as exc:
-        raise ConfigError(f"[prometheus] token_file: {exc}") from None
+        raise ConfigError(f"[prometheus] {exc.field}: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"prometheus: {display_text(exc)}") from None

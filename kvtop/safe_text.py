@@ -13,9 +13,9 @@ out through here:
   markup: the app and the table draw it as a Rich :class:`~rich.text.Text` (:func:`plain`),
   so ``[link=…]`` or ``[/]`` stays literal. Widths are terminal cells (:func:`cells`,
   :func:`pad`): a CJK name takes two per character.
-* **Files and JSON** (:func:`json_text`, :func:`json_bytes`, :func:`file_text`): the exact
-  values (``json`` escapes control characters itself, so scripts see what the server sent),
-  with every known token masked.
+* **Files** for people (:func:`file_text`: the same lines as on a terminal) **and JSON**
+  (:func:`json_text`, :func:`json_bytes`): JSON keeps the exact values (it escapes control
+  characters itself, so scripts see what the server sent), with every known token masked.
 * **Secrets** (:class:`Secret`, :func:`mask`): a token read from the environment or a file
   is known here from the moment it is read; every client masks what it keeps from a server
   with :func:`mask` (the token, and whatever follows an echoed ``Bearer``) before it cuts
@@ -207,7 +207,13 @@ def erase_line(stream: TextIO) -> None:
 
 
 def file_text(text: str) -> str:
-    """Text for a file (a report), exact but for known tokens, masked."""
+    """A text file for people (a report they ``cat``): the same lines as on a terminal."""
+    return terminal_lines(text)
+
+
+def kept_text(text: str) -> str:
+    """A server's text kept exactly in a file (a snapshot's metrics files), every known
+    token masked: for a person's tools, not their terminal."""
     return _mask_known(text) if _known_order else text
 
 

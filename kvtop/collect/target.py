@@ -24,20 +24,31 @@ MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token is a line; /dev/zero would never end
 
 
 class TokenError(ValueError):
-    """A token file that can't be used; the message says why (never the token)."""
+    """A token that can't be read; the message says why (never the token), ``field`` where
+    it was asked for (``token_env`` or ``token_file``)."""
+
+    def __init__(self, message: str, field: str = "token_file") -> None:
+        super().__init__(message)
+        self.field = field
 
 
-def read_token(env: str | None = None, file: str | Path | None = None) -> Secret | None:
+def read_token(env: str | None = None, file: str | Path | None = None, *,
+               default_env: str | None = None) -> Secret | None:
     """A token from an environment variable or a file (first line), never from argv. The file
-    must be a regular file of at most 64 KiB: a FIFO or a device would block or never end."""
-    if env:
-        value = os.environ.get(env, "").strip()
-        if value:
-            return Secret(value)
+    must be a regular file of at most 64 KiB: a FIFO or a device would block or never end.
+    A variable named in ``env`` that is unset or empty (and no file gives a token) is an
+    error, as a missing file is: the servers would silently get no token;
+    ``default_env`` (``KVTOP_TOKEN``) is read only when set."""
+    value = os.environ.get(env or default_env or "", "").strip()
+    if value:
+        return Secret(value)
     if file:
         lines = _read_token_file(Path(file).expanduser()).strip().splitlines()
         if lines and lines[0].strip():
             return Secret(lines[0].strip())
+    if env:
+        raise TokenError(f"the environment variable {env[:80]!r} is not set (or empty), so "
+                         "there is no token to send", "token_env")
     return None
 
 

@@ -604,7 +604,7 @@ class KvtopApp(App[None]):
         stalled, self._stall_seen = stall_entries(states, self._stall_seen)
         for entry in stalled:
             assert entry.stats.stall is not None
-            self.notify(f"{entry.name}: {display_text(entry.stats.stall.reason)}", title="STALLED",
+            self.notify(display_text(f"{entry.name}: {entry.stats.stall.reason}"), title="STALLED",
                         severity="error", timeout=LEAK_NOTIFY_S["leak"], markup=False)
             events.append(AlertEvent("stall", entry.key, entry.name, entry.state, entry.stats,
                                      self.config.clock()))
@@ -631,7 +631,8 @@ class KvtopApp(App[None]):
         except Exception as exc:  # an alert command must never take the app down
             failure = display_text(f"alert command: {type(exc).__name__}: {exc}", 300)
         if failure is not None:
-            self.notify(failure, title="Alert command failed", severity="error", timeout=10,
+            self.notify(display_text(failure), title="Alert command failed", severity="error",
+                        timeout=10,
                         markup=False)
 
     def _notify_leak(self, change: LeakChange) -> None:
@@ -640,12 +641,13 @@ class KvtopApp(App[None]):
         if state in ("leak", "watch"):
             slope = verdict.slope_blocks_per_hour
             trend = f" ({fmt.slope(slope)})" if slope else ""
-            self.notify(f"{change.name}: {verdict.reason}{trend}",
+            self.notify(display_text(f"{change.name}: {verdict.reason}{trend}"),
                         title=f"KV {state.upper()}",
                         severity="error" if state == "leak" else "warning",
                         timeout=LEAK_NOTIFY_S[state], markup=False)
         else:
-            self.notify(f"{change.name}: {verdict.reason}", title="KV leak indicator cleared",
+            self.notify(display_text(f"{change.name}: {verdict.reason}"),
+                        title="KV leak indicator cleared",
                         markup=False)  # the name is a row's (safe) text, not markup
 
     # -- actions ------------------------------------------------------------------------
@@ -677,7 +679,7 @@ class KvtopApp(App[None]):
         index = modes.index(self._group_mode) if self._group_mode in modes else -1
         self._group_mode = modes[(index + 1) % len(modes)]
         label = "off" if self._group_mode == NONE else f"by {mode_label(self._group_mode)}"
-        self.notify(f"groups {label}", timeout=2)
+        self.notify(display_text(f"groups {label}"), timeout=2, markup=False)
         self._draw(force=True)
 
     def action_filter(self) -> None:
@@ -708,13 +710,14 @@ class KvtopApp(App[None]):
 
     def action_toggle_gpu(self) -> None:
         if self.config.no_gpu:
-            self.notify("GPU pane off (--no-gpu)")
+            self.notify("GPU pane off (--no-gpu)", markup=False)
             return
         self._gpu_wanted = not self._gpu_wanted
         self._show_gpu_pane()
         if not self.charts_shown:
             self.notify("the GPU pane is beside the KV chart: a terminal of at least "
-                        f"{CHARTS_MIN_SIZE[0]}x{CHARTS_MIN_SIZE[1]}", timeout=4)
+                        f"{CHARTS_MIN_SIZE[0]:d}x{CHARTS_MIN_SIZE[1]:d}", timeout=4,
+                        markup=False)
 
     def action_interval(self, step: int) -> None:
         position = min(range(len(INTERVALS)), key=lambda i: abs(INTERVALS[i] - self.interval_s))
@@ -722,7 +725,7 @@ class KvtopApp(App[None]):
         self.interval_s = new
         if self.source is not None:
             self.source.interval_s = new
-        self.notify(f"polling every {new:g}s", timeout=2)
+        self.notify(f"polling every {new:g}s", timeout=2, markup=False)
         self._draw(force=True)
 
     def action_help(self) -> None:
@@ -878,6 +881,7 @@ def app_exit_code(app: App[object]) -> int:
     prints the traceback itself once the terminal is restored)."""
     if app.return_code:
         line = getattr(app, "crash_line", None) or "traceback above"
-        print(f"kvtop: the app stopped on an internal error, a bug: {line}", file=sys.stderr)
+        print(display_text(f"kvtop: the app stopped on an internal error, a bug: {line}"),
+              file=sys.stderr)
         return EXIT_INTERNAL
     return 0

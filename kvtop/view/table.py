@@ -4,18 +4,19 @@ then the GPUs.
 Rows and cells come from the fleet view's own model (``kvtop.view.fleet``, which formats with
 ``kvtop.view.format`` and imports no Textual), so a number reads the same here as in the app.
 Every column is printed, each line is one row however wide it gets (a pipe is never squeezed
-to 80 columns and nothing wraps), and every cell goes through ``display_text``: names and
-errors come from servers.
+to 80 columns and nothing wraps), every cell goes through ``display_text`` (names and errors
+come from servers) and columns are padded in terminal cells, so a CJK model name keeps its
+row's columns in line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any, TextIO
+from typing import Any
 
 from kvtop.derive.tracker import TargetState
-from kvtop.safe_text import display_text
+from kvtop.safe_text import cells, display_text, pad
 from kvtop.view import format as fmt
 from kvtop.view.fleet import COLUMNS, build_rows
 
@@ -28,11 +29,11 @@ def aligned(header: list[str], rows: list[list[str]], right: Collection[int] = (
     """Columns padded to their widest cell (``right``: right-aligned), made terminal-safe."""
     header = [display_text(cell) for cell in header]
     rows = [[display_text(cell) for cell in row] for row in rows]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    widths = [max(cells(row[i]) for row in (header, *rows)) for i in range(len(header))]
 
-    def line(cells: list[str]) -> str:
-        return GAP.join(cell.rjust(width) if i in right else cell.ljust(width)
-                        for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+    def line(texts: list[str]) -> str:
+        return GAP.join(pad(text, width, right=i in right)
+                        for i, (text, width) in enumerate(zip(texts, widths, strict=True))
                         ).rstrip()
 
     return [line(header), *(line(row) for row in rows)]
@@ -75,9 +76,9 @@ def _gib(value: int | None) -> str:
     return fmt.DASH if value is None else f"{value / GIB:.1f}"
 
 
-def print_table(states: list[TargetState], document: dict[str, Any], out: TextIO) -> None:
+def table_text(states: list[TargetState], document: dict[str, Any]) -> str:
     """The snapshot ``document`` of these ``states`` as text: targets, then GPUs."""
     lines = table_lines(states, datetime.fromisoformat(document["taken_at"]).timestamp())
     if gpus := gpu_lines(document):
         lines += ["", *gpus]
-    out.write("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"

@@ -382,6 +382,22 @@ def test_a_bad_token_file_or_target_on_the_command_line_is_a_usage_error(
         resolve_targets(parsed("ftp://a:1"), empty)
 
 
+def test_a_token_variable_named_but_unset_is_a_usage_error_everywhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It used to send no token, silently: the server's 401 then blamed the token."""
+    monkeypatch.delenv("UNSET_TOKEN", raising=False)
+    empty = load_config(config(tmp_path, ""))
+    with pytest.raises(ConfigError, match=r"^--token-env: the environment variable "
+                                          r"'UNSET_TOKEN' is not set"):
+        resolve_targets(parsed("a:1", "--token-env", "UNSET_TOKEN"), empty)
+    with pytest.raises(ConfigError, match=r"targets\[0\]: token_env: the environment variable"):
+        load_config(config(tmp_path, '[[targets]]\nurl = "a:1"\ntoken_env = "UNSET_TOKEN"\n'))
+    loaded = load_config(config(tmp_path, '[prometheus]\nurl = "p:9090"\n'
+                                          'token_env = "UNSET_TOKEN"\n'))
+    with pytest.raises(ConfigError, match=r"^\[prometheus\] token_env: the environment"):
+        resolve_prometheus(parsed(), loaded)
+
+
 def test_no_prometheus_unless_asked(tmp_path: Path) -> None:
     assert resolve_prometheus(parsed("a:1"), load_config(config(tmp_path, ""))) is None
     assert resolve_prometheus(argparse.Namespace(), load_config(config(tmp_path, ""))) is None

@@ -37,7 +37,19 @@ def test_a_token_comes_from_the_environment_first_then_the_files_first_line(
     monkeypatch.setenv("KV_TOKEN", "   ")  # set but blank: the file's
     assert read_token("KV_TOKEN", file) == Secret(TOKEN)
     assert read_token("UNSET_TOKEN_VARIABLE", str(file)) == Secret(TOKEN)
-    assert read_token(None, None) is None and read_token("UNSET_TOKEN_VARIABLE") is None
+    assert read_token(None, None) is None
+    assert read_token(None, default_env="UNSET_TOKEN_VARIABLE") is None  # KVTOP_TOKEN, unset
+
+
+def test_a_named_variable_that_is_unset_is_an_error_not_a_silent_missing_token(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("UNSET_TOKEN_VARIABLE", raising=False)
+    with pytest.raises(TokenError, match="'UNSET_TOKEN_VARIABLE' is not set") as unset:
+        read_token("UNSET_TOKEN_VARIABLE", default_env="KVTOP_TOKEN")
+    assert unset.value.field == "token_env"
+    monkeypatch.setenv("UNSET_TOKEN_VARIABLE", " ")
+    with pytest.raises(TokenError, match="is not set \\(or empty\\)"):
+        read_token("UNSET_TOKEN_VARIABLE")
 
 
 def test_a_token_file_under_home_is_found(tmp_path: Path,
