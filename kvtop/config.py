@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtop.collect.target import DEFAULT_TARGET, Target, TokenError, read_token
 from kvtop.derive.leak import LeakParams
+from kvtop.files import UnreadableFile, read_regular
 from kvtop.safe_text import display_text
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ TARGET_KEYS = ("url", "name", "group", "token_env", "token_file", "baseline")
 PROMETHEUS_KEYS = ("url", "selector", "token_env", "token_file", "backfill_step")
 ALERT_KEYS = ("bell", "command", "min_interval_s", "max_per_minute", "timeout_s")
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a huge one is a mistake
+MAX_CONFIG_DEPTH = 16  # tables and arrays in each other; kvtop's own go 3 deep
 
 # [thresholds] beyond "a finite number >= 0": what each must also be for the detector to work
 THRESHOLD_INTS = frozenset(f.name for f in fields(LeakParams) if f.type in ("int", int))
@@ -202,13 +204,15 @@ def load_config(path: Path | None) -> Config:
         return Config()
     where = display_text(path)
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{where}: larger than {MAX_CONFIG_BYTES // 1024} KiB")
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except (UnreadableFile, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: {display_text(exc)}") from None
+    except RecursionError:  # the parser recurses per level: 5,000 levels was exit 70
+        raise ConfigError(f"{where}: nested deeper than a config is "
+                          f"(at most {MAX_CONFIG_DEPTH} levels)") from None
+    if _depth(data) > MAX_CONFIG_DEPTH:
+        raise ConfigError(f"{where}: nested deeper than a config is "
+                          f"(at most {MAX_CONFIG_DEPTH} levels)")
     check_keys(data, TOP_KEYS, where)
     entries = data.get("targets", [])
     if not isinstance(entries, list):
@@ -229,6 +233,14 @@ def load_config(path: Path | None) -> Config:
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return config
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
 
 
 def _prometheus_table(data: dict[str, Any], where: str) -> dict[str, Any]:

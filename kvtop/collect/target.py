@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -12,6 +11,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from kvtop.collect.exposition import Exposition, to_text
 from kvtop.collect.reading import ServerReading
+from kvtop.files import UnreadableFile, read_regular
 from kvtop.safe_text import MASK, Secret
 
 __all__ = ["MASK", "Secret"]  # where readers of targets have always found them
@@ -91,20 +91,9 @@ def shown_spec(spec: str) -> str:
 
 def _read_token_file(path: Path) -> str:
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise TokenError(f"{getattr(exc, 'strerror', None) or exc}: {path}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise TokenError(f"not a regular file: {path}")
-        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    except OSError as exc:
-        raise TokenError(f"{exc.strerror or exc}: {path}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise TokenError(f"larger than {MAX_TOKEN_FILE_BYTES // 1024} KiB: {path}")
+        data = read_regular(path, MAX_TOKEN_FILE_BYTES)
+    except UnreadableFile as exc:
+        raise TokenError(f"{exc}: {path}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

@@ -18,7 +18,7 @@ PACKAGE = REPO / "kvtop"
 # placed here (test_every_module_has_a_layer), which is where its room is decided.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvtop",),  # the package itself: its version
-    ("kvtop.safe_text", "kvtop.exits", "kvtop.runtime", "kvtop.contract"),
+    ("kvtop.safe_text", "kvtop.exits", "kvtop.runtime", "kvtop.contract", "kvtop.files"),
     ("kvtop.crash",),
     ("kvtop.collect",),
     ("kvtop.derive",),
