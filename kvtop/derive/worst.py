@@ -19,7 +19,7 @@ Verdict = Literal["unknown", "ok", "watch", "leak"]
 # Targets with a tracker at once: a Prometheus whose instances churn names new ones every
 # refresh; past this (and an eighth more, so the trim is rare), those fed least recently
 # lose their tracker, and their engines without a verdict are dropped (a verdict stays).
-MAX_TRACKED_TARGETS = 4096
+MAX_TRACKED_TARGETS = 2048
 RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
 
 

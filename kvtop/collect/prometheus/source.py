@@ -65,8 +65,9 @@ PROMETHEUS_INTERVAL_S = 5.0
 # nothing before it, goes up to now; the next one reads its last seconds again.
 INGEST_LAG_S = 2.0
 TARGETS_CACHE_S = 30.0  # /api/v1/targets (for down instances' errors) at most this often
-# Instances known at once: a refresh answer holds ~2,500 engines at its cap.
-MAX_INSTANCES = 4096
+# Instances known at once: a fleet of 2,000 servers; a refresh answer holds ~2,500
+# engines at its cap, and each instance known costs ~50 KB with its tracker.
+MAX_INSTANCES = 2048
 # An instance with no sample (good or `up`) for this long is forgotten: its row goes stale
 # first (after a few scrape intervals), then away.
 FORGET_AFTER_S = 900.0
