@@ -36,8 +36,7 @@ from kvtop.collect import poller
 from kvtop.collect.adapters import WANTED, read_exposition
 from kvtop.collect.exposition import parse
 from kvtop.collect.prometheus import group_scrapes
-from kvtop.collect.target import Secret, mask_bytes
-from kvtop.safe_text import display_text
+from kvtop.safe_text import Secret, display_text, mask_bytes
 from kvtop.view.fleet import build_rows
 from kvtop.view.groups import group_rows
 from kvtop.view.table import table_lines

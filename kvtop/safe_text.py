@@ -27,6 +27,7 @@ file that does not come through here.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -124,8 +125,9 @@ def mask(text: str, token: Secret | None = None) -> str:
 def mask_bytes(data: bytearray, token: Secret | None = None) -> bytearray:
     """A raw answer with ``token`` and every known token masked, before anything quotes or
     parses it (a token echoed in another form is masked by :func:`mask` where it is quoted)."""
-    secrets = _known_order if token is None or not token.reveal() else (
-        token.reveal(), *_known_order)
+    secrets = _known_order
+    if token is not None and token.reveal() and token.reveal() not in _known:
+        secrets = (token.reveal(), *secrets)  # a short one, masked here only
     for secret in secrets:
         raw = secret.encode("utf-8")
         if raw in data:
@@ -150,8 +152,9 @@ def display_text(value: object, max_len: int = DISPLAY_MAX) -> str:
     if len(text) > max_len:  # each character shows as one or more: the rest can't fit
         # a token straddling the cut must still be masked whole
         text = text[: max_len + 1 + (len(_known_order[0]) if _known_order else 0)]
-    if _known_order:
-        text = _mask_known(text)
+    for secret in _known_order:  # inlined: this runs for every string shown
+        if secret in text:
+            text = text.replace(secret, MASK)
     if not (text.isascii() and text.isprintable()) and _UNSAFE.search(text):  # fast path first
         text = _UNSAFE.sub(_visible, text)
     if len(text) > max_len:
@@ -166,7 +169,12 @@ def plain(value: object, style: str | Style = "", max_len: int = DISPLAY_MAX) ->
 
 def cells(text: str) -> int:
     """How many terminal cells ``text`` takes (a CJK character two, a combining mark none)."""
-    return len(text) if text.isascii() else cell_len(text)
+    return len(text) if text.isascii() else _cells(text)
+
+
+@functools.lru_cache(maxsize=4096)  # a table's cells repeat ("–", "0/80G"): measured once
+def _cells(text: str) -> int:
+    return cell_len(text)
 
 
 def pad(text: str, width: int, *, right: bool = False) -> str:

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from kvtop.derive.tracker import TargetState
-from kvtop.safe_text import cells, display_text, pad
+from kvtop.safe_text import cells, display_text
 from kvtop.view import format as fmt
 from kvtop.view.fleet import COLUMNS, build_rows
 
@@ -27,16 +27,17 @@ GIB = 2**30
 
 def aligned(header: list[str], rows: list[list[str]], right: Collection[int] = ()) -> list[str]:
     """Columns padded to their widest cell (``right``: right-aligned), made terminal-safe."""
-    header = [display_text(cell) for cell in header]
-    rows = [[display_text(cell) for cell in row] for row in rows]
-    widths = [max(cells(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    table = [[display_text(cell) for cell in row] for row in (header, *rows)]
+    sizes = [[cells(cell) for cell in row] for row in table]  # measured once per cell
+    widths = [max(row[i] for row in sizes) for i in range(len(header))]
+    flush_right = [i in right for i in range(len(header))]
 
-    def line(texts: list[str]) -> str:
-        return GAP.join(pad(text, width, right=i in right)
-                        for i, (text, width) in enumerate(zip(texts, widths, strict=True))
-                        ).rstrip()
+    def line(texts: list[str], used: list[int]) -> str:
+        return GAP.join((" " * (width - n) + text) if at_right else (text + " " * (width - n))
+                        for text, n, width, at_right in zip(texts, used, widths, flush_right,
+                                                            strict=True)).rstrip()
 
-    return [line(header), *(line(row) for row in rows)]
+    return [line(row, used) for row, used in zip(table, sizes, strict=True)]
 
 
 def table_lines(states: list[TargetState], now: float) -> list[str]:
