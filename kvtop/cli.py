@@ -32,7 +32,7 @@ from kvtop.config import (
 from kvtop.crash import write_crash_report
 from kvtop.exits import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
 from kvtop.runtime import tune_gc
-from kvtop.safe_text import warn
+from kvtop.safe_text import display_text, terminal_lines, warn
 from kvtop.store.writer import DEFAULT_MAX_BYTES, parse_size, size_text
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class Parser(argparse.ArgumentParser):
 
     def _print_message(self, message: str, file: IO[str] | None = None) -> None:
         if message:
-            (file or sys.stderr).write(message)
+            (file or sys.stderr).write(terminal_lines(message))  # it quotes argv
 
 
 def _output_arguments(parser: argparse.ArgumentParser, text_flags: tuple[str, ...],
@@ -503,7 +503,7 @@ def _drop_stdout() -> None:
 def _internal_error() -> int:
     """A bug: one line on stderr, the traceback in a file (no locals, so no secrets)."""
     line = write_crash_report(sys.exc_info()[1] or RuntimeError("unknown error"))
-    print(f"kvtop: internal error, a bug: {line}", file=sys.stderr)
+    print(display_text(f"kvtop: internal error, a bug: {line}"), file=sys.stderr)
     return EXIT_INTERNAL
 
 

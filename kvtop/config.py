@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtop.collect.target import DEFAULT_TARGET, Target, TokenError, read_token
 from kvtop.derive.leak import LeakParams
+from kvtop.files import UnreadableFile, read_regular
 from kvtop.safe_text import display_text
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ TARGET_KEYS = ("url", "name", "group", "token_env", "token_file", "baseline")
 PROMETHEUS_KEYS = ("url", "selector", "token_env", "token_file", "backfill_step")
 ALERT_KEYS = ("bell", "command", "min_interval_s", "max_per_minute", "timeout_s")
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a huge one is a mistake
+MAX_CONFIG_DEPTH = 16  # tables and arrays in each other; kvtop's own go 3 deep
 
 # [thresholds] beyond "a finite number >= 0": what each must also be for the detector to work
 THRESHOLD_INTS = frozenset(f.name for f in fields(LeakParams) if f.type in ("int", int))
@@ -186,7 +188,7 @@ def _target_from_table(entry: object, where: str) -> Target:
         token = read_token(_string(entry, "token_env", where), _string(entry, "token_file", where))
         return Target.from_spec(url, name=name, group=group, token=token)
     except TokenError as exc:
-        raise ConfigError(f"{where}: token_file: {exc}") from None
+        raise ConfigError(f"{where}: {exc.field}: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -202,13 +204,15 @@ def load_config(path: Path | None) -> Config:
         return Config()
     where = display_text(path)
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{where}: larger than {MAX_CONFIG_BYTES // 1024} KiB")
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except (UnreadableFile, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: {display_text(exc)}") from None
+    except RecursionError:  # the parser recurses per level: 5,000 levels was exit 70
+        raise ConfigError(f"{where}: nested deeper than a config is "
+                          f"(at most {MAX_CONFIG_DEPTH} levels)") from None
+    if _depth(data) > MAX_CONFIG_DEPTH:
+        raise ConfigError(f"{where}: nested deeper than a config is "
+                          f"(at most {MAX_CONFIG_DEPTH} levels)")
     check_keys(data, TOP_KEYS, where)
     entries = data.get("targets", [])
     if not isinstance(entries, list):
@@ -229,6 +233,14 @@ def load_config(path: Path | None) -> Config:
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return config
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
 
 
 def _prometheus_table(data: dict[str, Any], where: str) -> dict[str, Any]:
@@ -287,9 +299,9 @@ def resolve_targets(args: argparse.Namespace, config: Config) -> list[Target]:
     if not args.targets:
         return config.targets or [Target.from_spec(DEFAULT_TARGET)]
     try:
-        token = read_token(args.token_env or DEFAULT_TOKEN_ENV, args.token_file)
+        token = read_token(args.token_env, args.token_file, default_env=DEFAULT_TOKEN_ENV)
     except TokenError as exc:
-        raise ConfigError(f"--token-file: {exc}") from None
+        raise ConfigError(f"--{exc.field.replace('_', '-')}: {exc}") from None
     targets = []
     for spec in args.targets:
         try:
@@ -353,6 +365,6 @@ def resolve_prometheus(args: argparse.Namespace, config: Config) -> PrometheusSe
         return load_settings(str(url), selector=str(selector), token=token,
                              backfill_step_s=None if step is None else float(step))
     except TokenError as exc:
-        raise ConfigError(f"[prometheus] token_file: {exc}") from None
+        raise ConfigError(f"[prometheus] {exc.field}: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"prometheus: {display_text(exc)}") from None

@@ -117,8 +117,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the app's test (Pilot) and the one that times the event loop's lag (load-dependent)
     "kvtop/collect/poller.py": POLLER_TESTS,
     "kvtop/collect/http.py": POLLER_TESTS,
-    "kvtop/collect/prometheus.py": (f"{UNIT}/collect/test_prometheus.py",
-                                    "tests/hostile/test_prometheus_answers.py"),
+    **{f"kvtop/collect/prometheus/{name}.py": (f"{UNIT}/collect/test_prometheus.py",
+                                                f"{UNIT}/collect/prometheus/test_promql.py",
+                                                "tests/hostile/test_prometheus_answers.py")
+       for name in ("__init__", "answers", "api", "promql", "source")},
     # targets, tokens and secrets in URLs: test_cli.py's own cases run kvtop as a subprocess
     "kvtop/collect/target.py": (f"{UNIT}/collect/test_target.py", f"{UNIT}/collect/test_poller.py",
                                 "tests/hostile/test_secrets.py", f"{UNIT}/store/test_recording.py",

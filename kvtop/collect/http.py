@@ -33,6 +33,7 @@ KEEPALIVE_S = 4.0
 # aiohttp refuses the redirect that reaches this count: two are followed (some vLLM builds
 # answered /metrics with 307 /metrics/)
 MAX_REDIRECTS = 3
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class Failed(Exception):
@@ -92,18 +93,32 @@ async def read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> bytea
     decoder = _decoder(encoding)
     buf = bytearray()
     async for chunk in response.content.iter_any():
-        if decoder is not None:
+        while decoder is not None and chunk:
             # max_length bounds the output of one chunk: a bomb never inflates past the cap.
             try:
-                chunk = decoder.decompress(chunk, max_bytes - len(buf) + 1)
+                buf += decoder.decompress(chunk, max_bytes - len(buf) + 1)
             except zlib.error as exc:
                 raise Failed("bad_payload", _undecodable(encoding, exc)) from None
-        buf += chunk
+            chunk = b""
+            if decoder.eof and decoder.unused_data[:2] == GZIP_MAGIC:  # another member
+                chunk, decoder = decoder.unused_data, _next_member(encoding)
+            if len(buf) > max_bytes:
+                break
+        if decoder is None:
+            buf += chunk
         if len(buf) > max_bytes:
             raise Failed("bad_payload", over_cap(max_bytes, "the body"))
     if decoder is not None and not decoder.eof:
         raise Failed("bad_payload", "response cut short: the compressed body ended early")
     return buf
+
+
+def _next_member(encoding: str) -> Any:
+    """The decoder of the next gzip member (RFC 1952: a body may hold several, and ``gzip
+    -d`` reads them all; the second was once dropped without a word). Deflate has none."""
+    if encoding.strip().lower() == "deflate":
+        raise Failed("bad_payload", "corrupt deflate data (data after the end of the stream)")
+    return zlib.decompressobj(16 + zlib.MAX_WBITS)
 
 
 def _decoder(encoding: str) -> Any:

@@ -84,7 +84,8 @@ from kvtop.collect.http import (
     within,
 )
 from kvtop.collect.reading import ServerReading
-from kvtop.collect.target import Scrape, Target, redact, redact_bytes
+from kvtop.collect.target import Scrape, Target
+from kvtop.safe_text import mask, mask_bytes
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ async def scrape(
         log.debug("scrape of %s failed", target.label, exc_info=True)
     result.duration_s = time.perf_counter() - started
     if result.error:  # answers were masked before quoting; this catches the rest
-        result.error = redact(result.error, target.token)
+        result.error = mask(result.error, target.token)
     return result
 
 
@@ -168,7 +169,7 @@ async def _fetch(
             raise Failed("bad_payload", over_cap(max_bytes, f"Content-Length {declared:,}"))
         # A server or proxy may echo the Authorization header: masked before the body is
         # quoted, parsed, shown, recorded or written to a snapshot.
-        data = redact_bytes(await _read_body(response, max_bytes), target.token)
+        data = mask_bytes(await _read_body(response, max_bytes), target.token)
     return _decode_text(data, response.headers.get("Content-Type", ""))
 
 
@@ -231,7 +232,7 @@ async def _server_message(response: aiohttp.ClientResponse, target: Target) -> s
         raw = await read_capped(response, ERROR_SNIPPET_BYTES)
     except Exception:  # too long or broken: the status alone will do
         return ""
-    text = redact(raw.decode("utf-8", errors="replace").strip(), target.token)
+    text = mask(raw.decode("utf-8", errors="replace").strip(), target.token)
     try:
         parsed = json.loads(text)
     except ValueError:
@@ -246,7 +247,7 @@ async def _server_message(response: aiohttp.ClientResponse, target: Target) -> s
                 break
     elif match := _HTML_TITLE.search(text):
         text = match.group(1)
-    text = redact(" ".join(text.split()), target.token)[:120]
+    text = mask(" ".join(text.split()), target.token)[:120]
     return f" ({text})" if text and text.isprintable() else ""
 
 
@@ -275,7 +276,7 @@ async def read_version(
     value = parsed.get("version") if isinstance(parsed, dict) else None
     if not isinstance(value, str) or not value.strip() or not value.isprintable():
         return None
-    return redact(value.strip(), target.token)[:64]  # masked before it is cut
+    return mask(value.strip(), target.token)[:64]  # masked before it is cut
 
 
 async def _fetch_version(session: aiohttp.ClientSession, target: Target) -> bytes:

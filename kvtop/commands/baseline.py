@@ -261,7 +261,7 @@ def run_list(args: argparse.Namespace) -> int:
          "duration_s": e.baseline.duration_s if e.baseline else None,
          "models": sorted({str(m.model) for _, m in e.baseline.engines()}) if e.baseline
          else []} for e in listed]}
-    emit(document, args.as_json, lambda _doc: sys.stdout.write(render_list(listed)))
+    emit(document, args.as_json, lambda _doc: render_list(listed))
     return EXIT_OK
 
 
@@ -282,7 +282,7 @@ def run_show(args: argparse.Namespace) -> int:
     baseline = _load(args.name)
     path = str(store.baseline_path(args.name))
     emit(baseline.to_json(), args.as_json,
-         lambda _doc: sys.stdout.write(render_baseline(baseline, path)))
+         lambda _doc: render_baseline(baseline, path))
     return EXIT_OK
 
 
@@ -338,7 +338,7 @@ def run_compare(args: argparse.Namespace) -> int:
     except ModelMismatch as exc:
         warn(f"kvtop compare: {exc}")
         return EXIT_USAGE
-    emit(result.to_json(), args.as_json, lambda doc: sys.stdout.write(render_comparison(doc)))
+    emit(result.to_json(), args.as_json, render_comparison)
     return result.exit_code()
 
 

@@ -22,7 +22,7 @@ from kvtop.derive.leak import LeakParams
 from kvtop.derive.worst import CheckRun
 from kvtop.exits import EXIT_USAGE
 from kvtop.report.output import emit
-from kvtop.safe_text import display_text, warn
+from kvtop.safe_text import display_text, erase_line, rewrite_line, warn
 from kvtop.store.recording import (
     DEFAULT_MAX_BYTES,
     RecordingError,
@@ -33,22 +33,24 @@ from kvtop.store.recording import (
 PROGRESS_PERIOD_S = 1.0
 
 
-def _render_text(document: dict[str, Any]) -> None:
+def _render_text(document: dict[str, Any]) -> str:
     span = ""
     if document["started_at"] is not None:
         span = (f" ({_clock(document['duration_s'])} judged, {document['started_at']} to "
                 f"{document['ended_at']})")
     stall = document["stall"]
     stall_text = f", {stall.upper()}" if stall in ("stalled", "saturated") else ""
-    print(f"kvtop check: {document['verdict'].upper()}{stall_text}{span}")
+    lines = [f"kvtop check: {document['verdict'].upper()}{stall_text}{span}"]
     for target in document["targets"]:
         for engine in target["engines"]:
             name = display_text(
                 f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}".strip())
-            print(f"  {engine['verdict'].upper():7} {name}: {display_text(engine['reason'])}")
+            lines.append(f"  {engine['verdict'].upper():7} {name}: "
+                         f"{display_text(engine['reason'])}")
             if engine["stall"]["verdict"] in ("stalled", "saturated"):
-                print(f"  {engine['stall']['verdict'].upper():7} {name}: "
-                      f"{display_text(engine['stall']['reason'])}")
+                lines.append(f"  {engine['stall']['verdict'].upper():7} {name}: "
+                             f"{display_text(engine['stall']['reason'])}")
+    return "\n".join(lines) + "\n"
 
 
 def _clock(seconds: float | None) -> str:
@@ -87,12 +89,12 @@ class Progress:
         line = (f"kvtop check: {_clock(elapsed)} of {_clock(self.duration_s)} "
                 f"({_clock(left)} left) · {run.engines_seen()} engine(s) seen · "
                 f"worst so far: {run.verdict().upper()}")
-        self.stream.write(f"\r{line}\x1b[K")
+        rewrite_line(self.stream, line)
         self.stream.flush()
 
     def close(self) -> None:
         if self.enabled and self._shown_at > -math.inf:
-            self.stream.write("\r\x1b[K")
+            erase_line(self.stream)
             self.stream.flush()
 
 

@@ -176,8 +176,8 @@ def run_rehearse(args: argparse.Namespace) -> int:
     progress = None if args.quiet else sys.stderr
     if progress is not None:
         where = settings.metrics.url if settings.watch_only else settings.api_base
-        print(f"kvtop rehearse: {where} for {settings.duration_s:g} s -> {settings.out_dir}",
-              file=progress)
+        print(display_text(f"kvtop rehearse: {where} for {settings.duration_s:g} s -> "
+                           f"{settings.out_dir}"), file=progress)
     try:
         doc = asyncio.run(rehearse(settings, gpu_reader=reader, progress=progress))
     except BadUsage as exc:
@@ -186,6 +186,6 @@ def run_rehearse(args: argparse.Namespace) -> int:
     except CannotRun as exc:  # may quote the server: made safe for the terminal
         print(f"kvtop rehearse: {display_text(exc)}", file=sys.stderr)
         return EXIT_CANNOT_RUN
-    emit(doc, args.as_json, lambda d: sys.stdout.write(render_text(d)))
+    emit(doc, args.as_json, render_text)
     return EXIT_FOR[doc["verdict"]]
 

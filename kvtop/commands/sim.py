@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvtop.config import ConfigError, fraction, non_negative_number, positive_number
+from kvtop.safe_text import display_text
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.faults import plan
 from kvtop.sim.workloads import WORKLOADS
@@ -114,7 +115,7 @@ def run_sim(args: argparse.Namespace) -> int:
         configs = configs_from_args(args)
         fleet = SimFleet(configs)  # loads traces now, so a missing one fails before serving
     except FileNotFoundError as exc:
-        print(f"kvtop sim: {exc}", file=sys.stderr)
+        print(display_text(f"kvtop sim: {exc}"), file=sys.stderr)
         return 2
     code = 0
     with contextlib.suppress(KeyboardInterrupt):  # where signal handlers can't be set
@@ -133,11 +134,11 @@ async def _serve(fleet: SimFleet) -> int:
     try:
         await fleet.start()
     except OSError as exc:
-        print(f"kvtop sim: cannot listen: {exc}", file=sys.stderr)
+        print(display_text(f"kvtop sim: cannot listen: {exc}"), file=sys.stderr)
         return 1
     stop = stop_event()  # SIGINT/SIGTERM end the wait below, not a KeyboardInterrupt
     for server in fleet.servers:
-        print(f"{server.url}/metrics", flush=True)
+        print(display_text(f"{server.url}/metrics"), flush=True)
     try:
         await stop.wait()
     finally:

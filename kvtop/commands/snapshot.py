@@ -6,7 +6,6 @@ Exit codes: 0 every target was read, 3 at least one could not be (2: usage error
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -17,7 +16,7 @@ from kvtop.derive.tracker import TargetState, TargetTracker
 from kvtop.report.gpus import gpu_report
 from kvtop.report.output import emit
 from kvtop.report.snapshot import snapshot_document
-from kvtop.view.table import print_table
+from kvtop.view.table import table_text
 
 EXIT_OK, EXIT_UNREADABLE = 0, 3
 
@@ -56,5 +55,5 @@ def print_snapshot(states: list[TargetState], *, as_json: bool | None, with_gpus
     gpus, sources = gpu_report(states, with_nvml=with_gpus)
     document: dict[str, Any] = snapshot_document(
         states, gpus, taken_at=datetime.now(timezone.utc), gpu_sources=sources)
-    emit(document, as_json, lambda doc: print_table(states, doc, sys.stdout))
+    emit(document, as_json, lambda doc: table_text(states, doc))
     return snapshot_exit_code(states)

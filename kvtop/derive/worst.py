@@ -3,6 +3,7 @@ and what ``baseline`` and ``rehearse`` keep of the leak and stall detectors whil
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -15,6 +16,10 @@ from kvtop.derive.verdicts import STALL_RANK, LeakVerdict, StallState, StallVerd
 from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
 
 Verdict = Literal["unknown", "ok", "watch", "leak"]
+# Targets with a tracker at once: a Prometheus whose instances churn names new ones every
+# refresh; past this (and an eighth more, so the trim is rare), those fed least recently
+# lose their tracker, and their engines without a verdict are dropped (a verdict stays).
+MAX_TRACKED_TARGETS = 2048
 RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
 
 
@@ -86,6 +91,8 @@ class CheckRun:
         self.first_t = scrape.t if self.first_t is None else min(self.first_t, scrape.t)
         self.last_t = scrape.t if self.last_t is None else max(self.last_t, scrape.t)
         state = self.trackers[scrape.target.url].update(scrape)
+        if len(self.trackers) > MAX_TRACKED_TARGETS + MAX_TRACKED_TARGETS // 8:
+            self._forget_targets()
         if not scrape.ok or state.last_good_t != scrape.t:
             return
         verdicts = self.engines[scrape.target.url]
@@ -98,6 +105,18 @@ class CheckRun:
                 entry.observe_stall(scrape.t, stats.stall)
         if len(verdicts) > MAX_TRACKED_ENGINES:
             _forget_unjudged(verdicts, {(s.model, s.engine) for s in state.engines})
+
+    def _forget_targets(self) -> None:
+        by_age = sorted(self.trackers, key=lambda url: self.trackers[url].state.last_attempt_t
+                        or -math.inf)
+        for url in by_age[:len(self.trackers) - MAX_TRACKED_TARGETS]:
+            del self.trackers[url]
+            judged = {key: entry for key, entry in self.engines[url].items()
+                      if entry.verdict != "unknown" or entry.stall != "unknown"}
+            if judged:
+                self.engines[url] = judged
+            else:
+                del self.engines[url]
 
     @property
     def leak_found(self) -> bool:

@@ -15,9 +15,7 @@ import contextlib
 import gzip
 import heapq
 import math
-import os
 import re
-import stat
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from kvtop.collect.target import Scrape, Target
+from kvtop.files import UnreadableFile, open_regular
 from kvtop.safe_text import display_text
 from kvtop.store.format import (
     FAILURES,
@@ -76,12 +75,10 @@ def _opened(path: Path) -> Iterator[IO[bytes]]:
     """The file's bytes, unzipped when it is gzip. Only a regular file: /dev/zero would
     never end a line and a FIFO would block (O_NONBLOCK lets the check see it first)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise RecordingError(f"{path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RecordingError(f"{path}: not a regular file")
+        opened = open_regular(path)
+    except UnreadableFile as exc:
+        raise RecordingError(f"{path}: {exc}") from None
+    with opened as file:  # buffered: it can peek
         if file.peek(2)[:2] != GZIP_MAGIC:
             yield file
             return

@@ -37,7 +37,7 @@ from kvtop.crash import write_crash_report
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
 from kvtop.exits import EXIT_INTERNAL
-from kvtop.safe_text import warn
+from kvtop.safe_text import display_text, warn
 from kvtop.store.writer import DEFAULT_MAX_BYTES, RecordingWriter
 from kvtop.ui.alert_tap import AlertTap
 from kvtop.ui.draw_clock import DrawClock
@@ -343,7 +343,8 @@ class KvtopApp(App[None]):
         self.view.next_group_mode(self.table.rows if self.view.group_mode == NONE else
                                   self.frame.rows(self.states(), self.config.clock()))
         label = self.view.group_label
-        self.notify(f"groups {f'by {label}' if label else 'off'}", timeout=2)
+        self.notify(display_text(f"groups {f'by {label}' if label else 'off'}"), timeout=2,
+                    markup=False)
         self._draw(force=True)
 
     def action_filter(self) -> None:
@@ -374,19 +375,20 @@ class KvtopApp(App[None]):
 
     def action_toggle_gpu(self) -> None:
         if self.config.no_gpu:
-            self.notify("GPU pane off (--no-gpu)")
+            self.notify("GPU pane off (--no-gpu)", markup=False)
             return
         self.view.gpu_wanted = not self.view.gpu_wanted
         self.frame.show_gpu_pane(self.config.clock())
         if not self.charts_shown:
             self.notify("the GPU pane is beside the KV chart: a terminal of at least "
-                        f"{CHARTS_MIN_SIZE[0]}x{CHARTS_MIN_SIZE[1]}", timeout=4)
+                        f"{CHARTS_MIN_SIZE[0]:d}x{CHARTS_MIN_SIZE[1]:d}", timeout=4,
+                        markup=False)
 
     def action_interval(self, step: int) -> None:
         new = self.interval_s = next_interval(self.interval_s, step)
         if self.source is not None:
             self.source.interval_s = new
-        self.notify(f"polling every {new:g}s", timeout=2)
+        self.notify(f"polling every {new:g}s", timeout=2, markup=False)
         self._draw(force=True)
 
     def action_help(self) -> None:
@@ -447,6 +449,7 @@ def app_exit_code(app: App[object]) -> int:
     prints the traceback itself once the terminal is restored)."""
     if app.return_code:
         line = getattr(app, "crash_line", None) or "traceback above"
-        print(f"kvtop: the app stopped on an internal error, a bug: {line}", file=sys.stderr)
+        print(display_text(f"kvtop: the app stopped on an internal error, a bug: {line}"),
+              file=sys.stderr)
         return EXIT_INTERNAL
     return 0

@@ -146,7 +146,7 @@ class ReplayApp(KvtopApp):
 
     def action_speed(self, factor: float) -> None:
         self.replay.set_speed(self.replay.speed * factor)
-        self.notify(f"replay speed ×{self.replay.speed:g}", timeout=2)
+        self.notify(f"replay speed ×{self.replay.speed:g}", timeout=2, markup=False)
         self._moved()
 
 

@@ -19,11 +19,11 @@ from kvtop.collect.exposition import Exposition, Sample, parse
 from kvtop.collect.prometheus import (
     PrometheusAPI,
     PrometheusError,
-    _last_errors,
     group_scrapes,
     load_settings,
     series_points,
 )
+from kvtop.collect.prometheus.answers import last_errors
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 
@@ -262,5 +262,5 @@ def test_any_api_payload_is_data_or_an_error(payload: Any, status: int) -> None:
         api._data(status, payload)
     except PrometheusError as exc:
         assert exc.kind in ("auth", "bad_payload", "down")
-    _last_errors(payload, None)
-    _last_errors({"activeTargets": payload}, None)
+    last_errors(payload, None)
+    last_errors({"activeTargets": payload}, None)

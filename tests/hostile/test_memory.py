@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 from itertools import count
 
-from kvtop.collect import exposition, prometheus
+from kvtop.collect import exposition
 from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.exposition import parse
 from kvtop.collect.poller import Poller
-from kvtop.collect.prometheus import group_scrapes
+from kvtop.collect.prometheus import answers, group_scrapes
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, TargetTracker
 from kvtop.derive.worst import CheckRun
@@ -82,5 +82,5 @@ def test_the_prometheus_head_cache_holds_a_bounded_number_of_characters() -> Non
         metric = {"__name__": "vllm:num_requests_running", "job": "j", "instance": "a:1",
                   "model_name": f"{n}{pad}"}
         assert group_scrapes([{"metric": metric, "values": [[1.0, "1"]]}])
-    heads = prometheus._heads
+    heads = answers._heads
     assert heads.chars <= heads.max_chars < 400 * len(pad)

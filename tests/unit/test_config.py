@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import string
 import subprocess
 from pathlib import Path
@@ -157,7 +158,7 @@ def test_a_valid_config_loads(tmp_path: Path) -> None:
 def test_a_huge_config_is_refused_without_reading_it_all(tmp_path: Path) -> None:
     path = tmp_path / "kvtop.toml"
     path.write_text("# " + "x" * (2 << 20) + "\n")
-    with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
         load_config(path)
 
 
@@ -382,6 +383,22 @@ def test_a_bad_token_file_or_target_on_the_command_line_is_a_usage_error(
         resolve_targets(parsed("ftp://a:1"), empty)
 
 
+def test_a_token_variable_named_but_unset_is_a_usage_error_everywhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It used to send no token, silently: the server's 401 then blamed the token."""
+    monkeypatch.delenv("UNSET_TOKEN", raising=False)
+    empty = load_config(config(tmp_path, ""))
+    with pytest.raises(ConfigError, match=r"^--token-env: the environment variable "
+                                          r"'UNSET_TOKEN' is not set"):
+        resolve_targets(parsed("a:1", "--token-env", "UNSET_TOKEN"), empty)
+    with pytest.raises(ConfigError, match=r"targets\[0\]: token_env: the environment variable"):
+        load_config(config(tmp_path, '[[targets]]\nurl = "a:1"\ntoken_env = "UNSET_TOKEN"\n'))
+    loaded = load_config(config(tmp_path, '[prometheus]\nurl = "p:9090"\n'
+                                          'token_env = "UNSET_TOKEN"\n'))
+    with pytest.raises(ConfigError, match=r"^\[prometheus\] token_env: the environment"):
+        resolve_prometheus(parsed(), loaded)
+
+
 def test_no_prometheus_unless_asked(tmp_path: Path) -> None:
     assert resolve_prometheus(parsed("a:1"), load_config(config(tmp_path, ""))) is None
     assert resolve_prometheus(argparse.Namespace(), load_config(config(tmp_path, ""))) is None
@@ -517,3 +534,21 @@ def test_bash_completion_offers_the_commands_first(capsys: pytest.CaptureFixture
     done = subprocess.run(["bash", "-c", shell], input=script, capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.stdout.split() == ["snapshot"], done.stderr
+
+
+@pytest.mark.parametrize("nested", ["a = " + "[" * 5000 + "]" * 5000,
+                                    "a = " + "[" * 17 + "]" * 17,
+                                    "a = " + "{b = " * 17 + "1" + "}" * 17])
+def test_a_config_nested_too_deep_is_a_usage_error_not_a_crash(tmp_path: Path,
+                                                                nested: str) -> None:
+    """5,000 levels was a RecursionError: exit 70."""
+    with pytest.raises(ConfigError, match="nested deeper than a config is"):
+        load_config(config(tmp_path, nested + "\n"))
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_without_waiting(
+        tmp_path: Path) -> None:
+    fifo = tmp_path / "config.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config(fifo)

@@ -18,6 +18,7 @@ import pytest
 
 from kvtop.collect.gpu import MIB, GpuProcess, GpuReading
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive import gpu_owners
 from kvtop.derive.gpu_owners import (
     GpuMemoryHistory,
     gpu_views,
@@ -272,3 +273,16 @@ def test_gpu_memory_history_keeps_its_span_per_server() -> None:
     assert history.series("a")[-1] == (12.0, 12 * GIB, 80 * GIB)
     assert history.series("b")[0] == (2.0, None, None)
     assert list(history.series("never recorded")) == []
+
+
+def test_gpu_memory_history_forgets_servers_gone_and_is_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_owners, "MAX_HISTORIES", 50)
+    history = GpuMemoryHistory(span_s=10.0)
+    history.record(0.0, {"gone": (1, 2)})
+    for t in range(1, 40):  # 100 new servers a record (churning pods)
+        history.record(float(t), {f"s{t}-{i}": (1, 2) for i in range(100)})
+    assert len(history) == 50 and list(history.series("gone")) == []
+    assert history.series("s39-99") and not history.series("s38-0")  # the newest kept
+    history.record(100.0, {"last": (1, 2)})
+    assert len(history) == 1  # the others not seen for the span

@@ -4,12 +4,16 @@ unless judged, the span judged, and the exit code a leak, a stall or no data giv
 
 from __future__ import annotations
 
+import pytest
+
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive import worst
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES
 from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 from kvtop.derive.worst import CheckRun, EngineVerdict
 from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
+from tests.scenarios import bodies
 from tests.scenarios.check_runs import (
     STEP,
     T0,
@@ -196,3 +200,20 @@ def test_the_span_judged_is_rounded_to_the_millisecond() -> None:
     run = judged([Scrape(TARGET, T0, failure="down", error="x"),
                   Scrape(TARGET, T0 + 1.2345678, failure="down", error="x")])
     assert run.to_json()["duration_s"] == 1.235
+
+
+def test_targets_that_churn_keep_a_bounded_number_of_trackers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Prometheus naming new instances every refresh: every target kept a tracker."""
+    monkeypatch.setattr(worst, "MAX_TRACKED_TARGETS", 16)
+    run = CheckRun()
+    judged = Target("http://10.9.9.9:8000/metrics")
+    run.feed(Scrape(judged, 0.0, body=bodies.vllm_body(model="kept")))
+    run.engines[judged.url][("kept", "0")].verdict = "leak"  # a verdict, once reached, stays
+    for i in range(200):
+        run.feed(Scrape(Target(f"http://10.0.{i // 200}.{i % 200}:8000/metrics"), 1.0 + i,
+                        body=bodies.vllm_body()))
+    assert len(run.trackers) <= 16 + 16 // 8
+    assert "http://10.0.0.199:8000/metrics" in run.trackers  # the most recent are kept
+    assert judged.url not in run.trackers and run.verdict() == "leak"
+    assert len(run.engines) <= 16 + 16 // 8 + 1
