@@ -5,17 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 
 from kvtop.collect.target import Scrape, Target
 from kvtop.contract import json_number
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
-from kvtop.derive.verdicts import STALL_RANK, LeakVerdict, StallState, StallVerdict
+from kvtop.derive.verdicts import (
+    STALL_RANK,
+    VERDICT_RANK,
+    LeakVerdict,
+    StallState,
+    StallVerdict,
+    Verdict,
+)
 from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
-
-Verdict = Literal["unknown", "ok", "watch", "leak"]
-RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
 
 
 @dataclass(slots=True)
@@ -47,7 +51,7 @@ class EngineVerdict:
             self.leak_first_t = t
         if state in ("watch", "leak") and self.watch_first_t is None:
             self.watch_first_t = t
-        if RANK[state] >= RANK[self.verdict] and state != "unknown":
+        if VERDICT_RANK[state] >= VERDICT_RANK[self.verdict] and state != "unknown":
             self.verdict, self.at_worst = state, leak
 
     def to_json(self) -> dict[str, Any]:
@@ -105,7 +109,7 @@ class CheckRun:
 
     def verdict(self) -> Verdict:
         verdicts = [e.verdict for per in self.engines.values() for e in per.values()]
-        return max(verdicts, key=RANK.__getitem__, default="unknown")
+        return max(verdicts, key=VERDICT_RANK.__getitem__, default="unknown")
 
     def stall_verdict(self) -> StallState:
         states = [e.stall for per in self.engines.values() for e in per.values()]

@@ -17,6 +17,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Literal
 
 from kvtop.collect.reading import GPU_EXPORTER_KINDS
+from kvtop.derive.verdicts import LEAK_RANK, STALL_AS_LEAK
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
 
@@ -108,8 +109,6 @@ NOT_FOUND = "HTTP 404"  # how the poller's message for a 404 starts
 # The leak indicator's text and colour level per detector state, in one place.
 LEAK_LABEL: dict[str, str] = {"warmup": "…", "ok": "OK", "watch": "WATCH", "leak": "LEAK"}
 LEAK_LEVEL: dict[str, Level] = {"warmup": "dim", "ok": "ok", "watch": "warn", "leak": "alarm"}
-LEAK_RANK: dict[str, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
-STALL_RANK: dict[str, int] = {"saturated": 1, "stalled": 2}  # as urgent as WATCH, LEAK
 
 
 @dataclass(slots=True, eq=False)
@@ -215,14 +214,6 @@ def _kv_level(usage: float | None) -> Level | None:
     return "warn" if usage >= 0.8 else None
 
 
-def _usage(stats: EngineStats) -> float | None:
-    if stats.kv_usage is not None:
-        return stats.kv_usage
-    if stats.blocks_used is not None and stats.blocks_total:
-        return stats.blocks_used / stats.blocks_total
-    return None
-
-
 def _engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
     """What tells one server's engines apart: " e1" for data-parallel ranks of one model."""
     if len(engines) < 2:
@@ -254,11 +245,11 @@ def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) ->
 
 def _leak_rank(stats: EngineStats) -> float | None:
     """LEAK and STALLED first (either is an outage now or soon), then WATCH, SATURATED."""
-    stall = STALL_RANK.get(stats.stall.state) if stats.stall is not None else None
+    stall = STALL_AS_LEAK.get(stats.stall.state) if stats.stall is not None else None
     leak = LEAK_RANK[stats.leak.state] if stats.leak is not None else None
     if stall is None:
         return leak
-    return max(leak or 0, stall)
+    return max(leak or 0, LEAK_RANK[stall])
 
 
 def _worst(state: TargetState, stats: EngineStats | None) -> float | None:
@@ -268,7 +259,7 @@ def _worst(state: TargetState, stats: EngineStats | None) -> float | None:
     leak = _leak_rank(stats) if stats is not None else None
     problem = 1 if state.status in PROBLEM_STATUSES else 0
     rank = 2 + leak if leak else problem
-    usage = _usage(stats) if stats is not None else None
+    usage = stats.usage if stats is not None else None
     return 2 * rank + min(usage or 0.0, 1.0)  # usage never crosses into the next rank
 
 
@@ -308,7 +299,7 @@ def latency_text(q: Quantiles | None) -> str:
 
 def engine_cells(stats: EngineStats, *, live: bool = True) -> dict[str, Cell]:
     """An engine's cells; not ``live`` (the last scrape failed), its numbers are dimmed."""
-    usage = _usage(stats)
+    usage = stats.usage
     waiting = stats.waiting
     preempt = stats.preemptions_per_s
     cells = {
@@ -416,7 +407,7 @@ def _ttft_p99(stats: EngineStats) -> float | None:
 
 # Sort key -> the engine's number for it ("worst" also needs the target's state).
 _ENGINE_SORT_VALUES: dict[str, Callable[[EngineStats], float | None]] = {
-    "kv": _usage,
+    "kv": attrgetter("usage"),
     "running": attrgetter("running"),
     "waiting": attrgetter("waiting"),
     "preempt": attrgetter("preemptions_per_s"),
@@ -529,7 +520,7 @@ class _Totals:
         self.stalls = self.saturated = 0
 
     def add(self, stats: EngineStats) -> None:
-        usage = _usage(stats)
+        usage = stats.usage
         if stats.blocks_total and usage is not None:
             used = stats.blocks_used
             self.used += used if used is not None else usage * stats.blocks_total

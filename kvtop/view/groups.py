@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvtop.derive.verdicts import LEAK_RANK
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
 from kvtop.view.fleet import (
-    LEAK_RANK,
     TEXT_SORTS,
     Cell,
     FleetRow,
