@@ -32,7 +32,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,6 +47,7 @@ from kvtop.collect.adapters.vllm import ITL_NEW, V0_ONLY
 from kvtop.collect.bounded import BoundedCache
 from kvtop.collect.exposition import Exposition, Sample, new_sample
 from kvtop.collect.http import Failed, bearer, classify_exception, make_session, read_capped, within
+from kvtop.collect.source import OnScrape, read_scrape
 from kvtop.collect.target import (
     FailureKind,
     Scrape,
@@ -59,7 +60,6 @@ from kvtop.collect.target import (
 
 log = logging.getLogger(__name__)
 
-OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 InstanceKey = tuple[str, str]  # (job, instance)
 
 # What the leak detector and the history plots read, and the series the vLLM adapter infers
@@ -458,7 +458,7 @@ class PrometheusSource:
                 if entry.last_t is not None and t <= entry.last_t:
                     continue  # delivered already (a sample on the edge of two reads)
                 self._advance(entry, t)
-                scrapes.append(Scrape(entry.target, t, samples=Exposition(per_t[t])))
+                scrapes.append(read_scrape(Scrape(entry.target, t, samples=Exposition(per_t[t]))))
         scrapes.sort(key=lambda s: s.t)
         return scrapes
 

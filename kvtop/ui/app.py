@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +34,7 @@ from kvtop.collect.gpu import GpuReading
 from kvtop.collect.nvml import GpuReader, NvmlReader, NvmlUnavailable
 from kvtop.collect.ownership import PortOwners
 from kvtop.collect.reading import GPU_EXPORTER_KINDS
+from kvtop.collect.source import ScrapeSource
 from kvtop.collect.target import Scrape, Target
 from kvtop.config import AlertSettings
 from kvtop.crash import write_crash_report
@@ -51,7 +52,7 @@ from kvtop.derive.gpu_owners import (
 )
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
-from kvtop.exits import EXIT_INTERNAL
+from kvtop.exits import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 from kvtop.report.snapshot_files import SnapshotFiles, stamp, write_snapshot
 from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingWriter
@@ -99,17 +100,6 @@ TERMINAL_GONE_GRACE_S = 3.0  # then the process ends even if shutting down hangs
 RECORD_FLUSH_S = 5.0  # a crash loses at most this much of a recording
 LEAK_NOTIFY_S = {"leak": 30.0, "watch": 15.0}  # how long a leak alert stays up
 FIRST_DATA_S = 0.05  # a host's first numbers show this soon; 500 first scrapes, a few draws
-
-OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
-
-
-class ScrapeSource(Protocol):
-    """Anything that delivers scrapes: the poller, a replay, a test fake."""
-
-    interval_s: float
-
-    async def run(self, on_scrape: OnScrape, *, stop: asyncio.Event) -> None: ...
-
 
 class Tracker(Protocol):
     """What the app needs of a tracker (:class:`TargetTracker` in production)."""
@@ -867,7 +857,7 @@ def run_app(config: AppConfig) -> int:
         app = KvtopApp(config)
     except OSError as exc:
         warn(f"kvtop: can't record to {config.record}: {exc.strerror or exc}")
-        return 2
+        return EXIT_USAGE
     app.exit_deadline_s = TERMINAL_GONE_GRACE_S
     app.run()
     return app_exit_code(app)
@@ -880,4 +870,4 @@ def app_exit_code(app: App[object]) -> int:
         line = getattr(app, "crash_line", None) or "traceback above"
         print(f"kvtop: the app stopped on an internal error, a bug: {line}", file=sys.stderr)
         return EXIT_INTERNAL
-    return 0
+    return EXIT_OK

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.sim.demo import demo_configs
@@ -28,7 +29,7 @@ def states_over(name: str, seconds: int) -> list[str]:
     for second in range(seconds):
         simulation.advance_to(float(second))
         body = render(simulation.engine, model_name=config.model_name)
-        (engine,) = tracker.update(Scrape(target, T0 + second, body=body)).engines
+        (engine,) = tracker.update(read_scrape(Scrape(target, T0 + second, body=body))).engines
         states.append(engine.leak.state)
     return states
 
