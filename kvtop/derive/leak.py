@@ -21,9 +21,8 @@ from itertools import pairwise
 
 from kvtop.derive.leak_estimate import LeakFit, LoadPoint, fit_leak, leaked_now
 from kvtop.derive.stats import EngineStats
+from kvtop.derive.verdicts import LEAK_RANK as _RANK
 from kvtop.derive.verdicts import LeakState, LeakVerdict
-
-_RANK: dict[LeakState, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
 
 
 @dataclass(frozen=True)

@@ -64,3 +64,12 @@ class EngineStats:
     lora: LoraInfo | None = None  # LoRA adapters with requests running / waiting
     leak: LeakVerdict | None = None  # the leak detector's verdict after this scrape
     stall: StallVerdict | None = None  # the stall verdict after this scrape
+
+    @property
+    def usage(self) -> float | None:
+        """How full the pool is: the server's own figure, else blocks used over the pool."""
+        if self.kv_usage is not None:
+            return self.kv_usage
+        if self.blocks_used is not None and self.blocks_total:
+            return self.blocks_used / self.blocks_total
+        return None

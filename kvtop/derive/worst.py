@@ -6,21 +6,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 
 from kvtop.collect.target import Scrape, Target
 from kvtop.contract import json_number
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
-from kvtop.derive.verdicts import STALL_RANK, LeakVerdict, StallState, StallVerdict
+from kvtop.derive.verdicts import (
+    STALL_RANK,
+    VERDICT_RANK,
+    LeakVerdict,
+    StallState,
+    StallVerdict,
+    Verdict,
+)
 from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
 
-Verdict = Literal["unknown", "ok", "watch", "leak"]
 # Targets with a tracker at once: a Prometheus whose instances churn names new ones every
 # refresh; past this (and an eighth more, so the trim is rare), those fed least recently
 # lose their tracker, and their engines without a verdict are dropped (a verdict stays).
 MAX_TRACKED_TARGETS = 2048
-RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
 
 
 @dataclass(slots=True)
@@ -52,7 +57,7 @@ class EngineVerdict:
             self.leak_first_t = t
         if state in ("watch", "leak") and self.watch_first_t is None:
             self.watch_first_t = t
-        if RANK[state] >= RANK[self.verdict] and state != "unknown":
+        if VERDICT_RANK[state] >= VERDICT_RANK[self.verdict] and state != "unknown":
             self.verdict, self.at_worst = state, leak
 
     def to_json(self) -> dict[str, Any]:
@@ -124,7 +129,7 @@ class CheckRun:
 
     def verdict(self) -> Verdict:
         verdicts = [e.verdict for per in self.engines.values() for e in per.values()]
-        return max(verdicts, key=RANK.__getitem__, default="unknown")
+        return max(verdicts, key=VERDICT_RANK.__getitem__, default="unknown")
 
     def stall_verdict(self) -> StallState:
         states = [e.stall for per in self.engines.values() for e in per.values()]

@@ -12,6 +12,7 @@ the few seconds a slow scrape lags, however long the recording.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import heapq
 import math
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kvtop.collect.source import ScrapeReader
 from kvtop.collect.target import Scrape, Target
 from kvtop.files import UnreadableFile, open_regular
 from kvtop.safe_text import display_text
@@ -322,7 +324,11 @@ class RecordingFile:
             yield from read.scrapes()
 
     def in_time_order(self) -> Iterator[Scrape]:
-        return time_ordered(self.in_file_order(), self._late_s)
+        """The scrapes in time order, each with its reading made."""
+        read = ScrapeReader()
+        with contextlib.closing(time_ordered(self.in_file_order(), self._late_s)) as scrapes:
+            for scrape in scrapes:
+                yield read(scrape)
 
 
 def open_recording(path: Path) -> RecordingFile:
@@ -367,7 +373,10 @@ class Recording:
         return [Target(url=url) for url in urls]
 
     def in_time_order(self) -> Iterator[Scrape]:
-        return iter(sorted(self.scrapes, key=lambda s: s.t))
+        """The scrapes in time order, each with its reading made (on a copy: the recording
+        held stays as read)."""
+        read = ScrapeReader()
+        return (read(dataclasses.replace(s)) for s in sorted(self.scrapes, key=lambda s: s.t))
 
 
 def read_recording(path: Path) -> Recording:

@@ -19,7 +19,7 @@ import asyncio
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,12 +31,13 @@ from textual.events import Resize
 from textual.widgets import Footer, Input
 
 from kvtop.collect.nvml import GpuReader, NvmlReader
+from kvtop.collect.source import ScrapeSource
 from kvtop.collect.target import Scrape, Target
 from kvtop.config import AlertSettings
 from kvtop.crash import write_crash_report
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
-from kvtop.exits import EXIT_INTERNAL
+from kvtop.exits import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 from kvtop.safe_text import display_text, warn
 from kvtop.store.writer import DEFAULT_MAX_BYTES, RecordingWriter
 from kvtop.ui.alert_tap import AlertTap
@@ -86,17 +87,6 @@ def next_interval(interval_s: float, step: int) -> float:
     """``+``/``-``: the next longer or shorter of INTERVALS from the nearest to now."""
     position = min(range(len(INTERVALS)), key=lambda i: abs(INTERVALS[i] - interval_s))
     return INTERVALS[min(max(position + step, 0), len(INTERVALS) - 1)]
-
-
-OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
-
-
-class ScrapeSource(Protocol):
-    """Anything that delivers scrapes: the poller, a replay, a test fake."""
-
-    interval_s: float
-
-    async def run(self, on_scrape: OnScrape, *, stop: asyncio.Event) -> None: ...
 
 
 class Tracker(Protocol):
@@ -438,7 +428,7 @@ def run_app(config: AppConfig) -> int:
         app = KvtopApp(config)
     except OSError as exc:
         warn(f"kvtop: can't record to {config.record}: {exc.strerror or exc}")
-        return 2
+        return EXIT_USAGE
     app.watchdog.exit_deadline_s = TERMINAL_GONE_GRACE_S
     app.run()
     return app_exit_code(app)
@@ -452,4 +442,4 @@ def app_exit_code(app: App[object]) -> int:
         print(display_text(f"kvtop: the app stopped on an internal error, a bug: {line}"),
               file=sys.stderr)
         return EXIT_INTERNAL
-    return 0
+    return EXIT_OK

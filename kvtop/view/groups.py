@@ -9,12 +9,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvtop.collect.exposition import Exposition, Sample
+from kvtop.derive.verdicts import LEAK_RANK
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
 from kvtop.view.cells import Cell, Level
 from kvtop.view.fleet import FleetRow, order_rows
 from kvtop.view.fleet_summary import summarise
-from kvtop.view.sort_keys import LEAK_RANK, TEXT_SORTS
+from kvtop.view.sort_keys import TEXT_SORTS
 
 NONE = "none"
 BASE_MODES = (NONE, "group", "model")

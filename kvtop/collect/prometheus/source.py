@@ -15,7 +15,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +35,11 @@ from kvtop.collect.prometheus.answers import (
 )
 from kvtop.collect.prometheus.api import PrometheusAPI, PrometheusSettings
 from kvtop.collect.prometheus.promql import duration, one_of, selector_matchers, vector_selector
+from kvtop.collect.source import OnScrape, read_scrape
 from kvtop.collect.target import Scrape, Target
 
 log = logging.getLogger(__name__)
 
-OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 
 # What the leak detector and the history plots read, and the series the vLLM adapter infers
 # the release from (it decides the pool's size); latency histograms (most series) are left
@@ -218,7 +218,7 @@ class PrometheusSource:
                 if entry.last_t is not None and t <= entry.last_t:
                     continue  # delivered already (a sample on the edge of two reads)
                 self._advance(entry, t)
-                scrapes.append(Scrape(entry.target, t, samples=Exposition(per_t[t])))
+                scrapes.append(read_scrape(Scrape(entry.target, t, samples=Exposition(per_t[t]))))
         scrapes.sort(key=lambda s: s.t)
         return scrapes
 

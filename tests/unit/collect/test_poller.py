@@ -36,19 +36,18 @@ from kvtop import __version__
 from kvtop.collect import http
 from kvtop.collect import poller as poller_module
 from kvtop.collect.adapters import WANTED, read_exposition, vllm
-from kvtop.collect.http import Failed, classify_exception, make_session, verified_context
-from kvtop.collect.poller import (
+from kvtop.collect.http import (
     HINT_401_NO_TOKEN,
     HINT_401_TOKEN,
-    OFF_LOOP_CHARS,
-    Gate,
-    Poller,
-    backoff_delay,
-    narrowed_url,
+    Failed,
+    classify_exception,
+    make_session,
     read_version,
     scrape,
+    verified_context,
     version_url,
 )
+from kvtop.collect.poller import OFF_LOOP_CHARS, Gate, Poller, backoff_delay, narrowed_url
 from kvtop.collect.target import MASK, Scrape, Secret, Target
 from kvtop.sim.server import SimConfig, SimFleet
 from tests.fakes.faultserver import BIG_BYTES, FaultServer, closed_port, fixture, mode
@@ -1406,7 +1405,7 @@ async def test_a_failed_request_says_whether_it_connected_and_never_quotes_the_t
     async with FaultServer() as server, make_session() as client:
         echoed = Target(server.url("status_line_echo"), token=Secret("s3cret-t0ken"))
         refused = Target(f"http://127.0.0.1:{closed_port()}/metrics")
-        with caplog.at_level(logging.DEBUG, logger=poller_module.__name__):
+        with caplog.at_level(logging.DEBUG, logger=http.__name__):
             results = [await scrape(client, t, timeout_s=DEADLINE_S)
                        for t in (Target(server.url("reset")), echoed, refused)]
     assert [(r.failure, r.connected) for r in results] == [

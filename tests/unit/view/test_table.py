@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.safe_text import cells
@@ -43,7 +44,7 @@ def test_columns_are_padded_to_the_widest_cell_and_numbers_right_aligned() -> No
 
 def test_counts_are_right_aligned_under_their_label_and_names_left_aligned() -> None:
     target = Target.from_spec("127.0.0.1:8000", name="a")
-    scrape = Scrape(target, 1.0, fixture_text("vllm-0.33.0-v1-twin-under-load.txt"))
+    scrape = read_scrape(Scrape(target, 1.0, fixture_text("vllm-0.33.0-v1-twin-under-load.txt")))
     header, row = table_lines([TargetTracker(target).update(scrape)], 1.0)
     assert row.startswith("a ") and row[header.index("MODEL")] != " "
     for label, value in (("RUN", "30"), ("WAIT", "149")):  # each shorter than its label

@@ -17,6 +17,7 @@ from kvtop.collect.adapters import read_exposition
 from kvtop.collect.adapters.common import MAX_COUNT, MAX_ENGINES
 from kvtop.collect.adapters.vllm import NAMES
 from kvtop.collect.reading import EngineReading, LoraInfo, ServerReading
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from tests.support.paths import fixture_text
@@ -404,7 +405,7 @@ def test_no_lora_when_the_server_has_it_off() -> None:
 def test_lora_reaches_the_engine_stats_and_the_narrowed_read_asks_for_it() -> None:
     assert "vllm:lora_requests_info" in NAMES  # prometheus_client's name[] filter keeps it
     tracker = TargetTracker(Target.from_spec("h:8000"))
-    tracker.update(Scrape(tracker.state.target, T0,
-                          scrape_with_lora([(["sql-lora"], ["chat-lora"])])))
+    tracker.update(read_scrape(Scrape(tracker.state.target, T0,
+                          scrape_with_lora([(["sql-lora"], ["chat-lora"])]))))
     [stats] = tracker.state.engines
     assert stats.lora == LoraInfo(4, ("sql-lora",), ("chat-lora",))
