@@ -97,6 +97,7 @@ CLI_IN_PROCESS = ("test_unknown_config_keys_are_named_with_the_closest_known_one
 LEAK_FIT_TESTS = tuple(f"tests/test_leak.py::{name}" for name in (
     "test_fit_separates_a_lumpy_leak_from_the_load", "test_a_lump_leaked_lately_counts_at_once",
     "test_noise_alone_does_not_raise_a_flat_leak"))
+NEVER_IDLE_TESTS = "tests/unit/derive/test_leak_never_idle.py"  # issue 30's rules, each < 1 s
 LEAK_UNIT_TESTS = tuple(f"tests/test_leak.py::{name}" for name in (
     "test_theil_sen_is_robust_and_bounds_the_slope",
     "test_idle_residual_needs_persistence_not_one_stale_scrape",
@@ -166,8 +167,11 @@ MODULES: dict[str, tuple[str, ...]] = {
     # The leak tests' simulations of hours of scrapes cost seconds to a minute each, per
     # mutant: the detector is scored on the behaviour tests and the unit tests of its parts
     # (each well under a second); the simulations stay in the normal suite.
-    "kvtop/derive/leak_estimate.py": ("tests/behaviour/test_leak.py", *LEAK_FIT_TESTS),
-    "kvtop/derive/leak.py": ("tests/behaviour/test_leak.py", *LEAK_FIT_TESTS, *LEAK_UNIT_TESTS),
+    "kvtop/derive/leak_estimate.py": ("tests/behaviour/test_leak.py", *LEAK_FIT_TESTS,
+                                      NEVER_IDLE_TESTS),
+    "kvtop/derive/leak.py": ("tests/behaviour/test_leak.py", *LEAK_FIT_TESTS, *LEAK_UNIT_TESTS,
+                             NEVER_IDLE_TESTS),
+    "kvtop/derive/leak_load.py": (NEVER_IDLE_TESTS, "tests/behaviour/test_leak.py"),
     # the tracker is the one entry every reading goes through: the behaviour tier drives it from
     # all sides (snapshots, rules, leak, headless), the GPU and memory tests reach its caps
     "kvtop/derive/tracker.py": ("tests/test_derive.py", "tests/behaviour",
