@@ -94,7 +94,9 @@ def test_check_json_of_a_healthy_ramp_reports_ok_without_figures() -> None:
     (engine,) = document["targets"][0]["engines"]
     assert document["verdict"] == engine["verdict"] == "ok"
     assert (engine["leaked_blocks"], engine["slope_blocks_per_hour"]) == (None, None)
-    assert engine["reason"] == "no rising floor under load over the window"
+    # the simulator exports its tokens in flight: the witness under load is what they explain
+    assert engine["reason"].startswith(
+        "no blocks held beyond what the load explains over the window")
 
 
 def _overloaded(seed: int, minutes: int = 60, total: int = 7000) -> list[EngineStats]:

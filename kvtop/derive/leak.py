@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from kvtop.derive.leak_estimate import LeakFit, LoadPoint, fit_leak, leaked_now
-from kvtop.derive.leak_load import LoadBucket, Unexplained, explain
+from kvtop.derive.leak_load import LoadBucket, Unexplained, best_split, explain
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.verdicts import LeakState, LeakVerdict
 
@@ -343,8 +343,10 @@ class LeakDetector:
                 and found.rise >= p.explain_noise * found.noise)
 
     def _refit(self) -> None:
-        """Separate the leak from the load over the anchor and the buckets since."""
-        self._fit = fit_leak(self._fit_points()) if self._anchor is not None else None
+        """Separate the leak from the load over the anchor and the buckets since (only for
+        the floor's estimate: with tokens in flight the estimate is the unexplained level)."""
+        wanted = self._anchor is not None and not self._load
+        self._fit = fit_leak(self._fit_points()) if wanted else None
 
     def _fit_points(self) -> list[LoadPoint]:
         anchor = list(self._anchor or ())
@@ -395,7 +397,7 @@ class LeakDetector:
         `step_z` (many splits are tried), most of the step is not load, and the latest
         buckets are still up; 0.0 otherwise."""
         p = self.params
-        best = _best_split(adjusted, p.step_min_buckets)
+        best = best_split(adjusted, p.step_min_buckets)
         if best is None or best[1] < p.step_z:
             return 0.0
         k = best[0]
@@ -751,20 +753,6 @@ def _per_load(levels: list[float], loads: list[float], z: float) -> float:
     if not any(d_load):
         return 0.0
     return max(theil_sen(d_load, d_level, z)[0], 0.0)
-
-
-def _best_split(values: list[float], side: int) -> tuple[int, float] | None:
-    """(k, z): the split of `values` into [:k] and [k:] whose Mann–Whitney z (later above
-    earlier) is largest, with at least `side` values on each side; None when too short."""
-    n, best = len(values), None
-    for k in range(side, n - side + 1):
-        before, after = values[:k], values[k:]
-        wins = sum((a > b) + 0.5 * (a == b) for a in after for b in before)
-        n1, n2 = len(before), len(after)
-        z = (wins - n1 * n2 / 2) / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
-        if best is None or z > best[1]:
-            best = (k, z)
-    return best
 
 
 def _turnover(buckets: list[_Bucket]) -> float | None:
