@@ -209,6 +209,7 @@ class LeakDetector:
         self._load: deque[LoadBucket] = deque(maxlen=int(self.params.explain_window_s
                                                          // self.params.bucket_s))
         self._unexplained: Unexplained | None = None
+        self._clean_load: list[LoadBucket] = []  # before the last clean point, if any
         self._explain_since: float | None = None
         self._explain_last: float | None = None
         self._reset_t, self._reset_why = t, why
@@ -233,8 +234,13 @@ class LeakDetector:
             "server version not known exactly)")
         residual = max(0.0, used - floor)
         if residual <= self._threshold():
+            # The latest usable buckets before a clean point held no leak: the baseline of
+            # the leaked-block estimate, should a leak begin right after it.
+            clean = [b for b in self._load if b.usable]
+            clean = clean or self._clean_load
             self._reset(stats.t, "pool drained to its idle floor: nothing leaked so far")
             self._clean_t = stats.t
+            self._clean_load = clean
         self._track_idle(stats, residual)
         self._add_to_bucket(stats, used)
         self._last_t = stats.t
@@ -324,7 +330,8 @@ class LeakDetector:
         else:
             self._load.append(point)
             self._unexplained = explain(self._load, p.ref_buckets, p.step_min_buckets,
-                                        p.explain_min_buckets)
+                                        p.explain_min_buckets, self._clean_load,
+                                        p.estimate_buckets)
         found = self._unexplained
         if point is not None and point.usable and found is not None and self._explained(found):
             self._explain_since = self._explain_since or t

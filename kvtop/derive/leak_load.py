@@ -76,8 +76,12 @@ class Unexplained:
 
 
 def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
-            min_buckets: int) -> Unexplained | None:
-    """The unexplained level over the usable buckets; None with fewer than `min_buckets`."""
+            min_buckets: int, clean: Sequence[LoadBucket] = (), latest: int = 4
+            ) -> Unexplained | None:
+    """The unexplained level over the usable buckets; None with fewer than `min_buckets`.
+    `clean`: buckets from before a clean point (no leak then), a baseline for `leaked`,
+    which is the mean of the `latest` buckets (a mean lags a growing leak less than a
+    median) over that baseline."""
     usable = [b for b in buckets if b.usable]
     if len(usable) < max(min_buckets, 2 * min_side, 4):
         return None
@@ -99,8 +103,13 @@ def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
     before = residual[:k]
     noise = MAD_TO_SIGMA * statistics.median(abs(v - base) for v in before)
     start = statistics.median(residual[:recent])
+    if clean:  # the same fit, on buckets known to hold no leak
+        start = min(start, statistics.median(
+            b.level - sum(c * x for c, x in zip(coef, _features(b, 0.0), strict=True))
+            for b in clean))
     return Unexplained(
-        now=now, base=base, rise=now - base, leaked=now - min(base, start), z=z,
+        now=now, base=base, rise=now - base,
+        leaked=statistics.fmean(residual[-latest:]) - min(base, start), z=z,
         split_t=usable[k].t if k < len(usable) else None,
         still_up=step > 0 and now - base >= step / 2,
         explained_now=statistics.fmean(explained[-recent:]),
