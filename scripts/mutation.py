@@ -167,8 +167,11 @@ MODULES: dict[str, tuple[str, ...]] = {
     # The leak tests' simulations of hours of scrapes (marked slow) cost seconds to a minute
     # each, per mutant: the detector is scored on the tests of its rules and parts, each well
     # under a second; the simulations stay in the normal suite.
-    "kvtop/derive/leak_estimate.py": (f"{UNIT}/derive/test_leak.py",),
-    "kvtop/derive/leak.py": (f"{UNIT}/derive/test_leak.py",),
+    "kvtop/derive/leak_estimate.py": (f"{UNIT}/derive/test_leak.py",
+                                      f"{UNIT}/derive/test_leak_load.py"),
+    "kvtop/derive/leak.py": (f"{UNIT}/derive/test_leak.py", f"{UNIT}/derive/test_leak_load.py"),
+    "kvtop/derive/leak_load.py": (f"{UNIT}/derive/test_leak_load.py",
+                                  f"{UNIT}/derive/test_leak.py"),
     # the tracker is the one entry every reading goes through: the unit tier drives it from
     # all sides (snapshots, rules, leak, commands), the GPU and memory tests reach its caps
     "kvtop/derive/tracker.py": (UNIT, "tests/hostile/test_memory.py",

@@ -40,6 +40,8 @@ class EngineStats:
     tokens_used: float | None = None
     running: float | None = None
     waiting: float | None = None
+    waiting_deferred: float | None = None  # waiting for a KV transfer or the LoRA budget
+    tokens_in_flight: float | None = None  # context of the requests in flight, from counters
     swapped: float | None = None
     preemptions_total: float | None = None
     prefix_queries_total: float | None = None

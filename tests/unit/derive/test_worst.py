@@ -209,11 +209,11 @@ def test_targets_that_churn_keep_a_bounded_number_of_trackers(
     monkeypatch.setattr(worst, "MAX_TRACKED_TARGETS", 16)
     run = CheckRun()
     judged = Target("http://10.9.9.9:8000/metrics")
-    run.feed(Scrape(judged, 0.0, body=bodies.vllm_body(model="kept")))
+    run.feed(read_scrape(Scrape(judged, 0.0, body=bodies.vllm_body(model="kept"))))
     run.engines[judged.url][("kept", "0")].verdict = "leak"  # a verdict, once reached, stays
     for i in range(200):
-        run.feed(Scrape(Target(f"http://10.0.{i // 200}.{i % 200}:8000/metrics"), 1.0 + i,
-                        body=bodies.vllm_body()))
+        run.feed(read_scrape(Scrape(Target(f"http://10.0.{i // 200}.{i % 200}:8000/metrics"),
+                                    1.0 + i, body=bodies.vllm_body())))
     assert len(run.trackers) <= 16 + 16 // 8
     assert "http://10.0.0.199:8000/metrics" in run.trackers  # the most recent are kept
     assert judged.url not in run.trackers and run.verdict() == "leak"
