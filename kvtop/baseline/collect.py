@@ -156,6 +156,9 @@ def _add_deltas(windows: Iterable[_Window], now: EngineReading, before: EngineRe
         value, previous = getattr(now, name), getattr(before, name)
         if value is not None and previous is not None:
             deltas[name] = max(0.0, value - previous)
+    arrived = _arrivals(now, before)
+    if arrived is not None:
+        deltas["arrivals"] = arrived
     histograms = {}
     for name in HISTOGRAMS:
         value, previous = getattr(now, name), getattr(before, name)
@@ -168,6 +171,21 @@ def _add_deltas(windows: Iterable[_Window], now: EngineReading, before: EngineRe
             window.count(name, delta, dt)
         for name, buckets in histograms.items():
             window.histogram(name, buckets)
+
+
+def _arrivals(now: EngineReading, before: EngineReading) -> float | None:
+    """Requests that arrived between two scrapes: those finished, and the change in those
+    running or waiting (the load offered, which a slower server does not lower). Not
+    clipped here: the gauges and counters of one scrape may lag each other by a step, which
+    the next window gives back."""
+    if not now.finished_total or not before.finished_total:
+        return None
+    held = [r.running + r.waiting if r.running is not None and r.waiting is not None else None
+            for r in (now, before)]
+    if held[0] is None or held[1] is None:
+        return None
+    finished = sum(now.finished_total.values()) - sum(before.finished_total.values())
+    return max(0.0, finished) + held[0] - held[1]
 
 
 def engine_config(stats: EngineStats, reading: EngineReading) -> dict[str, ConfigValue]:
@@ -198,6 +216,10 @@ def _float(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if value is not None and math.isfinite(value) else None
+
+
+def _at_least_0(value: float | None) -> float | None:
+    return None if value is None else max(0.0, value)
 
 
 def _distribution(samples: list[float]) -> dict[str, float | None]:
@@ -235,6 +257,9 @@ def _engine_figures(total: _Window, minutes: list[tuple[int, _Window]], caching_
                              series("prompt_tps", lambda m: m.rate("prompt_tokens_total"))),
         "generation_tps": Figure(total.rate("generation_tokens_total"), series(
             "generation_tps", lambda m: m.rate("generation_tokens_total"))),
+        # the load offered, requests/s: what compare matches runs on (never judged alone)
+        "arrivals_per_s": Figure(_at_least_0(total.rate("arrivals")), series(
+            "arrivals_per_s", lambda m: _at_least_0(m.rate("arrivals")))),
     }
     for name in ("running", "waiting"):
         samples = total.gauges.get(name, [])

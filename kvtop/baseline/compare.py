@@ -19,12 +19,12 @@ from kvtop.baseline.judge import (
     judge,
 )
 from kvtop.baseline.matched_load import (
-    LOAD,
     LOAD_DRIVEN,
     at_matched_load,
     common_range,
     load_figure,
     load_per_minute,
+    load_spec,
 )
 from kvtop.baseline.model import (
     Baseline,
@@ -192,9 +192,9 @@ class Comparison:
             "method": {"test": "mann-whitney-u", "alpha": self.alpha,
                        "noise_z": NOISE_Z, "design_effect": DESIGN_EFFECT,
                        "minute_s": self.baseline.minute_s, "min_values": MIN_VALUES,
-                       "load": "prompt + generation tokens/s per minute; when it changed, "
-                               "load-driven figures are judged on the minutes both runs "
-                               "share a load range in",
+                       "load": "arrivals/s per minute (else prompt + generation tokens/s); "
+                               "when it changed, load-driven figures are judged on the "
+                               "minutes both runs share a load range in",
                        "load_driven": sorted(LOAD_DRIVEN)},
             "baseline": _run_json(self.baseline), "now": _run_json(self.now),
             "config_changes": self.all_config_changes(),
@@ -276,18 +276,19 @@ def _compare_engine(bt: TargetSummary, be: EngineSummary, nt: TargetSummary,
                     ne: EngineSummary, alpha: float) -> EngineComparison:
     base_config = {"kind": bt.kind, "version": bt.version, **be.config}
     now_config = {"kind": nt.kind, "version": nt.version, **ne.config}
-    base_load, now_load = load_per_minute(be), load_per_minute(ne)
-    load = judge(LOAD, load_figure(base_load), load_figure(now_load), alpha=alpha)
+    spec = load_spec(be, ne)
+    base_load, now_load = load_per_minute(be, spec), load_per_minute(ne, spec)
+    load = judge(spec, load_figure(base_load), load_figure(now_load), alpha=alpha)
     changed = load.verdict in ("higher", "lower")
     window = common_range(base_load, now_load) if changed else None
     figures = []
-    for spec in ENGINE_FIGURES:
-        base, now = be.figure(spec.key), ne.figure(spec.key)
-        if changed and spec.key in LOAD_DRIVEN:
-            figures.append(at_matched_load(spec, be, ne, base_load, now_load, window, load,
+    for figure in ENGINE_FIGURES:
+        if changed and figure.key in LOAD_DRIVEN:
+            figures.append(at_matched_load(figure, be, ne, base_load, now_load, window, load,
                                            alpha))
         else:
-            figures.append(judge(spec, base, now, alpha=alpha))
+            figures.append(judge(figure, be.figure(figure.key), ne.figure(figure.key),
+                                 alpha=alpha))
     return EngineComparison(nt.target, bt.target, ne.model, ne.engine,
                             config_changes(base_config, now_config), figures,
                             be.leak, ne.leak, ne.leak_reason, load=load, load_range=window)

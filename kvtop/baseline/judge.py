@@ -157,6 +157,8 @@ def minutes_needed(spec: FigureSpec, base: Sequence[float], now: Sequence[float]
     if budget <= 0 or ranks >= MAX_MINUTES:
         return None
     for_noise = math.ceil(spread_now / budget) if spread_now > 0 else 0
+    if for_noise >= MAX_MINUTES:
+        return None
     return max(0, max(for_noise, ranks) - len(now))
 
 
@@ -174,6 +176,9 @@ def _minutes_each(base: Sequence[float], now: Sequence[float], spread: float, ma
 def _needs(needed: int | None, each: int | None) -> str:
     if needed is not None:
         return f"needs about {needed} more minutes in this run"
+    if each is None or each >= MAX_MINUTES:
+        return (f"not within {MAX_MINUTES:,} minutes a run: too noisy to judge at the change "
+                "that matters")
     return f"needs about {each} minutes in each run (a longer baseline too)"
 
 

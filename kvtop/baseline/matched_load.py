@@ -1,7 +1,9 @@
 """Figures the load drives, compared at matched load (docs/baseline-format.md, "Load").
 
-The load is the token throughput per minute (prompt + generation tokens/s), judged like a
-figure. When it changed, the figures the load drives (``LOAD_DRIVEN``: KV usage, queues,
+The load is the arrival rate per minute (requests finished plus the change in those running
+or waiting: what clients offered, which a slower or saturated server does not lower), or
+where a baseline lacks it the token throughput (prompt + generation tokens/s), judged like
+a figure. When it changed, the figures the load drives (``LOAD_DRIVEN``: KV usage, queues,
 preemptions, latency) are judged on the minutes of each run whose load lies in the range
 both runs covered. Where fewer than ``MIN_VALUES`` minutes a side match, a change the same
 way as the load follows the load (``higher``/``lower``, never worse); one against it (the
@@ -20,13 +22,25 @@ from kvtop.baseline.model import EngineSummary, Figure
 # What the load drives: compared at matched load when the load changed.
 LOAD_DRIVEN = frozenset({"kv_usage", "preemptions_per_min", "waiting", "ttft_p50",
                          "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99"})
-LOAD = FigureSpec("tokens_per_s", "load (prompt + generation tokens/s)", "tokens_per_s",
-                  "load", 0.1, 1.0)
+ARRIVALS = FigureSpec("arrivals_per_s", "load (arrivals/s)", "per_s", "load", 0.1, 0.01)
+TOKENS = FigureSpec("tokens_per_s", "load (prompt + generation tokens/s)", "tokens_per_s",
+                    "load", 0.1, 1.0)
 
 
-def load_per_minute(engine: EngineSummary) -> dict[int, float]:
-    """Prompt + generation tokens/s by minute, where both are known."""
-    out = {}
+def load_spec(base: EngineSummary, now: EngineSummary) -> FigureSpec:
+    """Arrivals where both runs have them, else tokens/s."""
+    both = all(e.figure("arrivals_per_s").values and "arrivals_per_s" in e.minute_index
+               for e in (base, now))
+    return ARRIVALS if both else TOKENS
+
+
+def load_per_minute(engine: EngineSummary, spec: FigureSpec) -> dict[int, float]:
+    """The load by minute: arrivals/s, or prompt + generation tokens/s where both are
+    known."""
+    if spec is ARRIVALS:
+        figure = engine.figure("arrivals_per_s")
+        return dict(zip(engine.minute_index["arrivals_per_s"], figure.values, strict=True))
+    out: dict[int, float] = {}
     for key in ("prompt_tps", "generation_tps"):
         minutes = engine.minute_index.get(key)
         values = engine.figure(key).values
@@ -75,7 +89,7 @@ def at_matched_load(spec: FigureSpec, be: EngineSummary, ne: EngineSummary,
     if min(len(matched_base.values), len(matched_now.values)) >= MIN_VALUES and window:
         found = judge(spec, matched_base, matched_now, alpha=alpha)
         said = (f"at matched load: {found.n_baseline} and {found.n_now} minutes of "
-                f"{window[0]:.0f}-{window[1]:.0f} tokens/s")
+                f"{_amount(window[0], load)}-{_amount(window[1], load)} {_unit(load)}")
         return dataclasses.replace(found, matched_load=True, note="; ".join(
             n for n in (said, found.note) if n))
     found = judge(spec, base, now, alpha=alpha)
@@ -93,5 +107,13 @@ def at_matched_load(spec: FigureSpec, be: EngineSummary, ne: EngineSummary,
 
 
 def _load_words(load: FigureResult) -> str:
-    return (f"{load.baseline or 0:.0f} -> {load.now or 0:.0f} tokens/s"
-            if load.baseline is not None and load.now is not None else "tokens/s")
+    return (f"{_amount(load.baseline or 0, load)} -> {_amount(load.now or 0, load)} "
+            f"{_unit(load)}")
+
+
+def _unit(load: FigureResult) -> str:
+    return "arrivals/s" if load.spec is ARRIVALS else "tokens/s"
+
+
+def _amount(value: float, load: FigureResult) -> str:
+    return f"{value:.2f}" if load.spec is ARRIVALS else f"{value:.0f}"

@@ -27,6 +27,8 @@ def number(value: float | None, unit: str) -> str:
         return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
     if unit == "per_min":
         return f"{value:.2f}/min"
+    if unit == "per_s":
+        return f"{value:.2f}/s"
     if unit == "tokens_per_s":
         return f"{value:.1f}/s" if abs(value) < 10 else f"{value:.0f}/s"
     if unit == "bytes":
@@ -121,10 +123,11 @@ def _load_lines(load: dict[str, Any] | None) -> list[str]:
         return []
     matched = load.get("matched_range")
     how = (f"load-driven figures are compared on the minutes both runs spent at "
-           f"{matched[0]:.0f}-{matched[1]:.0f} tokens/s" if matched else
+           f"{matched[0]:.4g}-{matched[1]:.4g}" if matched else
            "no minute of one run saw the other's load: what follows the load is marked "
            "higher or lower, not worse")
-    return [f"  the load changed: {load['baseline']:.0f} -> {load['now']:.0f} tokens/s "
+    unit = "arrivals/s" if load["figure"] == "arrivals_per_s" else "tokens/s"
+    return [f"  the load changed: {load['baseline']:.4g} -> {load['now']:.4g} {unit} "
             f"({load['verdict']}); {how}"]
 
 

@@ -106,7 +106,8 @@ def test_double_the_arrival_rate_is_a_load_change_not_a_regression(
     assert {"kv_usage", "waiting", "ttft_p99"} <= flagged(result, "higher")
     assert not flagged(result, "worse") and result.exit_code() == 0
     kv = next(f for f in engine.figures if f.spec.key == "kv_usage")
-    assert kv.note is not None and kv.note.startswith("follows the load (900 -> 1756 tokens/s)")
+    assert kv.note is not None and kv.note.startswith("follows the load (1.01 -> 1.94 "
+                                                      "arrivals/s)")
     assert result.all_config_changes() == []
 
 

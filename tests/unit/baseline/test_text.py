@@ -274,14 +274,15 @@ def comparison() -> dict[str, object]:
                         -245.6, -10.47, 0.03, "lower"),
                  figure("ttft_p99", "TTFT p99", "seconds", 0.3127, 0.8, 0.4873, 155.8, 2e-06,
                         "worse", threshold=0.0625, matters=0.0625)],
-             "load": {"verdict": "lower", "baseline": 2800.0, "now": 2500.0, "changed": True,
+             "load": {"figure": "tokens_per_s", "verdict": "lower", "baseline": 2800.0,
+                      "now": 2500.0, "changed": True,
                       "matched_range": [2400.0, 2700.0]}},
             {"target": GPU_2, "model": None, "engine": None, "verdict": "unknown",
              "config_changes": [],
              "leak": {"baseline": "unknown", "now": "watch", "verdict": "unknown",
                       "reason": "40 blocks held at idle (confirming)"},
-             "load": {"verdict": "higher", "baseline": 100.0, "now": 900.0, "changed": True,
-                      "matched_range": None},
+             "load": {"figure": "arrivals_per_s", "verdict": "higher", "baseline": 0.5,
+                      "now": 1.25, "changed": True, "matched_range": None},
              "figures": []}],
         "probes": [
             {"target": GPU_1, "model": MODEL, "verdict": "same",
@@ -319,7 +320,7 @@ Config changes (they explain most differences):
 
 {GPU_1}  model {MODEL}  engine 0: WORSE
   the load changed: 2800 -> 2500 tokens/s (lower); load-driven figures are compared on the \
-minutes both runs spent at 2400-2700 tokens/s
+minutes both runs spent at 2400-2700
   figure                       baseline          now               change    counts at       p \
  verdict
   KV usage p50                   28.9 %       40.3 %            +11.4 pts     ±5.2 pts  <0.001 \
@@ -343,8 +344,8 @@ blocks held with nothing running or waiting)
   not judged (too little evidence: see each row): waiting (mean)
 
 {GPU_2}: UNKNOWN
-  the load changed: 100 -> 900 tokens/s (higher); no minute of one run saw the other's load: \
-what follows the load is marked higher or lower, not worse
+  the load changed: 0.5 -> 1.25 arrivals/s (higher); no minute of one run saw the other's \
+load: what follows the load is marked higher or lower, not worse
   figure                       baseline          now               change    counts at       p \
  verdict
   leak detector                 unknown        watch                               unknown

@@ -223,7 +223,10 @@ def test_a_live_baseline_is_saved_with_its_source_and_said_so(data_home: Path,
                                                               server: str) -> None:
     code, out, err = run("baseline", "save", "live", server, *LIVE)
     assert code == 0, err
-    assert err == "kvtop: watching 1 target(s) for 60 s ...\n"
+    assert err == ("kvtop: watching 1 target(s) for 60 s ...\n"
+                   "kvtop baseline: 1 whole minute(s) is too short to judge against: kvtop "
+                   "compare needs 5 a side before its rank test can find any change, and "
+                   "says unknown until then; save one of 20m (the default)\n")
     saved = json.loads((data_home / "live.json").read_text())
     assert out == (f"saved baseline 'live' to {data_home / 'live.json'}: 1 engine(s), "
                    f"{saved['duration_s'] / 60:.1f} min\n")
@@ -351,7 +354,10 @@ def test_compare_with_a_live_run(small: Path, data_home: Path, server: str) -> N
     assert run("baseline", "save", "live", server, *LIVE)[0] == 0
     code, out, err = run("compare", "live", server, *LIVE, "--json")
     doc = json.loads(out)
-    assert err == "kvtop: watching 1 target(s) for 60 s ...\n"
+    assert err == ("kvtop: watching 1 target(s) for 60 s ...\n"
+                   "kvtop baseline: 1 whole minute(s) is too short to judge against: kvtop "
+                   "compare needs 5 a side before its rank test can find any change, and "
+                   "says unknown until then; save one of 20m (the default)\n")
     assert doc["baseline"]["name"] == "live" and doc["now"]["source"]["kind"] == "live"
     assert code == 3 and doc["verdict"] == "unknown"  # a minute of data: too few to judge
     code, out, err = run("compare", "live", f"127.0.0.1:{closed_port()}", *LIVE)
