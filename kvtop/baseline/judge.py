@@ -122,7 +122,7 @@ def judge(spec: FigureSpec, base: Figure, now: Figure, *, alpha: float = ALPHA,
         return FigureResult(spec, base.value, now.value, verdict, **found)
     if detectable <= matters:
         return FigureResult(spec, base.value, now.value, "same",
-                            note=_why_same(p, alpha, effect, ranks_up, matters, spread),
+                            note=_why_same(p, alpha, effect, ranks_up),
                             **found)
     needed = minutes_needed(spec, base.values, now.values, matters, alpha)
     each = None if needed is not None else _minutes_each(base.values, now.values, spread,
@@ -182,16 +182,16 @@ def _needs(needed: int | None, each: int | None) -> str:
     return f"needs about {each} minutes in each run (a longer baseline too)"
 
 
-def _why_same(p: float, alpha: float, effect: float, ranks_up: bool, matters: float,
-              spread: float) -> str | None:
-    """Why a difference the rank test found is still the same (None when it found none)."""
+def _why_same(p: float, alpha: float, effect: float, ranks_up: bool) -> str | None:
+    """Why a difference the rank test found is still the same (None when it found none).
+    With the power to call it same, the noise margin is below the change that matters, so
+    a move that passed the rank test is either too small to matter or against the ranks;
+    a move within a wider noise margin is unknown, not same."""
     if p >= alpha:
         return None
     if ranks_up != (effect > 0):
         return "the minutes' ranks and the headline moved opposite ways"
-    if abs(effect) < matters:
-        return f"p < {alpha:g}, but smaller than the change that matters"
-    return f"p < {alpha:g}, but within run-to-run noise (±{spread:.3g})"
+    return f"p < {alpha:g}, but smaller than the change that matters"
 
 
 def _why_unknown(spec: FigureSpec, reachable: bool, matters: float, detectable: float,
