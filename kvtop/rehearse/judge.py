@@ -22,10 +22,6 @@ its requests is NO-GO by itself; so are two of the softer signals (GPU memory gr
 slow share rising, free KV suspect at WATCH; ``--strict``: GPU or latency failing alone).
 Otherwise GO needs its evidence: free KV and latency both judged. Without it the verdict is
 ``no-verdict``, with what is missing in words.
-
-Over 500 lines: the three criteria, the stall, the rule and the advice table are one
-judgement whose numbers docs/rehearse.md documents together; split, each part would import
-the others' thresholds.
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ def test_without_matched_minutes_only_a_move_against_the_load_counts(
 
 
 def test_two_minutes_a_side_at_matched_load_are_too_few() -> None:
-    base = engine(wobble(1.0, 20, 0.05) + [1.5, 1.5], [0.3] * 20 + [0.31, 0.31])
-    now = engine([1.5, 1.5] + wobble(3.0, 20, 0.05), [0.6] * 22)
+    base = engine([*wobble(1.0, 20, 0.05), 1.5, 1.5], [0.3] * 20 + [0.31, 0.31])
+    now = engine([1.5, 1.5, *wobble(3.0, 20, 0.05)], [0.6] * 22)
     _, kv = compared(base, now)
     assert not kv.matched_load and kv.verdict == "higher"  # type: ignore[attr-defined]
 
