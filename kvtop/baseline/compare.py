@@ -274,8 +274,9 @@ def _names(models: set[str | None]) -> str:
 
 def _compare_engine(bt: TargetSummary, be: EngineSummary, nt: TargetSummary,
                     ne: EngineSummary, alpha: float) -> EngineComparison:
-    base_config = {"kind": bt.kind, "version": bt.version, **be.config}
-    now_config = {"kind": nt.kind, "version": nt.version, **ne.config}
+    base_version, now_version = _versions(bt, nt)
+    base_config = {"kind": bt.kind, "version": base_version, **be.config}
+    now_config = {"kind": nt.kind, "version": now_version, **ne.config}
     spec = load_spec(be, ne)
     base_load, now_load = load_per_minute(be, spec), load_per_minute(ne, spec)
     load = judge(spec, load_figure(base_load), load_figure(now_load), alpha=alpha)
@@ -292,6 +293,18 @@ def _compare_engine(bt: TargetSummary, be: EngineSummary, nt: TargetSummary,
     return EngineComparison(nt.target, bt.target, ne.model, ne.engine,
                             config_changes(base_config, now_config), figures,
                             be.leak, ne.leak, ne.leak_reason, load=load, load_range=window)
+
+
+def _versions(base: TargetSummary, now: TargetSummary) -> tuple[str | None, str | None]:
+    """The versions to compare: an era guessed from the metric names ("0.10.2+") says
+    nothing against an exact one, so one inferred side makes both unknown (no change);
+    both inferred are compared, and marked so."""
+    if base.version_inferred != now.version_inferred:
+        return None, None
+    if base.version_inferred:
+        return (None if base.version is None else f"{base.version} (inferred)",
+                None if now.version is None else f"{now.version} (inferred)")
+    return base.version, now.version
 
 
 def _compare_probe(base: ProbeSummary, now: ProbeSummary | None, target: str,

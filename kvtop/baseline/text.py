@@ -205,7 +205,9 @@ def render_baseline(baseline: Baseline, path: str) -> str:
                           f"{_minutes(baseline.duration_s)} {source.get('kind')}"
                           + (f" {where}" if where else ""))]
     for target in baseline.targets:
-        server = " ".join(str(v) for v in (target.kind, target.version) if v)
+        version = (f"{target.version} (inferred)" if target.version and target.version_inferred
+                   else target.version)
+        server = " ".join(str(v) for v in (target.kind, version) if v)
         lines += ["", display_text(f"{target.target}  {server}  ({target.scrapes} scrapes, "
                                    f"{target.failed_scrapes} failed)")]
         for engine in target.engines:

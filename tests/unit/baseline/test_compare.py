@@ -373,3 +373,15 @@ def test_a_setting_unknown_on_one_side_is_not_a_change() -> None:
     resized = {**now, "num_gpu_blocks": 400}
     assert [c.key for c in config_changes(base, resized)] == ["num_gpu_blocks",
                                                               "prefix_caching"]
+
+
+def test_an_inferred_version_is_no_change_against_an_exact_one() -> None:
+    from kvtop.baseline.compare import _versions
+    from kvtop.baseline.model import TargetSummary
+
+    exact = TargetSummary("t", "vllm", "0.33.0")
+    guessed = TargetSummary("t", "vllm", "0.10.2+", version_inferred=True)
+    older = TargetSummary("t", "vllm", "0.7+", version_inferred=True)
+    assert _versions(exact, guessed) == (None, None)
+    assert _versions(guessed, older) == ("0.10.2+ (inferred)", "0.7+ (inferred)")
+    assert _versions(exact, TargetSummary("t", "vllm", "0.34.0")) == ("0.33.0", "0.34.0")

@@ -17,7 +17,7 @@ from kvtop.baseline.model import (
     ProbeSummary,
     TargetSummary,
 )
-from kvtop.baseline.text import DASH, GIB, change, number, render_comparison
+from kvtop.baseline.text import DASH, GIB, change, number, render_baseline, render_comparison
 from kvtop.cli import main
 
 
@@ -434,3 +434,14 @@ Judged on per-minute values: Mann-Whitney rank test, p < 0.05, beyond run-to-run
 and large enough to matter (the 'counts at' column); SAME only where the runs could have \
 seen such a change, else unknown (docs/baseline-format.md).
 """
+
+
+def test_an_inferred_version_is_shown_as_inferred() -> None:
+    from kvtop.baseline.model import Baseline, TargetSummary
+
+    baseline = Baseline("b", "2026-12-01T09:30:00+00:00", "0.1.0", {"kind": "live"}, 1.0,
+                        600.0, 60.0, targets=[TargetSummary(
+                            "http://h:8000/metrics", "vllm", "0.10.2+",
+                            version_inferred=True)])
+    assert "http://h:8000/metrics  vllm 0.10.2+ (inferred)  (0 scrapes, 0 failed)" in \
+        render_baseline(baseline, "/b.json")
