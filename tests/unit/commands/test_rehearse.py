@@ -137,8 +137,11 @@ def test_watch_only_judges_the_servers_own_histograms(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(20)
-    assert done.returncode in (0, 1), done.stderr
+    assert done.returncode in (0, 1, 3), done.stderr
     doc = json.loads(done.stdout)
+    if doc["criteria"]["kv_free"]["state"] == "not_judged":  # never idle, detector warming up
+        assert done.returncode == 3 and doc["verdict"] == "no-verdict"
+        assert doc["missing"][0].startswith("needs an idle floor before and after the load")
     assert doc["requests"] is None and doc["settings"]["watch_only"]
     assert doc["target"]["api"] is None and doc["files"]["requests"] is None
     latency = doc["criteria"]["latency"]
