@@ -240,6 +240,46 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/commands/compare.py": (f"{UNIT}/commands/test_baseline.py",
                                   f"{UNIT}/baseline/test_compare.py::test_commands_on_recordings",
                                   *CLI_IN_PROCESS),
+    # the go-live rehearsal (issue 28): each module's tests and the end-to-end runs' fast
+    # parts in this process; tests/unit/rehearse/test_run.py drives `kvtop sim` processes
+    # (seconds each) and is left out
+    "kvtop/rehearse/judge.py": (f"{UNIT}/rehearse/test_judge.py",),
+    "kvtop/rehearse/progress.py": (f"{UNIT}/rehearse/test_progress.py",
+                                   f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
+    "kvtop/rehearse/report.py": (f"{UNIT}/rehearse/test_report.py",
+                                 f"{UNIT}/commands/test_rehearse.py::"
+                                 "test_outside_text_is_made_safe_in_the_text_report"),
+    "kvtop/rehearse/requests.py": (f"{UNIT}/rehearse/test_judge.py",
+                                   f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
+    "kvtop/rehearse/run.py": (f"{UNIT}/commands/test_rehearse.py",),
+    "kvtop/rehearse/watch.py": (f"{UNIT}/commands/test_rehearse.py",),
+    # the baseline: each module's tests; compare's scenario tests build recordings once a
+    # session (seconds), so they stay in the normal suite and out of a mutant's run
+    "kvtop/baseline/judge.py": (f"{UNIT}/baseline/test_judge.py",
+                                f"{UNIT}/baseline/test_matched_load.py"),
+    "kvtop/baseline/matched_load.py": (f"{UNIT}/baseline/test_matched_load.py",),
+    "kvtop/baseline/compare.py": tuple(f"{UNIT}/baseline/test_compare.py::{name}" for name in (
+        "test_the_overall_verdict", "test_the_leak_row",
+        "test_a_setting_unknown_on_one_side_is_not_a_change",
+        "test_an_inferred_version_is_no_change_against_an_exact_one",
+        "test_llama_cpp_carries_what_it_exports")),
+    "kvtop/baseline/collect.py": (f"{UNIT}/baseline/test_collect.py",
+                                  f"{UNIT}/baseline/test_compare.py::"
+                                  "test_llama_cpp_carries_what_it_exports"),
+    "kvtop/baseline/overlay.py": (f"{UNIT}/baseline/test_overlay.py",),
+    "kvtop/baseline/model.py": (f"{UNIT}/baseline/test_model.py",),
+    "kvtop/baseline/store.py": (f"{UNIT}/baseline/test_store.py",),
+    "kvtop/baseline/stats.py": (f"{UNIT}/baseline/test_compare.py",
+                                f"{UNIT}/baseline/test_judge.py"),
+    "kvtop/baseline/figures.py": (f"{UNIT}/baseline/test_judge.py",
+                                  f"{UNIT}/baseline/test_overlay.py"),
+    "kvtop/baseline/live.py": (f"{UNIT}/baseline/test_live.py",),
+    "kvtop/baseline/probe.py": (f"{UNIT}/baseline/test_live.py",
+                                f"{UNIT}/commands/test_baseline.py"),
+    "kvtop/store/time_range.py": (f"{UNIT}/commands/test_check.py::"
+                                  "test_a_check_of_part_of_a_recording_judges_only_that_part",
+                                  f"{UNIT}/commands/test_check.py::"
+                                  "test_a_time_range_needs_a_recording_and_a_time"),
     **{f"kvtop/store/{name}.py": STORE_TESTS
        for name in ("format", "reader", "writer", "replay", "recording")},
     "kvtop/sim/blocks.py": (f"{UNIT}/sim/test_blocks.py", f"{UNIT}/sim/test_engine.py"),

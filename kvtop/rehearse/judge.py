@@ -16,9 +16,12 @@ behind each state. The run under load is split into thirds and twelve windows (t
   two-proportion test agrees (z >= 2.33) and the rise holds to the end (a sign test: each
   window of the last third above the first third's share, three of its four at least).
 
-Verdict: NO-GO when two criteria fail (any one with ``--strict``), or when more than
-``max_error_rate`` of the requests failed; a criterion that could not be judged never counts
-as failed, and the report says so.
+Verdict (docs/rehearse.md, "The verdict"): a confirmed leak (free KV failed), a STALLED
+engine, more than ``max_error_rate`` of the requests failed, or a server that answered none of
+its requests is NO-GO by itself; so are two of the softer signals (GPU memory growing, the
+slow share rising, free KV suspect at WATCH; ``--strict``: GPU or latency failing alone).
+Otherwise GO needs its evidence: free KV and latency both judged. Without it the verdict is
+``no-verdict``, with what is missing in words.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from kvtop.derive.leak import LeakParams, median, theil_sen
 from kvtop.derive.quantiles import quantile as histogram_quantile
 from kvtop.derive.samples import percentile
 from kvtop.derive.tracker import EngineKey
-from kvtop.derive.verdicts import VERDICT_RANK
+from kvtop.derive.verdicts import STALL_RANK, VERDICT_RANK, StallState
 from kvtop.derive.verdicts import Verdict as CheckVerdict
+from kvtop.derive.worst import LEAK_NEXT_STEP, describe_size, leak_size, warmup_needs
 from kvtop.rehearse.requests import CODE, RequestTable
 from kvtop.rehearse.watch import EnginePoint, GpuPoint, WatchData
 
@@ -61,6 +65,7 @@ LONG_PROMPT_FRAC = 0.25  # prompt p90 / context length from which prompts count 
 PREEMPTIONS_PER_MIN = 1.0
 HIT_RATE_SHORTFALL = 0.5  # hit rate below this share of the workload's expected one
 DEFAULT_MAX_ERROR_RATE = 0.01
+SILENT_S = 60.0  # target seconds of load with no answer at all after which that is a NO-GO
 GIB = 2**30
 
 
@@ -242,9 +247,11 @@ def _add_buckets(deltas: Iterable[list[tuple[float, float]]]) -> list[tuple[floa
 def _rising(unit: str, shares: _Shares, span: Span, figures: dict[str, Any]) -> Criterion:
     n1, n3 = shares.count[0], shares.count[2]
     if n1 < MIN_PER_THIRD or n3 < MIN_PER_THIRD:
+        figures["needs"] = _latency_needs(unit, min(n1, n3), span)
         return Criterion("latency", TITLES["latency"], "not_judged",
                          f"too few {unit} to compare: {n1:.0f} in the first third, {n3:.0f} "
-                         f"in the last (needs {MIN_PER_THIRD} each)", figures)
+                         f"in the last (needs {MIN_PER_THIRD} each): {figures['needs']}",
+                         figures)
     p1, p3 = shares.share(0) or 0.0, shares.share(2) or 0.0
     z = _two_proportion_z(shares.slow[0], n1, shares.slow[2], n3)
     slope = _window_slope(shares, span)
@@ -256,7 +263,7 @@ def _rising(unit: str, shares: _Shares, span: Span, figures: dict[str, Any]) -> 
                                                                       strict=True)]},
                     "compared": {"first": n1, "last": n3}, "z": _round(z, 2),
                     "trend_per_hour": _round(slope, 4), "held_to_the_end": held})
-    rise = p3 - p1
+    rise = round(p3 - p1, 9)  # ten points are ten points, whatever the float's last digit
     said = (f"slow {unit} {p1:.1%} in the first third, {p3:.1%} in the last (z {z:.1f}; "
             f"{'above' if held else 'not above'} the first third in every window of the "
             f"last; trend {_signed(slope)}/h)")
@@ -265,6 +272,17 @@ def _rising(unit: str, shares: _Shares, span: Span, figures: dict[str, Any]) -> 
     if rise >= SLOW_RISE_WATCH and z >= Z_WATCH:
         return Criterion("latency", TITLES["latency"], "watch", "creeping up: " + said, figures)
     return Criterion("latency", TITLES["latency"], "ok", "not rising: " + said, figures)
+
+
+def _latency_needs(unit: str, fewest: float, span: Span) -> str:
+    """How much longer the load must run for each third to hold MIN_PER_THIRD, at the rate
+    the sparser third saw."""
+    if fewest <= 0:
+        return f"needs {unit} in every third of the load; none came in one"
+    per_s = fewest / (span.length / 3)
+    more = 3 * MIN_PER_THIRD / per_s - span.length
+    return (f"needs about {math.ceil(more / 60)} more minutes of load at this rate "
+            f"({per_s * 60:.1f} {unit}/min in the sparser third)")
 
 
 def _two_proportion_z(slow1: float, n1: float, slow3: float, n3: float) -> float:
@@ -367,6 +385,8 @@ def judge_kv(data: WatchData, params: LeakParams, span: Span) -> Criterion:
     figures: dict[str, Any] = {"engines": [e[2] for e in engines]}
     if any(span.holds(t) for t in data.restarts):
         figures["restarted_during_load"] = True
+    if worst[0] == "not_judged":
+        figures["needs"] = worst[2]["needs"]
     return Criterion("kv_free", TITLES["kv_free"], worst[0], worst[1], figures)
 
 
@@ -393,12 +413,24 @@ def _one_engine(key: EngineKey, points: list[EnginePoint], data: WatchData,
     state = detector["verdict"] if detector else "unknown"
     said = f"{name}: leak detector {state.upper()} ({detector['reason'] if detector else '-'}); " \
            f"{floor}"
-    if state == "leak" or (rise is not None and rise > threshold):
+    held = rise is not None and rise > threshold
+    if state in ("leak", "watch") or held:
+        estimates = [v for v in (detector and detector["leaked_blocks"], rise if held else None)
+                     if v is not None]
+        size = leak_size(max(estimates) if estimates else None,
+                         verdict.block_size if verdict else None,
+                         verdict.bytes_per_block if verdict else None)
+        figures["leak_size"] = size
+        said += f"; leaked {describe_size(size)}"
+    if state == "leak" or held:
         return "fail", "falling: " + said, figures
     if state == "watch":
         return "watch", "suspect: " + said, figures
     if state == "unknown" and rise is None:
-        return "not_judged", "not judged: " + said, figures
+        needs = (verdict.needs(params) if verdict else None) or warmup_needs(params, None, None)
+        figures["needs"] = (f"needs an idle floor before and after the load, or the leak "
+                            f"detector past its warm-up ({needs})")
+        return "not_judged", f"not judged: {said}; {figures['needs']}", figures
     return "ok", "holding: " + said, figures
 
 
@@ -430,26 +462,110 @@ class Judgement:
     rule: str
     failed: list[str]
     reasons: list[str]
+    evidence: list[str] = field(default_factory=list)  # what a GO rests on
+    missing: list[str] = field(default_factory=list)  # what a no-verdict lacks
+
+
+@dataclass(frozen=True)
+class Stall:
+    """The worst stall state any engine reached, in the stall verdict's own words."""
+
+    state: StallState
+    reason: str
+    engine: str | None = None  # "model engine" of the worst engine
+    first_t: float | None = None  # target seconds since the start: first STALLED / SATURATED
+
+    def to_json(self, load_start: float) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason, "engine": self.engine,
+                "first_s": _round(None if self.first_t is None else self.first_t - load_start,
+                                  3)}
+
+
+def judge_stall(data: WatchData) -> Stall:
+    """The worst stall verdict of the run over every engine (STALLED > SATURATED > OK)."""
+    worst = max(data.verdicts.values(), key=lambda v: STALL_RANK[v.stall], default=None)
+    if worst is None or worst.stall == "unknown":
+        return Stall("unknown", "the stall verdict had too little to go on")
+    reason = worst.stall_at_worst.reason if worst.stall_at_worst else worst.stall
+    first = {"stalled": worst.stall_first_t, "saturated": worst.saturated_first_t}
+    name = " ".join(part for part in (worst.model, worst.engine) if part) or None
+    return Stall(worst.stall, reason, name, first.get(worst.stall))
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What the judge needs of the requests: how many went out and how many were answered."""
+
+    first_attempts: int
+    answered: int
+    error_rate: float | None
+
+
+RULE = ("NO-GO on a confirmed leak (free KV failed), a STALLED engine, more than {errors} "
+        "of the requests failed, or a server that answered none; or when {soft} of GPU "
+        "memory growing, the slow share rising and free KV at WATCH hold. GO needs free KV "
+        "and latency judged; without them, no-verdict")
 
 
 def decide(criteria: list[Criterion], *, strict: bool, error_rate: float | None,
-           max_error_rate: float) -> Judgement:
-    need = 1 if strict else 2
-    rule = (f"NO-GO when {'any one' if strict else 'two'} of the three criteria fail"
-            f"{'' if strict else ' (--strict: any one)'}, or more than "
-            f"{max_error_rate:.1%} of the requests fail; a criterion not judged never counts")
+           max_error_rate: float, stall: Stall | None = None,
+           requests: Requests | None = None, load_s: float = 0.0) -> Judgement:
+    """The verdict from the criteria, the stall, the requests' errors and answers
+    (docs/rehearse.md, "The verdict")."""
+    rule = RULE.format(errors=f"{max_error_rate:.1%}",
+                       soft="any one" if strict else "two (--strict: GPU or latency alone)")
+    by_name = {c.name: c for c in criteria}
     failed = [c.name for c in criteria if c.state == "fail"]
-    reasons = [f"{TITLES[name]}: failed" for name in failed]
-    too_many_errors = error_rate is not None and error_rate > max_error_rate
-    if too_many_errors:
-        reasons.append(f"{error_rate:.1%} of the requests failed (limit {max_error_rate:.1%})")
-    if len(failed) >= need or too_many_errors:
+    reasons = _hard_reasons(by_name, stall, error_rate, max_error_rate, requests, load_s)
+    soft = _soft_signals(by_name, strict)
+    if len(soft) >= (1 if strict else 2):
+        reasons += soft
+    if reasons:
         return Judgement("no-go", rule, failed, reasons)
-    judged = [c for c in criteria if c.state != "not_judged" and c.name != "gpu_memory"]
-    if not judged:
+    missing = [by_name[name].figures.get("needs") or by_name[name].reason
+               for name in ("kv_free", "latency")
+               if name in by_name and by_name[name].state == "not_judged"]
+    if requests is not None and requests.answered == 0:
+        missing.append(f"no request was answered yet ({requests.first_attempts} sent)")
+    if missing:
         return Judgement("no-verdict", rule, failed,
-                         ["neither free KV nor latency could be judged"])
-    return Judgement("go", rule, failed, reasons)
+                         ["not enough evidence for GO: " + "; ".join(missing)],
+                         missing=missing)
+    evidence = [f"{c.title}: {c.state.upper()} ({c.reason})" for c in criteria
+                if c.state != "not_judged"]
+    return Judgement("go", rule, failed, [f"{TITLES[n]}: failed" for n in failed] or
+                     ["free KV and latency judged, no criterion failed"], evidence)
+
+
+def _hard_reasons(by_name: dict[str, Criterion], stall: Stall | None,
+                  error_rate: float | None, max_error_rate: float,
+                  requests: Requests | None, load_s: float) -> list[str]:
+    """What makes a NO-GO by itself, each in words."""
+    reasons = []
+    kv = by_name.get("kv_free")
+    if kv is not None and kv.state == "fail":
+        reasons.append(f"a leak: {kv.title}: failed ({kv.reason})")
+    if stall is not None and stall.state == "stalled":
+        where = f"{stall.engine}: " if stall.engine else ""
+        reasons.append(f"stalled: {where}{stall.reason}")
+    if error_rate is not None and error_rate > max_error_rate:
+        reasons.append(f"{error_rate:.1%} of the requests failed (limit {max_error_rate:.1%})")
+    if (requests is not None and requests.first_attempts and not requests.answered
+            and load_s >= SILENT_S):
+        reasons.append(f"the server answered none of the {requests.first_attempts} requests "
+                       f"in {load_s / 60:.1f} min of load")
+    return reasons
+
+
+def _soft_signals(by_name: dict[str, Criterion], strict: bool) -> list[str]:
+    """The softer signals that hold: GPU memory or latency failing, free KV at WATCH (the
+    last only counts toward two of three, never alone)."""
+    signals = [f"{by_name[n].title}: failed ({by_name[n].reason})"
+               for n in ("gpu_memory", "latency") if n in by_name and by_name[n].state == "fail"]
+    kv = by_name.get("kv_free")
+    if not strict and kv is not None and kv.state == "watch":
+        signals.append(f"{kv.title}: WATCH ({kv.reason})")
+    return signals
 
 
 # ------------------------------------------------------------------------- advice
@@ -515,16 +631,23 @@ def _counter_rise(data: WatchData, span: Span, name: str) -> float | None:
 
 def advise(criteria: dict[str, Criterion], figures: LoadFigures, *, model_len: int | None,
            expected_hit_rate: float | None, error_rate: float | None,
-           errors: dict[str, int]) -> list[Advice]:
+           errors: dict[str, int], stall: Stall | None = None) -> list[Advice]:
     """The levers the evidence points to (docs/rehearse.md's table), each with its figures.
-    A leak explains a pinned pool and the queues behind it, so it stands alone then."""
+    A leak or a stall explains a pinned pool and the queues behind it, so they stand alone
+    then."""
     out: list[Advice] = []
     kv = criteria.get("kv_free")
     if kv is not None and kv.state == "fail":
-        out.append(Advice("leak", "the idle floor rises: a KV leak; record it (kvtop record), "
-                          "report it upstream with the recording, restart the server",
-                          _leak_figures(kv)))
-    else:
+        leak = _leak_figures(kv)
+        out.append(Advice("leak", f"the idle floor rises: a KV leak of "
+                          f"{describe_size(leak['size'])}; {LEAK_NEXT_STEP}",
+                          {k: v for k, v in leak.items() if k != "size"}))
+    if stall is not None and stall.state == "stalled":
+        out.append(Advice("stall", f"the engine stopped making progress: {stall.reason}; its "
+                          "log says why (a hung worker, a wedged scheduler); record it "
+                          "(kvtop record), report it upstream, restart the server",
+                          {"engine": stall.engine, "reason": stall.reason}))
+    if not out:
         out += _capacity_advice(figures, model_len)
     if (expected_hit_rate and figures.hit_rate is not None
             and figures.hit_rate < HIT_RATE_SHORTFALL * expected_hit_rate):
@@ -563,13 +686,16 @@ def _capacity_advice(figures: LoadFigures, model_len: int | None) -> list[Advice
 
 def _leak_figures(kv: Criterion) -> dict[str, Any]:
     worst = max(kv.figures.get("engines", []),
-                key=lambda e: (e.get("idle_used_rise") or 0), default={})
+                key=lambda e: ((e.get("leak_size") or {}).get("blocks") or 0,
+                               e.get("idle_used_rise") or 0), default={})
     detector = worst.get("leak_detector") or {}
+    size = worst.get("leak_size") or leak_size(None, None, None)
     return {"idle_used_before": worst.get("idle_used_before"),
             "idle_used_after": worst.get("idle_used_after"),
             "leak_verdict": detector.get("verdict"),
-            "leaked_blocks": detector.get("leaked_blocks"),
-            "slope_blocks_per_hour": detector.get("slope_blocks_per_hour")}
+            "leaked_blocks": size["blocks"], "leaked_tokens": size["tokens"],
+            "leaked_gib": size["gib"],
+            "slope_blocks_per_hour": detector.get("slope_blocks_per_hour"), "size": size}
 
 
 # ------------------------------------------------------------------------- helpers
