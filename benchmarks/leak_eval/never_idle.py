@@ -197,7 +197,8 @@ def summary(results: list[Result], part: str) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=(*PARTS, "all"), default="tune")
-    ap.add_argument("--quick", action="store_true", help="one case in five, no twin (~3 min)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: a leak and a look-alike on the smallest pool (~20 s)")
     ap.add_argument("--out", type=Path,
                     default=Path(tempfile.gettempdir()) / "kvtop-leak-never-idle")
     ap.add_argument("--jobs", type=int, default=2)

@@ -469,4 +469,16 @@ def cases(part: Part) -> list[Case]:
         family = ("ramp-up", "preemption-storm")[i]
         out.append(draw_lookalike(f"{part}-twin-{family}-{i}", part, base + 300 + i, family,
                                   "twin"))
-    return [replace(c, quick=i % 5 == 0 and c.engine == "sim") for i, c in enumerate(out)]
+    return _mark_quick(out)
+
+
+def _mark_quick(drawn: list[Case]) -> list[Case]:
+    """--quick, a smoke run well under a minute: the leak and the look-alike on the smallest
+    pools among those on synthetic load (the simulator's cost grows with the pool, and the
+    traces take longer to draw)."""
+    cheap = sorted((c for c in drawn if c.engine == "sim"
+                    and all(s.source == "synthetic" for s in c.streams)),
+                   key=lambda c: c.blocks)
+    chosen = {next((c.name for c in cheap if c.leaking == leaking), None)
+              for leaking in (True, False)}
+    return [replace(c, quick=c.name in chosen) for c in drawn]

@@ -72,8 +72,12 @@ def median(values: list[float]) -> float:
 def theil_sen(xs: list[float], ys: list[float], z: float) -> tuple[float, float, float]:
     """(slope, lower, upper): median pairwise slope and Sen's distribution-free bounds."""
     n = len(xs)
-    slopes = sorted((ys[j] - ys[i]) / (xs[j] - xs[i])
-                    for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i])
+    slopes = []
+    for i in range(n - 1):  # every pair once; one list per i is faster than one generator
+        xi, yi = xs[i], ys[i]
+        slopes += [(y - yi) / (x - xi) for x, y in zip(xs[i + 1:], ys[i + 1:], strict=True)
+                   if x != xi]
+    slopes.sort()
     if not slopes:
         return 0.0, -math.inf, math.inf
     count = len(slopes)

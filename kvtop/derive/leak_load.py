@@ -34,10 +34,13 @@ import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from kvtop.derive.leak_estimate import RIDGE
 
 MIN_AFTER = 3  # buckets after the hinge's τ: a single outlier at the end is no drift
+TRIM_SIGMAS = 3.5  # a change this many robust σ above what the load explains is a lump
+MAX_LUMPS = 3  # lumps fitted as steps, the largest (each a column of the fit)
 MAD_TO_SIGMA = 1.4826  # a normal distribution's σ per median absolute deviation
 
 
@@ -96,23 +99,26 @@ def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
         if bucket.usable:
             rows.append(_features(bucket, lost))
     hours = [(b.t - usable[0].t) / 3600 for b in usable]
-    fit = _fit_levels([b.level for b in usable], rows, hours)
-    coef = fit.per_unit
-    explained = [sum(c * x for c, x in zip(coef, row, strict=True)) for row in rows]
+    levels = [b.level for b in usable]
+    lumps = _lumps(levels, rows)  # fitted as steps, so that the load does not take them in
+    stepped = [[*row, *(float(j >= i) for i in lumps)] for j, row in enumerate(rows)]
+    fit = _fit_levels(levels, stepped, hours)
+    coef = fit.per_unit[:len(rows[0])]
+    explained = [_dot(coef, row) for row in rows]
     residual = [b.level - e for b, e in zip(usable, explained, strict=True)]
-    split = best_split(residual, min_side)
+    # Buckets from before the last clean point held no leak: with the same fit, they are
+    # the "before" of a leak that began right after it (the window restarted there).
+    earlier = [b.level - _dot(coef, _features(b, 0.0)) for b in clean]
+    judged = earlier + residual
+    split = best_split(judged, min_side)
     tail = residual[-recent:]
     now = statistics.median(tail)
-    k, z = split if split is not None else (len(residual), 0.0)
-    base = statistics.median(residual[:k])
-    step = statistics.median(residual[k:]) - base if k < len(residual) else 0.0
-    before = residual[:k]
-    noise = MAD_TO_SIGMA * statistics.median(abs(v - base) for v in before)
-    start = statistics.median(residual[:recent])
-    if clean:  # the same fit, on buckets known to hold no leak
-        start = min(start, statistics.median(
-            b.level - sum(c * x for c, x in zip(coef, _features(b, 0.0), strict=True))
-            for b in clean))
+    k, z = split if split is not None else (len(judged), 0.0)
+    base = statistics.median(judged[:k])
+    step = statistics.median(judged[k:]) - base if k < len(judged) else 0.0
+    noise = MAD_TO_SIGMA * statistics.median(abs(v - base) for v in judged[:k])
+    start = statistics.median(judged[:recent])
+    times = [b.t for b in clean] + [b.t for b in usable]
     leaked = statistics.fmean(residual[-latest:]) - min(base, start)
     # A smooth leak's split lands inside it: now − base sees only its part after the
     # split. The fit's hinge sees it from τ on, but a line overshoots a lump at its end:
@@ -120,7 +126,7 @@ def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
     return Unexplained(
         now=now, base=base, rise=max(now - base, min(fit.drift, leaked)), drift=fit.drift,
         leaked=leaked, z=z,
-        split_t=usable[k].t if k < len(usable) else None,
+        split_t=times[k] if k < len(times) else None,
         step=step, still_up=step > 0 and now - base >= step / 2,
         explained_now=statistics.fmean(explained[-recent:]),
         in_flight_now=statistics.fmean(b.in_flight for b in usable[-recent:]),
@@ -130,6 +136,29 @@ def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
 def _features(bucket: LoadBucket, lost: float) -> list[float]:
     return [bucket.in_flight + lost, bucket.running, bucket.shared, bucket.prompt_rate,
             bucket.deferred]
+
+
+def _lumps(levels: list[float], rows: list[list[float]]) -> list[int]:
+    """Buckets the level jumped into by more than the load's change explains — by over
+    TRIM_SIGMAS robust σ of what a least-squares fit of the bucket-to-bucket changes on the
+    load's changes misses (at most MAX_LUMPS, the largest): lumps. A hinge fits a lump
+    badly, and where the load ramps a levels fit takes a lump in as load; in changes, a
+    lump is one change, whatever the load did."""
+    d_level = [b - a for a, b in pairwise(levels)]
+    d_rows = [[x1 - x0 for x0, x1 in zip(r0, r1, strict=True)] for r0, r1 in pairwise(rows)]
+    columns = [[1.0] * len(d_rows), *(list(col) for col in zip(*d_rows, strict=True)
+                                      if any(col))]
+    scale = [math.sqrt(_dot(col, col) / len(col)) or 1.0 for col in columns]
+    scaled = [[v / sd for v in col] for col, sd in zip(columns, scale, strict=True)]
+    inverse = _inverse([[_dot(a, b) for b in scaled] for a in scaled])
+    if inverse is None:
+        return []
+    coef = [_dot(row, [_dot(col, d_level) for col in scaled]) for row in inverse]
+    misses = [y - _dot(coef, row)
+              for y, row in zip(d_level, zip(*scaled, strict=True), strict=True)]
+    spread = MAD_TO_SIGMA * statistics.median(abs(m) for m in misses)
+    jumps = sorted((m, i + 1) for i, m in enumerate(misses) if m > TRIM_SIGMAS * spread)
+    return sorted(i for _, i in jumps[-MAX_LUMPS:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,18 +179,20 @@ def _fit_levels(levels: list[float], rows: list[list[float]], hours: list[float]
     Partitioned: the fit without the hinge once, then for each τ the hinge's gain in closed
     form from suffix sums, (h'e)² / h'Mh with M the residual maker of the load columns, so
     each τ costs O(features²), not a solve."""
-    n = len(levels)
-    columns = [list(col) for col in zip(*rows, strict=True)]
+    n, every = len(levels), [list(col) for col in zip(*rows, strict=True)]
+    # A feature that never moves in the window (no deferred requests) explains nothing: 0.
+    moving = [j for j, col in enumerate(every) if max(col) > min(col)]
+    columns = [every[j] for j in moving]
     means = [sum(col) / n for col in columns]
     spreads = [math.sqrt(sum((v - m) ** 2 for v in col) / n) or 1.0
                for col, m in zip(columns, means, strict=True)]
-    x = [[1.0, *((v - m) / sd for v, m, sd in zip(row, means, spreads, strict=True))]
-         for row in rows]
-    width = len(x[0])
-    cols = [list(col) for col in zip(*x, strict=True)]
+    cols = [[1.0] * n, *([(v - m) / sd for v in col]
+                         for col, m, sd in zip(columns, means, spreads, strict=True))]
+    x = [list(row) for row in zip(*cols, strict=True)]
+    width = len(cols)
     inverse = _inverse([[_dot(a, b) for b in cols] for a in cols])
     if inverse is None:
-        return _Fit([0.0] * len(columns), 0.0)
+        return _Fit([0.0] * len(every), 0.0)
     xty = [_dot(col, levels) for col in cols]
     coef = [_dot(row, xty) for row in inverse]
     errors = [y - _dot(coef, a) for a, y in zip(x, levels, strict=True)]
@@ -186,7 +217,10 @@ def _fit_levels(levels: list[float], rows: list[list[float]], hours: list[float]
     drift = 0.0
     if best is not None:
         coef, drift = _shifted(coef, inverse, sums[best[1]], hours, best[1])
-    return _Fit([c / sd for c, sd in zip(coef[1:], spreads, strict=True)], drift)
+    per_unit = [0.0] * len(every)
+    for j, c, sd in zip(moving, coef[1:], spreads, strict=True):
+        per_unit[j] = c / sd
+    return _Fit(per_unit, drift)
 
 
 def _shifted(coef: list[float], inverse: list[list[float]],
@@ -258,8 +292,12 @@ def _ranks(values: Sequence[float]) -> list[float]:
     """1-based ranks, ties sharing their mean rank."""
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)
+    for position, index in enumerate(order, 1):
+        ranks[index] = float(position)
+    if len(set(values)) == len(values):
+        return ranks
     i = 0
-    while i < len(order):
+    while i < len(order):  # ties: measured levels seldom tie, constructed ones do
         j = i
         while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
             j += 1

@@ -263,3 +263,31 @@ def test_the_drift_counts_only_as_far_as_the_estimate() -> None:
             checked += 1
     assert checked
 
+
+
+def test_a_lump_while_the_load_ramps_is_not_taken_for_load() -> None:
+    # a lump of 60 blocks at bucket 8 while running climbs steadily: in levels the lump
+    # and the ramp look alike, in bucket-to-bucket changes the lump is one change the
+    # load's changes do not explain; fitted as a step, the load's coefficients stay right
+    series = [loaded((minute * PER_BUCKET + i) * STEP, 60.0 if minute >= 8 else 0.0,
+                     running=4.0 + minute / 3 + (minute * 3) % 4)
+              for minute in range(30) for i in range(PER_BUCKET)]
+    found = closes(floor_verdicts(series))
+    e = found[-1].evidence
+    assert e["blocks_per_token"] == pytest.approx(1 / BLOCK, rel=1e-3)
+    assert e["unexplained_rise"] == pytest.approx(60.0, rel=0.01)
+    assert found[-1].state == "leak"
+
+
+def test_a_lump_right_after_the_pool_drained_counts_from_before_the_drain() -> None:
+    # 20 healthy buckets, one drained to nothing (a clean point: the window starts over),
+    # then a lump of 40 from the first bucket after it: the window holds no bucket without
+    # it, so the buckets before the drain are the split's "before"
+    series = swinging([0.0] * 20)
+    series += [replace(s, t=s.t + 20 * 60, blocks_used=0.0, kv_usage=0.0, running=0.0,
+                       tokens_in_flight=0.0) for s in series[:PER_BUCKET]]
+    series += [replace(s, t=s.t + 21 * 60) for s in swinging([40.0] * 25)]
+    found = closes(floor_verdicts(series))
+    e = found[-1].evidence
+    assert e["unexplained_rise"] == pytest.approx(40.0, rel=0.01)
+    assert found[-1].state == "leak"
