@@ -240,9 +240,10 @@ def test_a_smooth_leak_counts_from_where_it_began() -> None:
               for minute in range(40) for i in range(PER_BUCKET)]
     found = closes(floor_verdicts(series))
     e = found[-1].evidence
-    assert e["blocks_per_token"] == pytest.approx(1 / BLOCK, rel=1e-4)  # the ridge
+    # τ is tried at every TAU_EVERY-th bucket: within one bucket of the leak's start
+    assert e["blocks_per_token"] == pytest.approx(1 / BLOCK, rel=1e-3)
     # the last bucket closed is minute 38: 18 minutes of leak since the hinge's bucket
-    assert e["unexplained_drift"] == pytest.approx(2.0 * 18, rel=1e-3)
+    assert e["unexplained_drift"] == pytest.approx(2.0 * 18, abs=2.0)
     rise = float(e["unexplained_rise"])
     assert rise > float(e["unexplained_now"]) - float(e["unexplained_base"])
     assert found[-1].state in ("watch", "leak") and rise >= p.watch_rise_frac * FLOOR_POOL
