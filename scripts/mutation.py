@@ -575,15 +575,16 @@ def _pytest(copy: Path, tests: Iterable[str], timeout: float) -> str:
 
 
 def run_constants(module: str) -> int:
-    """Each constant mutant in a copy of kvtop/, tests/ and docs/, the module's tests run on it."""
+    """Each constant mutant in a copy of the repo's code, tests and docs, the module's tests
+    run on it."""
     import time
 
     ws = prepare(module, fresh=False)
     copy = ws / "constants"
     shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(REPO / "kvtop", copy / "kvtop")
-    shutil.copytree(REPO / "tests", copy / "tests")
-    shutil.copytree(REPO / "docs", copy / "docs")
+    # what the tests import or read besides kvtop/ (tests/conftest.py imports benchmarks/)
+    for name in ("kvtop", "tests", "docs", "benchmarks", "man"):
+        shutil.copytree(REPO / name, copy / name)
     shutil.copy2(ws / "pyproject.toml", copy / "pyproject.toml")
     tests = MODULES[module]
     started = time.monotonic()

@@ -9,7 +9,7 @@ import pytest
 from kvtop.derive.verdicts import StallVerdict
 from kvtop.derive.worst import EngineVerdict
 from kvtop.rehearse.criteria import TITLES, Criterion
-from kvtop.rehearse.verdict import Requests, Stall, decide, judge_stall
+from kvtop.rehearse.verdict import DEFAULT_MAX_ERROR_RATE, Requests, Stall, decide, judge_stall
 from kvtop.rehearse.watch import WatchData
 
 
@@ -103,3 +103,110 @@ def test_the_worst_stall_of_the_run_is_the_one_judged() -> None:
     assert stall == Stall("stalled", "no token generated for 12 s", "m 1", 50.0)
     assert stall.to_json(20.0) == {"state": "stalled", "reason": "no token generated for 12 s",
                                    "engine": "m 1", "first_s": 30.0}
+
+
+def said(name: str, state: str, reason: str) -> Criterion:
+    return Criterion(name, TITLES[name], state, reason)  # type: ignore[arg-type]
+
+
+def test_the_rule_in_words_names_the_error_limit_and_how_many_soft_signals() -> None:
+    lenient = decide(all_ok(), strict=False, error_rate=0.0, max_error_rate=0.025)
+    assert lenient.rule == (
+        "NO-GO on a confirmed leak (free KV failed), a STALLED engine, more than 2.5% of the "
+        "requests failed, or a server that answered none; or when two (--strict: GPU or "
+        "latency alone) of GPU memory growing, the slow share rising and free KV at WATCH "
+        "hold. GO needs free KV and latency judged; without them, no-verdict")
+    strict = decide(all_ok(), strict=True, error_rate=0.0, max_error_rate=0.01)
+    assert "more than 1.0% of the requests failed" in strict.rule
+    assert "or when any one of GPU memory growing" in strict.rule
+    # every verdict carries the rule it was decided by
+    leak = [crit("gpu_memory", "ok"), crit("kv_free", "fail"), crit("latency", "ok")]
+    assert decide(leak, strict=False, error_rate=0.0, max_error_rate=0.025).rule == lenient.rule
+    short = [crit("gpu_memory", "ok"), crit("kv_free", "not_judged"), crit("latency", "ok")]
+    assert decide(short, strict=False, error_rate=0.0,
+                  max_error_rate=0.025).rule == lenient.rule
+
+
+def test_every_hard_reason_and_the_soft_signals_in_their_words() -> None:
+    criteria = [said("gpu_memory", "fail", "growing: GPU 0 up 2 GiB"),
+                said("kv_free", "fail", "falling: 40 blocks kept"),
+                said("latency", "fail", "rising: 10 % to 30 %")]
+    stall = Stall("stalled", "no token generated for 162 s", None, 30.0)
+    decision = decide(criteria, strict=False, error_rate=0.123, max_error_rate=0.01,
+                      stall=stall, requests=Requests(40, 0, 0.123), load_s=600.0)
+    assert decision.verdict == "no-go"
+    assert decision.reasons == [
+        "a leak: free KV not falling: failed (falling: 40 blocks kept)",
+        "stalled: no token generated for 162 s",  # no engine named: no "None: "
+        "12.3% of the requests failed (limit 1.0%)",
+        "the server answered none of the 40 requests in 10.0 min of load",
+        "GPU memory stable: failed (growing: GPU 0 up 2 GiB)",
+        "slow-request share not rising: failed (rising: 10 % to 30 %)"]
+
+
+def test_free_kv_at_watch_is_named_among_the_two_soft_signals() -> None:
+    criteria = [said("gpu_memory", "fail", "growing"), said("kv_free", "watch", "suspect"),
+                said("latency", "ok", "")]
+    decision = decide(criteria, strict=False, error_rate=0.0, max_error_rate=0.01)
+    assert decision.reasons == ["GPU memory stable: failed (growing)",
+                                "free KV not falling: WATCH (suspect)"]
+
+
+def test_a_go_says_each_judged_criterion_and_a_failure_it_overlooked() -> None:
+    criteria = [said("gpu_memory", "not_judged", "no GPU"), said("kv_free", "ok", "holding"),
+                said("latency", "watch", "creeping up")]
+    go = decide(criteria, strict=False, error_rate=0.0, max_error_rate=0.01)
+    assert go.reasons == ["free KV and latency judged, no criterion failed"]
+    assert go.evidence == ["free KV not falling: OK (holding)",
+                           "slow-request share not rising: WATCH (creeping up)"]
+    one_soft = [said("gpu_memory", "fail", "growing"), *criteria[1:]]
+    assert decide(one_soft, strict=False, error_rate=0.0,
+                  max_error_rate=0.01).reasons == ["GPU memory stable: failed"]
+
+
+def test_a_no_verdict_lists_everything_missing() -> None:
+    criteria = [crit("gpu_memory", "ok"),
+                said("kv_free", "not_judged", "not judged: never idle"),
+                Criterion("latency", TITLES["latency"], "not_judged", "too few",
+                          {"needs": "needs about 3 more minutes of load"})]
+    decision = decide(criteria, strict=False, error_rate=0.0, max_error_rate=0.01,
+                      requests=Requests(12, 0, 0.0), load_s=30.0)
+    assert decision.missing == ["not judged: never idle", "needs about 3 more minutes of load",
+                                "no request was answered yet (12 sent)"]
+    assert decision.reasons == ["not enough evidence for GO: not judged: never idle; needs "
+                                "about 3 more minutes of load; no request was answered yet "
+                                "(12 sent)"]
+
+
+def test_a_stall_verdict_with_too_little_to_go_on_names_no_engine() -> None:
+    data = WatchData()
+    data.verdicts = {("m", "0"): EngineVerdict("m", "0")}  # scraped, no stall verdict yet
+    assert judge_stall(data) == Stall("unknown", "the stall verdict had too little to go on")
+
+
+def test_a_saturated_engine_is_dated_from_its_first_saturation() -> None:
+    data = WatchData()
+    busy = EngineVerdict(None, "1")
+    busy.observe_stall(40.0, StallVerdict("saturated", "KV pool pinned full", 40.0))
+    busy.observe_stall(70.0, StallVerdict("saturated", "KV pool pinned full", 70.0))
+    data.verdicts = {(None, "1"): busy}  # type: ignore[dict-item]
+    assert judge_stall(data) == Stall("saturated", "KV pool pinned full", "1", 40.0)
+
+
+def test_a_stall_state_kept_without_its_verdict_reads_as_the_state() -> None:
+    data = WatchData()
+    data.verdicts = {("m", "0"): EngineVerdict("m", "0", stall="stalled", stall_first_t=5.0)}
+    assert judge_stall(data) == Stall("stalled", "stalled", "m 0", 5.0)
+
+
+def test_a_stall_in_json_is_timed_from_the_load_in_milliseconds() -> None:
+    assert Stall("stalled", "stuck", "m 0", 50.12345).to_json(20.0)["first_s"] == 30.123
+    assert Stall("unknown", "too little").to_json(20.0) == {
+        "state": "unknown", "reason": "too little", "engine": None, "first_s": None}
+
+
+@pytest.mark.parametrize(("errors", "verdict"), [(0.01, "go"), (0.0101, "no-go")])
+def test_the_default_error_limit_is_the_documented_1_percent(errors: float, verdict: str) -> None:
+    decision = decide(all_ok(), strict=False, error_rate=errors,
+                      max_error_rate=DEFAULT_MAX_ERROR_RATE)
+    assert decision.verdict == verdict
