@@ -50,8 +50,6 @@ def judge_gpu(points: list[GpuPoint], span: Span, unavailable: str | None) -> Cr
     return Criterion("gpu_memory", TITLES["gpu_memory"], worst[0], worst[1], figures)
 
 
-# A criterion's states in the order of check's verdicts: none yet, fine, watch, bad.
-
 def _one_gpu(index: int, series: list[GpuPoint], span: Span
              ) -> tuple[State, str, dict[str, Any]]:
     thirds: list[list[float]] = [[], [], []]
