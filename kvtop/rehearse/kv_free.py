@@ -19,7 +19,7 @@ from kvtop.rehearse.watch import EnginePoint, WatchData
 
 
 def judge_kv(data: WatchData, params: LeakParams, span: Span) -> Criterion:
-    engines = [_one_engine(key, points, data, params, span)
+    engines = [_one_engine(key, points, data, params)
                for key, points in data.points.items()]
     engines = [e for e in engines if e is not None]
     if not engines:
@@ -35,7 +35,7 @@ def judge_kv(data: WatchData, params: LeakParams, span: Span) -> Criterion:
 
 
 def _one_engine(key: EngineKey, points: list[EnginePoint], data: WatchData,
-                params: LeakParams, span: Span) -> tuple[State, str, dict[str, Any]] | None:
+                params: LeakParams) -> tuple[State, str, dict[str, Any]] | None:
     if not any(p.used is not None for p in points):
         return None
     total = next((p.total for p in reversed(points) if p.total), None)
