@@ -183,9 +183,10 @@ MODULES: dict[str, tuple[str, ...]] = {
                               f"{UNIT}/commands/test_check.py::"
                               "test_the_text_says_stalled_in_the_headline_and_under_the_engine"),
     "kvtop/derive/worst.py": (f"{UNIT}/derive/test_worst.py", f"{UNIT}/commands/test_check.py"),
-    # percentiles of plain samples: its unit test and the rehearsal judge that reads them
+    # percentiles of plain samples: its unit test and the rehearsal's criteria and figures
     "kvtop/derive/samples.py": (f"{UNIT}/derive/test_samples.py",
-                                f"{UNIT}/rehearse/test_judge.py"),
+                                f"{UNIT}/rehearse/test_latency.py",
+                                f"{UNIT}/rehearse/test_advice.py"),
     "kvtop/derive/gpu_owners.py": (f"{UNIT}/derive/test_gpu_owners.py",
                                    f"{UNIT}/collect/test_ownership.py",
                                    f"{UNIT}/view/test_gpus.py"),
@@ -243,13 +244,21 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the go-live rehearsal (issue 28): each module's tests and the end-to-end runs' fast
     # parts in this process; tests/unit/rehearse/test_run.py drives `kvtop sim` processes
     # (seconds each) and is left out
-    "kvtop/rehearse/judge.py": (f"{UNIT}/rehearse/test_judge.py",),
+    "kvtop/rehearse/criteria.py": tuple(f"{UNIT}/rehearse/test_{name}.py" for name in (
+        "latency", "gpu_memory", "kv_free", "verdict", "advice")),
+    "kvtop/rehearse/latency.py": (f"{UNIT}/rehearse/test_latency.py",),
+    "kvtop/rehearse/gpu_memory.py": (f"{UNIT}/rehearse/test_gpu_memory.py",),
+    # the advice reads the leak's figures from the criterion
+    "kvtop/rehearse/kv_free.py": (f"{UNIT}/rehearse/test_kv_free.py",
+                                  f"{UNIT}/rehearse/test_advice.py"),
+    "kvtop/rehearse/verdict.py": (f"{UNIT}/rehearse/test_verdict.py",),
+    "kvtop/rehearse/advice.py": (f"{UNIT}/rehearse/test_advice.py",),
     "kvtop/rehearse/progress.py": (f"{UNIT}/rehearse/test_progress.py",
                                    f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
     "kvtop/rehearse/report.py": (f"{UNIT}/rehearse/test_report.py",
                                  f"{UNIT}/commands/test_rehearse.py::"
                                  "test_outside_text_is_made_safe_in_the_text_report"),
-    "kvtop/rehearse/requests.py": (f"{UNIT}/rehearse/test_judge.py",
+    "kvtop/rehearse/requests.py": (f"{UNIT}/rehearse/test_latency.py",
                                    f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
     "kvtop/rehearse/run.py": (f"{UNIT}/commands/test_rehearse.py",),
     "kvtop/rehearse/watch.py": (f"{UNIT}/commands/test_rehearse.py",),
@@ -566,15 +575,16 @@ def _pytest(copy: Path, tests: Iterable[str], timeout: float) -> str:
 
 
 def run_constants(module: str) -> int:
-    """Each constant mutant in a copy of kvtop/, tests/ and docs/, the module's tests run on it."""
+    """Each constant mutant in a copy of the repo's code, tests and docs, the module's tests
+    run on it."""
     import time
 
     ws = prepare(module, fresh=False)
     copy = ws / "constants"
     shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(REPO / "kvtop", copy / "kvtop")
-    shutil.copytree(REPO / "tests", copy / "tests")
-    shutil.copytree(REPO / "docs", copy / "docs")
+    # what the tests import or read besides kvtop/ (tests/conftest.py imports benchmarks/)
+    for name in ("kvtop", "tests", "docs", "benchmarks", "man"):
+        shutil.copytree(REPO / name, copy / name)
     shutil.copy2(ws / "pyproject.toml", copy / "pyproject.toml")
     tests = MODULES[module]
     started = time.monotonic()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvtop.rehearse.judge import TITLES
+from kvtop.rehearse.criteria import TITLES
 from kvtop.safe_text import display_text
 
 FORMAT_VERSION = 1

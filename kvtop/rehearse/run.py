@@ -28,10 +28,15 @@ from kvtop.derive.leak import LeakParams
 from kvtop.load.driver import DriverSettings, LoadDriver, RequestRecord, RunClock
 from kvtop.load.openai_client import NotOpenAI, ServedModel, list_models, make_session
 from kvtop.load.workloads import Workload, WorkloadError, make_workload
-from kvtop.rehearse import judge
+from kvtop.rehearse.advice import advise, load_figures
+from kvtop.rehearse.criteria import Criterion, Span
+from kvtop.rehearse.gpu_memory import judge_gpu
+from kvtop.rehearse.kv_free import judge_kv
+from kvtop.rehearse.latency import judge_latency, judge_latency_histograms
 from kvtop.rehearse.progress import Progress
 from kvtop.rehearse.report import FORMAT_VERSION, render_text
 from kvtop.rehearse.requests import CODE, RequestTable
+from kvtop.rehearse.verdict import DEFAULT_MAX_ERROR_RATE, Requests, decide, judge_stall
 from kvtop.rehearse.watch import EnginePoint, GpuPoint, Watcher
 from kvtop.safe_text import file_text, json_bytes
 from kvtop.store.recording import RecordingWriter
@@ -78,7 +83,7 @@ class RehearsalSettings:
     request_timeout_s: float = 300.0
     retries: int = 1
     time_scale: float = 1.0
-    max_error_rate: float = judge.DEFAULT_MAX_ERROR_RATE
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE
     insecure: bool = False
     full_metrics: bool = False
     leak_params: LeakParams | None = None
@@ -302,7 +307,7 @@ class _Rehearsal:
     def _criteria_now(self) -> dict[str, str]:
         """The criteria so far: provisional ("ok?") until the load ends, except what is
         certain already (the detector's LEAK, a STALLED engine)."""
-        span = judge.Span(self.load_start, self.clock.now())
+        span = Span(self.load_start, self.clock.now())
         states = {PROGRESS_NAMES[c.name]: PROGRESS_STATES[c.state] + ("" if c.state ==
                                                                       "not_judged" else "?")
                   for c in self._criteria(span)}
@@ -331,37 +336,37 @@ class _Rehearsal:
 
     # -- the report ---------------------------------------------------------------------
 
-    def _span(self) -> judge.Span:
-        return judge.Span(self.load_start, max(self.load_end, self.load_start))
+    def _span(self) -> Span:
+        return Span(self.load_start, max(self.load_end, self.load_start))
 
-    def _criteria(self, span: judge.Span) -> list[judge.Criterion]:
+    def _criteria(self, span: Span) -> list[Criterion]:
         data = self.watcher.data
         params = self.settings.leak_params or LeakParams()
-        latency = (judge.judge_latency(self.table, span) if self.table is not None
-                   else judge.judge_latency_histograms(data.ttft, span))
-        return [judge.judge_gpu(data.gpus, span, data.gpu_unavailable),
-                judge.judge_kv(data, params, span), latency]
+        latency = (judge_latency(self.table, span) if self.table is not None
+                   else judge_latency_histograms(data.ttft, span))
+        return [judge_gpu(data.gpus, span, data.gpu_unavailable),
+                judge_kv(data, params, span), latency]
 
     def _report(self) -> dict[str, Any]:
         settings, data, table = self.settings, self.watcher.data, self.table
         criteria = self._criteria(self._span())
         by_name = {c.name: c for c in criteria}
         error_rate = table.error_rate() if table is not None else None
-        stall = judge.judge_stall(data)
+        stall = judge_stall(data)
         load_s = self.load_end - self.load_start
-        requests = (judge.Requests(len(table), table.statuses["ok"], error_rate)
+        requests = (Requests(len(table), table.statuses["ok"], error_rate)
                     if table is not None else None)
-        decision = judge.decide(criteria, strict=settings.strict, error_rate=error_rate,
-                                max_error_rate=settings.max_error_rate, stall=stall,
-                                requests=requests, load_s=load_s)
-        figures = judge.load_figures(data, self._span(), table)
+        decision = decide(criteria, strict=settings.strict, error_rate=error_rate,
+                          max_error_rate=settings.max_error_rate, stall=stall,
+                          requests=requests, load_s=load_s)
+        figures = load_figures(data, self._span(), table)
         model_len = self.model.max_model_len if self.model else None
         expected = self.workload.expected_hit_rate if self.workload else None
         advice = []
         if decision.verdict == "no-go":
-            advice = judge.advise(by_name, figures, model_len=model_len,
-                                  expected_hit_rate=expected, error_rate=error_rate,
-                                  errors=dict(table.errors) if table else {}, stall=stall)
+            advice = advise(by_name, figures, model_len=model_len,
+                            expected_hit_rate=expected, error_rate=error_rate,
+                            errors=dict(table.errors) if table else {}, stall=stall)
         doc = {
             "kvtop_rehearse": FORMAT_VERSION,
             "started_at": self.started_at.isoformat(timespec="seconds"),

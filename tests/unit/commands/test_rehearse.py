@@ -30,11 +30,11 @@ from kvtop.config import ConfigError
 from kvtop.derive.leak import LeakParams
 from kvtop.load.driver import RequestRecord, RunClock
 from kvtop.load.workloads import NAMED
-from kvtop.rehearse.judge import DEFAULT_MAX_ERROR_RATE
 from kvtop.rehearse.progress import Progress
 from kvtop.rehearse.report import render_text
 from kvtop.rehearse.requests import RequestTable
 from kvtop.rehearse.run import RehearsalSettings
+from kvtop.rehearse.verdict import DEFAULT_MAX_ERROR_RATE
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.faultserver import FaultServer, closed_port, served_in_thread
