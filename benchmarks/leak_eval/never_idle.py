@@ -120,6 +120,9 @@ def run_one(case: Case, out: Path, reuse: bool, record_only: bool = False) -> Re
     began = time.perf_counter()
     rec, truth = out / f"{case.name}.jsonl.gz", out / f"{case.name}.truth.json"
     if not (reuse and rec.exists() and truth.exists()):
+        # kvtop's writer never overwrites a file: a run made anew clears the last one's.
+        rec.unlink(missing_ok=True)
+        truth.unlink(missing_ok=True)
         rec, truth = generate(case, out)
     if record_only:
         return None

@@ -134,6 +134,9 @@ def run_one(scenario: Scenario, out: Path, reuse: bool = False
     start = time.perf_counter()
     rec, truth = out / f"{scenario.name}.jsonl.gz", out / f"{scenario.name}.truth.json"
     if not (reuse and rec.exists() and truth.exists()):
+        # kvtop's writer never overwrites a file: a run made anew clears the last one's.
+        rec.unlink(missing_ok=True)
+        truth.unlink(missing_ok=True)
         make = generate_twin if scenario.source == "twin" else generate
         # A seed per scenario, stable across runs: scenarios that differ only in leak size
         # must not share one traffic sample.
