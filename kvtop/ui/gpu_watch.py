@@ -27,6 +27,7 @@ from kvtop.derive.gpu_owners import (
     nvml_source,
     owned_memory,
 )
+from kvtop.safe_text import display_text
 from kvtop.view.gpus import GpuTrails, failed_sources, gpu_note
 
 if TYPE_CHECKING:
@@ -154,6 +155,20 @@ class GpuWatch:
         if self._reader is None:
             return None
         return gpu_note(self.unavailable, self.failed_sources, bool(self.views))
+
+    def why_no_pane(self, *, demo: bool) -> str | None:
+        """Why ``g`` has no GPU pane to show (None: it has one)."""
+        if self.views or self.failed_sources:
+            return None
+        if demo:
+            return "no GPU pane: the demo's servers are simulated and own no GPU"
+        if self._reader is None:
+            return "no GPU pane: --no-gpu (a GPU exporter as a target still shows its GPUs)"
+        if self.unavailable is not None:
+            return (f"no GPU pane: no local GPU ({display_text(self.unavailable, 80)}); add "
+                    "a GPU exporter "
+                    "(dcgm-exporter, nvidia_gpu_exporter) as a target")
+        return "no GPU pane: no GPU read yet"
 
     def sources(self, states: list[TargetState]) -> list[GpuSource]:
         """Where GPUs were read from, for the snapshot: NVML (read, absent or broken;

@@ -20,7 +20,7 @@ from textual.strip import Strip
 from kvtop.view.cells import CELL_PADDING, Cell, Column, visible_columns
 from kvtop.view.fleet import FleetRow
 
-SCROLLBAR_W = 2  # the vertical scrollbar's cells, kept free so no column is half drawn
+SCROLLBAR_W = 1  # the vertical scrollbar's cells (kvtop.tcss), kept free for it
 ELLIPSIS = "…"
 MAX_STRIPS = 1024  # cached row lines (a few screens' worth); then start afresh
 
@@ -37,10 +37,20 @@ def fit(text: str, width: int, keep: int = 0) -> str:
 
 
 def header_text(columns: list[Column], sorted_by: str, ascending: bool) -> str:
-    """The header's labels, the sorted column's marked ▲ (smallest or A first) or ▼."""
+    """The header's labels, the sorted column's marked ▲ (smallest or A first) or ▼: the
+    marker survives a label cut to make room for it."""
     marker = "▲" if ascending else "▼"
-    return "".join(f" {fit(c.label + marker if c.key == sorted_by else c.label, c.width)} "
-                   for c in columns)
+    return "".join(f" {fit(c.label[:c.width - 1] + marker, c.width)} "
+                   if c.key == sorted_by else f" {fit(c.label, c.width)} " for c in columns)
+
+
+def cell_text(cell: Cell, width: int) -> str:
+    """The cell in ``width`` cells: its short form where the text is wider (a narrowed
+    column), else the text, cut if it must be."""
+    text = cell.text
+    if cell.short is not None and cell_len(text) > width:
+        text = cell.short
+    return fit(text, width, cell.keep)
 
 
 def column_at(columns: list[Column], x: int) -> str | None:
@@ -329,7 +339,7 @@ class FleetTable(ScrollView, can_focus=True):
         segments = []
         for column in self._columns:
             cell = row.cells[column.key]
-            text = fit(cell.text, column.width, cell.keep)
+            text = cell_text(cell, column.width)
             if cell.level is None:
                 segments.append(Segment(f" {text} ", base))
                 continue
