@@ -1,5 +1,8 @@
 """Progress while a rehearsal runs: one line kept up to date on a terminal (every second),
-a plain line a minute otherwise (logs, CI). Written to stderr; the report goes to stdout."""
+a plain line a minute otherwise (logs, CI). Written to stderr; the report goes to stdout.
+After the load it says what the run waits for: the requests still in flight (draining, up
+to the request timeout) and then the server going idle for the last reading, so the line
+never stands still for a minute without saying why."""
 
 from __future__ import annotations
 
@@ -36,6 +39,17 @@ class Progress:
         self.load_start = 0.0
         self._recent: deque[tuple[float, float]] = deque()
         self._states: dict[str, str] = {}
+        self._draining: tuple[float, Callable[[], int]] | None = None
+        self._settling = False
+
+    def drain(self, until: float, in_flight: Callable[[], int]) -> None:
+        """The load stopped: requests in flight are waited for until ``until`` (the run's
+        clock), then cut."""
+        self._draining = (until, in_flight)
+
+    def settle(self) -> None:
+        """Every request is done: the run waits for the server to go idle."""
+        self._settling = True
 
     def add(self, record: RequestRecord) -> None:
         if record.status == "ok" and record.attempt == 1 and record.ttft_s is not None:
@@ -61,7 +75,7 @@ class Progress:
         while self._recent and self._recent[0][0] < now - RECENT_S:
             self._recent.popleft()
         ttfts = [v for _, v in self._recent]
-        parts = [f"{hms(now - self.load_start)} / {hms(self.duration_s)}"]
+        parts = [self._phase(now)]
         if self.table is not None:
             table = self.table
             parts.append(f"{table.statuses['ok']} done, {table.failed} failed, "
@@ -73,6 +87,15 @@ class Progress:
         if self._states:
             parts.append(" ".join(f"{k} {v}" for k, v in self._states.items()))
         return " | ".join(parts)
+
+    def _phase(self, now: float) -> str:
+        if self._settling:
+            return "load done; waiting for the server to go idle for the last reading"
+        if self._draining is not None:
+            until, in_flight = self._draining
+            return (f"load done ({hms(self.duration_s)}); draining {in_flight()} in flight, "
+                    f"{hms(max(until - now, 0.0))} at most")
+        return f"{hms(now - self.load_start)} / {hms(self.duration_s)}"
 
     def _print(self, line: str) -> None:
         if self.tty:

@@ -149,6 +149,7 @@ class _Rehearsal:
             on_gpu=outputs.gpu)
         self.progress_stream = progress
         self.progress: Progress | None = None
+        self._progress_task: asyncio.Task[None] | None = None
         self.model: ServedModel | None = None
         self.workload: Workload | None = None
         self.load_start = self.load_end = 0.0
@@ -169,7 +170,10 @@ class _Rehearsal:
                 await self._after()
             finally:
                 watch_stop.set()
-                await asyncio.gather(watching, return_exceptions=True)
+                if self._progress_task is not None:  # it says what the drain and after wait for
+                    self._progress_task.cancel()
+                await asyncio.gather(*(t for t in (watching, self._progress_task) if t),
+                                     return_exceptions=True)
         return self._report()
 
     async def _identify(self, session: aiohttp.ClientSession) -> None:
@@ -216,7 +220,7 @@ class _Rehearsal:
         loop = asyncio.get_running_loop()
         timer = loop.call_later(clock.wall(settings.duration_s), stop.set)
         relay = asyncio.create_task(_relay(self.interrupted, stop))
-        progress = self._start_progress()
+        self._progress_task = self._start_progress()
         try:
             if self.workload is None:
                 await stop.wait()
@@ -227,13 +231,13 @@ class _Rehearsal:
                 self.load_end = clock.now()
                 grace = 0.0 if self.interrupted.is_set() else min(
                     settings.request_timeout_s, settings.drain_s)
+                if self.progress is not None:
+                    self.progress.drain(self.load_end + grace, lambda: driver.counts.in_flight)
                 await driver.finish(grace)
         finally:
             timer.cancel()
-            for task in (relay, progress):
-                if task is not None:
-                    task.cancel()
-            await asyncio.gather(*(t for t in (relay, progress) if t), return_exceptions=True)
+            relay.cancel()
+            await asyncio.gather(relay, return_exceptions=True)
 
     def _driver(self, session: aiohttp.ClientSession) -> LoadDriver:
         settings = self.settings
@@ -275,6 +279,8 @@ class _Rehearsal:
         """Wait for the server to go idle so the floor can be read again (driven runs)."""
         watcher = self.watcher
         watcher.phase = "after"
+        if self.progress is not None:
+            self.progress.settle()
         if self.interrupted.is_set():
             return
         if self.settings.watch_only:
