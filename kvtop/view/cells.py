@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 Level = Literal["ok", "warn", "bad", "alarm", "dim"]
 NOT_INFERENCE = "not an inference server?"
-NARROW_BAR = 3  # cells of the KV bar in a narrowed KV column
+NARROW_BAR = 2  # cells of the KV bar in a narrowed KV column
 RESTART_BADGE_S = 300.0  # how long a restart stays flagged in the status column
 
 
@@ -54,13 +54,13 @@ class Column:
 COLUMNS: tuple[Column, ...] = (
     Column("name", "NAME", 16, 0, narrow=12),
     Column("model", "MODEL", 24, 5),
-    Column("status", "STATUS", 10, 0, narrow=9),
-    Column("kv", "KV BLOCKS", 17, 0, narrow=15),  # a 3-cell bar: "██▌ 20.2k/20.2k"
+    Column("status", "STATUS", 11, 0),  # "timeout 12s" keeps its age
+    Column("kv", "KV BLOCKS", 17, 0, narrow=14),  # a 2-cell bar: "█▌ 10.1k/20.2k"
     Column("leak", "LEAK", 12, 0, narrow=9),  # never dropped; narrow: the state alone
     Column("running", "RUN", 4, 1),
     Column("waiting", "WAIT", 4, 1),
     Column("preempt", "PRE/s", 5, 3),
-    Column("hit", "HIT", 5, 2),
+    Column("hit", "HIT", 5, 2, narrow=4),  # narrow: a lifetime rate dimmed, unbracketed
     Column("prompt", "PP t/s", 6, 4),
     Column("gen", "GEN t/s", 7, 2, narrow=5, narrow_label="GEN/s"),
     Column("ttft", "TTFT 50/99", 11, 3),
@@ -194,7 +194,8 @@ def hit_cell(stats: EngineStats) -> Cell:
     if window is not None:
         return Cell(fmt.percent(window))
     if stats.hit_rate is not None:
-        return Cell(f"({fmt.percent(stats.hit_rate)})", "dim")
+        rate = fmt.percent(stats.hit_rate)
+        return Cell(f"({rate})", "dim", short=rate)
     return Cell(fmt.DASH)
 
 

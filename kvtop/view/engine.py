@@ -61,7 +61,7 @@ class EngineView:
     lines: list[Line] = field(default_factory=list)
     panes: list[PaneView] = field(default_factory=list)
     facts: list[Line] = field(default_factory=list)  # most telling first: shown as room allows
-    empty: str = "no numbers from this server yet"  # what a chart without a pane says
+    empty: str = "no numbers from this server"  # what a chart without a pane says
 
 
 def _points(history: Sequence[EngineStats], get: Getter) -> list[Point]:
@@ -392,7 +392,7 @@ def fact_lines(state: TargetState, stats: EngineStats, now: float) -> list[Line]
                     ("  rates over ", "key"), (fmt.age(stats.window_s), "")]
     if state.restarted_at is not None:
         server += [("  restarted ", "key"), (f"{fmt.age(now - state.restarted_at)} ago", "")]
-    lookups: Line = [("prefix lookups ", "key"), (f"{fmt.rate(stats.prefix_queries_per_s)}/s", ""),
+    lookups: Line = [("prefix lookups ", "key"), (_per_s(stats.prefix_queries_per_s), ""),
                      ("  lifetime hit ", "key"), (fmt.percent(lifetime_hit(stats)), ""),
                      (f" of {fmt.count(stats.prefix_queries_total)} {stats.prefix_unit or ''}"
                       .rstrip(), "dim")]
@@ -402,16 +402,20 @@ def fact_lines(state: TargetState, stats: EngineStats, now: float) -> list[Line]
 
 def _queue_line(stats: EngineStats) -> Line:
     """Evictions and how requests end (finished a second, by reason)."""
-    line: Line = [("preempt ", "key"), (f"{fmt.rate(stats.preemptions_per_s)}/s", ""),
+    line: Line = [("preempt ", "key"), (_per_s(stats.preemptions_per_s), ""),
                   ("  swapped ", "key"), (fmt.count(stats.swapped), "")]
     finished = {reason: rate for reason, rate in stats.finished_per_s.items() if rate}
     if stats.finished_per_s:
-        line += [("  finished ", "key"), (f"{fmt.rate(sum(finished.values()))}/s", "")]
+        line += [("  finished ", "key"), (_per_s(sum(finished.values())), "")]
     if finished:  # the commonest ways requests end now
         most = sorted(finished.items(), key=lambda item: -item[1])[:MAX_REASONS]
         reasons = ", ".join(f"{display_text(reason, 20)} {fmt.rate(rate)}" for reason, rate in most)
         line.append((f" ({reasons})", "dim"))
     return line
+
+
+def _per_s(value: float | None) -> str:
+    return fmt.DASH if value is None else f"{fmt.rate(value)}/s"
 
 
 def _p50_p99(q: Quantiles | None) -> str:
