@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 Level = Literal["ok", "warn", "bad", "alarm", "dim"]
 NOT_INFERENCE = "not an inference server?"
-NARROW_BAR = 2  # cells of the KV bar in a narrowed KV column
+NARROW_BAR = 3  # cells of the KV bar in a narrowed KV column
 RESTART_BADGE_S = 300.0  # how long a restart stays flagged in the status column
 
 
@@ -44,28 +44,27 @@ class Column:
     priority: int  # lower survives longer when the terminal is narrow
     narrow: int = 0  # the width it shrinks to on a small terminal (0: its width)
     narrow_label: str = ""  # its label then ("": the label)
+    pad: int = 2  # spaces around it: one each side; narrowed, one before (as htop's)
 
     def narrowed(self) -> Column:
-        if not self.narrow or self.narrow == self.width:
-            return self
-        return Column(self.key, self.narrow_label or self.label, self.narrow, self.priority)
+        return Column(self.key, self.narrow_label or self.label, self.narrow or self.width,
+                      self.priority, pad=1)
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("name", "NAME", 16, 0, narrow=12),
+    Column("name", "NAME", 16, 0),
     Column("model", "MODEL", 24, 5),
     Column("status", "STATUS", 11, 0),  # "timeout 12s" keeps its age
-    Column("kv", "KV BLOCKS", 17, 0, narrow=14),  # a 2-cell bar: "█▌ 10.1k/20.2k"
+    Column("kv", "KV BLOCKS", 17, 0, narrow=15),  # a 3-cell bar: "█▌░ 10.1k/20.2k"
     Column("leak", "LEAK", 12, 0, narrow=9),  # never dropped; narrow: the state alone
     Column("running", "RUN", 4, 1),
     Column("waiting", "WAIT", 4, 1),
     Column("preempt", "PRE/s", 5, 3),
-    Column("hit", "HIT", 5, 2, narrow=4),  # narrow: a lifetime rate dimmed, unbracketed
+    Column("hit", "HIT", 5, 2),
     Column("prompt", "PP t/s", 6, 4),
     Column("gen", "GEN t/s", 7, 2, narrow=5, narrow_label="GEN/s"),
     Column("ttft", "TTFT 50/99", 11, 3),
 )
-CELL_PADDING = 2  # one space on each side of a cell
 NARROW_AFTER = 3  # columns of a priority above this go before the others are narrowed
 # GPU memory of the server's GPUs (what nvidia-smi sees), shown once some GPU has an owner
 GPU_COLUMN = Column("gpu", "GPU MEM", 9, 2)
@@ -85,14 +84,14 @@ def visible_columns(width: int, *, gpu: bool = False, delta: bool = False) -> li
     if delta:
         shown.insert(next(i for i, c in enumerate(shown) if c.key == "leak") + 1, DELTA_COLUMN)
     def fits() -> bool:
-        return sum(c.width + CELL_PADDING for c in shown) <= width
+        return sum(c.width + c.pad for c in shown) <= width
 
     by_priority = sorted(shown, key=lambda c: -c.priority)
     for column in by_priority:
         if fits() or column.priority <= NARROW_AFTER:
             break
         shown.remove(column)
-    if not fits():  # 80x24: HIT and GEN beside the verdict rather than names in full
+    if not fits():  # 80x24: HIT and GEN beside the verdict, one space apart as in htop
         shown = [c.narrowed() for c in shown]
     for column in by_priority:
         if fits() or column.priority == 0:
@@ -194,8 +193,7 @@ def hit_cell(stats: EngineStats) -> Cell:
     if window is not None:
         return Cell(fmt.percent(window))
     if stats.hit_rate is not None:
-        rate = fmt.percent(stats.hit_rate)
-        return Cell(f"({rate})", "dim", short=rate)
+        return Cell(f"({fmt.percent(stats.hit_rate)})", "dim")
     return Cell(fmt.DASH)
 
 

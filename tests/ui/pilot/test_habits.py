@@ -87,7 +87,7 @@ async def test_clicking_a_header_sorts_by_it_and_again_reverses(tmp_path: Path) 
         for column in app.table.columns:
             if column.key == "running":
                 break
-            x += column.width + 2
+            x += column.width + column.pad
         await pilot.click("#fleet", offset=(x + 2, 0))
         # HOST_A runs 30, HOST_B none; the gateway has no number: last either way
         assert await until(pilot, lambda: _names(app) == ["10.0.0.5:8000", "10.0.0.5:8001",
