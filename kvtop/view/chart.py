@@ -33,6 +33,7 @@ class Series:
     label: str
     role: str  # its colour: the widget's component class
     points: Sequence[Point]
+    join_s: float = 0.0  # silences up to this long are joined too (beyond 2.5 intervals)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,14 +216,16 @@ def time_ticks(span_s: float, width: int) -> str:
     return "".join(line)
 
 
-def joined_bins(points: Sequence[Point], now: float, span_s: float,
-                count: int) -> list[float | None]:
+def joined_bins(points: Sequence[Point], now: float, span_s: float, count: int,
+                join_s: float = 0.0) -> list[float | None]:
     """:func:`bins` with the columns between two scrapes joined (:func:`join_gaps`), so a
-    slow interval is a line, not dots; a silence longer than 2.5 intervals stays a gap."""
+    slow interval is a line, not dots; a silence longer than 2.5 intervals (or ``join_s``)
+    stays a gap."""
     values = bins(points, now, span_s, count)
     if count <= 0 or span_s <= 0:
         return values
-    return join_gaps(values, math.ceil(2.5 * spacing_s(points) / (span_s / count)))
+    longest = max(2.5 * spacing_s(points), join_s)
+    return join_gaps(values, math.ceil(longest / (span_s / count)))
 
 
 def render(chart: Chart, width: int, height: int) -> list[Row]:
@@ -245,7 +248,7 @@ def render(chart: Chart, width: int, height: int) -> list[Row]:
             canvas.rule(round(rule.value / top * (dots - 1)), rule.role)
     columns = plot_w * 2
     for series in chart.series:
-        values = joined_bins(series.points, chart.now, chart.span_s, columns)
+        values = joined_bins(series.points, chart.now, chart.span_s, columns, series.join_s)
         canvas.line(_dot_rows(values, top, dots), series.role)
     rows = []
     for y, plotted in enumerate(canvas.rows()):

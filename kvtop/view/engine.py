@@ -40,6 +40,7 @@ Getter = Callable[["EngineStats"], "float | None"]
 MAX_ADAPTERS = 4  # LoRA names listed before "+N"
 MAX_REASONS = 2  # finish reasons named beside the finished rate
 MIN_GROWTH_S = 60.0  # a leak's growth is told over at least this long
+HIT_JOIN_S = 30.0  # windows without a lookup joined over in the hit-rate chart
 STALL_ROLE = {"stalled": "alarm", "saturated": "warn"}
 
 
@@ -197,8 +198,11 @@ def queue_pane(stats: EngineStats, history: Sequence[EngineStats], now: float,
 
 def hit_pane(stats: EngineStats, history: Sequence[EngineStats], now: float,
              span_s: float) -> PaneView:
-    """The hit rate of each scrape window (the one HIT); the lifetime rate only as text."""
-    series = _series(history, ("window", "s1", lambda s: _pct(window_hit(s))))
+    """The hit rate of each scrape window (the one HIT); the lifetime rate only as text. A
+    window without lookups has no rate: quiet spells under HIT_JOIN_S are joined, so a
+    bursty server's rate is a line, not a scatter of dots."""
+    series = tuple(replace(s, join_s=HIT_JOIN_S) for s in
+                   _series(history, ("window", "s1", lambda s: _pct(window_hit(s)))))
     latest: Line = [(fmt.percent(window_hit(stats)), ""),
                     (f"  lifetime {fmt.percent(lifetime_hit(stats))}", "dim")]
     empty = "prefix caching off" if stats.prefix_caching is False else "no lookups yet"

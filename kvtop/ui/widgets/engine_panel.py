@@ -37,6 +37,7 @@ class Spark:
     top: float
     tail: Line
     role: str = "s1"
+    join_s: float = 0.0  # as its chart series
 
 
 def sparks(view: EngineView, gpu_series: GpuSeries,
@@ -66,7 +67,7 @@ def _pane_spark(pane: PaneView, series_label: str, label: str) -> Spark | None:
     series = next((s for s in chart.series if s.label == series_label), None)
     if series is None:
         return None
-    return Spark(label, series.points, chart.axis_top(), tail, series.role)
+    return Spark(label, series.points, chart.axis_top(), tail, series.role, series.join_s)
 
 
 def _tail(pane: PaneView, series_label: str) -> Line:
@@ -130,7 +131,8 @@ class EnginePanel(Styled, Static):
         cells = max(width - LABEL_W - tail_w, 0) if drawn else 0
         out: list[Text] = []
         for spark in items:
-            [block] = spark_rows(joined_bins(spark.points, now, span_s, cells), spark.top, 1)
+            values = joined_bins(spark.points, now, span_s, cells, spark.join_s)
+            [block] = spark_rows(values, spark.top, 1)
             line: Line = [(spark.label.ljust(LABEL_W), "key"), (block, spark.role)]
             line += [(" " if drawn else "", ""), *spark.tail]
             out.append(self.line_text(line))

@@ -41,3 +41,21 @@ def test_every_pane_reads_the_same_span_whatever_its_width() -> None:
         assert ticks.startswith("-5m") and ticks.rstrip().endswith("now"), (width, ticks)
     assert time_ticks(SPAN, 40).split() == ["-5m", "-4m", "-3m", "-2m", "-1m", "now"]
     assert time_ticks(SPAN, 31).split() == ["-5m", "now"]  # no -4m beside a -5m elsewhere
+
+
+def test_a_hit_rate_with_quiet_spells_is_a_line_not_a_scatter_of_dots() -> None:
+    from kvtop.derive.stats import EngineStats
+    from kvtop.view.engine import HIT_JOIN_S, hit_pane
+
+    # a bursty server: a hit rate every 1 s for 5 s, then 20 s without a lookup, and again
+    history = [EngineStats("m", "0", float(t), hit_rate=0.4 + (t % 50) / 100,
+                           hit_rate_scope="window" if t % 25 < 5 else None)
+               for t in range(700, 1001)]
+    pane = hit_pane(history[-1], history, 1000.0, 300.0)
+    assert pane.chart is not None
+    [series] = pane.chart.series
+    assert series.join_s == HIT_JOIN_S == 30.0
+    values = joined_bins(series.points, 1000.0, 300.0, 60, series.join_s)
+    first = next(i for i, v in enumerate(values) if v is not None)
+    assert None not in values[first:]  # joined across the 20 s spells
+    assert joined_bins(series.points, 1000.0, 300.0, 60).count(None) > 20  # unjoined: dots
