@@ -170,7 +170,7 @@ def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
         # the redraw period follows the interval: kept to what the live app offers
         interval_s=min(max(recording.interval_s, INTERVALS[0]), INTERVALS[-1]),
         no_gpu=True,  # this machine's GPUs say nothing about the recording
-        snapshot_dir=snapshot_dir or Path.cwd(),
+        snapshot_dir=snapshot_dir,
         source_factory=lambda _: source,
         clock=source.now,
         baseline=baseline,

@@ -245,6 +245,23 @@ async def test_snapshot_writes_json_bodies_and_svg(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".kvtop-snapshot-*"))  # no temp folder left behind
 
 
+async def test_s_writes_under_the_state_directory_and_says_the_whole_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a snapshot in the directory kvtop was started in showed up in a git checkout
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    app, _ = live_app(tmp_path, snapshot_dir=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await live_data_shown(pilot)
+        await pilot.press("s")
+        folder = tmp_path / "state/kvtop/snapshots/kvtop-snapshot-20260101T000002Z"
+        await eventually(lambda: any(n.message == f"Snapshot saved to {folder}"
+                                     for n in app._notifications),
+                         "the snapshot's whole path told", pause=pilot.pause)
+    assert (folder / "screen.svg").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
+
+
 async def test_snapshot_to_unwritable_folder_is_a_message(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
