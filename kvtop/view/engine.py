@@ -332,13 +332,25 @@ def no_match_view(search: str) -> EngineView:
         empty="")
 
 
+NEVER_ANSWERED_HINTS: tuple[tuple[str, str], ...] = (  # (what, how), for a newcomer
+    ("vLLM serves /metrics on its API port:", "vllm serve MODEL --port 8000"),
+    ("SGLang with", "--enable-metrics"),
+    ("llama.cpp with", "--metrics"),
+    ("many servers, named and grouped, in", "~/.config/kvtop/config.toml"),
+    ("a fleet Prometheus already scrapes:", "kvtop --prometheus http://prom:9090"),
+    ("every key and column:", "F1"),
+)
+
+
 def _never_answered(state: TargetState, interval_s: float | None) -> list[Line]:
-    """A server that never answered: where kvtop looks, and what to try."""
+    """A server that never answered: where kvtop looks, what to try, then where servers
+    serve their metrics (as many of these as the panel has rows for)."""
     every = f", trying every {fmt.age(interval_s)}" if interval_s else ""
     return [[("nothing answers at ", "dim"), (display_text(state.target.url, 120), ""),
              (every, "dim")],
             [("start the server, name others (", "dim"), ("kvtop HOST:PORT …", "key"),
-             ("), or try ", "dim"), ("kvtop --demo", "key")]]
+             ("), or try ", "dim"), ("kvtop --demo", "key")],
+            *([(f"{what} ", "dim"), (how, "key")] for what, how in NEVER_ANSWERED_HINTS)]
 
 
 def engine_view(row: FleetRow | None, state: TargetState | None,

@@ -80,9 +80,11 @@ def test_a_server_that_never_answered_says_never() -> None:
     [row] = build_rows([state], NOW)
     view = engine_view(row, state, [], NOW, SPAN)
     text = ["".join(piece for piece, _ in line) for line in view.lines]
-    assert text == ["status down  last good never  connection refused",
-                    "nothing answers at http://h:1/metrics",
-                    "start the server, name others (kvtop HOST:PORT …), or try kvtop --demo"]
+    assert text[:3] == ["status down  last good never  connection refused",
+                        "nothing answers at http://h:1/metrics",
+                        "start the server, name others (kvtop HOST:PORT …), or try kvtop --demo"]
+    assert "vLLM serves /metrics on its API port: vllm serve MODEL --port 8000" in text
+    assert "a fleet Prometheus already scrapes: kvtop --prometheus http://prom:9090" in text
     assert view.panes == []
     # with the interval known it says how often it tries; once it answered, no hint
     view = engine_view(row, state, [], NOW, SPAN, interval_s=2.0)
