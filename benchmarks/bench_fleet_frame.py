@@ -37,6 +37,7 @@ from textual.pilot import Pilot
 
 from benchmarks.paths import METRICS as FIXTURES
 from benchmarks.quick import parse_args, quick_option
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.derive.verdicts import LeakVerdict
@@ -81,8 +82,8 @@ def build_trackers(count: int, seed: int = 0) -> dict[str, TargetTracker]:
         target = Target.from_spec(f"10.{i // 200}.{i % 200}.{i % 7 + 1}:8000")
         tracker = TargetTracker(target)
         body = bodies[i % len(bodies)]
-        tracker.update(Scrape(target, T0, _varied(body, rng)))
-        tracker.update(Scrape(target, T0 + 1, _varied(body, rng)))
+        tracker.update(read_scrape(Scrape(target, T0, _varied(body, rng))))
+        tracker.update(read_scrape(Scrape(target, T0 + 1, _varied(body, rng))))
         roll = rng.random()
         if roll < 0.02:
             tracker.update(Scrape(target, T0 + 90, failure="down", error="connection refused"))

@@ -40,6 +40,8 @@ class EngineStats:
     tokens_used: float | None = None
     running: float | None = None
     waiting: float | None = None
+    waiting_deferred: float | None = None  # waiting for a KV transfer or the LoRA budget
+    tokens_in_flight: float | None = None  # context of the requests in flight, from counters
     swapped: float | None = None
     preemptions_total: float | None = None
     prefix_queries_total: float | None = None
@@ -64,3 +66,12 @@ class EngineStats:
     lora: LoraInfo | None = None  # LoRA adapters with requests running / waiting
     leak: LeakVerdict | None = None  # the leak detector's verdict after this scrape
     stall: StallVerdict | None = None  # the stall verdict after this scrape
+
+    @property
+    def usage(self) -> float | None:
+        """How full the pool is: the server's own figure, else blocks used over the pool."""
+        if self.kv_usage is not None:
+            return self.kv_usage
+        if self.blocks_used is not None and self.blocks_total:
+            return self.blocks_used / self.blocks_total
+        return None

@@ -12,12 +12,11 @@ the few seconds a slow scrape lags, however long the recording.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import heapq
 import math
-import os
 import re
-import stat
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +27,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kvtop.collect.source import ScrapeReader
 from kvtop.collect.target import Scrape, Target
+from kvtop.files import UnreadableFile, open_regular
 from kvtop.safe_text import display_text
 from kvtop.store.format import (
     FAILURES,
@@ -76,12 +77,10 @@ def _opened(path: Path) -> Iterator[IO[bytes]]:
     """The file's bytes, unzipped when it is gzip. Only a regular file: /dev/zero would
     never end a line and a FIFO would block (O_NONBLOCK lets the check see it first)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise RecordingError(f"{path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RecordingError(f"{path}: not a regular file")
+        opened = open_regular(path)
+    except UnreadableFile as exc:
+        raise RecordingError(f"{path}: {exc}") from None
+    with opened as file:  # buffered: it can peek
         if file.peek(2)[:2] != GZIP_MAGIC:
             yield file
             return
@@ -325,7 +324,11 @@ class RecordingFile:
             yield from read.scrapes()
 
     def in_time_order(self) -> Iterator[Scrape]:
-        return time_ordered(self.in_file_order(), self._late_s)
+        """The scrapes in time order, each with its reading made."""
+        read = ScrapeReader()
+        with contextlib.closing(time_ordered(self.in_file_order(), self._late_s)) as scrapes:
+            for scrape in scrapes:
+                yield read(scrape)
 
 
 def open_recording(path: Path) -> RecordingFile:
@@ -370,7 +373,10 @@ class Recording:
         return [Target(url=url) for url in urls]
 
     def in_time_order(self) -> Iterator[Scrape]:
-        return iter(sorted(self.scrapes, key=lambda s: s.t))
+        """The scrapes in time order, each with its reading made (on a copy: the recording
+        held stays as read)."""
+        read = ScrapeReader()
+        return (read(dataclasses.replace(s)) for s in sorted(self.scrapes, key=lambda s: s.t))
 
 
 def read_recording(path: Path) -> Recording:

@@ -1,7 +1,9 @@
 """Replay a recording as a scrape source: the app and ``kvtop check`` consume its scrapes
 exactly as they consume the live poller's, so every number is computed the same way.
 
-The replay keeps its own clock (recording time). It can pause, step one scrape, seek and
+:class:`RecordingSource` is a recording as the commands read it: every scrape stored, in
+time order, nothing live. :class:`ReplaySource` is the app's replay:
+the replay keeps its own clock (recording time). It can pause, step one scrape, seek and
 change speed. Seeking backwards calls ``on_rewind`` (the consumer drops its state) and then
 re-delivers every scrape from the start up to the new position at once, because rates,
 history and the leak evidence depend on everything before. So a replay only ever reads the
@@ -14,11 +16,12 @@ import asyncio
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Protocol
 
-from kvtop.collect.target import Scrape
+from kvtop.collect.source import ALL, OnScrape, Source
+from kvtop.collect.target import Scrape, Target
 
-OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 MIN_SPEED, MAX_SPEED = 0.1, 1000.0
 
 
@@ -33,6 +36,34 @@ class Replayable(Protocol):
     @property
     def end_t(self) -> float: ...
     def in_time_order(self) -> Iterator[Scrape]: ...
+
+
+class Stored(Replayable, Protocol):
+    """A recording as a command reads it (:class:`~kvtop.store.reader.RecordingFile`)."""
+
+    path: Path
+    warnings: list[str]
+
+    def targets(self) -> list[Target]: ...
+
+
+class RecordingSource(Source):
+    """A recording for a command: its scrapes are all stored, whatever span is asked."""
+
+    name = "the recording"
+
+    def __init__(self, recording: Stored) -> None:
+        super().__init__(recording.targets())
+        self.recording = recording
+        self.interval_s = recording.interval_s
+
+    @property
+    def warnings(self) -> list[str]:
+        """What was skipped while the file was checked, each line naming the file."""
+        return [f"{self.recording.path}: {text}" for text in self.recording.warnings]
+
+    async def stored(self, span_s: float | None) -> tuple[Iterator[Scrape], float]:
+        return self.recording.in_time_order(), ALL
 
 
 class ReplaySource:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import secrets
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtop.collect.target import Scrape, Target
+from kvtop.safe_text import json_text
 from kvtop.store.format import MAX_LINE_BYTES, MiB, header_line, scrape_line
 
 DEFAULT_MAX_BYTES = 1024 * MiB
@@ -92,7 +92,7 @@ class _Gzip:
 
 
 def _encode(line: dict[str, Any]) -> bytes:
-    return (json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    return (json_text(line, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:

@@ -47,7 +47,7 @@ class AlertTap:
         stalled, self._stall_seen = stall_entries(states, self._stall_seen)
         for entry in stalled:
             assert entry.stats.stall is not None
-            self._app.notify(f"{entry.name}: {display_text(entry.stats.stall.reason)}",
+            self._app.notify(display_text(f"{entry.name}: {entry.stats.stall.reason}"),
                              title="STALLED", severity="error", timeout=LEAK_NOTIFY_S["leak"],
                              markup=False)
             events.append(AlertEvent("stall", entry.key, entry.name, entry.state, entry.stats,
@@ -75,7 +75,7 @@ class AlertTap:
         except Exception as exc:  # an alert command must never take the app down
             failure = display_text(f"alert command: {type(exc).__name__}: {exc}", 300)
         if failure is not None:
-            self._app.notify(failure, title="Alert command failed", severity="error",
+            self._app.notify(display_text(failure), title="Alert command failed", severity="error",
                              timeout=10, markup=False)
 
     def _notify_leak(self, change: LeakChange) -> None:
@@ -84,10 +84,10 @@ class AlertTap:
         if state in ("leak", "watch"):
             slope = verdict.slope_blocks_per_hour
             trend = f" ({fmt.slope(slope)})" if slope else ""
-            self._app.notify(f"{change.name}: {verdict.reason}{trend}",
+            self._app.notify(display_text(f"{change.name}: {verdict.reason}{trend}"),
                              title=f"KV {state.upper()}",
                              severity="error" if state == "leak" else "warning",
                              timeout=LEAK_NOTIFY_S[state], markup=False)
-        else:  # the name is a row's (safe) text, not markup
-            self._app.notify(f"{change.name}: {verdict.reason}",
+        else:
+            self._app.notify(display_text(f"{change.name}: {verdict.reason}"),
                              title="KV leak indicator cleared", markup=False)

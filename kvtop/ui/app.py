@@ -19,7 +19,7 @@ import asyncio
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,13 +31,14 @@ from textual.events import Resize
 from textual.widgets import Footer, Input
 
 from kvtop.collect.nvml import GpuReader, NvmlReader
+from kvtop.collect.source import ScrapeSource
 from kvtop.collect.target import Scrape, Target
 from kvtop.config import AlertSettings
 from kvtop.crash import write_crash_report
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetState, TargetTracker
-from kvtop.exits import EXIT_INTERNAL
-from kvtop.safe_text import warn
+from kvtop.exits import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
+from kvtop.safe_text import display_text, warn
 from kvtop.store.writer import DEFAULT_MAX_BYTES, RecordingWriter
 from kvtop.ui.alert_tap import AlertTap
 from kvtop.ui.draw_clock import DrawClock
@@ -87,17 +88,6 @@ def next_interval(interval_s: float, step: int) -> float:
     """``+``/``-``: the next longer or shorter of INTERVALS from the nearest to now."""
     position = min(range(len(INTERVALS)), key=lambda i: abs(INTERVALS[i] - interval_s))
     return INTERVALS[min(max(position + step, 0), len(INTERVALS) - 1)]
-
-
-OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
-
-
-class ScrapeSource(Protocol):
-    """Anything that delivers scrapes: the poller, a replay, a test fake."""
-
-    interval_s: float
-
-    async def run(self, on_scrape: OnScrape, *, stop: asyncio.Event) -> None: ...
 
 
 class Tracker(Protocol):
@@ -347,7 +337,8 @@ class KvtopApp(App[None]):
         self.view.next_group_mode(self.table.rows if self.view.group_mode == NONE else
                                   self.frame.rows(self.states(), self.config.clock()))
         label = self.view.group_label
-        self.notify(f"groups {f'by {label}' if label else 'off'}", timeout=2)
+        self.notify(display_text(f"groups {f'by {label}' if label else 'off'}"), timeout=2,
+                    markup=False)
         self._draw(force=True)
 
     def action_filter(self) -> None:
@@ -382,19 +373,20 @@ class KvtopApp(App[None]):
 
     def action_toggle_gpu(self) -> None:
         if (why := self.gpu_watch.why_no_pane(demo=self.config.demo)) is not None:
-            self.notify(why, timeout=4, markup=False)
+            self.notify(display_text(why), timeout=4, markup=False)
             return
         self.view.gpu_wanted = not self.view.gpu_wanted
         self.frame.show_gpu_pane(self.config.clock())
         if not self.charts_shown:
             self.notify("the GPU pane is beside the KV chart: a terminal of at least "
-                        f"{CHARTS_MIN_SIZE[0]}x{CHARTS_MIN_SIZE[1]}", timeout=4)
+                        f"{CHARTS_MIN_SIZE[0]:d}x{CHARTS_MIN_SIZE[1]:d}", timeout=4,
+                        markup=False)
 
     def action_interval(self, step: int) -> None:
         new = self.interval_s = next_interval(self.interval_s, step)
         if self.source is not None:
             self.source.interval_s = new
-        self.notify(f"polling every {new:g}s", timeout=2)
+        self.notify(f"polling every {new:g}s", timeout=2, markup=False)
         self._draw(force=True)
 
     def action_help(self) -> None:
@@ -444,7 +436,7 @@ def run_app(config: AppConfig) -> int:
         app = KvtopApp(config)
     except OSError as exc:
         warn(f"kvtop: can't record to {config.record}: {exc.strerror or exc}")
-        return 2
+        return EXIT_USAGE
     app.watchdog.exit_deadline_s = TERMINAL_GONE_GRACE_S
     app.run()
     return app_exit_code(app)
@@ -455,6 +447,7 @@ def app_exit_code(app: App[object]) -> int:
     prints the traceback itself once the terminal is restored)."""
     if app.return_code:
         line = getattr(app, "crash_line", None) or "traceback above"
-        print(f"kvtop: the app stopped on an internal error, a bug: {line}", file=sys.stderr)
+        print(display_text(f"kvtop: the app stopped on an internal error, a bug: {line}"),
+              file=sys.stderr)
         return EXIT_INTERNAL
-    return 0
+    return EXIT_OK

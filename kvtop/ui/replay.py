@@ -19,6 +19,7 @@ from textual.app import ComposeResult
 from textual.widgets import Input, Static
 
 from kvtop.collect.target import Scrape
+from kvtop.exits import EXIT_NO_DATA, EXIT_USAGE
 from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import RecordingError, open_recording
 from kvtop.store.replay import ReplaySource
@@ -40,7 +41,6 @@ REPLAY_KEYS = (
     ("{ }", f"seek back / forward {fmt.age(SEEK_FAR_S)}"),
     ("< >", "replay speed ×0.5 / ×2"),
 )
-EXIT_UNREADABLE, EXIT_NO_DATA = 2, 3
 
 
 def clock_text(t: float) -> str:
@@ -146,7 +146,7 @@ class ReplayApp(KvtopApp):
 
     def action_speed(self, factor: float) -> None:
         self.replay.set_speed(self.replay.speed * factor)
-        self.notify(f"replay speed ×{self.replay.speed:g}", timeout=2)
+        self.notify(f"replay speed ×{self.replay.speed:g}", timeout=2, markup=False)
         self._moved()
 
 
@@ -190,7 +190,7 @@ def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
                          baseline=baseline)
     except RecordingError as exc:
         tell(str(exc))
-        return EXIT_UNREADABLE
+        return EXIT_USAGE
     except NothingToReplay as exc:
         tell(str(exc))
         return EXIT_NO_DATA

@@ -146,15 +146,6 @@ def _kv_level(usage: float | None) -> Level | None:
     return "warn" if usage >= 0.8 else None
 
 
-def pool_usage(stats: EngineStats) -> float | None:
-    """The KV pool's use: the server's own figure, else used over total blocks."""
-    if stats.kv_usage is not None:
-        return stats.kv_usage
-    if stats.blocks_used is not None and stats.blocks_total:
-        return stats.blocks_used / stats.blocks_total
-    return None
-
-
 def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) -> Cell:
     """``LEAK +420/h``: the state, and the floor's slope once a rising floor is measured;
     ``STALL`` when the engine makes no progress and no leak explains it (at once, whatever
@@ -210,7 +201,7 @@ def latency_text(q: Quantiles | None) -> str:
 
 def engine_cells(stats: EngineStats, *, live: bool = True) -> dict[str, Cell]:
     """An engine's cells; not ``live`` (the last scrape failed), its numbers are dimmed."""
-    usage = pool_usage(stats)
+    usage = stats.usage
     waiting = stats.waiting
     preempt = stats.preemptions_per_s
     cells = {

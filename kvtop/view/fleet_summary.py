@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvtop.collect.reading import GPU_EXPORTER_KINDS
-from kvtop.view.cells import pool_usage, window_hit
+from kvtop.view.cells import window_hit
 from kvtop.view.fleet import FleetRow
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class _Totals:
         self.stalls = self.saturated = 0
 
     def add(self, stats: EngineStats) -> None:
-        usage = pool_usage(stats)
+        usage = stats.usage
         if stats.blocks_total and usage is not None:
             used = stats.blocks_used
             self.used += used if used is not None else usage * stats.blocks_total

@@ -6,7 +6,8 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from kvtop.view.cells import pool_usage, window_hit, window_quantiles
+from kvtop.derive.verdicts import LEAK_RANK, STALL_AS_LEAK
+from kvtop.view.cells import window_hit, window_quantiles
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -25,8 +26,6 @@ SORT_CYCLE = ("name", "kv", "waiting", "preempt", "gen", "leak", "worst")  # the
 COLUMN_SORT = {"status": "worst"}  # a column sorted by another key than its own
 LARGE_FLEET = 32  # rows; past this the default sort is worst first instead of by name
 PROBLEM_STATUSES = frozenset({"down", "timeout", "auth", "bad_payload", "stale"})
-LEAK_RANK: dict[str, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
-STALL_RANK: dict[str, int] = {"saturated": 1, "stalled": 2}  # as urgent as WATCH, LEAK
 
 
 def column_sort_key(column: str) -> str | None:
@@ -38,11 +37,11 @@ def column_sort_key(column: str) -> str | None:
 
 def _leak_rank(stats: EngineStats) -> float | None:
     """LEAK and STALLED first (either is an outage now or soon), then WATCH, SATURATED."""
-    stall = STALL_RANK.get(stats.stall.state) if stats.stall is not None else None
+    stall = STALL_AS_LEAK.get(stats.stall.state) if stats.stall is not None else None
     leak = LEAK_RANK[stats.leak.state] if stats.leak is not None else None
     if stall is None:
         return leak
-    return max(leak or 0, stall)
+    return max(leak or 0, LEAK_RANK[stall])
 
 
 def _worst(state: TargetState, stats: EngineStats | None) -> float | None:
@@ -52,7 +51,7 @@ def _worst(state: TargetState, stats: EngineStats | None) -> float | None:
     leak = _leak_rank(stats) if stats is not None else None
     problem = 1 if state.status in PROBLEM_STATUSES else 0
     rank = 2 + leak if leak else problem
-    usage = pool_usage(stats) if stats is not None else None
+    usage = stats.usage if stats is not None else None
     return 2 * rank + min(usage or 0.0, 1.0)  # usage never crosses into the next rank
 
 
@@ -63,7 +62,7 @@ def _ttft_p99(stats: EngineStats) -> float | None:
 
 # Sort key -> the engine's number for it ("worst" also needs the target's state).
 _ENGINE_SORT_VALUES: dict[str, Callable[[EngineStats], float | None]] = {
-    "kv": pool_usage,
+    "kv": attrgetter("usage"),
     "running": attrgetter("running"),
     "waiting": attrgetter("waiting"),
     "preempt": attrgetter("preemptions_per_s"),

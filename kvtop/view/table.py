@@ -13,15 +13,12 @@ cell goes through ``display_text``: names and errors come from servers.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any, TextIO
-
-from rich.cells import cell_len
+from typing import Any
 
 from kvtop.derive.tracker import TargetState
-from kvtop.safe_text import display_text
+from kvtop.safe_text import cells, display_text
 from kvtop.view import format as fmt
 from kvtop.view.cells import COLUMNS
 from kvtop.view.fleet import FleetRow, build_rows
@@ -33,22 +30,18 @@ ERROR_CELL = 40  # characters of an error in a row: the whole of it goes to the 
 
 
 def aligned(header: list[str], rows: list[list[str]], right: Collection[int] = ()) -> list[str]:
-    """Columns padded to their widest cell in terminal cells (``right``: right-aligned),
-    made terminal-safe."""
-    header = [display_text(cell) for cell in header]
-    rows = [[display_text(cell) for cell in row] for row in rows]
-    widths = [max(cell_len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    """Columns padded to their widest cell (``right``: right-aligned), made terminal-safe."""
+    table = [[display_text(cell) for cell in row] for row in (header, *rows)]
+    sizes = [[cells(cell) for cell in row] for row in table]  # measured once per cell
+    widths = [max(row[i] for row in sizes) for i in range(len(header))]
+    flush_right = [i in right for i in range(len(header))]
 
-    def pad(cell: str, width: int, right: bool) -> str:
-        space = " " * (width - cell_len(cell))
-        return space + cell if right else cell + space
+    def line(texts: list[str], used: list[int]) -> str:
+        return GAP.join((" " * (width - n) + text) if at_right else (text + " " * (width - n))
+                        for text, n, width, at_right in zip(texts, used, widths, flush_right,
+                                                            strict=True)).rstrip()
 
-    def line(cells: list[str]) -> str:
-        return GAP.join(pad(cell, width, i in right)
-                        for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
-                        ).rstrip()
-
-    return [line(header), *(line(row) for row in rows)]
+    return [line(row, used) for row, used in zip(table, sizes, strict=True)]
 
 
 def table_lines(states: list[TargetState], now: float) -> list[str]:
@@ -102,13 +95,9 @@ def _gib(value: int | None) -> str:
     return fmt.DASH if value is None else f"{value / GIB:.1f}"
 
 
-def print_table(states: list[TargetState], document: dict[str, Any], out: TextIO,
-                notes: TextIO | None = None) -> None:
-    """The snapshot ``document`` of these ``states`` as text on ``out``: targets, then the
-    GPUs (if any) after a blank line; what went wrong on ``notes`` (stderr by default)."""
+def table_text(states: list[TargetState], document: dict[str, Any]) -> str:
+    """The snapshot ``document`` of these ``states`` as text: targets, then GPUs."""
     lines = table_lines(states, datetime.fromisoformat(document["taken_at"]).timestamp())
     if gpus := gpu_lines(document):
         lines += ["", *gpus]
-    out.write("\n".join(lines) + "\n")
-    for note in note_lines(states, document):
-        print(f"kvtop: {note}", file=notes or sys.stderr)
+    return "\n".join(lines) + "\n"

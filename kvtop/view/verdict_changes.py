@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvtop.derive.verdicts import LEAK_RANK
 from kvtop.view.fleet import engine_suffix, row_key, shown_label
-from kvtop.view.sort_keys import LEAK_RANK
 
 if TYPE_CHECKING:
     from kvtop.derive.stats import EngineStats

@@ -12,9 +12,10 @@ import math
 from kvtop.collect.reading import EngineReading, Histogram
 
 FRACTIONS = ("kv_usage", "cpu_kv_usage", "reported_hit_rate")
-COUNTS = ("running", "waiting", "swapped", "tokens_used")
+COUNTS = ("running", "waiting", "waiting_deferred", "swapped", "tokens_used")
 COUNTERS = ("preemptions_total", "prompt_tokens_total", "generation_tokens_total",
-            "prefix_queries_total", "prefix_hits_total")
+            "prefix_queries_total", "prefix_hits_total", "finished_prompt_tokens_total",
+            "finished_generation_tokens_total")
 HISTOGRAMS = ("ttft", "itl", "e2e")
 MAX_VALUE = 2.0**53  # past this a float no longer counts one by one: no real count is there
 SLACK = 1e-6  # a fraction the server computed may round a hair past 0 or 1

@@ -13,6 +13,8 @@ from rich.text import Text
 from textual.app import App, ScreenStackError
 from textual.widgets import Footer, Static
 
+from kvtop.safe_text import plain
+
 if TYPE_CHECKING:
     from textual.notifications import Notification
 
@@ -27,10 +29,10 @@ def message_text(live: Sequence[Notification]) -> Text | None:
     newest = live[-1]
     text = Text(no_wrap=True, overflow="ellipsis")
     if newest.title:
-        text.append(f"{newest.title}: ", "bold")
-    text.append(newest.message)
+        text.append_text(plain(f"{newest.title}: ", "bold"))
+    text.append_text(plain(newest.message))
     if len(live) > 1:
-        text.append(f"  (+{len(live) - 1} more)", "dim")
+        text.append_text(plain(f"  (+{len(live) - 1} more)", "dim"))
     return text
 
 

@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.sim.demo import NAMES, STOP_TIMEOUT_S, demo_configs, demo_fleet
@@ -33,7 +34,7 @@ def states_over(name: str, seconds: int) -> list[str]:
     for second in range(seconds):
         simulation.advance_to(float(second))
         body = render(simulation.engine, model_name=config.model_name)
-        (engine,) = tracker.update(Scrape(target, T0 + second, body=body)).engines
+        (engine,) = tracker.update(read_scrape(Scrape(target, T0 + second, body=body))).engines
         states.append(engine.leak.state)
     return states
 
