@@ -287,11 +287,11 @@ class KvtopApp(App[None]):
             self._show_panel()
             self.frame.show_gpu_pane(self.config.clock())
 
-    def _gpus_refreshed(self, owners_changed: bool) -> None:
+    def _gpus_refreshed(self, redraw: bool) -> None:
         if not self.view.paused:
             self.frame.show_gpu_pane(self.config.clock())
-            if owners_changed:
-                self.draw_clock.soon()  # a server's GPU column and line appear now
+            if redraw:
+                self.draw_clock.soon()  # a server's GPU column and line, the note: now
 
     # -- events and keys --------------------------------------------------------------------
 

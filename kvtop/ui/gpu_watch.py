@@ -47,8 +47,8 @@ class GpuWatch:
                  on_refresh: Callable[[bool], None]) -> None:
         """``reader``: NVML's (None: --no-gpu, exporters only); ``states``: the servers
         now; ``period_s``: the poll interval (reads come at most that often, and never more
-        than every 2 s); ``on_refresh(owners_changed)``: called after each refresh while the
-        app is on screen."""
+        than every 2 s); ``on_refresh(redraw)``: called after each refresh while the app is on
+        screen, redraw True when the rows or header say something new (owners, the NVML note)."""
         self._app = app
         self._reader = reader
         self._clock = clock
@@ -127,13 +127,13 @@ class GpuWatch:
         """Said once (in the header), not retried every tick."""
         self.unavailable = reason
         self._nvml_failed = failed
-        self.refresh()
+        self.refresh(news=True)  # the header's GPU note: drawn now, not at the next scrape
 
     # -- owners ---------------------------------------------------------------------------
 
-    def refresh(self) -> None:
+    def refresh(self, *, news: bool = False) -> None:
         """Work out every GPU's owners again (new GPU readings or servers) and remember
-        what each server's GPUs use."""
+        what each server's GPUs use; ``news``: what the header says of GPUs changed."""
         self._exporters_changed = self._servers_changed = False
         self._refreshed_at = time.monotonic()
         if not self._on_screen():
@@ -145,7 +145,7 @@ class GpuWatch:
         self.history.record(self._clock(), self.owned)
         self.trails.record(self._clock(), self.views)
         self.failed_sources = failed_sources(exporter_sources(states))
-        self._on_refresh(self.owned.keys() != owners_before)
+        self._on_refresh(news or self.owned.keys() != owners_before)
 
     # -- what it says ---------------------------------------------------------------------
 
