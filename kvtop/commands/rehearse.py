@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import math
+import shutil
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -185,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     except CannotRun as exc:  # may quote the server: made safe for the terminal
         print(f"kvtop rehearse: {display_text(exc)}", file=sys.stderr)
         return EXIT_CANNOT_RUN
-    emit(doc, args.as_json, render_text)
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    emit(doc, args.as_json, lambda d: render_text(d, width))
     return EXIT_FOR[doc["verdict"]]
 

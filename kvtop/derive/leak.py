@@ -523,6 +523,10 @@ class LeakDetector:
                 return level, (f"{held} with nothing running; {self._idle_waiting:.0f} "
                                "waiting requests can't get blocks")
             return level, f"{held} with nothing running or waiting"
+        if now is not None and level == "leak":  # the verdict stands on the idles before
+            return level, (f"{self._held_blocks(now[0])} with nothing running now; "
+                           f"{self._amount(blocks)} at the last confirmed idle"
+                           f"{self._floor_note}")
         if now is not None:  # idle again, not confirmed yet: say what the pool holds now
             return level, (f"{self._held_blocks(now[0])} with nothing running (confirming; "
                            f"{self._amount(blocks)} at the last idle){self._floor_note}")

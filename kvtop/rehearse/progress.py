@@ -3,7 +3,10 @@ a plain line a minute otherwise (logs, CI). Written to stderr; the report goes t
 
 The line shows the rate achieved (answers a second over the last minute, target time), and
 the criteria's states so far: provisional ("ok?", "fail?") until the load has ended and
-they are judged, except what is certain already ("KV LEAK", "STALL")."""
+they are judged, except what is certain already ("KV LEAK", "STALL").
+After the load it says what the run waits for: the requests still in flight (draining, up
+to the request timeout) and then the server going idle for the last reading, so the line
+never stands still for a minute without saying why."""
 
 from __future__ import annotations
 
@@ -42,6 +45,17 @@ class Progress:
         self._recent: deque[tuple[float, float]] = deque()
         self._answers: deque[float] = deque()  # when each first attempt was answered
         self._states: dict[str, str] = {}
+        self._draining: tuple[float, Callable[[], int]] | None = None
+        self._settling = False
+
+    def drain(self, until: float, in_flight: Callable[[], int]) -> None:
+        """The load stopped: requests in flight are waited for until ``until`` (the run's
+        clock), then cut."""
+        self._draining = (until, in_flight)
+
+    def settle(self) -> None:
+        """Every request is done: the run waits for the server to go idle."""
+        self._settling = True
 
     def add(self, record: RequestRecord) -> None:
         if record.status != "ok" or record.attempt != 1:
@@ -87,7 +101,7 @@ class Progress:
         while self._recent and self._recent[0][0] < now - RECENT_S:
             self._recent.popleft()
         ttfts = [v for _, v in self._recent]
-        parts = [f"{hms(now - self.load_start)} / {hms(self.duration_s)}"]
+        parts = [self._phase(now)]
         if self.table is not None:
             table = self.table
             parts.append(f"{table.statuses['ok']} done, {table.failed} failed, "
@@ -99,6 +113,15 @@ class Progress:
         if self._states:
             parts.append(" ".join(f"{k} {v}".rstrip() for k, v in self._states.items()))
         return " | ".join(parts)
+
+    def _phase(self, now: float) -> str:
+        if self._settling:
+            return "load done; waiting for the server to go idle for the last reading"
+        if self._draining is not None:
+            until, in_flight = self._draining
+            return (f"load done ({hms(self.duration_s)}); draining {in_flight()} in flight, "
+                    f"{hms(max(until - now, 0.0))} at most")
+        return f"{hms(now - self.load_start)} / {hms(self.duration_s)}"
 
     def _print(self, line: str) -> None:
         if self.tty:

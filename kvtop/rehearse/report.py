@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 from typing import Any
 
 from kvtop.rehearse.criteria import TITLES
@@ -15,8 +17,9 @@ STOPPED = {"interrupted": "stopped by Ctrl-C", "leak": "stopped early: a confirm
            "stalled": "stopped early: stalled", "duration": "full length"}
 
 
-def render_text(doc: dict[str, Any]) -> str:
-    """The report for people; every string from outside goes through display_text."""
+def render_text(doc: dict[str, Any], width: int | None = None) -> str:
+    """The report for people; every string from outside goes through display_text. With
+    ``width`` (a terminal's), each line is wrapped to it under its own text."""
     lines = [f"kvtop rehearse: {doc['verdict'].upper()}"]
     lines += [f"  because {display_text(r)}" for r in doc["reasons"]]
     lines += [f"  rests on {display_text(e)}" for e in doc.get("evidence", [])]
@@ -43,7 +46,21 @@ def render_text(doc: dict[str, Any]) -> str:
     files = [display_text(path) for path in doc["files"].values() if path]
     if files:
         lines += ["", "Files: " + ", ".join(files)]
+    if width is not None:
+        lines = [part for line in lines for part in wrapped(line, width)]
     return "\n".join(lines) + "\n"
+
+
+LABEL = re.compile(r" *(?:[A-Za-z]+ +|\[[^]]*\] |[A-Z]+ +)?")  # "  requests  ", "  [lever] "
+
+
+def wrapped(line: str, width: int) -> list[str]:
+    """``line`` wrapped to ``width`` cells, its continuations under the text after its
+    label ("  requests  …"), so the report's columns hold at 80 columns."""
+    if len(line) <= width:
+        return [line]
+    indent = " " * min(len(LABEL.match(line).group()), width // 2)  # type: ignore[union-attr]
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
 
 
 def _setting_lines(doc: dict[str, Any]) -> list[str]:
@@ -82,11 +99,14 @@ def _request_lines(requests: dict[str, Any] | None, latency: dict[str, Any]) -> 
     lines = []
     if requests is not None:
         rate = requests["error_rate"]
+        # "sent" in the JSON leaves out the cut (the error rate's denominator); a person
+        # counts every request that went out
         lines.append(
-            f"  requests  {requests['sent']} sent, {requests['ok']} answered, "
-            f"{requests['failed']} failed" + (f" ({rate:.1%})" if rate else "")
-            + f", {requests['dropped']} dropped, {requests['cut']} cut; retries "
-            f"{requests['retries']['sent']} ({requests['retries']['ok']} answered)")
+            f"  requests  {requests['sent'] + requests['cut']} sent: {requests['ok']} "
+            f"answered, {requests['failed']} failed" + (f" ({rate:.1%})" if rate else "")
+            + f", {requests['cut']} cut by the end of the run; {requests['dropped']} dropped "
+            f"before sending; retries {requests['retries']['sent']} "
+            f"({requests['retries']['ok']} answered)")
         for error, count in list(requests["errors"].items())[:3]:
             lines.append(f"            {count} x {display_text(error, 120)}")
     ttft = latency.get("ttft_s")

@@ -160,6 +160,7 @@ class _Rehearsal:
             on_gpu=outputs.gpu)
         self.progress_stream = progress
         self.progress: Progress | None = None
+        self._progress_task: asyncio.Task[None] | None = None
         self.model: ServedModel | None = None
         self.workload: Workload | None = None
         self.load_start = self.load_end = 0.0
@@ -181,7 +182,10 @@ class _Rehearsal:
                 await self._after()
             finally:
                 watch_stop.set()
-                await asyncio.gather(watching, return_exceptions=True)
+                if self._progress_task is not None:  # it says what the drain and after wait for
+                    self._progress_task.cancel()
+                await asyncio.gather(*(t for t in (watching, self._progress_task) if t),
+                                     return_exceptions=True)
         return self._report()
 
     async def _identify(self, session: aiohttp.ClientSession) -> None:
@@ -230,7 +234,7 @@ class _Rehearsal:
         relay = asyncio.create_task(_relay(self.interrupted, stop))
         certain = (None if settings.full_duration
                    else asyncio.create_task(self._stop_when_certain(stop)))
-        progress = self._start_progress()
+        self._progress_task = self._start_progress()
         try:
             if self.workload is None:
                 await stop.wait()
@@ -241,10 +245,12 @@ class _Rehearsal:
                 self.load_end = clock.now()
                 cut_now = self.interrupted.is_set() or self._stopped_by("stalled")
                 grace = 0.0 if cut_now else min(settings.request_timeout_s, settings.drain_s)
+                if self.progress is not None:
+                    self.progress.drain(self.load_end + grace, lambda: driver.counts.in_flight)
                 await driver.finish(grace)
         finally:
             timer.cancel()
-            tasks = [t for t in (relay, progress, certain) if t is not None]
+            tasks = [t for t in (relay, certain) if t is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -321,6 +327,8 @@ class _Rehearsal:
         """Wait for the server to go idle so the floor can be read again (driven runs)."""
         watcher = self.watcher
         watcher.phase = "after"
+        if self.progress is not None:
+            self.progress.settle()
         if self.interrupted.is_set() or self._stopped_by("stalled"):
             return
         if self.settings.watch_only:

@@ -12,6 +12,12 @@ from kvtop.view.groups import NONE, group_modes, group_rows, mode_label
 from kvtop.view.sort_keys import COLUMN_SORT, LARGE_FLEET, SORT_CYCLE, SORT_LABELS, TEXT_SORTS
 
 
+def sort_marker(ascending: bool) -> str:
+    """▲ smallest (or A) first, ▼ biggest first: one marker on the header, the column and
+    the F6 menu."""
+    return "▲" if ascending else "▼"
+
+
 @dataclass
 class ViewState:
     sort_key: str = "name"
@@ -50,9 +56,8 @@ class ViewState:
 
     @property
     def sort_label(self) -> str:
-        natural = "A-Z" if self.sort_key in TEXT_SORTS else "↓"
-        turned = "Z-A" if self.sort_key in TEXT_SORTS else "↑"
-        return f"{SORT_LABELS[self.sort_key]} {turned if self.sort_reverse else natural}"
+        """``name ▲``: the key and the same marker as its column's header and the F6 menu."""
+        return f"{SORT_LABELS[self.sort_key]} {sort_marker(self.ascending)}"
 
     @property
     def group_label(self) -> str:

@@ -37,8 +37,8 @@ LEGEND: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("HIT", ("prefix-cache hits over the last scrape window; (38%) dimmed is the",
              "lifetime rate, while no lookup came in the window")),
     ("TTFT", ("time to first token p50/p99, last window, estimated from buckets",)),
-    ("LEAK", ("… warming up · OK · WATCH some evidence · LEAK strong; +N/h: floor",
-              "rise in blocks an hour")),
+    ("LEAK", ("WARMUP (too early to say) · OK · WATCH some evidence · LEAK strong;",
+              "+N/h: the floor's rise in blocks an hour")),
     ("STALL", ("requests held, no token for a few scrapes; SATURATED: full, moving",)),
 )
 KEY_COLUMNS = 2

@@ -1,6 +1,7 @@
 """The rehearsal's progress line: the rate achieved, the criteria's states as provisional
-until judged, what is certain already (a confirmed LEAK, a STALL), and a line of its own for
-stopping early."""
+until judged, what is certain already (a confirmed LEAK, a STALL), a line of its own for
+stopping early, and after the load what it waits for (draining, then the server going idle):
+it never stands still without saying why."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ class Clock(RunClock):
 
     def now(self) -> float:
         return self.t
+
+
+class FixedClock(Clock):
+    def __init__(self, t: float) -> None:
+        super().__init__()
+        self.t = t
 
 
 class Terminal(io.StringIO):
@@ -79,3 +86,20 @@ def test_stopping_early_is_a_line_of_its_own() -> None:
     progress, _ = progress_at({}, terminal)
     progress.say("stopping early")
     assert terminal.getvalue().endswith("stopping early\x1b[K\n")
+
+
+def test_after_the_load_the_line_says_what_the_run_waits_for() -> None:
+    clock = FixedClock(3600.0)
+    progress = Progress(io.StringIO(), clock, 3600.0, None, lambda: 0.5, dict)
+    assert progress.line().startswith("1:00:00 / 1:00:00 | KV 50%")
+    in_flight = [8]
+    progress.drain(3600.0 + 70.0, lambda: in_flight[0])
+    assert progress.line().startswith(
+        "load done (1:00:00); draining 8 in flight, 0:01:10 at most | KV 50%")
+    clock.t, in_flight[0] = 3650.0, 3
+    assert progress.line().startswith("load done (1:00:00); draining 3 in flight, 0:00:20 at most")
+    clock.t = 3700.0  # past the deadline: never a negative wait
+    assert "0:00:00 at most" in progress.line()
+    progress.settle()
+    assert progress.line().startswith(
+        "load done; waiting for the server to go idle for the last reading | KV 50%")

@@ -1,11 +1,16 @@
 """The rehearsal's text report: what a GO rests on, the stall in its verdict's words, a run
-stopped early and why, and a version guessed from the metric names said to be so."""
+stopped early and why, a version guessed from the metric names said to be so, every request
+that went out counted as sent (the cut among them), and lines wrapped to a terminal under
+their own text."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvtop.rehearse.report import render_text
+from kvtop.rehearse.report import render_text, wrapped
+
+REQUESTS = {"sent": 11, "ok": 11, "failed": 0, "error_rate": 0.0, "dropped": 2, "cut": 8,
+            "retries": {"sent": 0, "ok": 0}, "errors": {}}
 
 
 def document(**changes: Any) -> dict[str, Any]:
@@ -57,3 +62,27 @@ def test_an_inferred_version_says_so() -> None:
                                       "version_inferred": True}})
     assert "  target    http://h/metrics (vllm 0.10.2+ (inferred from the metric names))" in \
         render_text(doc).splitlines()
+
+
+def _long(requests: dict[str, Any]) -> dict[str, Any]:
+    """A report whose criteria's reasons run past any terminal's width."""
+    return document(requests=requests,
+                    criteria={name: {"state": "ok", "reason": "fine " * 30, "figures": {}}
+                              for name in ("gpu_memory", "kv_free", "latency")})
+
+
+def test_every_request_that_went_out_is_counted_as_sent() -> None:
+    text = render_text(_long(REQUESTS))
+    assert ("  requests  19 sent: 11 answered, 0 failed, 8 cut by the end of the run; "
+            "2 dropped before sending; retries 0 (0 answered)") in text  # not "11 sent … 8 cut"
+
+
+def test_at_80_columns_each_line_wraps_under_its_own_text() -> None:
+    lines = render_text(_long(REQUESTS), width=80).splitlines()
+    assert max(len(line) for line in lines) <= 80
+    requests = next(i for i, line in enumerate(lines) if line.startswith("  requests  "))
+    assert lines[requests + 1].startswith(" " * 12) and lines[requests + 1][12] != " "
+    ok = next(i for i, line in enumerate(lines) if line.startswith("  OK     "))
+    assert lines[ok + 1].startswith(" " * 9) and lines[ok + 1][9] != " "
+    assert render_text(_long(REQUESTS)).count("\n") < len(lines)  # a pipe gets long lines
+    assert wrapped("short", 80) == ["short"]

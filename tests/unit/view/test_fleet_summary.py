@@ -60,3 +60,18 @@ def test_summary_counts_and_sort_puts_leaks_first() -> None:
     assert (summary.leaks, summary.watches, summary.judged) == (1, 1, 3)
     names = [r.name for r in order_rows(build_rows(states, NOW), "leak")]
     assert names[:2] == ["b:1", "c:1"]
+
+
+def test_a_server_that_stopped_answering_leaves_the_fleet_s_sums_at_once() -> None:
+    # its last numbers stay in its own dimmed row, never in the header for a minute more
+    stats = EngineStats("m", None, NOW - 3, blocks_used=80, blocks_total=100, running=7,
+                        waiting=2, generation_tps=500.0, leak=LEAKING)
+    live = EngineStats("m", None, NOW, blocks_used=10, blocks_total=100, running=1)
+    stale = TargetState(Target.from_spec("s:1"), "stale", failure="timeout", kind="vllm",
+                        engines=[stats], last_good_t=NOW - 3)
+    for rows in ([_up("a:1", live), stale], build_rows([_up("a:1", live), stale], NOW)):
+        summary = summarise(rows)
+        assert (summary.hosts_up, summary.hosts_total) == (1, 2)
+        assert (summary.blocks_used, summary.blocks_total) == (10, 100)
+        assert (summary.running, summary.waiting, summary.leaks) == (1, 0, 0)
+        assert summary.generation_tps is None
