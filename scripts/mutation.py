@@ -312,11 +312,6 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/view/engine.py": (f"{UNIT}/view/test_engine.py", f"{UNIT}/ui/widgets",
                              f"{UNIT}/ui/screens/test_detail.py"),
     "kvtop/report/snapshot_files.py": (f"{UNIT}/report/test_snapshot_files.py",),
-    "kvtop/rehearse/progress.py": (f"{UNIT}/rehearse/test_progress.py",
-                                   f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
-    "kvtop/rehearse/report.py": (f"{UNIT}/rehearse/test_report.py",
-                                 f"{UNIT}/commands/test_rehearse.py::"
-                                 "test_outside_text_is_made_safe_in_the_text_report"),
     # the app's parts that hold no widget (the others are reached by tests/ui/pilot only)
     "kvtop/ui/draw_clock.py": (f"{UNIT}/ui/test_draw_clock.py",),
     "kvtop/ui/fleet_trackers.py": (f"{UNIT}/ui/test_fleet_trackers.py",),
