@@ -167,9 +167,11 @@ def _target_from_table(entry: object, where: str) -> Target:
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: each [[targets]] must be a table with url = \"host:port\"")
     check_keys(entry, TARGET_KEYS, where)
-    table = TargetTable(**{key: _string(entry, key, where) for key in TARGET_KEYS})
-    if not table.url:
+    strings = {key: _string(entry, key, where) for key in TARGET_KEYS}
+    url = strings.pop("url")
+    if not url:
         raise ConfigError(f"{where}: each [[targets]] needs url = \"host:port\"")
+    table = TargetTable(url=url, **strings)
     try:
         token = read_token(table.token_env, table.token_file)
         return Target.from_spec(table.url, name=table.name, group=table.group, token=token)

@@ -168,6 +168,12 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _known(values: list[float | None]) -> list[float] | None:
+    """The values when every one is known; None when any is missing."""
+    known = [v for v in values if v is not None]
+    return known if len(known) == len(values) else None
+
+
 class LeakDetector:
     """Feed one :class:`EngineStats` per scrape, in time order; read :attr:`verdict`."""
 
@@ -425,10 +431,11 @@ class LeakDetector:
     def _consequences(self, buckets: list[_Bucket], xs: list[float]) -> tuple[str, ...]:
         p, total = self.params, self._total or 1.0
         found = []
-        waiting = [_mean(b.waiting) for b in buckets]
-        throughput = [b.generated / b.seconds if b.generated is not None and b.seconds else None
-                      for b in buckets]
-        if None not in waiting and None not in throughput:
+        waiting = _known([_mean(b.waiting) for b in buckets])
+        throughput = _known([b.generated / b.seconds
+                             if b.generated is not None and b.seconds else None
+                             for b in buckets])
+        if waiting is not None and throughput is not None:
             w_lower = theil_sen(xs, waiting, p.z)[1]
             if w_lower > 0 and theil_sen(xs, throughput, p.z)[0] <= 0:
                 found.append("queue growing at flat throughput")
@@ -439,9 +446,9 @@ class LeakDetector:
         if (early is not None and late is not None and run_early and run_late
                 and late > 2 * early + 1e-3 and run_late <= 1.1 * run_early):
             found.append("preemptions up at the same load")
-        running = [_mean(b.running) for b in buckets]
+        running = _known([_mean(b.running) for b in buckets])
         pinned = median([b.used_max for b in buckets[-p.ref_buckets:]]) >= p.pinned_frac * total
-        if pinned and None not in running and theil_sen(xs, running, p.z)[2] < 0:
+        if pinned and running is not None and theil_sen(xs, running, p.z)[2] < 0:
             found.append("pool pinned full while running falls")
         return tuple(found)
 
@@ -630,8 +637,9 @@ class LeakDetector:
         trend = self._trend
         if self._fit is not None and self._last_t is not None:
             fitted = leaked_now(self._fit, self._last_t, self.params.estimate_buckets)
-            lump = trend is not None and trend.step > max(trend.rise, 0.0)
-            return max(fitted, trend.step) if lump else fitted
+            if trend is not None and trend.step > max(trend.rise, 0.0):  # a lump
+                return max(fitted, trend.step)
+            return fitted
         if trend is None:
             return None
         if self._onset is None or self._last_t is None:
@@ -737,25 +745,25 @@ def _load_bucket(buckets: list[_Bucket], p: LeakParams, total: float) -> LoadBuc
 def _tokens_per_request(recent: list[_Bucket]) -> float | None:
     """Tokens per finished request over these buckets; None without both counters or
     without a finished request."""
-    tokens = [b.tokens for b in recent]
-    finished = [b.finished for b in recent]
-    if None in tokens or None in finished or not sum(finished):  # type: ignore[arg-type]
+    tokens = _known([b.tokens for b in recent])
+    finished = _known([b.finished for b in recent])
+    if tokens is None or finished is None or not sum(finished):
         return None
-    return sum(tokens) / sum(finished)  # type: ignore[arg-type]
+    return sum(tokens) / sum(finished)
 
 
 def _loads(buckets: list[_Bucket], span: int) -> tuple[list[float], str]:
     """Per-bucket load at the floor: running × tokens per request when known, else running."""
-    running = [_mean(b.running) for b in buckets]
-    if None in running:
+    running = _known([_mean(b.running) for b in buckets])
+    if running is None:
         return [0.0] * len(buckets), "none"
     per_request = []
     for i in range(len(buckets)):
         tokens_per_request = _tokens_per_request(buckets[max(0, i - span + 1):i + 1])
         if tokens_per_request is None:
-            return [float(r) for r in running], "running"  # type: ignore[arg-type]
+            return [float(r) for r in running], "running"
         per_request.append(tokens_per_request)
-    return [r * q for r, q in zip(running, per_request, strict=True)], "tokens"  # type: ignore[operator]
+    return [r * q for r, q in zip(running, per_request, strict=True)], "tokens"
 
 
 def _per_load(levels: list[float], loads: list[float], z: float) -> float:
@@ -780,8 +788,8 @@ def _turnover(buckets: list[_Bucket]) -> float | None:
 
 
 def _preempt_rate(buckets: list[_Bucket]) -> float | None:
-    counts = [b.preemptions for b in buckets]
+    counts = _known([b.preemptions for b in buckets])
     seconds = sum(b.seconds for b in buckets)
-    if None in counts or not seconds:
+    if counts is None or not seconds:
         return None
-    return sum(counts) / seconds  # type: ignore[arg-type]
+    return sum(counts) / seconds
