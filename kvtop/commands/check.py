@@ -44,6 +44,8 @@ from kvtop.safe_text import display_text, erase_line, rewrite_line, warn
 from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingError, RecordingWriter
 from kvtop.store.time_range import TimeRange
 
+EVERYTHING = TimeRange()  # no --since/--until: every scrape the source has
+
 DEFAULT_DURATION_S = 1800.0
 PROGRESS_PERIOD_S = 1.0
 
@@ -212,7 +214,7 @@ def check(source: Source, *, params: LeakParams | None, duration_s: float | None
 
 async def _judge(run: CheckRun, source: Source, *, duration_s: float | None,
                  until_leak: bool, writer: RecordingWriter | None,
-                 span: TimeRange) -> None:
+                 span: TimeRange = EVERYTHING) -> None:
     """What the source stored over ``duration_s`` at once (within ``span``), then what is
     left of it live."""
     async with opened(source):

@@ -215,8 +215,13 @@ def test_a_leak_in_the_history_ends_an_until_leak_check_without_watching(
     lines = out.splitlines()
     assert code == 1 and not err and prom.answered["metrics"] == 0
     assert lines[0].startswith("kvtop check: LEAK (15s judged, ")
-    assert lines[1:] == [f"  LEAK    {url}#vllm/{instance} twin-llama 0: 827 blocks held "
-                         "with nothing running or waiting" for instance in INSTANCES]
+    leaks = [line for line in lines[1:] if not line.startswith("          ")]
+    assert leaks == [f"  LEAK    {url}#vllm/{instance} twin-llama 0: 827 blocks held "
+                     "with nothing running or waiting" for instance in INSTANCES]
+    advice = [line.strip() for line in lines[1:] if line.startswith("          ")]
+    assert advice == ["leaked 827 blocks (13,232 tokens); next: record it (kvtop record), "
+                      "report it upstream with the recording, and restart the server to get "
+                      "the blocks back"] * len(INSTANCES)
 
 
 def test_the_leak_thresholds_asked_for_are_the_ones_judged_by(
