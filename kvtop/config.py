@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtop.collect.target import Target, TokenError, read_token
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.files import UnreadableFile, read_regular
 from kvtop.safe_text import display_text
 

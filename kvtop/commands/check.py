@@ -36,7 +36,7 @@ from kvtop.collect.source import ScrapeSource, Source, SourceError, opened
 from kvtop.collect.target import Scrape
 from kvtop.collect.watch import watch
 from kvtop.config import ConfigError, leak_params, load_config
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.worst import CheckRun, describe_size
 from kvtop.exits import EXIT_NO_DATA, EXIT_USAGE
 from kvtop.report.output import emit

@@ -21,7 +21,8 @@ from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.gpu import GpuReading
 from kvtop.collect.reading import EngineReading, ServerKind, ServerReading
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakDetector, LeakParams
+from kvtop.derive.leak import LeakDetector
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.rates import derive_engine_stats
 from kvtop.derive.stall import StallDetector
 from kvtop.derive.stats import EngineStats

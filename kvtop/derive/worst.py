@@ -14,7 +14,7 @@ from typing import Any
 
 from kvtop.collect.target import Scrape, Target
 from kvtop.contract import json_number
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
 from kvtop.derive.verdicts import (
     STALL_RANK,

@@ -14,7 +14,7 @@ from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.exposition import parse
 from kvtop.collect.source import ScrapeReader, read_scrape
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.tracker import TargetTracker
 from tests.scenarios.bodies import many_models
 from tests.scenarios.derived import vllm_08_idle
