@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from kvtop import __version__
 from kvtop.cli_args import (
@@ -42,6 +42,8 @@ from kvtop.safe_text import display_text, terminal_lines, warn
 from kvtop.store.writer import DEFAULT_MAX_BYTES
 
 if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
     from kvtop.collect.source import Source
     from kvtop.collect.target import Target
     from kvtop.ui.app import AppConfig
@@ -68,7 +70,7 @@ class Parser(argparse.ArgumentParser):
     """argparse, except that a closed stdout while printing --help or --version is not
     swallowed: it ends kvtop like any other write (exit 141)."""
 
-    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         if message:
             (file or sys.stderr).write(terminal_lines(message))  # it quotes argv
 

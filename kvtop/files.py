@@ -36,7 +36,7 @@ def open_regular(path: str | Path) -> BufferedReader:
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, "rb")  # type: ignore[return-value]  # buffered for "rb"
+    return os.fdopen(fd, "rb")
 
 
 def read_regular(path: str | Path, max_bytes: int) -> bytes:

@@ -263,17 +263,25 @@ def _engine_figures(total: _Window, minutes: list[tuple[int, _Window]], caching_
     }
     for name in ("running", "waiting"):
         samples = total.gauges.get(name, [])
-        figures[name] = Figure(mean(samples), series(
-            name, lambda m, name=name: mean(m.gauges.get(name, []))), _distribution(samples))
+        figures[name] = Figure(mean(samples), series(name, _gauge_mean(name)),
+                               _distribution(samples))
     for name in HISTOGRAMS:
         observed = total.histograms.get(name)
-        summary = {"observations": max(observed.values(), default=0.0)} if observed else {}
+        summary: dict[str, float | None] = (
+            {"observations": max(observed.values(), default=0.0)} if observed else {})
         for label, q in QUANTILES:
             key = f"{name}_{label}"
-            figures[key] = Figure(total.latency(name, q), series(
-                key, lambda m, name=name, q=q: m.latency(name, q, MIN_LATENCY_OBSERVATIONS)),
-                summary)
+            figures[key] = Figure(total.latency(name, q), series(key, _latency(name, q)),
+                                  summary)
     return figures, index
+
+
+def _gauge_mean(name: str) -> Callable[[_Window], float | None]:
+    return lambda window: mean(window.gauges.get(name, []))
+
+
+def _latency(name: str, q: float) -> Callable[[_Window], float | None]:
+    return lambda window: window.latency(name, q, MIN_LATENCY_OBSERVATIONS)
 
 
 @dataclass
@@ -365,7 +373,8 @@ class Collector:
                 version_inferred=state.version_inferred, scrapes=run.scrapes,
                 failed_scrapes=run.failed, probe=run.probe,
                 engines=[e.summary(self.minute_s) for e in run.engines.values()]))
-        duration = (self.last_t - self.first_t) if self.first_t is not None else 0.0
+        first_t, last_t = self.first_t, self.last_t  # set together, by the first scrape
+        duration = last_t - first_t if first_t is not None and last_t is not None else 0.0
         return Baseline(
             name=name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             kvtop_version=__version__, source=source, interval_s=interval_s,

@@ -146,7 +146,7 @@ def overall(verdicts: list[Verdict]) -> Verdict:
     was judged at all; else unknown."""
     for verdict in ("worse", "better"):
         if verdict in verdicts:
-            return verdict  # type: ignore[return-value]
+            return verdict
     judged = [v for v in verdicts if v != "unknown"]
     return "same" if judged else "unknown"
 

@@ -26,7 +26,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from kvtop.baseline.figures import FigureSpec
 from kvtop.baseline.model import Figure
@@ -85,11 +85,27 @@ class FigureResult:
                 "verdict": self.verdict, "note": self.note}
 
 
+class _Counts(TypedDict):
+    """How many per-minute values each run had: in every result."""
+
+    n_baseline: int
+    n_now: int
+
+
+class _Found(_Counts):
+    """What the rank test and the noise found: in every result past the counting."""
+
+    p_value: float
+    threshold: float
+    matters: float
+    detectable: float
+
+
 def judge(spec: FigureSpec, base: Figure, now: Figure, *, alpha: float = ALPHA,
           min_values: int = MIN_VALUES) -> FigureResult:
     """One figure, baseline vs now: changed (worse, better, higher, lower), same where the
     runs could have seen a change that matters, else unknown with what it needs."""
-    counts = {"n_baseline": len(base.values), "n_now": len(now.values)}
+    counts: _Counts = {"n_baseline": len(base.values), "n_now": len(now.values)}
     if base.value is None or now.value is None:
         side = ("either run" if base.value is None and now.value is None
                 else "the baseline" if base.value is None else "this run")
@@ -112,8 +128,8 @@ def judge(spec: FigureSpec, base: Figure, now: Figure, *, alpha: float = ALPHA,
     threshold = max(matters, spread)
     reachable = _least_p(len(base.values), len(now.values)) < alpha
     detectable = spread if reachable else math.inf
-    found = {"p_value": p, "threshold": threshold, "matters": matters,
-             "detectable": detectable, **counts}
+    found: _Found = {"p_value": p, "threshold": threshold, "matters": matters,
+                     "detectable": detectable, **counts}
     if p < alpha and abs(effect) >= threshold and ranks_up == (effect > 0):
         direction: Verdict = "higher" if effect > 0 else "lower"
         if spec.worse == "load":

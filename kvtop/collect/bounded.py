@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 
-class BoundedCache(dict):  # type: ignore[type-arg]  # a dict: lookups stay C-fast
+class BoundedCache(dict):  # a dict: lookups stay C-fast
     __slots__ = ("chars", "max_chars", "max_entries")
 
     def __init__(self, max_entries: int, max_chars: int) -> None:

@@ -278,6 +278,7 @@ def _parse_sample(line: str) -> tuple[Sample, int]:
     """The sample on a line, and its series id. Raises ValueError."""
     if len(line) > MAX_LINE_CHARS:
         raise ValueError(f"line of {len(line):,} characters (the limit is {MAX_LINE_CHARS:,})")
+    # the name pattern matches every line (maybe empty), so match() is never None here
     pos, name, labels = _parse_head(line, _NAME_TOKEN_RE.match(line).end())  # type: ignore[union-attr]
     key = _series_id(name, labels)
     rest = line[pos:]

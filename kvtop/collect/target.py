@@ -129,8 +129,9 @@ class Target:
     token: Secret | None = field(default=None, repr=False)
 
     @classmethod
-    def from_spec(cls, spec: str, **kwargs: object) -> Target:
-        return cls(url=normalise_url(spec), **kwargs)  # type: ignore[arg-type]
+    def from_spec(cls, spec: str, *, name: str | None = None, group: str | None = None,
+                  token: Secret | None = None) -> Target:
+        return cls(url=normalise_url(spec), name=name, group=group, token=token)
 
     @property
     def base_url(self) -> str:

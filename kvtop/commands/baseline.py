@@ -24,7 +24,7 @@ from kvtop.safe_text import display_text, warn
 
 if TYPE_CHECKING:
     from kvtop.baseline.model import Baseline, ProbeSummary
-    from kvtop.baseline.probe import ProbeSettings
+    from kvtop.baseline.probe import ProbeSettings, PromptForm
 
 DEFAULT_DURATION = "20m"
 # Fewer minutes than this and compare's rank test can never reach p < 0.01 against a run of
@@ -149,7 +149,7 @@ def _probe_settings(args: argparse.Namespace,
     count = args.probes or (probe.requests if probe is not None else DEFAULT_PROBES)
     if probe is None:
         return ProbeSettings(count=count)
-    form = "token_ids" if probe.prompt == "token_ids" else "text"
+    form: PromptForm = "token_ids" if probe.prompt == "token_ids" else "text"
     return ProbeSettings(count=count, model=probe.model or None, form=form)
 
 

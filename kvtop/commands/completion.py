@@ -40,6 +40,9 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
 
 
 def _mark_paths(parser: argparse.ArgumentParser, files: object, folders: object) -> None:
+    """Path options complete paths. ``complete`` is shtab's documented hook, an attribute
+    it reads off an argparse Action; argparse's types do not declare it, hence the
+    ignores."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():

@@ -52,6 +52,9 @@ class GpuView:
     process_owners: Mapping[int, Owner] = field(default_factory=dict)  # pid -> owner
 
 
+GpuStatus = Literal["ok", "unavailable", "failed"]  # read; nothing to read; reading broke
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSource:
     """One place GPUs are read from, and whether that worked: an empty GPU list then says
@@ -60,7 +63,7 @@ class GpuSource:
     source: str  # "nvml", or the exporter's kind
     target: str | None  # the exporter target; None for NVML
     host: str | None
-    status: Literal["ok", "unavailable", "failed"]
+    status: GpuStatus
     error: str | None
     gpus: int
 
@@ -205,7 +208,7 @@ def gpu_views(local: Sequence[GpuReading], pid_owners: Mapping[int, str],
 def nvml_source(gpus: int, error: str | None = None, *, failed: bool = False) -> GpuSource:
     """Local NVML: ``error`` says why it could not be read; ``failed`` tells a broken driver
     from plain absence (no library, no GPU)."""
-    status = "ok" if error is None else "failed" if failed else "unavailable"
+    status: GpuStatus = "ok" if error is None else "failed" if failed else "unavailable"
     return GpuSource("nvml", None, local_host(), status, error, gpus)
 
 

@@ -129,7 +129,7 @@ class RequestRecord:
         self.retryable = result.retryable
 
 
-LOGGED_FIELDS = tuple(name for name in RequestRecord.__slots__  # type: ignore[attr-defined]
+LOGGED_FIELDS = tuple(name for name in RequestRecord.__slots__
                       if name != "retryable")
 
 

@@ -137,9 +137,9 @@ def _capacity_advice(figures: LoadFigures, model_len: int | None) -> list[Advice
 
 
 def _leak_figures(kv: Criterion) -> dict[str, Any]:
-    worst = max(kv.figures.get("engines", []),
-                key=lambda e: ((e.get("leak_size") or {}).get("blocks") or 0,
-                               e.get("idle_used_rise") or 0), default={})
+    worst: dict[str, Any] = max(kv.figures.get("engines", []),
+                                key=lambda e: ((e.get("leak_size") or {}).get("blocks") or 0,
+                                               e.get("idle_used_rise") or 0), default={})
     detector = worst.get("leak_detector") or {}
     size = worst.get("leak_size") or leak_size(None, None, None)
     return {"idle_used_before": worst.get("idle_used_before"),

@@ -19,9 +19,8 @@ from kvtop.rehearse.watch import EnginePoint, WatchData
 
 
 def judge_kv(data: WatchData, params: LeakParams, span: Span) -> Criterion:
-    engines = [_one_engine(key, points, data, params)
-               for key, points in data.points.items()]
-    engines = [e for e in engines if e is not None]
+    found = (_one_engine(key, points, data, params) for key, points in data.points.items())
+    engines = [e for e in found if e is not None]
     if not engines:
         return Criterion("kv_free", TITLES["kv_free"], "not_judged",
                          "not judged: the server exports no KV block usage")
@@ -59,8 +58,8 @@ def _one_engine(key: EngineKey, points: list[EnginePoint], data: WatchData,
            f"{floor}"
     held = rise is not None and rise > threshold
     if state in ("leak", "watch") or held:
-        estimates = [v for v in (detector and detector["leaked_blocks"], rise if held else None)
-                     if v is not None]
+        detected = detector["leaked_blocks"] if detector else None
+        estimates = [v for v in (detected, rise if held else None) if v is not None]
         size = leak_size(max(estimates) if estimates else None,
                          verdict.block_size if verdict else None,
                          verdict.bytes_per_block if verdict else None)

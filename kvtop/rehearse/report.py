@@ -59,6 +59,7 @@ def wrapped(line: str, width: int) -> list[str]:
     label ("  requests  …"), so the report's columns hold at 80 columns."""
     if len(line) <= width:
         return [line]
+    # every part of LABEL is optional, so it matches every line (maybe empty): never None
     indent = " " * min(len(LABEL.match(line).group()), width // 2)  # type: ignore[union-attr]
     return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
 

@@ -433,7 +433,7 @@ class _Rehearsal:
                 "full_duration": s.full_duration}
 
     def _files(self) -> dict[str, str | None]:
-        out = {key: str(self.outputs.path(key)) for key in FILES}
+        out: dict[str, str | None] = {key: str(self.outputs.path(key)) for key in FILES}
         if self.table is None:
             out["requests"] = None
         if self.outputs.gpus is None:

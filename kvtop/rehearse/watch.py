@@ -219,7 +219,9 @@ class Watcher:
                 return
             t = self.clock.now()
             for gpu in readings:
-                if gpu.memory_used_bytes is None or gpu.memory_total_bytes is None:
+                # NVML numbers every GPU (only an exporter's label can lack one)
+                if (gpu.index is None or gpu.memory_used_bytes is None
+                        or gpu.memory_total_bytes is None):
                     continue
                 point = GpuPoint(t, gpu.index, gpu.name, gpu.memory_used_bytes,
                                  gpu.memory_total_bytes)

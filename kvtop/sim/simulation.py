@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvtop.sim.engine import Engine, EngineConfig, Request, RequestSpec
-from kvtop.sim.faults import Fault, FaultSchedule, FaultState
+from kvtop.sim.faults import Fault, FaultKind, FaultSchedule, FaultState
 
 # Told of each token (reason None) and of the end ("length", "stop", "abort", or "lost"
 # when the server restarted) of a request submitted through `Simulation.submit`.
@@ -87,9 +87,9 @@ class Simulation:
     def add_fault(self, fault: Fault) -> None:
         self._faults.add(fault)
 
-    def inject(self, kind: str, value: float | str | None = None) -> None:
+    def inject(self, kind: FaultKind, value: float | str | None = None) -> None:
         """Apply a fault now (tests and interactive use)."""
-        self._apply(Fault(self.clock, kind, value))  # type: ignore[arg-type]
+        self._apply(Fault(self.clock, kind, value))
 
     def restart(self) -> None:
         """A new engine: empty pool, counters at zero, new `_created` timestamps. Requests

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from kvtop.sim.engine import RequestSpec
 
@@ -222,17 +222,18 @@ def _replay(rows: Sequence[TraceRow], rate_scale: float, rng: random.Random
 
 
 def make_workload(
-    kind: str, *, seed: int = 0, block_size: int = 16, **params: object
+    kind: str, *, seed: int = 0, block_size: int = 16, **params: Any
 ) -> Iterator[RequestSpec]:
     """A workload by name ("synthetic", "mooncake", "azure", or "none": only what the
-    OpenAI routes are sent) with its keyword params."""
+    OpenAI routes are sent) with its keyword params (a config's, untyped: the named
+    workload's signature takes or refuses them)."""
     if kind == "none":
         return iter(())
     if kind == "synthetic":
-        return synthetic(SyntheticSpec(**params), seed=seed,  # type: ignore[arg-type]
+        return synthetic(SyntheticSpec(**params), seed=seed,
                          block_size=block_size)
     if kind == "mooncake":
-        return mooncake(seed=seed, block_size=block_size, **params)  # type: ignore[arg-type]
+        return mooncake(seed=seed, block_size=block_size, **params)
     if kind == "azure":
-        return azure(seed=seed, block_size=block_size, **params)  # type: ignore[arg-type]
+        return azure(seed=seed, block_size=block_size, **params)
     raise ValueError(f"unknown workload {kind!r}; choose from {', '.join(WORKLOADS)}")

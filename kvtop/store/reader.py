@@ -18,11 +18,12 @@ import heapq
 import math
 import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from json.decoder import scanstring
+from io import BufferedIOBase
+from json.decoder import scanstring  # type: ignore[attr-defined]  # C scanner; not in typeshed
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -73,7 +74,7 @@ class _Warnings:
 
 
 @contextlib.contextmanager
-def _opened(path: Path) -> Iterator[IO[bytes]]:
+def _opened(path: Path) -> Iterator[BufferedIOBase]:
     """The file's bytes, unzipped when it is gzip. Only a regular file: /dev/zero would
     never end a line and a FIFO would block (O_NONBLOCK lets the check see it first)."""
     try:
@@ -85,10 +86,10 @@ def _opened(path: Path) -> Iterator[IO[bytes]]:
             yield file
             return
         with gzip.GzipFile(fileobj=file, mode="rb") as unzipped:
-            yield unzipped  # type: ignore[misc]
+            yield unzipped
 
 
-def _raw_lines(file: IO[bytes]) -> Iterator[bytes | None]:
+def _raw_lines(file: BufferedIOBase) -> Iterator[bytes | None]:
     """Each line's bytes, or None for a line over MAX_LINE_BYTES (read past, never held)."""
     while line := file.readline(MAX_LINE_BYTES + 1):
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
@@ -251,22 +252,27 @@ class _Pass:
 
     def _scrape(self, raw: bytes | None) -> Scrape | None:
         if raw is None:
-            return self._skip(f"longer than {MAX_LINE_BYTES // MiB} MiB")
+            self._skip(f"longer than {MAX_LINE_BYTES // MiB} MiB")
+            return None
         line = _json_object(raw)
         if isinstance(line, str):
-            return self._skip(line)
+            self._skip(line)
+            return None
         if "kind" in line:  # a line kind this reader does not know (docs: ignore it)
             return None
         fields = _fields(line)
         if isinstance(fields, str):
-            return self._skip(fields)
+            self._skip(fields)
+            return None
         url, t, rest = fields
         if t < self.newest - MAX_LATE_S:
-            return self._skip(f"t is over {MAX_LATE_S:g} s before an earlier line's")
+            self._skip(f"t is over {MAX_LATE_S:g} s before an earlier line's")
+            return None
         target = self.targets.get(url)
         if target is None:
             if len(self.targets) >= MAX_TARGETS:
-                return self._skip(f"a target beyond the first {MAX_TARGETS}")
+                self._skip(f"a target beyond the first {MAX_TARGETS}")
+                return None
             target = self.targets[url] = Target(url=url)
         self.late_s = max(self.late_s, self.newest - t)
         self.newest = max(self.newest, t)
@@ -277,7 +283,7 @@ def _size(scrape: Scrape) -> int:
     return len(scrape.body or scrape.error or "") + 200
 
 
-def time_ordered(scrapes: Iterable[Scrape], late_s: float) -> Iterator[Scrape]:
+def time_ordered(scrapes: Iterable[Scrape], late_s: float) -> Generator[Scrape, None, None]:
     """Scrapes by time (then file order). A line lags an earlier one by at most ``late_s``
     (a scrape is written when it ends, stamped when it began), so each waits that long in
     a heap. Beyond REORDER_BYTES held the earliest goes anyway; the consumer drops a scrape

@@ -25,6 +25,7 @@ import secrets
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,10 @@ class RecordingExists(FileExistsError):
     """The recording's path is taken (a file, a link, anything): kvtop does not overwrite."""
 
 
+def _nothing() -> None:
+    """Nothing to put back: plain text holds no state between pieces."""
+
+
 class _Plain:
     def start(self) -> bytes:
         return b""
@@ -52,11 +57,8 @@ class _Plain:
     def encode(self, data: bytes) -> bytes:
         return data
 
-    def save(self) -> object:
-        return None
-
-    def restore(self, saved: object) -> None:
-        pass
+    def checkpoint(self) -> Callable[[], None]:
+        return _nothing
 
     def end(self) -> bytes:
         return b""
@@ -65,7 +67,7 @@ class _Plain:
 class _Gzip:
     """One gzip member written in sync-flushed pieces: after each piece the bytes on disk
     decompress to exactly the lines written so far. A piece that did not reach the disk is
-    taken back out of the compressor (``save``/``restore``), so the stream stays valid."""
+    taken back out of the compressor (``checkpoint``), so the stream stays valid."""
 
     def __init__(self) -> None:
         self._deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
@@ -80,11 +82,13 @@ class _Gzip:
         self._size += len(data)
         return self._deflate.compress(data) + self._deflate.flush(zlib.Z_SYNC_FLUSH)
 
-    def save(self) -> object:
-        return self._deflate.copy(), self._crc, self._size
+    def checkpoint(self) -> Callable[[], None]:
+        """What puts the compressor back as it is now."""
+        deflate, crc, size = self._deflate.copy(), self._crc, self._size
 
-    def restore(self, saved: object) -> None:
-        self._deflate, self._crc, self._size = saved  # type: ignore[misc]
+        def restore() -> None:
+            self._deflate, self._crc, self._size = deflate, crc, size
+        return restore
 
     def end(self) -> bytes:
         return self._deflate.flush(zlib.Z_FINISH) + struct.pack(
@@ -179,11 +183,11 @@ class RecordingWriter:
         count, batch = len(self._pending), b"".join(self._pending)
         self._pending.clear()
         self._pending_bytes = 0
-        saved = self._codec.save()
+        undo = self._codec.checkpoint()
         data = self._codec.encode(batch)
         if self.max_bytes is not None and (
                 self._size + len(data) + _GZIP_END_BYTES > self.max_bytes):
-            self._codec.restore(saved)
+            undo()
             self.unrecorded += count
             self.full = True
             self._finish()
@@ -191,7 +195,7 @@ class RecordingWriter:
         try:
             _write_all(self._fd, data, self._size)
         except OSError as exc:
-            self._codec.restore(saved)
+            undo()
             self._failed(exc)
             self.lost += count
             return

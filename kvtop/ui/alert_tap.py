@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from kvtop.config import AlertSettings
     from kvtop.derive.tracker import TargetState
+    from kvtop.derive.verdicts import LeakState
 
 LEAK_NOTIFY_S = {"leak": 30.0, "watch": 15.0}  # how long a leak alert stays up
 
@@ -29,7 +30,7 @@ class AlertTap:
         self._settings = settings
         self._clock = clock
         self._runner = AlertRunner(settings)
-        self._leak_seen: dict[str, str] = {}  # row key -> last leak state told to the user
+        self._leak_seen: dict[str, LeakState] = {}  # row key -> last leak state told to the user
         self._stall_seen: dict[str, str] = {}  # row key -> last stall state
 
     def forget(self) -> None:

@@ -235,8 +235,8 @@ class KvtopApp(App[None]):
     async def _collect(self) -> None:
         source = self.source = self.config.source_factory(self.config)
         source.interval_s = self.interval_s  # `+`/`-` may have come first
-        if hasattr(source, "__aenter__"):
-            async with source:  # type: ignore[attr-defined]
+        if hasattr(source, "__aenter__") and hasattr(source, "__aexit__"):  # holds a session
+            async with source:
                 await source.run(self.on_scrape, stop=self._stop)
         else:
             await source.run(self.on_scrape, stop=self._stop)
@@ -442,7 +442,7 @@ def run_app(config: AppConfig) -> int:
     return app_exit_code(app)
 
 
-def app_exit_code(app: App[object]) -> int:
+def app_exit_code(app: App[Any]) -> int:
     """0 when the user quit; 70 when Textual stopped the app on an unhandled exception (it
     prints the traceback itself once the terminal is restored)."""
     if app.return_code:

@@ -154,7 +154,9 @@ def floor_rule(stats: EngineStats) -> Rule | None:
 
 def baseline_rule(band: Band | None, pool: int | None) -> Rule | None:
     """The baseline's median KV use (--baseline), as blocks of the pool now."""
-    level = band.blocks(band.kv_p50, pool) if band is not None else None
+    if band is None:
+        return None
+    level = band.blocks(band.kv_p50, pool)
     return None if level is None else Rule(f"base p50 ({band.name})", "base", level)
 
 
@@ -238,9 +240,10 @@ def latency_pane(stats: EngineStats, history: Sequence[EngineStats], now: float,
                      ("p99", "s2", _quantile("ttft", "p99")),
                      ("ITL", "s3", _quantile("itl", "p50")))
     ttft, itl = window_quantiles(stats.ttft), window_quantiles(stats.itl)
-    ttft_text = f"{fmt.seconds(ttft and ttft.p50)}/{fmt.seconds(ttft and ttft.p99)}"
+    ttft_p50, ttft_p99 = (None, None) if ttft is None else (ttft.p50, ttft.p99)
+    ttft_text = f"{fmt.seconds(ttft_p50)}/{fmt.seconds(ttft_p99)}"
     latest: Line = [("TTFT ", "key"), (ttft_text, ""), ("  ITL ", "key"),
-                    (fmt.seconds(itl and itl.p50), ""), ("  est.", "dim")]
+                    (fmt.seconds(None if itl is None else itl.p50), ""), ("  est.", "dim")]
     chart = Chart(series, now, span_s, unit=fmt.seconds)
     return PaneView("lat", _legend("TTFT", series), latest,
                     chart if _has_data(series) else None, "no request finished yet",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kvtop.safe_text import display_text
 from kvtop.view.cells import (
@@ -109,6 +109,9 @@ def engine_suffix(stats: EngineStats, engines: list[EngineStats]) -> str:
     return " " + display_text("/".join(parts))
 
 
+Row = TypeVar("Row", bound=FleetRow)  # a fleet row or a group's aggregate row
+
+
 def build_rows(states: list[TargetState], now: float) -> list[FleetRow]:
     """One row per (target, engine); one row for a target without engines (down, unknown)."""
     return [row for state in states for row in target_rows(state, status_cell(state, now))]
@@ -185,7 +188,7 @@ def _text_key(row: FleetRow, sort_key: str) -> str:
     return row.name.lower()
 
 
-def order_rows(rows: list[FleetRow], sort_key: str, reverse: bool = False) -> list[FleetRow]:
+def order_rows(rows: list[Row], sort_key: str, reverse: bool = False) -> list[Row]:
     """Names A-Z, or numbers biggest first (``reverse`` turns either round); unknown values
     stay last either way, and ties go by name."""
     if sort_key in TEXT_SORTS:

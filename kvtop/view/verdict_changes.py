@@ -12,7 +12,7 @@ from kvtop.view.fleet import engine_suffix, row_key, shown_label
 if TYPE_CHECKING:
     from kvtop.derive.stats import EngineStats
     from kvtop.derive.tracker import TargetState
-    from kvtop.derive.verdicts import LeakVerdict
+    from kvtop.derive.verdicts import LeakState, LeakVerdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,8 @@ def stall_entries(
 
 
 def leak_changes(
-    states: list[TargetState], seen: dict[str, str]
-) -> tuple[list[LeakChange], dict[str, str]]:
+    states: list[TargetState], seen: dict[str, LeakState]
+) -> tuple[list[LeakChange], dict[str, LeakState]]:
     """Changes of indicator level since ``seen`` (row key -> state) and the new ``seen``.
 
     Only a change of level counts (warmup -> OK does not), so a held state is told once, not

@@ -45,8 +45,9 @@ def _value(value: float) -> float | None:
 
 def _index(text: str | None) -> int | None:
     # "²" is a digit to str.isdigit() but not to int()
-    ok = text is not None and text.isascii() and text.isdigit() and len(text) < 6
-    return int(text) if ok else None  # type: ignore[arg-type]
+    if text is not None and text.isascii() and text.isdigit() and len(text) < 6:
+        return int(text)
+    return None
 
 
 class _Gpu:
@@ -73,8 +74,8 @@ class _Gpu:
         if total is None and used is not None and free is not None:
             total = used + free + (values.get(FB_RESERVED) or 0.0)
         util = values.get(UTIL)
-        if util is None and values.get(GR_ACTIVE) is not None:
-            util = 100.0 * values[GR_ACTIVE]  # type: ignore[operator]
+        if util is None and (active := values.get(GR_ACTIVE)) is not None:
+            util = 100.0 * active
         return GpuReading(
             index=_index(labels.get("gpu")),
             name=labels.get("modelName") or "GPU",

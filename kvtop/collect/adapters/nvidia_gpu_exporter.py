@@ -32,8 +32,9 @@ def _value(sample: Sample) -> float | None:
 
 def _int(text: str | None) -> int | None:
     # "²" is a digit to str.isdigit() but not to int()
-    ok = text is not None and text.isascii() and text.isdigit() and len(text) < 10
-    return int(text) if ok else None  # type: ignore[arg-type]
+    if text is not None and text.isascii() and text.isdigit() and len(text) < 10:
+        return int(text)
+    return None
 
 
 def _by_uuid(expo: Exposition) -> dict[str, dict[str, float | None]]:

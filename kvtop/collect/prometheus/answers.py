@@ -107,7 +107,8 @@ def group_scrapes(result: Any) -> dict[InstanceKey, dict[float, list[Sample]]]:
     out: dict[InstanceKey, dict[float, list[Sample]]] = {}
     heads = _heads
     for series in result:
-        metric = series.get("metric") if type(series) is dict else None
+        # JSON from outside: a dict by the time a key is made of it (pairs, series_points)
+        metric: Any = series.get("metric") if type(series) is dict else None
         pairs = tuple(metric.items()) if type(metric) is dict else ()
         try:
             head = heads.get(pairs) if pairs else None
@@ -122,7 +123,7 @@ def group_scrapes(result: Any) -> dict[InstanceKey, dict[float, list[Sample]]]:
             if type(values) is not list:
                 raise malformed("a series' 'values' is not a list")
         name, labels = head
-        key = (metric.get("job", ""), metric.get("instance", ""))  # type: ignore[union-attr]
+        key = (metric.get("job", ""), metric.get("instance", ""))
         per_t = out.get(key)
         if per_t is None:
             per_t = out[key] = {}

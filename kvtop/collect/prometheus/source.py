@@ -188,9 +188,9 @@ class PrometheusSource:
         scrapes in time order, plus a failed one per instance that is down or stale. When
         Prometheus can't be read, every known instance fails with the reason."""
         now = self.clock()
-        first = self._since is None
-        until = now if first else now - INGEST_LAG_S
-        span = self.lookback_s if first else until - self._since
+        since = self._since
+        until = now if since is None else now - INGEST_LAG_S
+        span = self.lookback_s if since is None else until - since
         try:
             scrapes = await self._refresh(until, max(span, 0.001))
         except Exception as exc:

@@ -91,8 +91,8 @@ class EnginePanel(Styled, Static):
     COMPONENT_CLASSES = {f"pane--{role}" for role in ROLES}  # noqa: RUF012
     PREFIX = "pane"
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
         self._styles = {}
         self._shown: Text | None = None
         self._args: tuple[EngineView, GpuSeries, tuple[int | None, int | None] | None,

@@ -117,8 +117,8 @@ class FleetTable(ScrollView, can_focus=True):
             self.key = key
             self.open = open_  # None: the other way round
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
         self._columns: list[Column] = []
         self._rows: list[FleetRow] = []
         self._cursor = 0

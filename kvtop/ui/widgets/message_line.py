@@ -7,7 +7,7 @@ are live."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import App, ScreenStackError
@@ -50,7 +50,7 @@ class MessageLine(Static):
         return text is not None
 
 
-def show_messages(app: App[object], live: Sequence[Notification]) -> None:
+def show_messages(app: App[Any], live: Sequence[Notification]) -> None:
     """``live`` on the active screen's message line in place of its footer; looked at again
     when the first of them expires. A screen without one (help, the sort menu) shows them
     once it closes (Textual refreshes the messages when a screen resumes)."""

@@ -20,21 +20,21 @@ ROLES = ("title", "key", "axis", "ticks", "s1", "s2", "s3", "floor", "base", "ok
          "bad", "alarm", "dim")
 
 
-class Styled:
+class Styled(Widget):
     """Pieces (text, role) to Rich text with the widget's component styles."""
 
     PREFIX = ""
-    _styles: dict[str, Style | str]
+    _styles: dict[str, Style]
 
-    def role_style(self, role: str) -> Style | str:
+    def role_style(self, role: str) -> Style | None:
         if not role:
-            return ""
+            return None
         style = self._styles.get(role)
         if style is None:
             try:
-                style = self.get_component_rich_style(f"{self.PREFIX}--{role}")  # type: ignore[attr-defined]
+                style = self.get_component_rich_style(f"{self.PREFIX}--{role}")
             except KeyError:  # the app is tearing down: its stylesheet is gone
-                return ""
+                return None
             self._styles[role] = style
         return style
 
@@ -45,7 +45,7 @@ class Styled:
         return text
 
 
-class ChartPane(Styled, Widget):
+class ChartPane(Styled):
     """One chart with its legend as the border title and its latest values under it.
 
     Drawn line by line (Textual's line API): the chart's rows become strips directly, once
@@ -55,8 +55,8 @@ class ChartPane(Styled, Widget):
     COMPONENT_CLASSES = {f"pane--{role}" for role in ROLES}  # noqa: RUF012
     PREFIX = "pane"
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
         self._styles = {}
         self._view: PaneView | None = None
         self._empty = ""  # said where there is no view
@@ -114,8 +114,8 @@ class EngineHead(Styled, Static):
     COMPONENT_CLASSES = {f"pane--{role}" for role in ROLES}  # noqa: RUF012
     PREFIX = "pane"
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
         self._styles = {}
         self._shown: Text | None = None
 
@@ -132,8 +132,9 @@ class EnginePanes(Vertical):
 
     PANE_KEYS = ("kv", "queue", "hit", "tps", "lat")
 
-    def __init__(self, beside_kv: Widget | None = None, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, beside_kv: Widget | None = None, *, id: str | None = None,
+                 classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
         self._beside_kv = beside_kv
         self._panes: dict[str, ChartPane] = {}
         self._title: str | None = None

@@ -6,6 +6,9 @@ and then a GPU note go first; the fleet's load, hit rate and tokens/s stay."""
 
 from __future__ import annotations
 
+from typing import TypedDict
+
+from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
@@ -17,6 +20,19 @@ Part = tuple[int, Pieces]  # (priority, pieces): a lower priority survives a nar
 BAR_MIN, BAR_MAX = 10, 60  # cells of the KV meter's bar
 
 
+class _Settings(TypedDict):
+    """What show() was last given besides the summary: drawn again on a resize."""
+
+    interval_s: float
+    sort_label: str
+    filter_text: str
+    paused: bool
+    shown: tuple[int, int] | None
+    recording: str | None
+    group_label: str
+    gpu_note: tuple[str, str] | None
+
+
 class SummaryBar(Static):
     """Two lines: the KV meter with hosts and verdict counts, then load and settings
     (and whether a recording is being written, and what went wrong with it)."""
@@ -26,8 +42,8 @@ class SummaryBar(Static):
         "summary--bar", "summary--track",
     }
     _shown: Text | None = None
-    _last: tuple[FleetSummary, dict[str, object]] | None = None
-    _styles: dict[str, object] | None = None
+    _last: tuple[FleetSummary, _Settings] | None = None
+    _styles: dict[str, Style] | None = None
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -37,7 +53,7 @@ class SummaryBar(Static):
         """The bar takes the new width at once, not at the next refresh."""
         if self._last is not None:
             summary, options = self._last
-            self.show(summary, **options)  # type: ignore[arg-type]
+            self.show(summary, **options)
 
     def show(
         self,
@@ -104,9 +120,9 @@ class SummaryBar(Static):
                 text.append(piece, self._style(role))
         return text
 
-    def _style(self, role: str) -> str | object:
+    def _style(self, role: str) -> Style | None:
         if not role:
-            return ""
+            return None
         if self._styles is None:
             self._styles = {}
         style = self._styles.get(role)
@@ -114,7 +130,7 @@ class SummaryBar(Static):
             try:
                 style = self._styles[role] = self.get_component_rich_style(f"summary--{role}")
             except KeyError:  # the app is tearing down: its stylesheet is gone
-                return ""
+                return None
         return style
 
 
