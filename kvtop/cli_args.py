@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvtop.collect.target import DEFAULT_TARGET, Target, TokenError, read_token
 from kvtop.config import Config, ConfigError, quoted
-from kvtop.safe_text import display_text
+from kvtop.safe_text import display_text, warn
 from kvtop.store.time_range import BadBound, Bound, TimeRange, parse_bound
 from kvtop.store.writer import DEFAULT_MAX_BYTES, parse_size, size_text
 
@@ -81,6 +82,20 @@ def size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# -- the terminal --------------------------------------------------------------------------
+
+
+def no_terminal(who: str, instead: str) -> bool:
+    """True, after saying so on stderr, when stdout is not a terminal: the app would write
+    its escape codes into a pipe or a file (``kvtop … | cat``, cron). ``instead`` names the
+    headless command that does the job there."""
+    if sys.stdout.isatty():
+        return False
+    warn(f"{who}: the app draws on a terminal, and stdout is not one; for a pipe or a file "
+         f"use {instead}")
+    return True
 
 
 # -- options --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 
 from kvtop.cli import SUMMARIES, main
 from kvtop.collect.target import Scrape, Target
-from kvtop.exits import APP, SHARED, exit_codes
+from kvtop.exits import APP, EXIT_USAGE, SHARED, exit_codes
 from kvtop.manpage import render, roff
 from kvtop.store.recording import RecordingWriter
 from tests.fakes.faultserver import FaultServer, closed_port, fixture
@@ -282,6 +282,62 @@ def test_the_app_exits_70_after_a_crash_with_no_locals_shown(tmp_path: Path) -> 
     assert str(report) in output.replace("\r\n", "").replace("\n", "")
     text = report.read_text()
     assert "boom" in text and "sk-LOCAL-SECRET" not in text
+
+
+# -- a mistyped command, an app without a terminal -----------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "said", "usage"), [
+    (["chek", "host:8000"], "unknown command 'chek' (did you mean 'check'?)", "kvtop check"),
+    (["snapshto", "host:8000"], "unknown command 'snapshto' (did you mean 'snapshot'?)",
+     "kvtop snapshot"),
+    (["--interval", "2", "recrod"], "unknown command 'recrod' (did you mean 'record'?)",
+     "kvtop record"),
+    (["--no-gpu", "snapshot", "host:8000"], "the command 'snapshot' comes first",
+     "kvtop snapshot"),
+])
+def test_a_mistyped_or_misplaced_command_is_a_usage_error_with_its_usage_line(
+        capsys: pytest.CaptureFixture[str], argv: list[str], said: str, usage: str) -> None:
+    done = in_process(capsys, *argv)
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    first, *rest = done.stderr.splitlines()
+    assert first.startswith(f"kvtop: {said}"), done.stderr
+    assert any(line.startswith(f"usage: {usage} [-h]") for line in rest), done.stderr
+
+
+@pytest.mark.parametrize("target", ["chek:8000", "check.internal", "http://snapshot/m",
+                                    "localhost", "gpu-7", "--"])
+def test_a_host_like_target_is_never_taken_for_a_command(
+        capsys: pytest.CaptureFixture[str], target: str) -> None:
+    # the boundary: these are servers (or nothing close to a command), so the app is what
+    # was asked for; with stdout captured it is refused for want of a terminal instead
+    done = in_process(capsys, *(["--", "chek"] if target == "--" else [target]), "--no-gpu")
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    assert "unknown command" not in done.stderr
+    assert done.stderr.startswith("kvtop: the app draws on a terminal, and stdout is not one")
+
+
+@pytest.mark.parametrize(("argv", "usage", "meant"), [
+    (["snapshot", "--jsno"], "usage: kvtop snapshot", "--json"),
+    (["baseline", "save", "b", "--jsn"], "usage: kvtop baseline save", "--json"),
+    (["--no-gppu"], "usage: kvtop [TARGET ...]", "--no-gpu"),
+])
+def test_an_unknown_option_names_the_closest_with_its_commands_usage(
+        capsys: pytest.CaptureFixture[str], argv: list[str], usage: str, meant: str) -> None:
+    err = usage_error(in_process(capsys, *argv))
+    assert err.startswith(usage), err
+    assert err.rstrip().endswith(f"(did you mean '{meant}'?)"), err
+
+
+def test_the_app_never_writes_to_a_pipe(tmp_path: Path) -> None:
+    replay = recording(tmp_path / "r.jsonl", [fixture(LOAD).decode()] * 2)
+    for argv in (["snapshto", "127.0.0.1:1"], ["127.0.0.1:1", "--no-gpu"],
+                 ["replay", str(replay)]):
+        done = kvtop(*argv)  # stdout is a pipe, as in `kvtop … | cat`
+        assert done.returncode == EXIT_USAGE, (argv, done.stderr)
+        assert done.stdout == "" and "\x1b" not in done.stderr, argv
+        assert "Traceback" not in done.stderr
+    assert "kvtop snapshot" in done.stderr or "kvtop check --replay" in done.stderr
 
 
 # -- help, completion, man page ------------------------------------------------------------
