@@ -45,7 +45,9 @@ EXITS: dict[str, Meanings] = {
                        "stdout is not a terminal (use kvtop snapshot)"),
           (EXIT_UNREADABLE, "--prometheus: Prometheus could not be read")),
     "snapshot": ((EXIT_OK, "every target was read"),
-                 (EXIT_UNREADABLE, "a target (or Prometheus) could not be read")),
+                 (EXIT_UNREADABLE, "a target (or Prometheus) could not be read; with "
+                                   "--watch, Prometheus could not be read at the start"),
+                 (EXIT_INTERRUPTED, "--watch: stopped by Ctrl-C or SIGTERM, its only end")),
     "record": ((EXIT_OK, "every scrape is in the file"),
                (EXIT_USAGE, "usage error, or FILE can't be created (it exists: see --force)"),
                (EXIT_INCOMPLETE, "the recording fell short (write errors such as a full "

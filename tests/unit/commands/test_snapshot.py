@@ -16,19 +16,26 @@ every GPU says where it is and whose it is, and a source that failed says so."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
+import signal
 import ssl
+import subprocess
+import sys
+import threading
 import time
 from typing import Any
 
 import pytest
 
+from kvtop.cli import main
 from kvtop.collect.gpu import MIB
 from kvtop.collect.live import DirectSource
 from kvtop.collect.target import Target
 from kvtop.commands.snapshot import print_snapshot, read_states, snapshot, snapshot_exit_code
 from kvtop.derive.tracker import TargetState
-from kvtop.exits import EXIT_OK, EXIT_UNREADABLE
+from kvtop.exits import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 from kvtop.sim.engine import EngineConfig, RequestSpec
 from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet, SimServer
@@ -36,7 +43,7 @@ from kvtop.sim.simulation import Truth
 from tests.fakes.faultserver import FaultServer, closed_port, fixture, served_in_thread
 from tests.scenarios.derived import vllm_08_idle
 from tests.scenarios.gpu import DCGM_MIG, NVIDIA_SMI_H100, gpu_fixture
-from tests.support.cli import run_kvtop
+from tests.support.cli import kvtop_command, run_kvtop
 from tests.support.paths import IDLE, LOAD
 from tests.support.waiting import DEADLINE_S, eventually
 
@@ -462,3 +469,62 @@ async def test_no_gpu_exporter_no_gpu_sources_but_nvml() -> None:
     assert code == 0, err
     document = json.loads(out)
     assert document["gpus"] == [] and document["gpu_sources"] == []
+
+
+# -- --watch: one document per interval, one per line -----------------------------------
+
+
+class Tape(io.StringIO):
+    """stdout as a pipe sees it: what had been flushed at each flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed: list[str] = []
+
+    def flush(self) -> None:
+        self.flushed.append(self.getvalue())
+
+
+def test_watch_prints_a_flushed_line_per_interval_until_ctrl_c(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tape = Tape()
+    monkeypatch.setattr(sys, "stdout", tape)
+    with served_in_thread(FaultServer(bodies=[fixture(LOAD), fixture(IDLE)])) as server:
+        down = f"127.0.0.1:{closed_port()}"
+        ctrl_c = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
+        try:
+            code = main(["snapshot", server.url(), down, "--watch", "0.25", "--no-gpu"])
+        finally:
+            ctrl_c.cancel()
+    assert code == EXIT_INTERRUPTED
+    lines = tape.getvalue().splitlines()
+    assert len(lines) >= 3, lines
+    # every line was in the pipe before the next was written (a reader gets it at once)
+    assert all("".join(f"{line}\n" for line in lines[:n]) in tape.flushed
+               for n in range(1, len(lines) + 1))
+    documents = [json.loads(line) for line in lines]
+    assert all(doc["kvtop_snapshot"] == 1 for doc in documents)
+    taken = [doc["taken_at"] for doc in documents]
+    assert taken == sorted(set(taken))
+    for doc in documents:  # the down target is in every document, never holding one back
+        assert [t["status"] for t in doc["targets"]] == ["up", "down"]
+    assert documents[-1]["targets"][0]["engines"][0]["rates"]["window_s"] > 0
+
+
+async def test_watch_into_head_1_ends_quietly() -> None:
+    async with FaultServer() as server:
+        done = await asyncio.to_thread(
+            subprocess.run, ["bash", "-c", '"$@" | head -1; exit "${PIPESTATUS[0]}"', "kvtop",
+                             *kvtop_command(), "snapshot", server.url(), "--watch", "0.2",
+                             "--no-gpu"],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == EXIT_BROKEN_PIPE, done.stderr
+    assert done.stderr == ""
+    (line,) = done.stdout.splitlines()
+    assert json.loads(line)["targets"][0]["status"] == "up"
+
+
+def test_watch_is_json_lines_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["snapshot", "--watch", "--table", "--no-gpu"]) == EXIT_USAGE
+    assert "--watch prints JSON lines" in capsys.readouterr().err
