@@ -131,7 +131,8 @@ def render() -> str:
         ".SH FILES",
         ".TP",
         "\\fI~/.config/kvtop/config.toml\\fR",
-        roff("targets, names, groups, tokens (token_env / token_file), the interval, "
+        roff("targets, names, groups, tokens (token_env / token_file), request headers "
+             "(headers = {NAME = \"$VAR\"}) and a CA bundle (cacert) per target, the interval, "
              "[thresholds] of the leak detector and [prometheus]; an unknown key is a usage "
              "error that names the closest known one; baseline = \"NAME\" per target."),
         ".TP",

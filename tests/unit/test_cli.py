@@ -340,6 +340,42 @@ def test_the_app_never_writes_to_a_pipe(tmp_path: Path) -> None:
     assert "kvtop snapshot" in done.stderr or "kvtop check --replay" in done.stderr
 
 
+# -- --header and --cacert: usage errors ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--header", "X-Api-Key: gw-literal-secret"],
+     "kvtop: --header: header 'X-Api-Key': its value would show in process listings; write "
+     "X-Api-Key:$VAR or X-Api-Key:@FILE\n"),
+    (["--header", "Authorization: Bearer gw-literal-secret"],
+     "kvtop: --header: header 'Authorization' is set by kvtop itself (the token: token_env / "
+     "token_file)\n"),
+    (["--cacert", "/nonexistent/ca.pem"], "kvtop: --cacert: no such file: /nonexistent/ca.pem\n"),
+    (["--cacert", "/etc/hostname", "--insecure"],
+     "kvtop: --cacert verifies TLS and --insecure does not: give one\n"),
+])
+def test_a_header_or_ca_bundle_that_cant_be_used_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], args: list[str], says: str) -> None:
+    err = usage_error(in_process(capsys, "snapshot", "127.0.0.1:1", "--no-gpu", *args))
+    assert err == says and "gw-literal-secret" not in err
+
+
+def test_a_ca_bundle_that_is_no_pem_and_options_without_their_targets(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    junk = tmp_path / "ca.pem"
+    junk.write_text("junk\n")
+    err = usage_error(in_process(capsys, "snapshot", "127.0.0.1:1", "--cacert", str(junk)))
+    assert err.startswith(f"kvtop: --cacert: not a PEM CA bundle: {junk} (")
+    config = tmp_path / "kvtop.toml"
+    config.write_text('[[targets]]\nurl = "gpu-1:8000"\n')
+    err = usage_error(in_process(capsys, "snapshot", "--config", str(config), "--header",
+                                 "Accept: text/plain"))
+    assert "for the config's, give each [[targets]] headers / cacert" in err
+    err = usage_error(in_process(capsys, "snapshot", "--prometheus", "http://prom:9090",
+                                 "--header", "Accept: text/plain"))
+    assert "--header and --cacert are for targets read directly" in err
+
+
 # -- help, completion, man page ------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+import certifi
 import pytest
 
 from kvtop.cli import main
@@ -528,3 +529,73 @@ async def test_watch_into_head_1_ends_quietly() -> None:
 def test_watch_is_json_lines_only(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["snapshot", "--watch", "--table", "--no-gpu"]) == EXIT_USAGE
     assert "--watch prints JSON lines" in capsys.readouterr().err
+
+
+# -- --header and --cacert: every request to the target carries them -------------------------
+
+
+SHORT_KEY, TENANT = "k3y-9z", "tenant-secret-7731"  # under and over safe_text's 8 characters
+HEADERS = ("--header", "X-Api-Key:$GW_KEY", "--header", "X-Tenant:@{tenant}",
+           "--header", "Accept: text/plain;q=0.9")
+
+
+def echoing_keys(request: Any) -> tuple[int, bytes]:
+    """A gateway that quotes the headers it was sent in its error."""
+    said = f"bad key {request.headers.get('x-api-key')} for {request.headers.get('x-tenant')}"
+    return 500, json.dumps({"error": {"message": said}}).encode()
+
+
+async def test_headers_reach_every_request_and_their_secrets_never_show(tmp_path: Any) -> None:
+    tenant = tmp_path / "tenant"
+    tenant.write_text(TENANT + "\n")
+    flags = [flag.format(tenant=tenant) for flag in HEADERS]
+    async with FaultServer() as server, FaultServer(mode="api", api=echoing_keys) as echo:
+        code, out, err, _ = await run_kvtop(
+            "snapshot", server.url(), echo.url(), "--samples", "1", "--json", "--no-gpu",
+            *flags, env={"GW_KEY": SHORT_KEY})
+        seen = [(request.path, request.headers) for request in server.requests]
+        echo_url = echo.url()
+    assert code == EXIT_UNREADABLE, err
+    paths = {path for path, _ in seen}
+    assert "/version" in paths and any(path.startswith("/metrics") for path in paths)
+    for path, headers in seen:  # the scrape and the version probe alike
+        assert (headers.get("x-api-key"), headers.get("x-tenant"),
+                headers.get("accept")) == (SHORT_KEY, TENANT, "text/plain;q=0.9"), path
+    echoed = by_url(json.loads(out))[echo_url]
+    assert echoed["status"] == "down" and "bad key *** for ***" in echoed["error"]
+    assert SHORT_KEY not in out + err and TENANT not in out + err
+
+
+async def test_a_private_ca_verifies_the_target_only_when_given(
+        private_ca: tuple[ssl.SSLContext, Any]) -> None:
+    context, ca = private_ca
+    other = certifi.where()  # a real CA bundle that does not hold this server's CA
+    async with FaultServer(ssl_context=context) as server:
+        url = server.url()
+        runs = [await run_kvtop("snapshot", url, "--samples", "1", "--json", "--no-gpu", *flag)
+                for flag in ([], ["--cacert", str(ca)], ["--cacert", str(other)])]
+    default, trusted, wrong = (by_url(json.loads(out))[url] for _, out, _, _ in runs)
+    assert [code for code, *_ in runs] == [EXIT_UNREADABLE, EXIT_OK, EXIT_UNREADABLE]
+    assert trusted["status"] == "up" and trusted["server"]["version"] == "0.33.0"
+    for failed in (default, wrong):
+        assert failed["status"] == "down" and "TLS certificate not trusted" in failed["error"]
+
+
+async def test_a_config_targets_headers_and_ca_and_insecure_over_them(
+        private_ca: tuple[ssl.SSLContext, Any], tmp_path: Any) -> None:
+    context, ca = private_ca
+    async with FaultServer(ssl_context=context) as server:
+        url = server.url()
+        config = tmp_path / "kvtop.toml"
+        runs = []
+        for cacert, flags in ((ca, []), (certifi.where(), ["--insecure"])):
+            config.write_text(f'[[targets]]\nurl = "{url}"\ncacert = "{cacert}"\n'
+                              '[targets.headers]\n"X-Api-Key" = "$GW_KEY"\n'
+                              'Accept = "text/plain"\n')
+            runs.append(await run_kvtop("snapshot", "--config", str(config), "--samples", "1",
+                                        "--json", "--no-gpu", *flags,
+                                        env={"GW_KEY": SHORT_KEY}))
+        sent = {(r.headers.get("x-api-key"), r.headers.get("accept")) for r in server.requests}
+    # its own CA verifies it; --insecure verifies nothing, whatever CA bundle a target names
+    assert [code for code, *_ in runs] == [EXIT_OK, EXIT_OK], runs
+    assert sent == {(SHORT_KEY, "text/plain")}
