@@ -18,7 +18,9 @@ import subprocess
 import sys
 import termios
 import time
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -443,6 +445,71 @@ def test_the_man_page_is_current_and_renders() -> None:
         assert f"{name}: {SUMMARIES[name]}"[:40] in " ".join(text.split())
     for action in ("save", "list", "show", "rm"):  # a command's own actions too
         assert f"kvtop baseline {action}" in text
+
+
+# Textual's key names as a person reads them (the help's and the man page's way)
+KEY_NAMES = {"ctrl+c": "^C", "question_mark": "?", "slash": "/", "up": "↑", "down": "↓",
+             "left": "←", "right": "→", "pageup": "PgUp", "pagedown": "PgDn", "home": "Home",
+             "end": "End", "full_stop": ".", "left_square_bracket": "[",
+             "right_square_bracket": "]", "left_curly_bracket": "{",
+             "right_curly_bracket": "}", "less_than_sign": "<", "greater_than_sign": ">"}
+MOUSE = {"click"}  # said in KEYS, but no key binds it
+
+
+def bound_keys(bindings: list[Any]) -> set[str]:
+    """Every key these bindings bind, as a person reads it (its key_display when it has
+    one: "+" for "plus,equals_sign")."""
+    keys: set[str] = set()
+    for binding in bindings:
+        if binding.key_display:
+            keys.update(binding.key_display.split())
+            continue
+        for key in binding.key.split(","):
+            keys.add(KEY_NAMES.get(key, key.upper() if re.fullmatch(r"f\d+", key) else key))
+    return keys
+
+
+def man_keys(section: str) -> set[str]:
+    """The keys a part of the man page's KEYS section names (its bold terms)."""
+    keys: set[str] = set()
+    for term in re.findall(r"^\\fB(.*)\\fR$", section, re.MULTILINE):
+        term = re.sub(r"\\\[u([0-9A-F]{4})\]", lambda m: chr(int(m.group(1), 16)), term)
+        term = term.replace("\\&", "").replace("\\-", "-").replace("\\e", "\\")
+        for word in term.split():
+            keys.update(word if all(c in "↑↓←→" for c in word) else [word])
+    return keys
+
+
+def test_the_man_pages_keys_are_the_keys_the_app_binds() -> None:
+    from kvtop.ui.keys import LIVE_BINDINGS, REPLAY_BINDINGS
+    from kvtop.ui.widgets.fleet_table import FleetTable
+
+    section = render().split(".SH KEYS\n", 1)[1].split(".SH ", 1)[0]
+    live, replay = section.split(".PP\n")
+    app = bound_keys([*LIVE_BINDINGS, *FleetTable.BINDINGS])
+    assert man_keys(live) - MOUSE == app
+    assert man_keys(replay) == bound_keys(REPLAY_BINDINGS) - app
+
+
+@pytest.mark.slow  # ~9 s: pip builds a wheel
+def test_pip_install_installs_the_man_page(tmp_path: Path) -> None:
+    # the wheel pip would install, built from a copy (a build writes build/ and *.egg-info)
+    source = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, source / name)
+    for folder in ("kvtop", "man"):
+        shutil.copytree(REPO / folder, source / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                           str(tmp_path / "dist"), str(source)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (page,) = [name for name in archive.namelist()
+                   if name.endswith(".data/data/share/man/man1/kvtop.1")]
+        assert archive.read(page).decode("utf-8") == render()
 
 
 def listed_exit_codes(help_text: str) -> dict[int, str]:
