@@ -9,24 +9,26 @@ lists its own.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvtop import __version__
 from kvtop.cli_args import (
     MAX_SIZE_HELP,
     add_prometheus_arguments,
     add_target_arguments,
+    no_terminal,
     open_source,
     positive_seconds,
     size,
 )
-from kvtop.config import Config, ConfigError, load_config
+from kvtop.config import Config, ConfigError, load_config, quoted
 from kvtop.crash import write_crash_report
 from kvtop.exits import (
     APP,
@@ -68,11 +70,26 @@ DESCRIPTION = ("htop for the KV cache of vLLM, SGLang and llama.cpp servers: KV 
 
 class Parser(argparse.ArgumentParser):
     """argparse, except that a closed stdout while printing --help or --version is not
-    swallowed: it ends kvtop like any other write (exit 141)."""
+    swallowed: it ends kvtop like any other write (exit 141); and an unknown option is
+    answered with the closest known one."""
 
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         if message:
             (file or sys.stderr).write(terminal_lines(message))  # it quotes argv
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            message += self._closest_option(message.split(": ", 1)[1].split())
+        super().error(message)
+
+    def _closest_option(self, words: list[str]) -> str:
+        known = list(self._option_string_actions)
+        for word in words:
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1)
+                if close:
+                    return f" (did you mean '{close[0]}'?)"
+        return ""
 
 
 class Formatter(argparse.HelpFormatter):
@@ -186,6 +203,8 @@ def _run_app(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     baseline = baseline_overlay(args.baseline, config.baselines)
+    if no_terminal("kvtop", "`kvtop snapshot` (JSON) or `kvtop snapshot --table`"):
+        return EXIT_USAGE
     with open_source(args, config, interval_s=args.interval or config.interval_s,
                      demo=args.demo) as source:
         try:
@@ -210,9 +229,65 @@ async def _discover(source: Source) -> list[Target]:
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, Callable[[argparse.Namespace], int]]:
     if argv and argv[0] in SUMMARIES:
-        args = build_command_parser().parse_args(argv)
+        parser = build_command_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the command's own parser, with its usage line
+            _innermost(parser, argv).error(f"unrecognized arguments: {' '.join(unknown)}")
         return args, args.command
-    return build_app_parser().parse_args(argv), _run_app
+    app = build_app_parser()
+    _refuse_a_command_as_target(_first_positional(argv, app))
+    return app.parse_args(argv), _run_app
+
+
+def _innermost(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``argv`` names: ``kvtop baseline save`` -> save's."""
+    for word in argv:
+        subparsers = next((a for a in parser._actions
+                           if isinstance(a, argparse._SubParsersAction)), None)
+        if subparsers is None or word not in subparsers.choices:
+            break
+        parser = subparsers.choices[word]
+    return parser
+
+
+def _first_positional(argv: list[str], parser: argparse.ArgumentParser) -> str | None:
+    """The first word of ``argv`` that is neither an option nor an option's value; None
+    after ``--``, which says the words that follow are targets, whatever they look like."""
+    takes_value = {flag for action in parser._actions if action.nargs != 0
+                   for flag in action.option_strings}
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return None
+        if word.startswith("-") and word != "-":
+            if word in takes_value:
+                next(words, None)
+            continue
+        return word
+    return None
+
+
+def _host_like(word: str) -> bool:
+    return any(mark in word for mark in ":/.") or word.lower() == "localhost"
+
+
+def _refuse_a_command_as_target(word: str | None) -> None:
+    """``kvtop chek host:8000`` is a typo, not a server named "chek": usage error (exit 2)
+    with the command meant and its usage line, rather than the app with a row "chek down"."""
+    if word is None or _host_like(word):
+        return
+    if word in SUMMARIES:
+        message = f"the command '{word}' comes first: kvtop {word} [options]"
+    elif close := difflib.get_close_matches(word, list(SUMMARIES), n=1):
+        word, message = close[0], (f"unknown command {quoted(word)} (did you mean "
+                                   f"'{close[0]}'?)\nkvtop: a server is written host:port "
+                                   f"or as a URL")
+    else:
+        return
+    command = build_command_parser()
+    warn(f"kvtop: {message}")
+    sys.stderr.write(terminal_lines(_innermost(command, [word]).format_usage()))
+    raise SystemExit(EXIT_USAGE)
 
 
 def _run(argv: list[str]) -> int:

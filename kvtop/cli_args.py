@@ -10,13 +10,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvtop.collect.target import DEFAULT_TARGET, Target, TokenError, read_token
+from kvtop.collect.target import (
+    DEFAULT_TARGET,
+    HEADER_FORMS,
+    Header,
+    HeaderError,
+    Target,
+    TokenError,
+    check_cacert,
+    parse_header,
+    read_token,
+)
 from kvtop.config import Config, ConfigError, quoted
-from kvtop.safe_text import display_text
+from kvtop.safe_text import display_text, warn
 from kvtop.store.time_range import BadBound, Bound, TimeRange, parse_bound
 from kvtop.store.writer import DEFAULT_MAX_BYTES, parse_size, size_text
 
@@ -83,6 +94,20 @@ def size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+# -- the terminal --------------------------------------------------------------------------
+
+
+def no_terminal(who: str, instead: str) -> bool:
+    """True, after saying so on stderr, when stdout is not a terminal: the app would write
+    its escape codes into a pipe or a file (``kvtop … | cat``, cron). ``instead`` names the
+    headless command that does the job there."""
+    if sys.stdout.isatty():
+        return False
+    warn(f"{who}: the app draws on a terminal, and stdout is not one; for a pipe or a file "
+         f"use {instead}")
+    return True
+
+
 # -- options --------------------------------------------------------------------------------
 
 
@@ -99,6 +124,14 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, positional: bool = 
                              f"environment variable (default {DEFAULT_TOKEN_ENV}, if set)")
     parser.add_argument("--token-file", type=Path, metavar="PATH",
                         help="read a bearer token for the command-line targets from this file")
+    parser.add_argument("--header", action="append", metavar="NAME:VALUE",
+                        help=f"send this header with every request to the command-line "
+                             f"targets (repeatable): {HEADER_FORMS}; a value is a secret, "
+                             f"masked everywhere, unless the header is Accept, User-Agent or "
+                             f"the like, and a secret is never taken from argv")
+    parser.add_argument("--cacert", type=Path, metavar="FILE",
+                        help="verify the command-line targets' TLS with this CA bundle (PEM) "
+                             "instead of the system's")
     parser.add_argument("--insecure", action="store_true",
                         help="do not verify TLS certificates")
     parser.add_argument("--timeout", type=positive_seconds, metavar="S",
@@ -126,20 +159,50 @@ def add_output_arguments(parser: argparse.ArgumentParser, text_flags: tuple[str,
 
 
 def resolve_targets(args: argparse.Namespace, config: Config) -> list[Target]:
-    """Command-line targets (with the command-line token), else the config's, else default."""
-    if not args.targets:
-        return config.targets or [Target.from_spec(DEFAULT_TARGET)]
-    try:
-        token = read_token(args.token_env, args.token_file, default_env=DEFAULT_TOKEN_ENV)
+    """Command-line targets (with the command-line token, headers and CA bundle), else the
+    config's, else the default one (with the headers and CA bundle)."""
+    if not args.targets and config.targets:
+        if _request_options(args):
+            raise ConfigError("--header and --cacert go with targets on the command line; "
+                              "for the config's, give each [[targets]] headers / cacert")
+        return config.targets
+    try:  # the default target has never been sent a token: it is whatever listens there
+        token = read_token(args.token_env, args.token_file,
+                           default_env=DEFAULT_TOKEN_ENV) if args.targets else None
     except TokenError as exc:
         raise ConfigError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+    request = _command_line_request(args)
     targets = []
-    for spec in args.targets:
+    for spec in args.targets or [DEFAULT_TARGET]:
         try:
-            targets.append(Target.from_spec(spec, token=token))
+            targets.append(Target.from_spec(spec, token=token, **request))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return list(dict.fromkeys(targets))  # the same server twice is read once
+
+
+def _request_options(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "header", None) or getattr(args, "cacert", None))
+
+
+def _command_line_request(args: argparse.Namespace) -> dict[str, Any]:
+    """--header and --cacert, checked: a header as a (name, value) pair, a Secret unless
+    harmless and never a secret written in argv; the CA bundle read once."""
+    headers: list[Header] = []
+    try:
+        for spec in getattr(args, "header", None) or ():
+            headers.append(parse_header(spec, literal_secrets=False))
+    except HeaderError as exc:
+        raise ConfigError(f"--header: {exc}") from None
+    cacert = getattr(args, "cacert", None)
+    if cacert is not None:
+        if getattr(args, "insecure", False):
+            raise ConfigError("--cacert verifies TLS and --insecure does not: give one")
+        try:
+            cacert = check_cacert(cacert)
+        except ValueError as exc:
+            raise ConfigError(f"--cacert: {display_text(exc)}") from None
+    return {"headers": tuple(headers), "cacert": cacert}
 
 
 def resolve_prometheus(args: argparse.Namespace, config: Config) -> PrometheusSettings | None:
@@ -153,6 +216,9 @@ def resolve_prometheus(args: argparse.Namespace, config: Config) -> PrometheusSe
         return None
     if getattr(args, "targets", None):
         raise ConfigError("give either targets or --prometheus, not both")
+    if _request_options(args):
+        raise ConfigError("--header and --cacert are for targets read directly, not "
+                          "--prometheus")
     from kvtop.collect.prometheus import load_settings
 
     selector = getattr(args, "selector", None) or table.selector

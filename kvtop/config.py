@@ -9,6 +9,8 @@ Default file: ``$XDG_CONFIG_HOME/kvtop/config.toml`` (``~/.config/kvtop/config.t
     name = "gpu-1"
     group = "prod"
     token_env = "VLLM_METRICS_TOKEN"   # or token_file = "~/.config/kvtop/token"
+    headers = {"X-Api-Key" = "$GATEWAY_KEY"}   # or "@FILE", or the value; masked everywhere
+    cacert = "~/.config/kvtop/internal-ca.pem" # verify its TLS with this CA bundle
     [prometheus]                       # read the fleet from Prometheus instead
     url = "http://prometheus:9090"
     selector = '{namespace="prod"}'
@@ -32,7 +34,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kvtop.collect.target import Target, TokenError, read_token
+from kvtop.collect.target import (
+    Header,
+    HeaderError,
+    Target,
+    TokenError,
+    check_cacert,
+    parse_header,
+    read_token,
+)
 from kvtop.derive.leak_params import LeakParams
 from kvtop.files import UnreadableFile, read_regular
 from kvtop.safe_text import display_text
@@ -74,6 +84,8 @@ class TargetTable:
     token_env: str | None = None
     token_file: str | None = None
     baseline: str | None = None  # a saved baseline the app draws for this target
+    headers: dict[str, str] | None = None  # sent with every request: NAME = "VALUE"
+    cacert: str | None = None  # a CA bundle (PEM) that verifies its TLS instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,18 +179,37 @@ def _target_from_table(entry: object, where: str) -> Target:
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: each [[targets]] must be a table with url = \"host:port\"")
     check_keys(entry, TARGET_KEYS, where)
-    strings = {key: _string(entry, key, where) for key in TARGET_KEYS}
+    # every key a string but headers, a table read apart below (Any: TargetTable checks it)
+    strings: dict[str, Any] = {key: _string(entry, key, where) for key in TARGET_KEYS
+                               if key != "headers"}
     url = strings.pop("url")
     if not url:
         raise ConfigError(f"{where}: each [[targets]] needs url = \"host:port\"")
     table = TargetTable(url=url, **strings)
     try:
         token = read_token(table.token_env, table.token_file)
-        return Target.from_spec(table.url, name=table.name, group=table.group, token=token)
+        cacert = check_cacert(table.cacert) if table.cacert else None
+        return Target.from_spec(table.url, name=table.name, group=table.group, token=token,
+                                headers=_headers(entry.get("headers", {}), where),
+                                cacert=cacert)
     except TokenError as exc:
         raise ConfigError(f"{where}: {exc.field}: {exc}") from None
+    except HeaderError as exc:
+        raise ConfigError(f"{where}: headers: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _headers(table: object, where: str) -> tuple[Header, ...]:
+    """``headers = {"X-Api-Key" = "$GATEWAY_KEY", Accept = "text/plain"}``: values as on the
+    command line, and also written out (a file is not argv), each a secret unless harmless."""
+    table = _table(table, f"{where}: headers")
+    for name, value in table.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: headers: {quoted(name)} must be a string "
+                              f"(got {quoted(value)})")
+    return tuple(parse_header(f"{name}:{value}", literal_secrets=True)
+                 for name, value in table.items())
 
 
 def load_config(path: Path | None) -> Config:

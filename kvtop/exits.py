@@ -40,11 +40,14 @@ SHARED: Meanings = (
 # Each command's own codes (2 only where it means more there than SHARED says).
 EXITS: dict[str, Meanings] = {
     APP: ((EXIT_OK, "quit"),
-          (EXIT_USAGE, "usage error, a --record file that can't be created or a baseline "
-                       "that can't be read"),
+          (EXIT_USAGE, "usage error (an unknown command among the targets, a --record "
+                       "file that can't be created, a baseline that can't be read), or "
+                       "stdout is not a terminal (use kvtop snapshot)"),
           (EXIT_UNREADABLE, "--prometheus: Prometheus could not be read")),
     "snapshot": ((EXIT_OK, "every target was read"),
-                 (EXIT_UNREADABLE, "a target (or Prometheus) could not be read")),
+                 (EXIT_UNREADABLE, "a target (or Prometheus) could not be read; with "
+                                   "--watch, Prometheus could not be read at the start"),
+                 (EXIT_INTERRUPTED, "--watch: stopped by Ctrl-C or SIGTERM, its only end")),
     "record": ((EXIT_OK, "every scrape is in the file"),
                (EXIT_USAGE, "usage error, or FILE can't be created (it exists: see --force)"),
                (EXIT_INCOMPLETE, "the recording fell short (write errors such as a full "
@@ -58,7 +61,8 @@ EXITS: dict[str, Meanings] = {
               (EXIT_STALLED, "no leak, but an engine STALLED (requests held, no token "
                              "generated)")),
     "replay": ((EXIT_OK, "quit"),
-               (EXIT_USAGE, "usage error, or the recording can't be read"),
+               (EXIT_USAGE, "usage error, the recording can't be read, or stdout is not "
+                            "a terminal"),
                (EXIT_NO_DATA, "the recording holds no scrape")),
     "rules": ((EXIT_OK, "the rules were printed"),),
     "sim": ((EXIT_OK, "stopped by Ctrl-C or SIGTERM"),

@@ -1,4 +1,6 @@
-"""kvtop(1), written from the same argparse parser that parses the command line.
+"""kvtop(1), written from the same argparse parser that parses the command line, and its
+KEYS from the app's own key lists (the help screen's, kvtop/ui/screens/help.py; the
+replay's, kvtop/ui/replay.py), so the page never lists a key the app does not bind.
 
     python -m kvtop.manpage > man/kvtop.1      # tests/unit/test_cli.py checks it is current
 
@@ -13,6 +15,8 @@ import sys
 from kvtop import __version__
 from kvtop.cli import SUMMARIES, build_app_parser, build_reference_parser
 from kvtop.exits import APP, by_code
+from kvtop.ui.replay import REPLAY_KEYS
+from kvtop.ui.screens.help import KEYS, MORE_KEYS
 
 ENVIRONMENT = (
     ("KVTOP_TOKEN", "bearer token for the command-line targets when --token-env is not given"),
@@ -104,6 +108,17 @@ def _exit_status() -> list[str]:
     return lines
 
 
+def _keys() -> list[str]:
+    """The app's keys, then those kvtop replay adds."""
+    def entries(keys: tuple[tuple[str, str], ...]) -> list[str]:
+        return [line for key, what in keys
+                for line in (".TP", f"\\fB{roff(key)}\\fR", roff(what))]
+
+    return [".SH KEYS", roff("In the app (F1 or ? shows them there):"),
+            *entries(KEYS + MORE_KEYS), ".PP", roff("kvtop replay adds:"),
+            *entries(REPLAY_KEYS)]
+
+
 def render() -> str:
     """The whole page, as roff."""
     app = build_app_parser()
@@ -124,6 +139,7 @@ def render() -> str:
         ".SH OPTIONS",
         *_options(app),
         *_commands(build_reference_parser()),
+        *_keys(),
         ".SH EXIT STATUS",
         *_exit_status(),
         ".SH ENVIRONMENT",
@@ -131,7 +147,8 @@ def render() -> str:
         ".SH FILES",
         ".TP",
         "\\fI~/.config/kvtop/config.toml\\fR",
-        roff("targets, names, groups, tokens (token_env / token_file), the interval, "
+        roff("targets, names, groups, tokens (token_env / token_file), request headers "
+             "(headers = {NAME = \"$VAR\"}) and a CA bundle (cacert) per target, the interval, "
              "[thresholds] of the leak detector and [prometheus]; an unknown key is a usage "
              "error that names the closest known one; baseline = \"NAME\" per target."),
         ".TP",

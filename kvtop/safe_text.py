@@ -31,6 +31,7 @@ import functools
 import json
 import re
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import orjson
@@ -109,25 +110,34 @@ def _mask_known(text: str) -> str:
     return text
 
 
-def mask(text: str, token: Secret | None = None) -> str:
-    """``text`` (a server's, a Prometheus's or an API's words) with ``token``, every known
-    token and anything quoted after ``Bearer`` masked: the one masking function every client
-    uses on what it keeps. Call it before cutting a quote short: a token cut in two would no
+def _given(token: Secret | Sequence[Secret] | None) -> tuple[Secret, ...]:
+    if token is None:
+        return ()
+    return (token,) if isinstance(token, Secret) else tuple(token)
+
+
+def mask(text: str, token: Secret | Sequence[Secret] | None = None) -> str:
+    """``text`` (a server's, a Prometheus's or an API's words) with ``token`` (a token, or
+    every secret a target sends: its token and secret header values), every known secret
+    and anything quoted after ``Bearer`` masked: the one masking function every client uses
+    on what it keeps. Call it before cutting a quote short: a token cut in two would no
     longer match, and its first characters would leak."""
-    if token is not None and token.reveal() and token.reveal() in text:
-        text = text.replace(token.reveal(), MASK)
+    for secret in _given(token):
+        if secret.reveal() and secret.reveal() in text:
+            text = text.replace(secret.reveal(), MASK)
     text = _mask_known(text)
     if "earer" in text or "EARER" in text or "earer" in text.lower():  # cheap tests first
         text = _BEARER.sub(lambda m: m.group(1) + MASK, text)
     return text
 
 
-def mask_bytes(data: bytearray, token: Secret | None = None) -> bytearray:
-    """A raw answer with ``token`` and every known token masked, before anything quotes or
-    parses it (a token echoed in another form is masked by :func:`mask` where it is quoted)."""
-    secrets = _known_order
-    if token is not None and token.reveal() and token.reveal() not in _known:
-        secrets = (token.reveal(), *secrets)  # a short one, masked here only
+def mask_bytes(data: bytearray, token: Secret | Sequence[Secret] | None = None) -> bytearray:
+    """A raw answer with ``token`` (one or several) and every known secret masked, before
+    anything quotes or parses it (a secret echoed in another form is masked by :func:`mask`
+    where it is quoted)."""
+    short = tuple(secret.reveal() for secret in _given(token)
+                  if secret.reveal() and secret.reveal() not in _known)
+    secrets = (*short, *_known_order)  # short ones are masked here only
     for secret in secrets:
         raw = secret.encode("utf-8")
         if raw in data:

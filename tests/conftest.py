@@ -113,6 +113,26 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
     return context
 
 
+@pytest.fixture(scope="session")
+def private_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, Path]:
+    """A server-side TLS context for 127.0.0.1 whose certificate is its own CA (a private
+    CA, as behind a company gateway), and the path of that CA's PEM for --cacert."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    tmp_path = tmp_path_factory.mktemp("private-ca")
+    key, cert = tmp_path / "key.pem", tmp_path / "ca.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=kvtop test CA", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-addext", "basicConstraints=critical,CA:TRUE", "-keyout", str(key),
+         "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context, cert
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test gets its tier's marker (`-m "not twin"`); each server tier is one xdist group:

@@ -135,6 +135,27 @@ def bearer(token: str | None) -> dict[str, str] | None:
     return {"Authorization": f"Bearer {token}"} if token else None
 
 
+@functools.lru_cache(maxsize=1 << 15)  # a fleet of 10,000 must not evict its own
+def request_headers(target: Target) -> dict[str, str] | None:
+    """What every request to ``target`` carries besides the session's: its token and its
+    own headers (``--header``, ``headers`` in the config), revealed only here."""
+    headers = {name: value if isinstance(value, str) else value.reveal()
+               for name, value in target.headers}
+    return {**headers, **(bearer(_token(target)) or {})} or None
+
+
+@functools.lru_cache(maxsize=64)
+def ca_context(cafile: str) -> ssl.SSLContext:
+    """A context that trusts only the CA bundle at ``cafile`` (a target's ``--cacert``)."""
+    return ssl.create_default_context(cafile=cafile)
+
+
+def tls_for(target: Target, verify: bool) -> ssl.SSLContext | bool:
+    """The TLS a request to ``target`` uses: its CA bundle, or (True) the session's own:
+    the system's CAs, or none at all with --insecure (``verify`` False)."""
+    return ca_context(target.cacert) if verify and target.cacert else True
+
+
 # ---------------------------------------------------------------------------- bodies
 
 
@@ -208,13 +229,16 @@ async def scrape(
     timeout_s: float,
     max_bytes: int = DEFAULT_MAX_BYTES,
     url: str | None = None,
+    verify: bool = True,
 ) -> Scrape:
     """One GET of ``url`` (default ``target.url``); every outcome, good or bad, is a Scrape
-    (never raises)."""
+    (never raises). ``verify`` False: the session was made ``insecure``, and a target's CA
+    bundle is not used either."""
     started_wall, started = time.time(), time.perf_counter()
     result = Scrape(target=target, t=started_wall)
     try:
-        result.body = await within(timeout_s, _fetch(session, target, url, max_bytes))
+        result.body = await within(timeout_s, _fetch(session, target, url, max_bytes,
+                                                          verify))
     except Failed as failed:
         result.failure, result.error = failed.kind, failed.message
     except Exception as exc:
@@ -223,7 +247,7 @@ async def scrape(
         log.debug("scrape of %s failed", target.label, exc_info=True)
     result.duration_s = time.perf_counter() - started
     if result.error:  # answers were masked before quoting; this catches the rest
-        result.error = mask(result.error, target.token)
+        result.error = mask(result.error, target.secrets)
     return result
 
 
@@ -232,11 +256,12 @@ def _token(target: Target) -> str | None:
 
 
 async def _fetch(
-    session: aiohttp.ClientSession, target: Target, url: str | None, max_bytes: int
+    session: aiohttp.ClientSession, target: Target, url: str | None, max_bytes: int,
+    verify: bool = True,
 ) -> str:
     async with session.get(
-        parsed_url(url or target.url), headers=bearer(_token(target)),
-        max_redirects=MAX_REDIRECTS,
+        parsed_url(url or target.url), headers=request_headers(target),
+        max_redirects=MAX_REDIRECTS, ssl=tls_for(target, verify),
     ) as response:
         if not 200 <= response.status < 300:
             raise await _status_failure(response, target)
@@ -245,7 +270,7 @@ async def _fetch(
             raise Failed("bad_payload", over_cap(max_bytes, f"Content-Length {declared:,}"))
         # A server or proxy may echo the Authorization header: masked before the body is
         # quoted, parsed, shown, recorded or written to a snapshot.
-        data = mask_bytes(await _read_body(response, max_bytes), target.token)
+        data = mask_bytes(await _read_body(response, max_bytes), target.secrets)
     return _decode_text(data, response.headers.get("Content-Type", ""))
 
 
@@ -308,7 +333,7 @@ async def _server_message(response: aiohttp.ClientResponse, target: Target) -> s
         raw = await read_capped(response, ERROR_SNIPPET_BYTES)
     except Exception:  # too long or broken: the status alone will do
         return ""
-    text = mask(raw.decode("utf-8", errors="replace").strip(), target.token)
+    text = mask(raw.decode("utf-8", errors="replace").strip(), target.secrets)
     try:
         parsed = json.loads(text)
     except ValueError:
@@ -323,7 +348,7 @@ async def _server_message(response: aiohttp.ClientResponse, target: Target) -> s
                 break
     elif match := _HTML_TITLE.search(text):
         text = match.group(1)
-    text = mask(" ".join(text.split()), target.token)[:120]
+    text = mask(" ".join(text.split()), target.secrets)[:120]
     return f" ({text})" if text and text.isprintable() else ""
 
 
@@ -340,24 +365,27 @@ def version_url(target: Target) -> str:
 
 
 async def read_version(
-    session: aiohttp.ClientSession, target: Target, *, timeout_s: float = VERSION_TIMEOUT_S
+    session: aiohttp.ClientSession, target: Target, *, timeout_s: float = VERSION_TIMEOUT_S,
+    verify: bool = True,
 ) -> str | None:
     """The server's version from ``GET /version`` (vLLM: ``{"version": "0.x.y"}``), or None
     when it has no such route or answers anything else."""
     try:
-        data = await within(timeout_s, _fetch_version(session, target))
+        data = await within(timeout_s, _fetch_version(session, target, verify))
         parsed = json.loads(data)
     except Exception:
         return None
     value = parsed.get("version") if isinstance(parsed, dict) else None
     if not isinstance(value, str) or not value.strip() or not value.isprintable():
         return None
-    return mask(value.strip(), target.token)[:64]  # masked before it is cut
+    return mask(value.strip(), target.secrets)[:64]  # masked before it is cut
 
 
-async def _fetch_version(session: aiohttp.ClientSession, target: Target) -> bytes:
+async def _fetch_version(session: aiohttp.ClientSession, target: Target,
+                         verify: bool = True) -> bytes:
     url = version_url(target)
-    async with session.get(url, headers=bearer(_token(target)), max_redirects=MAX_REDIRECTS) as r:
+    async with session.get(url, headers=request_headers(target), max_redirects=MAX_REDIRECTS,
+                           ssl=tls_for(target, verify)) as r:
         if r.status != 200:
             return b""
         return bytes(await read_capped(r, VERSION_MAX_BYTES))

@@ -269,7 +269,8 @@ class Poller:
                 if state.need_version:  # first success, or first after a failure
                     # a version once known is kept (the trackers keep it too)
                     state.version = await read_version(
-                        self.session, target, timeout_s=min(VERSION_TIMEOUT_S, self.timeout_s)
+                        self.session, target, timeout_s=min(VERSION_TIMEOUT_S, self.timeout_s),
+                        verify=not self._insecure,
                     ) or state.version
                     state.need_version = False
                 result.version = state.version
@@ -309,7 +310,7 @@ class Poller:
     async def _scrape(self, target: Target, url: str | None = None) -> Scrape:
         async with self._in_flight:
             return await scrape(self.session, target, timeout_s=self.timeout_s,
-                                max_bytes=self.max_bytes, url=url)
+                                max_bytes=self.max_bytes, url=url, verify=not self._insecure)
 
     async def _pause(self, target: Target, started: float) -> None:
         """Sleep until the next attempt is due, re-planning when the interval changes."""

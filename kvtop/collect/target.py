@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -89,6 +90,86 @@ def shown_spec(spec: str) -> str:
     return _USERINFO.sub("//***@", spec.partition("?")[0])
 
 
+# -- request headers and CA bundles ----------------------------------------------------------
+
+# Headers whose values say nothing secret: shown and sent as written. Every other header's
+# value is a Secret, masked wherever kvtop writes anything (a gateway's key, a tenant id).
+HARMLESS_HEADERS = frozenset({"accept", "accept-language", "cache-control", "pragma",
+                              "user-agent", "x-request-id"})
+# Headers kvtop must set itself: the request would break or be read wrongly otherwise
+# (kvtop decodes gzip itself; Host picks the server; the token has its own options).
+OWN_HEADERS = frozenset({"accept-encoding", "authorization", "connection", "content-length",
+                         "host", "transfer-encoding", "te", "upgrade"})
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")  # RFC 9110 token
+MAX_HEADER_VALUE = 8192
+HEADER_FORMS = ("NAME:VALUE, NAME:$VAR (from the environment) or NAME:@FILE (its first line)")
+
+Header = tuple[str, "str | Secret"]
+
+
+class HeaderError(ValueError):
+    """A header that can't be sent; the message names it, never its value."""
+
+
+def parse_header(spec: str, *, literal_secrets: bool) -> Header:
+    """``NAME:VALUE`` (``NAME:$VAR``: the environment variable's value; ``NAME:@FILE``: the
+    file's first line) as a (name, value) pair, the value a :class:`Secret` unless the
+    name is harmless. ``literal_secrets`` False (the command line, which every user of the
+    machine can read) refuses a secret value written out."""
+    name, colon, value = spec.partition(":")
+    name, value = name.strip(), value.strip()
+    if not colon or not _HEADER_NAME.fullmatch(name):
+        raise HeaderError(f"not a header: {display_name(name)!r} (write {HEADER_FORMS})")
+    if name.lower() in OWN_HEADERS:
+        hint = " (the token: token_env / token_file)" if name.lower() == "authorization" else ""
+        raise HeaderError(f"header {name!r} is set by kvtop itself{hint}")
+    harmless = name.lower() in HARMLESS_HEADERS
+    if value[:1] in ("$", "@"):
+        value = _referenced(name, value)
+    elif not harmless and not literal_secrets and value:
+        raise HeaderError(f"header {name!r}: its value would show in process listings; "
+                          f"write {name}:$VAR or {name}:@FILE")
+    if len(value) > MAX_HEADER_VALUE or not value.isprintable():
+        raise HeaderError(f"header {name!r}: the value must be one line of printable text "
+                          f"(at most {MAX_HEADER_VALUE:,} characters)")
+    return name, value if harmless else Secret(value)
+
+
+def display_name(name: str) -> str:
+    return name[:40].encode("ascii", "backslashreplace").decode()
+
+
+def _referenced(name: str, reference: str) -> str:
+    where = reference[1:].strip()
+    if reference[0] == "$":
+        value = os.environ.get(where, "").strip()
+        if not value:
+            raise HeaderError(f"header {name!r}: the environment variable {where[:80]!r} is "
+                              "not set (or empty)")
+        return value
+    try:
+        lines = _read_token_file(Path(where).expanduser()).strip().splitlines()
+    except TokenError as exc:
+        raise HeaderError(f"header {name!r}: {exc}") from None
+    if not lines or not lines[0].strip():
+        raise HeaderError(f"header {name!r}: the file is empty: {where}")
+    return lines[0].strip()
+
+
+def check_cacert(path: str | Path) -> str:
+    """A CA bundle (PEM) to verify a target's TLS with, instead of the system's; its path,
+    once the file was read as one. ValueError says why not."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ValueError(f"no such file: {path}" if not path.exists() else f"not a file: {path}")
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except (ssl.SSLError, OSError, UnicodeDecodeError) as exc:
+        detail = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+        raise ValueError(f"not a PEM CA bundle: {path} ({detail})") from None
+    return str(path)
+
+
 def _read_token_file(path: Path) -> str:
     try:
         data = read_regular(path, MAX_TOKEN_FILE_BYTES)
@@ -127,11 +208,21 @@ class Target:
     name: str | None = None  # display name from the config
     group: str | None = None
     token: Secret | None = field(default=None, repr=False)
+    headers: tuple[Header, ...] = field(default=(), repr=False)  # sent with every request
+    cacert: str | None = None  # a CA bundle that verifies this target's TLS instead
 
     @classmethod
     def from_spec(cls, spec: str, *, name: str | None = None, group: str | None = None,
-                  token: Secret | None = None) -> Target:
-        return cls(url=normalise_url(spec), name=name, group=group, token=token)
+                  token: Secret | None = None, headers: tuple[Header, ...] = (),
+                  cacert: str | None = None) -> Target:
+        return cls(url=normalise_url(spec), name=name, group=group, token=token,
+                   headers=headers, cacert=cacert)
+
+    @property
+    def secrets(self) -> tuple[Secret, ...]:
+        """What this target sends that must never show: the token, secret header values."""
+        found = tuple(value for _, value in self.headers if isinstance(value, Secret))
+        return found if self.token is None else (self.token, *found)
 
     @property
     def base_url(self) -> str:

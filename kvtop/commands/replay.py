@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvtop.cli_args import positive_seconds
+from kvtop.cli_args import no_terminal, positive_seconds
+from kvtop.exits import EXIT_USAGE
 
 
 def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
@@ -33,5 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from kvtop.ui.replay import run_replay  # Textual only here: the other commands start light
 
     baseline = baseline_overlay(args.baseline, {}) if args.baseline else None
+    if no_terminal("kvtop replay", "`kvtop check --replay FILE` (a verdict) or "
+                                   "`kvtop snapshot` on a live target"):
+        return EXIT_USAGE
     return run_replay(args.recording, speed=args.speed, snapshot_dir=args.snapshot_dir,
                       baseline=baseline)

@@ -18,13 +18,15 @@ import subprocess
 import sys
 import termios
 import time
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvtop.cli import SUMMARIES, main
 from kvtop.collect.target import Scrape, Target
-from kvtop.exits import APP, SHARED, exit_codes
+from kvtop.exits import APP, EXIT_USAGE, SHARED, exit_codes
 from kvtop.manpage import render, roff
 from kvtop.store.recording import RecordingWriter
 from tests.fakes.faultserver import FaultServer, closed_port, fixture
@@ -284,6 +286,98 @@ def test_the_app_exits_70_after_a_crash_with_no_locals_shown(tmp_path: Path) -> 
     assert "boom" in text and "sk-LOCAL-SECRET" not in text
 
 
+# -- a mistyped command, an app without a terminal -----------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "said", "usage"), [
+    (["chek", "host:8000"], "unknown command 'chek' (did you mean 'check'?)", "kvtop check"),
+    (["snapshto", "host:8000"], "unknown command 'snapshto' (did you mean 'snapshot'?)",
+     "kvtop snapshot"),
+    (["--interval", "2", "recrod"], "unknown command 'recrod' (did you mean 'record'?)",
+     "kvtop record"),
+    (["--no-gpu", "snapshot", "host:8000"], "the command 'snapshot' comes first",
+     "kvtop snapshot"),
+])
+def test_a_mistyped_or_misplaced_command_is_a_usage_error_with_its_usage_line(
+        capsys: pytest.CaptureFixture[str], argv: list[str], said: str, usage: str) -> None:
+    done = in_process(capsys, *argv)
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    first, *rest = done.stderr.splitlines()
+    assert first.startswith(f"kvtop: {said}"), done.stderr
+    assert any(line.startswith(f"usage: {usage} [-h]") for line in rest), done.stderr
+
+
+@pytest.mark.parametrize("target", ["chek:8000", "check.internal", "http://snapshot/m",
+                                    "localhost", "gpu-7", "--"])
+def test_a_host_like_target_is_never_taken_for_a_command(
+        capsys: pytest.CaptureFixture[str], target: str) -> None:
+    # the boundary: these are servers (or nothing close to a command), so the app is what
+    # was asked for; with stdout captured it is refused for want of a terminal instead
+    done = in_process(capsys, *(["--", "chek"] if target == "--" else [target]), "--no-gpu")
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    assert "unknown command" not in done.stderr
+    assert done.stderr.startswith("kvtop: the app draws on a terminal, and stdout is not one")
+
+
+@pytest.mark.parametrize(("argv", "usage", "meant"), [
+    (["snapshot", "--jsno"], "usage: kvtop snapshot", "--json"),
+    (["baseline", "save", "b", "--jsn"], "usage: kvtop baseline save", "--json"),
+    (["--no-gppu"], "usage: kvtop [TARGET ...]", "--no-gpu"),
+])
+def test_an_unknown_option_names_the_closest_with_its_commands_usage(
+        capsys: pytest.CaptureFixture[str], argv: list[str], usage: str, meant: str) -> None:
+    err = usage_error(in_process(capsys, *argv))
+    assert err.startswith(usage), err
+    assert err.rstrip().endswith(f"(did you mean '{meant}'?)"), err
+
+
+def test_the_app_never_writes_to_a_pipe(tmp_path: Path) -> None:
+    replay = recording(tmp_path / "r.jsonl", [fixture(LOAD).decode()] * 2)
+    for argv in (["snapshto", "127.0.0.1:1"], ["127.0.0.1:1", "--no-gpu"],
+                 ["replay", str(replay)]):
+        done = kvtop(*argv)  # stdout is a pipe, as in `kvtop … | cat`
+        assert done.returncode == EXIT_USAGE, (argv, done.stderr)
+        assert done.stdout == "" and "\x1b" not in done.stderr, argv
+        assert "Traceback" not in done.stderr
+    assert "kvtop snapshot" in done.stderr or "kvtop check --replay" in done.stderr
+
+
+# -- --header and --cacert: usage errors ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--header", "X-Api-Key: gw-literal-secret"],
+     "kvtop: --header: header 'X-Api-Key': its value would show in process listings; write "
+     "X-Api-Key:$VAR or X-Api-Key:@FILE\n"),
+    (["--header", "Authorization: Bearer gw-literal-secret"],
+     "kvtop: --header: header 'Authorization' is set by kvtop itself (the token: token_env / "
+     "token_file)\n"),
+    (["--cacert", "/nonexistent/ca.pem"], "kvtop: --cacert: no such file: /nonexistent/ca.pem\n"),
+    (["--cacert", "/etc/hostname", "--insecure"],
+     "kvtop: --cacert verifies TLS and --insecure does not: give one\n"),
+])
+def test_a_header_or_ca_bundle_that_cant_be_used_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], args: list[str], says: str) -> None:
+    err = usage_error(in_process(capsys, "snapshot", "127.0.0.1:1", "--no-gpu", *args))
+    assert err == says and "gw-literal-secret" not in err
+
+
+def test_a_ca_bundle_that_is_no_pem_and_options_without_their_targets(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    junk = tmp_path / "ca.pem"
+    junk.write_text("junk\n")
+    err = usage_error(in_process(capsys, "snapshot", "127.0.0.1:1", "--cacert", str(junk)))
+    assert err.startswith(f"kvtop: --cacert: not a PEM CA bundle: {junk} (")
+    config = tmp_path / "kvtop.toml"
+    config.write_text('[[targets]]\nurl = "gpu-1:8000"\n')
+    err = usage_error(in_process(capsys, "snapshot", "--config", str(config), "--header",
+                                 "Accept: text/plain"))
+    assert "for the config's, give each [[targets]] headers / cacert" in err
+    err = usage_error(in_process(capsys, "snapshot", "--prometheus", "http://prom:9090",
+                                 "--header", "Accept: text/plain"))
+    assert "--header and --cacert are for targets read directly" in err
+
+
 # -- help, completion, man page ------------------------------------------------------------
 
 
@@ -351,6 +445,71 @@ def test_the_man_page_is_current_and_renders() -> None:
         assert f"{name}: {SUMMARIES[name]}"[:40] in " ".join(text.split())
     for action in ("save", "list", "show", "rm"):  # a command's own actions too
         assert f"kvtop baseline {action}" in text
+
+
+# Textual's key names as a person reads them (the help's and the man page's way)
+KEY_NAMES = {"ctrl+c": "^C", "question_mark": "?", "slash": "/", "up": "↑", "down": "↓",
+             "left": "←", "right": "→", "pageup": "PgUp", "pagedown": "PgDn", "home": "Home",
+             "end": "End", "full_stop": ".", "left_square_bracket": "[",
+             "right_square_bracket": "]", "left_curly_bracket": "{",
+             "right_curly_bracket": "}", "less_than_sign": "<", "greater_than_sign": ">"}
+MOUSE = {"click"}  # said in KEYS, but no key binds it
+
+
+def bound_keys(bindings: list[Any]) -> set[str]:
+    """Every key these bindings bind, as a person reads it (its key_display when it has
+    one: "+" for "plus,equals_sign")."""
+    keys: set[str] = set()
+    for binding in bindings:
+        if binding.key_display:
+            keys.update(binding.key_display.split())
+            continue
+        for key in binding.key.split(","):
+            keys.add(KEY_NAMES.get(key, key.upper() if re.fullmatch(r"f\d+", key) else key))
+    return keys
+
+
+def man_keys(section: str) -> set[str]:
+    """The keys a part of the man page's KEYS section names (its bold terms)."""
+    keys: set[str] = set()
+    for term in re.findall(r"^\\fB(.*)\\fR$", section, re.MULTILINE):
+        term = re.sub(r"\\\[u([0-9A-F]{4})\]", lambda m: chr(int(m.group(1), 16)), term)
+        term = term.replace("\\&", "").replace("\\-", "-").replace("\\e", "\\")
+        for word in term.split():
+            keys.update(word if all(c in "↑↓←→" for c in word) else [word])
+    return keys
+
+
+def test_the_man_pages_keys_are_the_keys_the_app_binds() -> None:
+    from kvtop.ui.keys import LIVE_BINDINGS, REPLAY_BINDINGS
+    from kvtop.ui.widgets.fleet_table import FleetTable
+
+    section = render().split(".SH KEYS\n", 1)[1].split(".SH ", 1)[0]
+    live, replay = section.split(".PP\n")
+    app = bound_keys([*LIVE_BINDINGS, *FleetTable.BINDINGS])
+    assert man_keys(live) - MOUSE == app
+    assert man_keys(replay) == bound_keys(REPLAY_BINDINGS) - app
+
+
+@pytest.mark.slow  # ~9 s: pip builds a wheel
+def test_pip_install_installs_the_man_page(tmp_path: Path) -> None:
+    # the wheel pip would install, built from a copy (a build writes build/ and *.egg-info)
+    source = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, source / name)
+    for folder in ("kvtop", "man"):
+        shutil.copytree(REPO / folder, source / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                           str(tmp_path / "dist"), str(source)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (page,) = [name for name in archive.namelist()
+                   if name.endswith(".data/data/share/man/man1/kvtop.1")]
+        assert archive.read(page).decode("utf-8") == render()
 
 
 def listed_exit_codes(help_text: str) -> dict[int, str]:

@@ -13,11 +13,13 @@ import contextlib
 import json
 import math
 import os
+import re
 import string
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import certifi
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -144,6 +146,40 @@ def test_a_valid_config_loads(tmp_path: Path) -> None:
     params = leak_params(config)
     assert params.idle_leak_s == 90.0 and params.idle_min_scrapes == 4
     assert config.prometheus.backfill_step == 30
+
+
+def test_a_targets_headers_and_ca_bundle_load_and_their_secrets_are_secrets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GW_KEY", "gw-key-from-env")
+    ca = tmp_path / "ca.pem"
+    ca.write_text(Path(certifi.where()).read_text())
+    path = tmp_path / "kvtop.toml"
+    path.write_text(f'[[targets]]\nurl = "gpu-1:8000"\ncacert = "{ca}"\n'
+                    '[targets.headers]\n"X-Api-Key" = "$GW_KEY"\n"X-Tenant" = "prod"\n'
+                    'Accept = "text/plain"\n')
+    (target,) = load_config(path).targets
+    assert target.cacert == str(ca)
+    names = [name for name, _ in target.headers]
+    assert names == ["X-Api-Key", "X-Tenant", "Accept"]
+    assert [secret.reveal() for secret in target.secrets] == ["gw-key-from-env", "prod"]
+    assert target.headers[2] == ("Accept", "text/plain")
+
+
+@pytest.mark.parametrize(("table", "says"), [
+    ('headers = "X-Api-Key: x"', "headers must be a table"),
+    ("headers = {X-Api-Key = 3}", "headers: 'X-Api-Key' must be a string (got '3')"),
+    ('headers = {"Bad Name" = "x"}', "headers: not a header: 'Bad Name'"),
+    ('headers = {Host = "x"}', "headers: header 'Host' is set by kvtop itself"),
+    ('headers = {X-Key = "$KVTOP_TEST_UNSET"}', "the environment variable 'KVTOP_TEST_UNSET'"),
+    ('cacert = "/nonexistent/ca.pem"', "no such file: /nonexistent/ca.pem"),
+    ("cacert = 1", "cacert must be a string"),
+])
+def test_a_targets_bad_headers_or_ca_bundle_are_config_errors(
+        tmp_path: Path, table: str, says: str) -> None:
+    path = tmp_path / "kvtop.toml"
+    path.write_text(f'[[targets]]\nurl = "gpu-1:8000"\n{table}\n')
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(path)
 
 
 def test_a_huge_config_is_refused_without_reading_it_all(tmp_path: Path) -> None:

@@ -26,6 +26,12 @@ KEYS: Keys = (
     ("g", "GPU pane on / off"),
     ("+ -", "longer / shorter interval"),
 )
+# Bound too, but left out of the help for room at 80x24 (the man page's KEYS lists them)
+MORE_KEYS: Keys = (
+    ("tab", "next pane"),
+    ("PgUp PgDn", "a page up / down"),
+    ("Home End", "first / last row"),
+)
 
 # (term, lines): what a person needs to read the screen; kept to one 80x24 screen
 LEGEND: tuple[tuple[str, tuple[str, ...]], ...] = (

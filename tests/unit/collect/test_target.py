@@ -12,12 +12,15 @@ import pytest
 from kvtop.collect.exposition import parse
 from kvtop.collect.target import (
     CredentialsInURL,
+    HeaderError,
     Scrape,
     Secret,
     Target,
     TokenError,
+    check_cacert,
     check_no_credentials,
     normalise_url,
+    parse_header,
     read_token,
     shown_spec,
 )
@@ -171,3 +174,60 @@ def test_a_scrape_read_through_prometheus_is_written_as_text() -> None:
     assert scrape.ok and scrape.text() == 'vllm:num_requests_running{engine="0"} 3.0\n'
     assert Scrape(Target("http://h/metrics"), 1.0, body="x 1\n").text() == "x 1\n"
     assert Scrape(Target("http://h/metrics"), 1.0, failure="down").text() is None
+
+
+# -- request headers and CA bundles ------------------------------------------------------
+
+
+def test_a_harmless_header_is_sent_as_written_and_any_other_is_a_secret(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_header("Accept: text/plain", literal_secrets=False) == ("Accept", "text/plain")
+    assert parse_header("user-agent:probe/1", literal_secrets=False) == ("user-agent", "probe/1")
+    monkeypatch.setenv("GW_KEY", " gw-key-from-env ")
+    name, value = parse_header("X-Api-Key: $GW_KEY", literal_secrets=False)
+    assert name == "X-Api-Key" and isinstance(value, Secret)
+    assert value.reveal() == "gw-key-from-env" and "gw-key" not in repr(value)
+    (tmp_path / "key").write_text("gw-key-from-file\nsecond line\n")
+    _, value = parse_header(f"X-Tenant:@{tmp_path / 'key'}", literal_secrets=False)
+    assert isinstance(value, Secret) and value.reveal() == "gw-key-from-file"
+    _, value = parse_header("X-Tenant: prod", literal_secrets=True)  # a config file
+    assert isinstance(value, Secret) and value.reveal() == "prod"
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ("X-Api-Key: gw-literal-secret", "would show in process listings"),
+    ("X-Api-Key gw", "not a header"),
+    ("X Api:1", "not a header"),
+    (": value", "not a header"),
+    ("Authorization: Bearer x", "set by kvtop itself (the token"),
+    ("Host: evil", "set by kvtop itself"),
+    ("accept-encoding: br", "set by kvtop itself"),
+    ("Accept: a\r\nX-Injected: 1", "one line of printable text"),
+    ("X-Api-Key: $KVTOP_TEST_UNSET_VAR", "is not set"),
+    ("X-Api-Key: @/nonexistent/key", "header 'X-Api-Key'"),
+])
+def test_a_header_that_cant_be_sent_is_refused_without_its_value(spec: str, says: str) -> None:
+    with pytest.raises(HeaderError) as raised:
+        parse_header(spec, literal_secrets=False)
+    assert says in str(raised.value)
+    assert "gw-literal-secret" not in str(raised.value)
+
+
+def test_a_target_keeps_its_secrets_out_of_repr_and_says_which_to_mask(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GW_KEY", "k3y")
+    header = parse_header("X-Api-Key:$GW_KEY", literal_secrets=False)
+    target = Target.from_spec("gpu-1:8000", token=Secret(TOKEN),
+                              headers=(header, ("Accept", "text/plain")))
+    assert "k3y" not in repr(target) and TOKEN not in repr(target)
+    assert [secret.reveal() for secret in target.secrets] == [TOKEN, "k3y"]
+
+
+def test_a_ca_bundle_is_read_once_and_a_bad_one_says_why(tmp_path: Path) -> None:
+    for path, says in ((tmp_path / "missing.pem", "no such file"), (tmp_path, "not a file")):
+        with pytest.raises(ValueError, match=says):
+            check_cacert(path)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ValueError, match="not a PEM CA bundle"):
+        check_cacert(junk)

@@ -16,19 +16,27 @@ every GPU says where it is and whose it is, and a source that failed says so."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
+import signal
 import ssl
+import subprocess
+import sys
+import threading
 import time
 from typing import Any
 
+import certifi
 import pytest
 
+from kvtop.cli import main
 from kvtop.collect.gpu import MIB
 from kvtop.collect.live import DirectSource
 from kvtop.collect.target import Target
 from kvtop.commands.snapshot import print_snapshot, read_states, snapshot, snapshot_exit_code
 from kvtop.derive.tracker import TargetState
-from kvtop.exits import EXIT_OK, EXIT_UNREADABLE
+from kvtop.exits import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
 from kvtop.sim.engine import EngineConfig, RequestSpec
 from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet, SimServer
@@ -36,7 +44,7 @@ from kvtop.sim.simulation import Truth
 from tests.fakes.faultserver import FaultServer, closed_port, fixture, served_in_thread
 from tests.scenarios.derived import vllm_08_idle
 from tests.scenarios.gpu import DCGM_MIG, NVIDIA_SMI_H100, gpu_fixture
-from tests.support.cli import run_kvtop
+from tests.support.cli import kvtop_command, run_kvtop
 from tests.support.paths import IDLE, LOAD
 from tests.support.waiting import DEADLINE_S, eventually
 
@@ -462,3 +470,132 @@ async def test_no_gpu_exporter_no_gpu_sources_but_nvml() -> None:
     assert code == 0, err
     document = json.loads(out)
     assert document["gpus"] == [] and document["gpu_sources"] == []
+
+
+# -- --watch: one document per interval, one per line -----------------------------------
+
+
+class Tape(io.StringIO):
+    """stdout as a pipe sees it: what had been flushed at each flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed: list[str] = []
+
+    def flush(self) -> None:
+        self.flushed.append(self.getvalue())
+
+
+def test_watch_prints_a_flushed_line_per_interval_until_ctrl_c(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tape = Tape()
+    monkeypatch.setattr(sys, "stdout", tape)
+    with served_in_thread(FaultServer(bodies=[fixture(LOAD), fixture(IDLE)])) as server:
+        down = f"127.0.0.1:{closed_port()}"
+        ctrl_c = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
+        try:
+            code = main(["snapshot", server.url(), down, "--watch", "0.25", "--no-gpu"])
+        finally:
+            ctrl_c.cancel()
+    assert code == EXIT_INTERRUPTED
+    lines = tape.getvalue().splitlines()
+    assert len(lines) >= 3, lines
+    # every line was in the pipe before the next was written (a reader gets it at once)
+    assert all("".join(f"{line}\n" for line in lines[:n]) in tape.flushed
+               for n in range(1, len(lines) + 1))
+    documents = [json.loads(line) for line in lines]
+    assert all(doc["kvtop_snapshot"] == 1 for doc in documents)
+    taken = [doc["taken_at"] for doc in documents]
+    assert taken == sorted(set(taken))
+    for doc in documents:  # the down target is in every document, never holding one back
+        assert [t["status"] for t in doc["targets"]] == ["up", "down"]
+    assert documents[-1]["targets"][0]["engines"][0]["rates"]["window_s"] > 0
+
+
+async def test_watch_into_head_1_ends_quietly() -> None:
+    async with FaultServer() as server:
+        done = await asyncio.to_thread(
+            subprocess.run, ["bash", "-c", '"$@" | head -1; exit "${PIPESTATUS[0]}"', "kvtop",
+                             *kvtop_command(), "snapshot", server.url(), "--watch", "0.2",
+                             "--no-gpu"],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == EXIT_BROKEN_PIPE, done.stderr
+    assert done.stderr == ""
+    (line,) = done.stdout.splitlines()
+    assert json.loads(line)["targets"][0]["status"] == "up"
+
+
+def test_watch_is_json_lines_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["snapshot", "--watch", "--table", "--no-gpu"]) == EXIT_USAGE
+    assert "--watch prints JSON lines" in capsys.readouterr().err
+
+
+# -- --header and --cacert: every request to the target carries them -------------------------
+
+
+SHORT_KEY, TENANT = "k3y-9z", "tenant-secret-7731"  # under and over safe_text's 8 characters
+HEADERS = ("--header", "X-Api-Key:$GW_KEY", "--header", "X-Tenant:@{tenant}",
+           "--header", "Accept: text/plain;q=0.9")
+
+
+def echoing_keys(request: Any) -> tuple[int, bytes]:
+    """A gateway that quotes the headers it was sent in its error."""
+    said = f"bad key {request.headers.get('x-api-key')} for {request.headers.get('x-tenant')}"
+    return 500, json.dumps({"error": {"message": said}}).encode()
+
+
+async def test_headers_reach_every_request_and_their_secrets_never_show(tmp_path: Any) -> None:
+    tenant = tmp_path / "tenant"
+    tenant.write_text(TENANT + "\n")
+    flags = [flag.format(tenant=tenant) for flag in HEADERS]
+    async with FaultServer() as server, FaultServer(mode="api", api=echoing_keys) as echo:
+        code, out, err, _ = await run_kvtop(
+            "snapshot", server.url(), echo.url(), "--samples", "1", "--json", "--no-gpu",
+            *flags, env={"GW_KEY": SHORT_KEY})
+        seen = [(request.path, request.headers) for request in server.requests]
+        echo_url = echo.url()
+    assert code == EXIT_UNREADABLE, err
+    paths = {path for path, _ in seen}
+    assert "/version" in paths and any(path.startswith("/metrics") for path in paths)
+    for path, headers in seen:  # the scrape and the version probe alike
+        assert (headers.get("x-api-key"), headers.get("x-tenant"),
+                headers.get("accept")) == (SHORT_KEY, TENANT, "text/plain;q=0.9"), path
+    echoed = by_url(json.loads(out))[echo_url]
+    assert echoed["status"] == "down" and "bad key *** for ***" in echoed["error"]
+    assert SHORT_KEY not in out + err and TENANT not in out + err
+
+
+async def test_a_private_ca_verifies_the_target_only_when_given(
+        private_ca: tuple[ssl.SSLContext, Any]) -> None:
+    context, ca = private_ca
+    other = certifi.where()  # a real CA bundle that does not hold this server's CA
+    async with FaultServer(ssl_context=context) as server:
+        url = server.url()
+        runs = [await run_kvtop("snapshot", url, "--samples", "1", "--json", "--no-gpu", *flag)
+                for flag in ([], ["--cacert", str(ca)], ["--cacert", str(other)])]
+    default, trusted, wrong = (by_url(json.loads(out))[url] for _, out, _, _ in runs)
+    assert [code for code, *_ in runs] == [EXIT_UNREADABLE, EXIT_OK, EXIT_UNREADABLE]
+    assert trusted["status"] == "up" and trusted["server"]["version"] == "0.33.0"
+    for failed in (default, wrong):
+        assert failed["status"] == "down" and "TLS certificate not trusted" in failed["error"]
+
+
+async def test_a_config_targets_headers_and_ca_and_insecure_over_them(
+        private_ca: tuple[ssl.SSLContext, Any], tmp_path: Any) -> None:
+    context, ca = private_ca
+    async with FaultServer(ssl_context=context) as server:
+        url = server.url()
+        config = tmp_path / "kvtop.toml"
+        runs = []
+        for cacert, flags in ((ca, []), (certifi.where(), ["--insecure"])):
+            config.write_text(f'[[targets]]\nurl = "{url}"\ncacert = "{cacert}"\n'
+                              '[targets.headers]\n"X-Api-Key" = "$GW_KEY"\n'
+                              'Accept = "text/plain"\n')
+            runs.append(await run_kvtop("snapshot", "--config", str(config), "--samples", "1",
+                                        "--json", "--no-gpu", *flags,
+                                        env={"GW_KEY": SHORT_KEY}))
+        sent = {(r.headers.get("x-api-key"), r.headers.get("accept")) for r in server.requests}
+    # its own CA verifies it; --insecure verifies nothing, whatever CA bundle a target names
+    assert [code for code, *_ in runs] == [EXIT_OK, EXIT_OK], runs
+    assert sent == {(SHORT_KEY, "text/plain")}
