@@ -8,6 +8,9 @@ from typing import Literal
 
 LeakState = Literal["warmup", "ok", "watch", "leak"]
 StallState = Literal["unknown", "ok", "saturated", "stalled"]
+# What holds an engine's queue back (docs/kv-anatomy.md, "What limits this engine")
+Limit = Literal["kv_capacity", "max_sequences", "token_budget", "deferred", "kv_transfer",
+                "sleeping", "none", "unknown"]
 STALL_RANK: dict[StallState, int] = {"unknown": 0, "ok": 1, "saturated": 2, "stalled": 3}
 
 
@@ -29,4 +32,11 @@ class StallVerdict:
     state: StallState
     reason: str  # one line a person understands
     since_t: float | None  # when this state began (STALLED: the last scrape with progress)
+    evidence: dict[str, float | str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LimitVerdict:
+    limit: Limit
+    reason: str  # one line a person understands: the numbers behind the word
     evidence: dict[str, float | str] = field(default_factory=dict)
