@@ -72,7 +72,7 @@ async def publish_until_seen(run: Run, pub: KvPublisher, events: list) -> int:
     while True:
         seq = pub.publish(events)
         with contextlib.suppress(AssertionError):
-            await run.until(lambda: seq in run.seqs, 0.2)
+            await run.until(lambda seq=seq: seq in run.seqs, 0.2)  # type: ignore[misc]
             return seq
 
 

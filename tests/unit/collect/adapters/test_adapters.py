@@ -34,7 +34,6 @@ from tests.scenarios.exposition import sglang_ranks, trt
 from tests.scenarios.readings import only
 from tests.support.paths import FIXTURES, fixture_text
 
-
 INF = math.inf
 
 
