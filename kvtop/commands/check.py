@@ -25,6 +25,7 @@ from kvtop.report.output import emit
 from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import (
     DEFAULT_MAX_BYTES,
+    RecordedKvEvents,
     RecordingError,
     RecordingWriter,
     open_recording,
@@ -113,8 +114,11 @@ def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | N
     run = CheckRun(params)
     for target in recording.targets():
         run.add_target(target)
-    for scrape in recording.in_time_order():
-        run.feed(scrape)
+    for item in recording.items_in_time_order():
+        if isinstance(item, RecordedKvEvents):
+            run.feed_kv_events(item.target, item.batch)
+        else:
+            run.feed(item)
     return print_result(run, as_json)
 
 

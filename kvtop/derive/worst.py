@@ -7,15 +7,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
+from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.target import Scrape, Target
 from kvtop.contract import json_number
 from kvtop.derive.leak import LeakParams
+from kvtop.derive.stats import KvEventStats, KvLeakState
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
 from kvtop.derive.verdicts import STALL_RANK, LeakVerdict, StallState, StallVerdict
 from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
 
 Verdict = Literal["unknown", "ok", "watch", "leak"]
 RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
+KV_LEAK_RANK: dict[KvLeakState, int] = {"unknown": 0, "too_early": 1, "none": 2, "evidence": 3}
+
+
+def block_hash_text(key: int) -> str:
+    """A block's 64-bit key as people and files read it: 16 hex digits."""
+    return f"{key:016x}"
 
 
 @dataclass(slots=True)
@@ -32,6 +40,20 @@ class EngineVerdict:
     stall_at_worst: StallVerdict | None = None
     stall_first_t: float | None = None  # first STALLED
     saturated_first_t: float | None = None  # first SATURATED
+    limits: dict[str, int] = field(default_factory=dict)  # scrapes per limit word (8 words)
+    kv_events: KvEventStats | None = None  # the KV-event witness at its worst state
+    kv_evidence_first_t: float | None = None  # first exact leak evidence
+
+    def observe_limit(self, limit: str) -> None:
+        self.limits[limit] = self.limits.get(limit, 0) + 1
+
+    def observe_kv_events(self, t: float, events: KvEventStats) -> None:
+        """The exact leak evidence, kept apart from the leak verdict (never merged)."""
+        if events.leak == "evidence" and self.kv_evidence_first_t is None:
+            self.kv_evidence_first_t = t
+        worst = self.kv_events
+        if worst is None or KV_LEAK_RANK[events.leak] >= KV_LEAK_RANK[worst.leak]:
+            self.kv_events = events
 
     def observe_stall(self, t: float, stall: StallVerdict) -> None:
         if stall.state == "stalled" and self.stall_first_t is None:
@@ -63,7 +85,22 @@ class EngineVerdict:
                 "saturated_first_t": self.saturated_first_t,
                 "reason": (self.stall_at_worst.reason if self.stall_at_worst
                            else "not enough data for a verdict")},
+            "limits": dict(self.limits),
+            "kv_events": self._kv_events_json(),
         }
+
+    def _kv_events_json(self) -> dict[str, Any] | None:
+        events = self.kv_events
+        if events is None:
+            return None
+        return {"leak": events.leak, "reason": events.leak_reason,
+                "evidence_first_t": self.kv_evidence_first_t,
+                "leaked_blocks": events.leaked_blocks,
+                "leaked_sample": [block_hash_text(k) for k in events.leaked_sample],
+                "turnovers": json_number(events.turnovers, 2),
+                "stored_total": events.stored_total, "removed_total": events.removed_total,
+                "lost_batches": events.lost_batches, "malformed": events.malformed,
+                "restarts": events.restarts}
 
 
 @dataclass(slots=True)
@@ -96,8 +133,17 @@ class CheckRun:
                 entry.observe(scrape.t, stats.leak)
             if stats.stall is not None:
                 entry.observe_stall(scrape.t, stats.stall)
+            if stats.limit is not None:
+                entry.observe_limit(stats.limit.limit)
+            if stats.kv_events is not None:
+                entry.observe_kv_events(scrape.t, stats.kv_events)
         if len(verdicts) > MAX_TRACKED_ENGINES:
             _forget_unjudged(verdicts, {(s.model, s.engine) for s in state.engines})
+
+    def feed_kv_events(self, target: Target, batch: KvEventBatch) -> None:
+        """A KV event batch of ``target`` (its engines' stats carry them from the next scrape)."""
+        self.add_target(target)
+        self.trackers[target.url].update_kv_events(batch)
 
     @property
     def leak_found(self) -> bool:

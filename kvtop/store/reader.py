@@ -33,6 +33,7 @@ from kvtop.safe_text import display_text
 from kvtop.store.format import (
     FAILURES,
     FORMAT,
+    KV_EVENTS,
     MAX_ERROR_CHARS,
     MAX_INTERVAL_S,
     MAX_LATE_S,
@@ -43,8 +44,12 @@ from kvtop.store.format import (
     MAX_VERSION_CHARS,
     VERSION,
     MiB,
+    RecordedKvEvents,
     RecordingError,
+    kv_events_from_line,
 )
+
+Item = Scrape | RecordedKvEvents  # what a pass that reads KV events yields
 
 GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by its first bytes, whatever the name
 BIG_LINE_BYTES = MiB
@@ -222,7 +227,7 @@ class _Pass:
         self.newest = -math.inf
         self.late_s = 0.0  # the most a kept line's t lags behind an earlier line's
 
-    def scrapes(self) -> Iterator[Scrape]:
+    def scrapes(self) -> Iterator[Item]:
         with _opened(self.path) as file:
             lines = _raw_lines(file)
             try:
@@ -250,18 +255,23 @@ class _Pass:
         self.skipped += 1
         self._warn(f"line {self.lines}: {why}; skipped")
 
-    def _scrape(self, raw: bytes | None) -> Scrape | None:
+    def _scrape(self, raw: bytes | None) -> Item | None:
         if raw is None:
             return self._skip(f"longer than {MAX_LINE_BYTES // MiB} MiB")
         line = _json_object(raw)
         if isinstance(line, str):
             return self._skip(line)
-        if "kind" in line:  # a line kind this reader does not know (docs: ignore it)
-            return None
+        if "kind" in line:  # KV events are checked like scrapes; other kinds are ignored (docs)
+            return self._kv_events(line) if line["kind"] == KV_EVENTS else None
         fields = _fields(line)
         if isinstance(fields, str):
             return self._skip(fields)
         url, t, rest = fields
+        target = self._placed(url, t)
+        return None if target is None else Scrape(target, t, **rest)
+
+    def _placed(self, url: str, t: float) -> Target | None:
+        """The line's target, its time checked against the lines before (None: skipped)."""
         if t < self.newest - MAX_LATE_S:
             return self._skip(f"t is over {MAX_LATE_S:g} s before an earlier line's")
         target = self.targets.get(url)
@@ -271,19 +281,33 @@ class _Pass:
             target = self.targets[url] = Target(url=url)
         self.late_s = max(self.late_s, self.newest - t)
         self.newest = max(self.newest, t)
-        return Scrape(target, t, **rest)
+        return target
+
+    def _kv_events(self, line: dict[str, Any]) -> RecordedKvEvents | None:
+        url, t = _url(line.get("target")), _number(line.get("t"))
+        if url is None:
+            return self._skip(f'"target" is not a URL of at most {MAX_URL_CHARS} characters')
+        if t is None or not 0 <= t < MAX_T:
+            return self._skip(f'"t" is not a time (unix seconds, 0 to {MAX_T:g})')
+        batch = kv_events_from_line(line, t)
+        if isinstance(batch, str):
+            return self._skip(f"KV events: {batch}")
+        target = self._placed(url, t)
+        return None if target is None else RecordedKvEvents(target, batch)
 
 
-def _size(scrape: Scrape) -> int:
-    return len(scrape.body or scrape.error or "") + 200
+def _size(item: Item) -> int:
+    if isinstance(item, RecordedKvEvents):
+        return 64 * len(item.batch.events) + 200
+    return len(item.body or item.error or "") + 200
 
 
-def time_ordered(scrapes: Iterable[Scrape], late_s: float) -> Iterator[Scrape]:
+def time_ordered(scrapes: Iterable[Item], late_s: float) -> Iterator[Item]:
     """Scrapes by time (then file order). A line lags an earlier one by at most ``late_s``
     (a scrape is written when it ends, stamped when it began), so each waits that long in
     a heap. Beyond REORDER_BYTES held the earliest goes anyway; the consumer drops a scrape
     older than one it has folded, as it does live."""
-    heap: list[tuple[float, int, Scrape]] = []
+    heap: list[tuple[float, int, Item]] = []
     held, newest = 0, -math.inf
     for order, scrape in enumerate(scrapes):
         newest = max(newest, scrape.t)
@@ -311,6 +335,7 @@ class RecordingFile:
     _targets: dict[str, Target]
     _lines: int
     _late_s: float
+    kv_event_batches: int = 0  # KV event lines kept
 
     @property
     def interval_s(self) -> float:
@@ -319,28 +344,39 @@ class RecordingFile:
     def targets(self) -> list[Target]:
         return list(self._targets.values())
 
-    def in_file_order(self) -> Iterator[Scrape]:
+    def items_in_file_order(self) -> Iterator[Item]:
+        """The scrapes and KV event batches in file order."""
         read = _Pass(self.path, dict(self._targets), None, self._lines)
         with contextlib.suppress(RecordingError):  # replaced since it was checked: stop
             yield from read.scrapes()
 
+    def in_file_order(self) -> Iterator[Scrape]:
+        return (item for item in self.items_in_file_order() if isinstance(item, Scrape))
+
     def in_time_order(self) -> Iterator[Scrape]:
-        return time_ordered(self.in_file_order(), self._late_s)
+        return time_ordered(self.in_file_order(), self._late_s)  # type: ignore[return-value]
+
+    def items_in_time_order(self) -> Iterator[Item]:
+        """Scrapes and KV event batches, in time order (what a replay with events reads)."""
+        return time_ordered(self.items_in_file_order(), self._late_s)
 
 
 def open_recording(path: Path) -> RecordingFile:
     """Check the recording at ``path`` through; RecordingError when it isn't one."""
     warnings = _Warnings()
     read = _Pass(path, {}, warnings, None)
-    count, start, end = 0, math.inf, -math.inf
-    for scrape in read.scrapes():
-        count += 1
-        start, end = min(start, scrape.t), max(end, scrape.t)
+    count, batches, start, end = 0, 0, math.inf, -math.inf
+    for item in read.scrapes():
+        if isinstance(item, Scrape):
+            count += 1
+        else:
+            batches += 1
+        start, end = min(start, item.t), max(end, item.t)
     assert read.header is not None
-    if not count:
+    if not count + batches:
         start = end = 0.0
     return RecordingFile(path, read.header, warnings.as_list(), count, read.skipped, start,
-                         end, read.targets, read.lines, read.late_s)
+                         end, read.targets, read.lines, read.late_s, batches)
 
 
 @dataclass(slots=True)
@@ -351,6 +387,7 @@ class Recording:
     header: dict[str, Any]
     scrapes: list[Scrape] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    kv_events: list[RecordedKvEvents] = field(default_factory=list)
 
     @property
     def interval_s(self) -> float:
@@ -372,8 +409,14 @@ class Recording:
     def in_time_order(self) -> Iterator[Scrape]:
         return iter(sorted(self.scrapes, key=lambda s: s.t))
 
+    def items_in_time_order(self) -> Iterator[Item]:
+        items: list[Item] = [*self.scrapes, *self.kv_events]
+        return iter(sorted(items, key=lambda item: item.t))
+
 
 def read_recording(path: Path) -> Recording:
     """Read a whole recording into memory, with the same checks as :func:`open_recording`."""
     file = open_recording(path)
-    return Recording(file.header, list(file.in_file_order()), file.warnings)
+    items = list(file.items_in_file_order())
+    return Recording(file.header, [i for i in items if isinstance(i, Scrape)], file.warnings,
+                     [i for i in items if isinstance(i, RecordedKvEvents)])

@@ -17,8 +17,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 from kvtop.collect.target import Scrape
+from kvtop.store.format import RecordedKvEvents
 
 OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
+OnKvEvents = Callable[[RecordedKvEvents], None]
 MIN_SPEED, MAX_SPEED = 0.1, 1000.0
 
 
@@ -33,12 +35,18 @@ class Replayable(Protocol):
     @property
     def end_t(self) -> float: ...
     def in_time_order(self) -> Iterator[Scrape]: ...
+    def items_in_time_order(self) -> Iterator[Scrape | RecordedKvEvents]: ...
 
 
 class ReplaySource:
+    """Delivers a recording's scrapes to ``on_scrape`` at recording time; with
+    ``on_kv_events``, its KV event batches too, in their place among the scrapes."""
+
     def __init__(self, recording: Replayable, *, speed: float = 1.0,
-                 on_rewind: Callable[[], None] | None = None) -> None:
+                 on_rewind: Callable[[], None] | None = None,
+                 on_kv_events: OnKvEvents | None = None) -> None:
         self.recording = recording
+        self.on_kv_events = on_kv_events
         self.start_t = recording.start_t
         self.end_t = recording.end_t
         self.interval_s = recording.interval_s
@@ -46,8 +54,8 @@ class ReplaySource:
         self.set_speed(speed)
         self.paused = False
         self.on_rewind = on_rewind
-        self._scrapes: Iterator[Scrape] = iter(())
-        self._next: Scrape | None = None  # the next scrape to deliver
+        self._scrapes: Iterator[Scrape | RecordedKvEvents] = iter(())
+        self._next: Scrape | RecordedKvEvents | None = None  # the next one to deliver
         self._last_t = -math.inf  # the time of the last one delivered
         self._restart()
         self._now = self.start_t
@@ -59,7 +67,9 @@ class ReplaySource:
         close = getattr(self._scrapes, "close", None)
         if close is not None:
             close()
-        self._scrapes = self.recording.in_time_order()
+        recording = self.recording
+        self._scrapes = (recording.items_in_time_order() if self.on_kv_events is not None
+                         else recording.in_time_order())
         self._next = next(self._scrapes, None)
         self._last_t = -math.inf
 
@@ -116,7 +126,11 @@ class ReplaySource:
             if self.on_rewind is not None:
                 self.on_rewind()
         while (scrape := self._next) is not None and scrape.t <= self._now:
-            result = on_scrape(scrape)
+            if isinstance(scrape, RecordedKvEvents):
+                assert self.on_kv_events is not None
+                result = self.on_kv_events(scrape)
+            else:
+                result = on_scrape(scrape)
             self._last_t = scrape.t
             self._next = next(self._scrapes, None)
             if inspect.isawaitable(result):

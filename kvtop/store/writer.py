@@ -30,8 +30,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.target import Scrape, Target
-from kvtop.store.format import MAX_LINE_BYTES, MiB, header_line, scrape_line
+from kvtop.store.format import MAX_LINE_BYTES, MiB, header_line, kv_events_line, scrape_line
 
 DEFAULT_MAX_BYTES = 1024 * MiB
 MIN_MAX_BYTES = MiB  # a smaller limit would stop before a single large scrape
@@ -167,6 +168,17 @@ class RecordingWriter:
         if len(data) > MAX_LINE_BYTES:  # readers skip such a line: say why instead
             data = _encode({"t": scrape.t, "target": scrape.target.url, "failure": "bad_payload",
                             "error": f"a body of {len(data)} bytes is too large to record"})
+        self._add(data)
+
+    def write_kv_events(self, batch: KvEventBatch, target: Target) -> None:
+        """One KV event batch of ``target`` (counted with the scrapes: written, lost…)."""
+        if self._fd is None:
+            if self.full:
+                self.unrecorded += 1
+            return
+        self._add(_encode(kv_events_line(batch, target.url)))
+
+    def _add(self, data: bytes) -> None:
         self._pending.append(data)
         self._pending_bytes += len(data)
         if self._pending_bytes >= FLUSH_BYTES:
