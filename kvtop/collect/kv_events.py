@@ -130,7 +130,8 @@ class KvEventBatch:
     problem: str | None = None  # why the batch is malformed, for the note
 
 
-def _key(value: Hash, group: int | None) -> int:
+def block_key(value: Hash, group: int | None = None) -> int:
+    """kvtop's 64-bit key of a block hash as vLLM publishes it (module notes)."""
     if isinstance(value, bytes):
         if not value or len(value) > MAX_HASH_BYTES:
             raise ValueError("a block hash of a length no hash has")
@@ -172,10 +173,10 @@ def _event(raw: msgspec.Raw) -> KvEvent | None:
     if len(event.block_hashes) > MAX_HASHES:
         raise ValueError(f"an event with more than {MAX_HASHES:,} block hashes")
     group = getattr(event, "group_idx", None)
-    hashes = tuple(_key(h, group) for h in event.block_hashes)
+    hashes = tuple(block_key(h, group) for h in event.block_hashes)
     if isinstance(event, (_Removed, _RemovedArray)):
         return BlockRemoved(hashes, _text(event.medium))
-    parent = None if event.parent_block_hash is None else _key(event.parent_block_hash, group)
+    parent = None if event.parent_block_hash is None else block_key(event.parent_block_hash, group)
     return BlockStored(hashes, parent, _array_length(event.token_ids), event.block_size,
                        _text(event.medium), _text(event.lora_name))
 

@@ -44,6 +44,9 @@ MAX_REPLAY = 20_000  # batches one replay may return (vLLM keeps 10,000 by defau
 REPLAY_TIMEOUT_S = 2.0  # for the whole answer
 END_SEQ = -1  # the replay's end marker
 BURST = 256  # messages read from one socket before the loop yields
+# ZeroMQ does not reconnect a peer it dropped for a message over MAXMSGSIZE: a connection
+# still down this long after it dropped is made again by hand.
+RECONNECT_S = 1.0
 
 RankState = Literal["connecting", "connected", "disconnected"]
 OnBatch = Callable[[KvEventBatch], None]
@@ -117,6 +120,8 @@ class _Rank:
     status: RankStatus
     sub: zmq.asyncio.Socket
     monitor: zmq.asyncio.Socket
+    url: str
+    reconnect_at: float | None = None
     replay: zmq.asyncio.Socket | None = None
     replay_url: str | None = None
     pending_restart: bool = False  # the next batch delivered carries ``restart``
@@ -151,6 +156,7 @@ class KvEventsSubscriber:
                         await self._monitor(rank)
                     if rank.sub in ready:
                         await self._read(rank)
+                    self._reconnect(rank)
         finally:
             for rank in self._ranks:
                 for sock in (rank.sub, rank.monitor, rank.replay):
@@ -178,7 +184,8 @@ class KvEventsSubscriber:
         else:
             sub.connect(url)
         replay = None if endpoint.replay is None else endpoint.rank_url(endpoint.replay, r)
-        return _Rank(RankStatus(r), sub, monitor, replay_url=replay)  # type: ignore[arg-type]
+        return _Rank(RankStatus(r), sub, monitor, url,  # type: ignore[arg-type]
+                     replay_url=replay)
 
     async def _monitor(self, rank: _Rank) -> None:
         with contextlib.suppress(zmq.Again):
@@ -186,8 +193,20 @@ class KvEventsSubscriber:
                 event = parse_monitor_message(await rank.monitor.recv_multipart(zmq.NOBLOCK))
                 if event["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
                     rank.status.state = "connected"
+                    rank.reconnect_at = None
                 elif event["event"] == zmq.EVENT_DISCONNECTED:
                     rank.status.state = "disconnected"
+                    rank.reconnect_at = time.monotonic() + RECONNECT_S
+
+    def _reconnect(self, rank: _Rank) -> None:
+        """Connect again where ZeroMQ gave up (a peer dropped for a message too large)."""
+        if rank.reconnect_at is None or time.monotonic() < rank.reconnect_at:
+            return
+        rank.reconnect_at = time.monotonic() + RECONNECT_S
+        if not self.endpoint.bind:  # a listening socket takes the next connection itself
+            with contextlib.suppress(zmq.ZMQError):
+                rank.sub.disconnect(rank.url)
+            rank.sub.connect(rank.url)
 
     async def _read(self, rank: _Rank) -> None:
         for _ in range(BURST):

@@ -151,9 +151,9 @@ class BlockIndex:
             del blocks[key]
         self.dropped += len(doomed)
 
-    def scan(self, unused_removals: int, top: int) -> Scan:
+    def scan(self, unused_removals: int, top: int, sample: int = SAMPLE) -> Scan:
         """One pass over the index: the blocks not used for ``unused_removals`` removals
-        (the oldest named) and the ``top`` most reused prefixes."""
+        (the ``sample`` oldest named) and the ``top`` most reused prefixes."""
         limit = self.removals - unused_removals
         stale: list[tuple[int, int]] = []  # (stamp, key)
         count, hot = 0, []
@@ -161,7 +161,7 @@ class BlockIndex:
             stamp = value & _STAMP
             if stamp <= limit:
                 count += 1
-                if len(stale) < SAMPLE:
+                if len(stale) < sample:
                     heapq.heappush(stale, (-stamp, key))
                 elif -stamp > stale[0][0]:
                     heapq.heapreplace(stale, (-stamp, key))
