@@ -8,6 +8,8 @@ Default file: ``$XDG_CONFIG_HOME/kvtop/config.toml`` (``~/.config/kvtop/config.t
     name = "gpu-1"
     group = "prod"
     token_env = "VLLM_METRICS_TOKEN"   # or token_file = "~/.config/kvtop/token"
+    kv_events = "tcp://gpu-1:5557"     # vLLM's --kv-events-config endpoint (docs/kv-anatomy.md);
+                                       # or {url, replay, ranks, listen}
     [prometheus]                       # read the fleet from Prometheus instead
     url = "http://prometheus:9090"
     selector = '{namespace="prod"}'
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvtop.collect.kv_subscriber import KvEventsEndpoint, parse_endpoint
 from kvtop.collect.target import DEFAULT_TARGET, Target, TokenError, read_token
 from kvtop.derive.leak import LeakParams
 from kvtop.safe_text import display_text
@@ -46,7 +49,8 @@ else:  # pragma: no cover
 
 DEFAULT_TOKEN_ENV = "KVTOP_TOKEN"
 TOP_KEYS = ("interval", "targets", "thresholds", "prometheus", "alerts")
-TARGET_KEYS = ("url", "name", "group", "token_env", "token_file", "baseline")
+TARGET_KEYS = ("url", "name", "group", "token_env", "token_file", "baseline", "kv_events")
+KV_EVENTS_KEYS = ("url", "replay", "ranks", "listen")
 PROMETHEUS_KEYS = ("url", "selector", "token_env", "token_file", "backfill_step")
 ALERT_KEYS = ("bell", "command", "min_interval_s", "max_per_minute", "timeout_s")
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a huge one is a mistake
@@ -172,6 +176,7 @@ class Config:
     prometheus: dict[str, Any] = field(default_factory=dict)  # the [prometheus] table
     baselines: dict[str, str] = field(default_factory=dict)  # target URL -> baseline name
     alerts: AlertSettings = field(default_factory=AlertSettings)
+    kv_events: dict[str, KvEventsEndpoint] = field(default_factory=dict)  # target URL -> where
 
 
 def _target_from_table(entry: object, where: str) -> Target:
@@ -218,17 +223,33 @@ def load_config(path: Path | None) -> Config:
     baselines = {target.url: name for i, (target, entry) in enumerate(zip(targets, entries,
                                                                           strict=True))
                  if (name := _string(entry, "baseline", f"{where} targets[{i}]"))}
+    kv_events = {target.url: _kv_events(entry["kv_events"], f"{where} targets[{i}]")
+                 for i, (target, entry) in enumerate(zip(targets, entries, strict=True))
+                 if "kv_events" in entry}
     interval = data.get("interval")
     if interval is not None:
         interval = finite_number(interval, f"{where}: interval (seconds)")
     thresholds = _table(data.get("thresholds", {}), f"{where}: [thresholds]")
     config = Config(targets, interval, dict(thresholds), _prometheus_table(data, where),
-                    baselines, alert_settings(data.get("alerts", {}), f"{where}: [alerts]"))
+                    baselines, alert_settings(data.get("alerts", {}), f"{where}: [alerts]"),
+                    kv_events)
     try:
         leak_params(config)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return config
+
+
+def _kv_events(value: object, where: str) -> KvEventsEndpoint:
+    """A target's ``kv_events``: "tcp://host:port", or a table with url, replay, ranks and
+    listen (kvtop listens and vLLM connects)."""
+    table = {"url": value} if isinstance(value, str) else _table(value, f"{where}: kv_events")
+    check_keys(table, KV_EVENTS_KEYS, f"{where}: kv_events")
+    try:
+        return parse_endpoint(table.get("url"), replay=table.get("replay"),
+                              ranks=table.get("ranks", 1), bind=table.get("listen", False))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _prometheus_table(data: dict[str, Any], where: str) -> dict[str, Any]:
