@@ -18,6 +18,7 @@ is long gone), and ``AllBlocksCleared`` does too, as vLLM's cache did.
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left
 from dataclasses import dataclass
 
@@ -37,7 +38,8 @@ MAX_MEDIA = 8  # media named in by_medium; the rest are counted under "other"
 @dataclass(frozen=True)
 class AnatomyParams:
     leak_turnovers: float = 3.0  # full pool turnovers a block must go unused to be evidence
-    scan_every_s: float = 5.0  # the leak/hot scan reads the whole index at most this often
+    scan_every_s: float = 5.0  # the leak/hot scan reads the whole index at most this often,
+    scan_share: float = 0.05  # and takes at most this share of a core (1M blocks: ~0.5 s)
     hot_prefixes: int = 5
     index_cap: int = DEFAULT_CAP
     slack_fraction: float = 1 / 16  # a prefix used within this share of a turnover: not walked
@@ -71,7 +73,7 @@ class KvAnatomy:
         self._ages = [0] * len(AGE_BOUNDS)
         self._epoch: float | None = None  # publisher time of born_ms 0
         self._generation = 0  # bumped when the index empties: a cached scan is stale
-        self._scan: tuple[float, int, Scan] | None = None
+        self._scan: tuple[float, int, Scan] | None = None  # (next due, generation, scan)
         self._mark: _Mark | None = None
 
     # -- folding ---------------------------------------------------------------------
@@ -185,16 +187,17 @@ class KvAnatomy:
             by_medium={str(m): (c[0], c[1]) for m, c in self.media.items()})
 
     def _scanned(self, t: float, pool: int | None) -> Scan | None:
-        """The index scan, made again at most every scan_every_s (or once it emptied)."""
+        """The index scan, made again after scan_every_s or after 1/scan_share times its
+        own length, whichever is later (at once when the index emptied since)."""
         if pool is None:
             return None
-        cached = self._scan
-        if cached is not None and cached[1] == self._generation and (
-                0 <= t - cached[0] < self.params.scan_every_s):
+        cached, p = self._scan, self.params
+        if cached is not None and cached[1] == self._generation and t < cached[0]:
             return cached[2]
-        scan = self.index.scan(math.ceil(self.params.leak_turnovers * pool),
-                               self.params.hot_prefixes)
-        self._scan = (t, self._generation, scan)
+        started = time.perf_counter()
+        scan = self.index.scan(math.ceil(p.leak_turnovers * pool), p.hot_prefixes)
+        spent = time.perf_counter() - started
+        self._scan = (t + max(p.scan_every_s, spent / p.scan_share), self._generation, scan)
         return scan
 
     def _leak(self, pool: int | None, scan: Scan | None) -> tuple[KvLeakState, str]:
