@@ -220,6 +220,21 @@ MODULES: dict[str, tuple[str, ...]] = {
     **{f"kvtop/store/{name}.py": STORE_TESTS
        for name in ("format", "reader", "writer", "replay", "recording")},
     "kvtop/sim/blocks.py": (f"{UNIT}/sim/test_blocks.py", f"{UNIT}/sim/test_engine.py"),
+    # KV anatomy (docs/kv-anatomy.md): the decoder with its fuzzed and hostile payloads, the
+    # subscriber against a real ZeroMQ publisher on 127.0.0.1 (tests/fakes/kv_publisher.py)
+    "kvtop/collect/kv_events.py": (f"{UNIT}/collect/test_kv_events.py",
+                                   "tests/hostile/test_kv_events.py",
+                                   f"{UNIT}/store/test_recording.py"),
+    "kvtop/collect/kv_subscriber.py": (f"{UNIT}/collect/test_kv_subscriber.py",
+                                       "tests/hostile/test_kv_events.py"),
+    "kvtop/derive/cache.py": (f"{UNIT}/derive/test_cache.py", f"{UNIT}/derive/test_rates.py"),
+    "kvtop/derive/limits.py": (f"{UNIT}/derive/test_limits.py", f"{UNIT}/derive/test_tracker.py"),
+    "kvtop/derive/kv_index.py": (f"{UNIT}/derive/test_kv_index.py",
+                                 f"{UNIT}/derive/test_kv_anatomy.py"),
+    "kvtop/derive/kv_anatomy.py": (f"{UNIT}/derive/test_kv_anatomy.py",
+                                   f"{UNIT}/derive/test_tracker.py",
+                                   "tests/hostile/test_kv_events.py"),
+    "kvtop/sim/kv_publisher.py": (f"{UNIT}/sim/test_server.py",),
     # the simulation's faults (leaks, lumps, wedges, restarts, stalls) drive the engine too
     "kvtop/sim/engine.py": (f"{UNIT}/sim/test_engine.py", f"{UNIT}/sim/test_simulation.py"),
 }

@@ -26,7 +26,7 @@ never raises.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import msgspec
 
@@ -82,16 +82,19 @@ class _ClearedArray(msgspec.Struct, array_like=True, tag="AllBlocksCleared"):
     pass
 
 
+_Event = Union[_Stored, _Removed, _Cleared]  # noqa: UP007
+# The whole batch in one call when every event is of a type kvtop reads in the map form
+# (what vLLM 0.33 sends); otherwise event by event.
+_TYPED = msgspec.msgpack.Decoder(tuple[float, list[_Event], Union[int, None]])  # noqa: UP007
 _BATCH = msgspec.msgpack.Decoder(tuple[float, list[msgspec.Raw], Union[int, None]])  # noqa: UP007
 _BATCH_NO_RANK = msgspec.msgpack.Decoder(tuple[float, list[msgspec.Raw]])
-_EVENT_MAP = msgspec.msgpack.Decoder(Union[_Stored, _Removed, _Cleared])  # noqa: UP007
+_EVENT_MAP = msgspec.msgpack.Decoder(_Event)
 _EVENT_ARRAY = msgspec.msgpack.Decoder(
     Union[_StoredArray, _RemovedArray, _ClearedArray])  # noqa: UP007
 _TAG = msgspec.msgpack.Decoder(Union[dict[str, Any], list[Any]])  # noqa: UP007
 
 
-@dataclass(frozen=True, slots=True)
-class BlockStored:
+class BlockStored(NamedTuple):  # named tuples: ~3x cheaper to make than frozen dataclasses
     hashes: tuple[int, ...]  # 64-bit keys (module notes)
     parent: int | None  # the block these extend; None: they start a prefix
     tokens: int  # tokens in these blocks (never the tokens themselves)
@@ -100,14 +103,12 @@ class BlockStored:
     lora: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
+class BlockRemoved(NamedTuple):
     hashes: tuple[int, ...]
     medium: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class AllCleared:
+class AllCleared(NamedTuple):
     pass
 
 
@@ -147,7 +148,7 @@ def _text(value: str | None) -> str | None:
 
 def _array_length(raw: msgspec.Raw) -> int:
     """Elements of a msgpack array from its header alone; 0 for nil or another type."""
-    data = memoryview(raw)[:5]
+    data = memoryview(raw)
     first = data[0] if data else 0xC0
     if 0x90 <= first <= 0x9F:
         return first & 0x0F
@@ -168,17 +169,33 @@ def _event(raw: msgspec.Raw) -> KvEvent | None:
         if _known_tag(raw):
             raise
         return None
-    if isinstance(event, (_Cleared, _ClearedArray)):
-        return AllCleared()
-    if len(event.block_hashes) > MAX_HASHES:
+    return _converted(event)
+
+
+def _keys(values: list[Hash], group: int | None) -> tuple[int, ...]:
+    if len(values) > MAX_HASHES:
         raise ValueError(f"an event with more than {MAX_HASHES:,} block hashes")
-    group = getattr(event, "group_idx", None)
-    hashes = tuple(block_key(h, group) for h in event.block_hashes)
-    if isinstance(event, (_Removed, _RemovedArray)):
-        return BlockRemoved(hashes, _text(event.medium))
-    parent = None if event.parent_block_hash is None else block_key(event.parent_block_hash, group)
-    return BlockStored(hashes, parent, _array_length(event.token_ids), event.block_size,
-                       _text(event.medium), _text(event.lora_name))
+    if not group and all(type(v) is int for v in values):  # vLLM's usual: ints, group 0
+        return tuple([v & MASK64 for v in values])
+    return tuple([block_key(v, group) for v in values])
+
+
+def _converted(event: Any) -> KvEvent:
+    kind = type(event)
+    if kind is _Stored or kind is _StoredArray:
+        group = getattr(event, "group_idx", None)
+        parent = event.parent_block_hash
+        medium, lora = event.medium, event.lora_name
+        return BlockStored(
+            _keys(event.block_hashes, group),
+            None if parent is None else block_key(parent, group),
+            _array_length(event.token_ids), event.block_size,
+            medium if medium is None or len(medium) <= MAX_TEXT_CHARS else medium[:MAX_TEXT_CHARS],
+            lora if lora is None or len(lora) <= MAX_TEXT_CHARS else lora[:MAX_TEXT_CHARS])
+    if kind is _Removed or kind is _RemovedArray:
+        return BlockRemoved(_keys(event.block_hashes, getattr(event, "group_idx", None)),
+                            _text(event.medium))
+    return AllCleared()
 
 
 def _known_tag(raw: msgspec.Raw) -> bool:
@@ -207,6 +224,12 @@ def decode_batch(payload: bytes) -> Decoded:
         return Decoded(None, None, problem=f"a batch of {len(payload):,} bytes (over "
                                            f"{MAX_PAYLOAD_BYTES:,})")
     try:
+        try:
+            ts, typed, rank = _TYPED.decode(payload)
+        except msgspec.ValidationError:
+            typed = None
+        if typed is not None and len(typed) <= MAX_EVENTS:
+            return Decoded(ts, rank, [_converted(event) for event in typed])
         try:
             ts, raws, rank = _BATCH.decode(payload)
         except msgspec.ValidationError:
