@@ -463,3 +463,35 @@ async def test_check_says_stalled_within_10_s_of_a_wedge(tmp_path: Path) -> None
 
     replayed_code, replayed, err = await kvtop("check", "--replay", str(recording), "--json")
     assert (replayed_code, replayed) == (code, document), err
+
+
+def test_a_recordings_kv_events_give_the_exact_evidence_apart_from_the_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Quiet scrapes of a pool of 1000 blocks (usage 0: the verdict is OK), with KV events in
+    which block 7 is never used again while 3000 others come and go: exact evidence, told
+    beside an OK verdict and exit code 0."""
+    from kvtop.collect.kv_events import BlockRemoved, BlockStored, KvEventBatch
+
+    scrapes = [Scrape(TARGET, T0 + STEP * i, body=body(0.0)) for i in range(12)]
+    path = tmp_path / "r.jsonl"
+    with RecordingWriter(path, interval_s=STEP, targets=[TARGET]) as writer:
+        for i, scrape in enumerate(scrapes):
+            writer.write(scrape)
+            churn = tuple(range(10_000 + 300 * i, 10_000 + 300 * (i + 1)))
+            events = (BlockStored(churn, None, 16 * 300, 16, "GPU"), BlockRemoved(churn, "GPU"))
+            if i == 0:
+                events = (BlockStored((7,), None, 16, 16, "GPU"), *events)
+            writer.write_kv_events(KvEventBatch(t=scrape.t + 1, rank=0, seq=i, ts=scrape.t,
+                                                events=events), TARGET)
+    assert run_check_replay(path, params=None, as_json=True) == EXIT_OK
+    engine = json.loads(capsys.readouterr().out)["targets"][0]["engines"][0]
+    assert engine["verdict"] == "ok"
+    events = engine["kv_events"]
+    assert events["leak"] == "evidence" and events["leaked_blocks"] == 1
+    assert events["leaked_sample"] == ["0000000000000007"]
+    # 3 turnovers of 999 blocks: 2997 removals after block 7, reached in the 10th batch,
+    # folded with the scrape after it
+    assert events["evidence_first_t"] == T0 + STEP * 10
+    # the last batch came after the last scrape: no stats of the engine carry it
+    assert (events["stored_total"], events["removed_total"]) == (3301, 3300)
+    assert engine["limits"] == {"none": 12}
