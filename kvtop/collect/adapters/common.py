@@ -114,6 +114,14 @@ def histograms(expo: Exposition, base: str, key_of: KeyOf) -> dict[EngineKey, Hi
     }
 
 
+def histogram_totals(expo: Exposition, base: str, key_of: KeyOf) -> dict[EngineKey, Histogram]:
+    """A histogram's count and sum per engine, without its buckets (a narrowed read need not
+    ask for them when only a mean is wanted)."""
+    _, count_name, sum_name = histogram_names(base)
+    counts, sums = summed(expo, count_name, key_of), summed(expo, sum_name, key_of)
+    return {key: Histogram((), counts[key], sums[key]) for key in counts.keys() & sums.keys()}
+
+
 @functools.lru_cache(maxsize=1024)
 def _bound(le: str | None) -> float | None:
     """A bucket's upper bound; servers repeat the same few dozen every scrape."""

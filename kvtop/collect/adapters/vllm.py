@@ -13,6 +13,7 @@ from kvtop.collect.adapters.common import (
     engine_readings,
     finite,
     histogram_names,
+    histogram_totals,
     histograms,
     maxed,
     summed,
@@ -54,7 +55,8 @@ NAMES = frozenset({
     *histogram_names(TTFT), *histogram_names(E2E),
     *histogram_names(ITL_NEW), *histogram_names(ITL_OLD),
     *(name for _, name, _ in BY_LABEL), ADMISSION, SLEEP, *EXTERNAL,
-    *histogram_names(PROMPT_LENGTHS), *histogram_names(KV_COMPUTED),
+    # only a mean of these is read: their count and sum, never their buckets
+    *histogram_names(PROMPT_LENGTHS)[1:], *histogram_names(KV_COMPUTED)[1:],
     *(n for _, base in RESIDENCY for n in histogram_names(base)),
 })
 
@@ -212,8 +214,9 @@ def _anatomy(expo: Exposition, readings: dict[EngineKey, EngineReading],
             readings[key].sleep_state = _sleep_state(states)
     assign_all(readings, expo, key_of, [("external_queries_total", summed, EXTERNAL[0]),
                                         ("external_hits_total", summed, EXTERNAL[1])])
-    for field, base in (("prompt_lengths", PROMPT_LENGTHS), ("kv_computed", KV_COMPUTED),
-                        *RESIDENCY):
+    for field, base in (("prompt_lengths", PROMPT_LENGTHS), ("kv_computed", KV_COMPUTED)):
+        assign(readings, field, histogram_totals(expo, base, key_of))
+    for field, base in RESIDENCY:
         assign(readings, field, histograms(expo, base, key_of))
     # one series per server (labelled model_name and reason only, no engine)
     admissions = by_label(expo, ADMISSION, lambda s: (None, None), "reason").get((None, None))
