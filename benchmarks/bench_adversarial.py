@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from itertools import count
 
+from benchmarks.quick import parse_args, quick_option
 from kvtop.collect.adapters import read_exposition
 from kvtop.runtime import tune_gc
 
@@ -106,7 +107,8 @@ def measure(make: Callable[[int], str], kb: int, reps: int) -> tuple[float, int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
-    args = parser.parse_args()
+    quick_option(parser, reps=1)
+    args = parse_args(parser)
     tune_gc()  # as every kvtop command runs
     print(f"Python {sys.version.split()[0]}, median of {args.reps} runs, each on a new body\n")
     print("| body | " + " | ".join(f"{kb:,} KB" for kb in SIZES_KB) + " | outcome at 4 MB |")

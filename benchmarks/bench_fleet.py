@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from benchmarks.metrics_server import moving_bodies, start_server, static_body
+from benchmarks.quick import parse_args, quick_option
 from kvtop.collect.poller import Poller
 from kvtop.collect.prometheus import PROMETHEUS_INTERVAL_S, PrometheusSource, load_settings
 from kvtop.collect.target import Scrape, Target
@@ -116,7 +117,8 @@ def _prometheus_yml(port: int, n: int, scrape_s: float) -> str:
     entries = "".join(f"      - targets: ['127.0.0.1:{port}']\n"
                       f"        labels: {{instance: 'engine-{i:03d}', __param_e: '{i}'}}\n"
                       for i in range(n))
-    return (f"global:\n  scrape_interval: {scrape_s:g}s\n  scrape_timeout: 5s\n"
+    return (f"global:\n  scrape_interval: {scrape_s:g}s\n"
+            f"  scrape_timeout: {min(5.0, scrape_s):g}s\n"  # Prometheus: at most the interval
             f"scrape_configs:\n  - job_name: vllm\n    static_configs:\n{entries}")
 
 
@@ -144,7 +146,8 @@ def main() -> None:
                         help="kvtop's refresh through Prometheus, seconds (kvtop's default)")
     parser.add_argument("--static", action="store_true",
                         help="serve the real twin scrape, the same every time")
-    args = parser.parse_args()
+    quick_option(parser, engines=10, seconds=2.0, scrape=1.0, prom_interval=1.0)
+    args = parse_args(parser)
     binary = shutil.which("prometheus")
     if binary is None:
         raise SystemExit("needs the 'prometheus' binary (apt-get install prometheus)")

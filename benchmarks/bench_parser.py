@@ -17,6 +17,7 @@ from collections.abc import Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.paths import METRICS as FIXTURES
+from benchmarks.quick import parse_args, quick_option
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.exposition import parse
 
@@ -47,7 +48,8 @@ def time_ms(fn: Callable[[], object], reps: int) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=300)
-    args = parser.parse_args()
+    quick_option(parser, reps=5)
+    args = parse_args(parser)
     missing = [name for name in SCRAPES if not (FIXTURES / name).is_file()]
     if missing:
         print(f"fixtures missing under {FIXTURES}: {', '.join(missing)}", file=sys.stderr)

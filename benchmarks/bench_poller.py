@@ -18,6 +18,7 @@ import resource
 import time
 
 from benchmarks.metrics_server import moving_bodies, start_server, static_body
+from benchmarks.quick import parse_args, quick_option
 from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
 from kvtop.runtime import tune_gc
@@ -55,7 +56,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="run time per measurement")
     parser.add_argument("--static", action="store_true",
                         help="serve the real twin scrape, the same every time")
-    args = parser.parse_args()
+    quick_option(parser, targets="5", seconds=1.0)
+    args = parse_args(parser)
     tune_gc()  # as every kvtop command does
     bodies = static_body() if args.static else moving_bodies()
     counts = [int(x) for x in args.targets.split(",")]

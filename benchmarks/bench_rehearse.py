@@ -28,6 +28,7 @@ from pathlib import Path
 import orjson
 
 from benchmarks.bench_fleet import proc_cpu_s
+from benchmarks.quick import parse_args, quick_option
 from kvtop.derive.samples import percentile
 from kvtop.load.driver import DriverSettings, LoadDriver, RequestRecord, RunClock
 from kvtop.load.openai_client import list_models, make_session
@@ -76,7 +77,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", default="50,100,200,400")
     parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args()
+    quick_option(parser, rates="20", seconds=1.0)
+    args = parse_args(parser)
     kvtop = Path(sys.executable).parent / "kvtop"
     sim = subprocess.Popen([str(kvtop), "sim", "--port", "0", "--workload", "none",
                             "--blocks", "8000", "--max-num-seqs", "256"],

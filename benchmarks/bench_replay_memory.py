@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks.paths import METRICS as FIXTURES
+from benchmarks.quick import parse_args, quick_option
 
 BODY = "vllm-0.33.0-v1-twin-under-load.txt"
 TARGET = "http://10.0.0.5:8000/metrics"
@@ -115,7 +116,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=float, nargs="+", default=[1.0, 4.0])
     parser.add_argument("--dir", type=Path, help="where the recordings go (default: a temp dir)")
-    args = parser.parse_args()
+    quick_option(parser, hours=[0.02])
+    args = parse_args(parser)
     folder = args.dir or Path(tempfile.mkdtemp(prefix="kvtop-bench-replay-"))
     print("| recording | scrapes | file | check --replay peak RSS | its CPU | replay peak RSS "
           "| its CPU (to END) |")

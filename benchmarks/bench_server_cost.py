@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from benchmarks.bench_fleet import proc_cpu_s
+from benchmarks.quick import parse_args, quick_option
 from kvtop.collect.adapters import vllm
 from kvtop.collect.poller import narrowed_url
 from twin.serve import TwinServer, TwinSpec, import_vllm_error, twin_python
@@ -44,7 +45,8 @@ def _batch(url: str, requests: int, gzip: bool) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300)
-    args = parser.parse_args()
+    quick_option(parser, requests=10)
+    args = parse_args(parser)
     python = twin_python()
     work = Path(tempfile.mkdtemp(prefix="kvtop-server-cost-"))
     reason = import_vllm_error(python, work / "model") if python.exists() else "no twin venv"

@@ -19,7 +19,13 @@ Tesla T4 body of tests/fixtures/gpu, two GPUs) on the hosts' machine, so every s
 GPUs: the GPU pane (NVML asked too), the GPU column and the engine pane's GPU line are drawn.
 
     .venv/bin/python -m benchmarks.bench_tui [--seconds 60] [--hosts 16] [--gpu-exporters 16]
-        [--hanging 1]
+        [--hanging 1] [--demo] [--rounds 5] [--quick]
+
+``--demo`` runs ``kvtop --demo`` instead, as the README's first command does (NVML asked;
+the simulated fleet runs in the app's process, so its CPU is in the app's): the first frame
+a newcomer sees.
+``--rounds N`` repeats each run and prints every round (this machine is shared: report
+ranges, not one number). ``--quick`` is a few seconds' smoke run of 80x24.
 
 Run with another checkout's interpreter (``/work/main/.venv/bin/python
 benchmarks/bench_tui.py``) to measure that checkout's app: the script imports no kvtop.
@@ -45,6 +51,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.paths import GPU_METRICS
+from benchmarks.quick import parse_args, quick_option
 
 ANSI = re.compile(
     rb"\x1b(?:\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[()][A-Z0-9]|[=>])"
@@ -54,6 +61,9 @@ HZ = os.sysconf("SC_CLK_TCK")
 DCGM_BODY = GPU_METRICS / "dcgm-datadog-t4.txt"
 
 
+DEMO_HOSTS = ("mooncake", "prefix-heavy", "leaky", "restarts")  # kvtop/sim/demo.py's names
+
+
 @dataclass
 class Run:
     label: str
@@ -61,6 +71,7 @@ class Run:
     rows: int
     extra: tuple[str, ...] = ()
     gpu: bool = False  # NVML and the GPU pane on (else --no-gpu)
+    demo: bool = False  # `kvtop --demo` instead of the given hosts
 
 
 @dataclass
@@ -135,7 +146,8 @@ def spawn(run: Run, urls: list[str]) -> tuple[int, int]:
         env = dict(os.environ, TERM="xterm-256color", COLORTERM="")
         env.pop("NO_COLOR", None)
         gpu = [] if run.gpu else ["--no-gpu"]
-        os.execve(sys.executable, [sys.executable, "-m", "kvtop", *urls, *gpu,
+        hosts = ["--demo"] if run.demo else urls
+        os.execve(sys.executable, [sys.executable, "-m", "kvtop", *hosts, *gpu,
                                    "--interval", "1", *run.extra], env)
     return pid, fd
 
@@ -155,7 +167,8 @@ def drain(fd: int, seconds: float) -> bytes:
 
 
 def measure(run: Run, urls: list[str], seconds: float, warmup: float) -> Result:
-    hosts = [url.split("//")[-1].split("/", 1)[0].encode() for url in urls]  # row names
+    names = DEMO_HOSTS if run.demo else [url.split("//")[-1].split("/", 1)[0] for url in urls]
+    hosts = [name.encode() for name in names]  # row names
     started = time.monotonic()
     pid, fd = spawn(run, urls)
     first_frame = first_frame_cpu = first_data = None
@@ -195,14 +208,16 @@ def stop(pid: int, fd: int) -> None:
     os.close(fd)
 
 
-def table(results: list[Result], hosts: int, seconds: float, exporters: int) -> str:
+def table(results: list[Result], hosts: int, seconds: float, exporters: int,
+          demo: bool = False) -> str:
     def secs(value: float | None) -> str:
         return "–" if value is None else f"{value:.2f} s"
 
-    gpus = f"{exporters} dcgm-exporters, GPU pane on" if exporters else "--no-gpu"
+    gpus = (f"{exporters} dcgm-exporters, GPU pane on" if exporters
+            else "NVML asked" if demo else "--no-gpu")
+    fleet = "kvtop --demo" if demo else f"{hosts} simulated hosts at 1 Hz"
     lines = [
-        f"kvtop TUI ({sys.executable}), {hosts} simulated hosts at 1 Hz, {seconds:g} s "
-        f"steady state, {gpus}",
+        f"kvtop TUI ({sys.executable}), {fleet}, {seconds:g} s steady state, {gpus}",
         "",
         "| terminal | CPU (% of a core) | output | first frame | its CPU | first data |",
         "|---|---:|---:|---:|---:|---:|",
@@ -224,26 +239,32 @@ def main() -> int:
     parser.add_argument("--hanging", type=int, default=0, metavar="N",
                         help="also N hosts that take the connection and never answer, first")
     parser.add_argument("--only", choices=("80x24", "160x48"), help="one terminal size")
-    args = parser.parse_args()
-    gpu = args.gpu_exporters > 0
-    runs = [Run("80×24", 80, 24, gpu=gpu), Run("160×48", 160, 48, gpu=gpu),
-            Run("80×24 --low-bandwidth", 80, 24, ("--low-bandwidth",), gpu)]
+    parser.add_argument("--demo", action="store_true", help="run `kvtop --demo` instead")
+    parser.add_argument("--rounds", type=int, default=1, help="each run this many times")
+    quick_option(parser, seconds=2.0, warmup=2.0, hosts=4, only="80x24")
+    args = parse_args(parser)
+    gpu = args.gpu_exporters > 0 or args.demo  # the demo as the README runs it: NVML asked
+    runs = [Run("80×24", 80, 24, gpu=gpu, demo=args.demo),
+            Run("160×48", 160, 48, gpu=gpu, demo=args.demo),
+            Run("80×24 --low-bandwidth", 80, 24, ("--low-bandwidth",), gpu, args.demo)]
     if args.only:
         runs = [r for r in runs if r.label == args.only.replace("x", "×")]
-    sim, urls = start_sim(args.hosts)
+    runs = [run for run in runs for _ in range(args.rounds)]
+    sim, urls = (None, []) if args.demo else start_sim(args.hosts)
     exporters, exporter_urls = start_exporters(args.gpu_exporters)
     hanging, hanging_urls = start_hanging(args.hanging)
     try:
         results = [measure(run, hanging_urls + urls + exporter_urls, args.seconds,
                            args.warmup) for run in runs]
     finally:
-        sim.terminate()
-        sim.wait(10)
+        if sim is not None:
+            sim.terminate()
+            sim.wait(10)
         for server in exporters:
             server.shutdown()
         for listener in hanging:
             listener.close()
-    print(table(results, args.hosts, args.seconds, args.gpu_exporters))
+    print(table(results, args.hosts, args.seconds, args.gpu_exporters, args.demo))
     return 0
 
 

@@ -9,11 +9,13 @@ under the cap (docs/prometheus.md, "Answer sizes").
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import orjson
 
 from benchmarks.paths import METRICS
+from benchmarks.quick import parse_args, quick_option
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.exposition import parse
 from kvtop.collect.prometheus import BACKFILL_NAMES, MAX_ANSWER_BYTES
@@ -39,6 +41,9 @@ def answer_bytes(metrics: list[dict[str, str]], points: int) -> int:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    quick_option(parser)  # it is quick already: a few sizes computed
+    parse_args(parser)
     if not FIXTURE.is_file():
         print(f"fixture missing: {FIXTURE}", file=sys.stderr)
         return 2

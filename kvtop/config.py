@@ -1,4 +1,5 @@
-"""Settings from the command line and the TOML config file.
+"""The TOML config file, read into a :class:`Config` (the command line's options are in
+kvtop/cli_args.py).
 
 Default file: ``$XDG_CONFIG_HOME/kvtop/config.toml`` (``~/.config/kvtop/config.toml``)::
 
@@ -24,36 +25,28 @@ Tokens come only from environment variables or files, never from argv, and are n
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import math
 import os
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvtop.collect.kv_subscriber import KvEventsEndpoint, parse_endpoint
-from kvtop.collect.target import DEFAULT_TARGET, Target, TokenError, read_token
+from kvtop.collect.target import Target, TokenError, read_token
 from kvtop.derive.leak import LeakParams
+from kvtop.files import UnreadableFile, read_regular
 from kvtop.safe_text import display_text
-
-if TYPE_CHECKING:
-    from kvtop.collect.prometheus import PrometheusSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEFAULT_TOKEN_ENV = "KVTOP_TOKEN"
-TOP_KEYS = ("interval", "targets", "thresholds", "prometheus", "alerts")
-TARGET_KEYS = ("url", "name", "group", "token_env", "token_file", "baseline", "kv_events")
-KV_EVENTS_KEYS = ("url", "replay", "ranks", "listen")
-PROMETHEUS_KEYS = ("url", "selector", "token_env", "token_file", "backfill_step")
-ALERT_KEYS = ("bell", "command", "min_interval_s", "max_per_minute", "timeout_s")
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a huge one is a mistake
+MAX_CONFIG_DEPTH = 16  # tables and arrays in each other; kvtop's own go 3 deep
 
 # [thresholds] beyond "a finite number >= 0": what each must also be for the detector to work
 THRESHOLD_INTS = frozenset(f.name for f in fields(LeakParams) if f.type in ("int", int))
@@ -72,6 +65,29 @@ class AlertSettings:
     min_interval_s: float = 300.0  # one run per engine and verdict in this long
     max_per_minute: int = 6  # runs in all
     timeout_s: float = 10.0  # then the command is killed and reported
+
+
+@dataclass(frozen=True, slots=True)
+class TargetTable:
+    """One ``[[targets]]`` table, as written (it becomes a :class:`Target`)."""
+
+    url: str
+    name: str | None = None
+    group: str | None = None
+    token_env: str | None = None
+    token_file: str | None = None
+    baseline: str | None = None  # a saved baseline the app draws for this target
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusTable:
+    """The ``[prometheus]`` table: read the fleet from a Prometheus instead."""
+
+    url: str | None = None
+    selector: str = ""
+    token_env: str | None = None
+    token_file: str | None = None
+    backfill_step: float | None = None  # seconds between the backfill's points
 
 
 class ConfigError(ValueError):
@@ -119,50 +135,6 @@ def _table(value: object, what: str) -> dict[str, Any]:
     return value
 
 
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``30m``, ``2h`` or ``1d`` -> seconds (for argparse ``type=``)."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-    text = text.strip().lower()
-    scale = units.get(text[-1:])
-    try:
-        value = float(text[:-1] if scale else text) * (scale or 1.0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a duration: {quoted(text)} (e.g. 90s, 30m, 2h)") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(
-            f"a duration must be finite and > 0 (got {quoted(text)})")
-    return value
-
-
-def _number_argument(text: str, ok: Callable[[float], bool], rule: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {quoted(text)}") from None
-    if not math.isfinite(value) or not ok(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number {rule} (got {quoted(text)})")
-    return value
-
-
-def positive_number(text: str) -> float:
-    """A finite number > 0 (for argparse ``type=``): nan, inf, 0 and -1 are usage errors."""
-    return _number_argument(text, lambda v: v > 0, "> 0")
-
-
-positive_seconds = positive_number  # intervals, timeouts, speeds
-
-
-def non_negative_number(text: str) -> float:
-    """A finite number >= 0 (for argparse ``type=``)."""
-    return _number_argument(text, lambda v: v >= 0, ">= 0")
-
-
-def fraction(text: str) -> float:
-    """A finite number from 0 to 1 (for argparse ``type=``)."""
-    return _number_argument(text, lambda v: 0 <= v <= 1, "from 0 to 1")
-
-
 def default_config_path() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "kvtop" / "config.toml"
@@ -170,28 +142,45 @@ def default_config_path() -> Path:
 
 @dataclass(slots=True)
 class Config:
+    """The whole file; ``key`` names a field's top-level key where it is not the field's
+    name (None: it comes from the [[targets]] tables)."""
+
     targets: list[Target] = field(default_factory=list)
-    interval_s: float | None = None
+    interval_s: float | None = field(default=None, metadata={"key": "interval"})
     thresholds: dict[str, Any] = field(default_factory=dict)
-    prometheus: dict[str, Any] = field(default_factory=dict)  # the [prometheus] table
-    baselines: dict[str, str] = field(default_factory=dict)  # target URL -> baseline name
+    prometheus: PrometheusTable = field(default_factory=PrometheusTable)
+    baselines: dict[str, str] = field(default_factory=dict,  # target URL -> baseline name
+                                      metadata={"key": None})
     alerts: AlertSettings = field(default_factory=AlertSettings)
-    kv_events: dict[str, KvEventsEndpoint] = field(default_factory=dict)  # target URL -> where
+    kv_events: dict[str, KvEventsEndpoint] = field(default_factory=dict,  # target URL -> where
+                                                   metadata={"key": None})
+
+
+def _keys(table: type) -> tuple[str, ...]:
+    """The keys a table may have: its dataclass's fields, as the file names them."""
+    names = (f.metadata.get("key", f.name) for f in fields(table))
+    return tuple(name for name in names if name is not None)
+
+
+TOP_KEYS = _keys(Config)
+TARGET_KEYS = (*_keys(TargetTable), "kv_events")  # kv_events: a string or a table
+KV_EVENTS_KEYS = ("url", "replay", "ranks", "listen")
+PROMETHEUS_KEYS = _keys(PrometheusTable)
+ALERT_KEYS = _keys(AlertSettings)
 
 
 def _target_from_table(entry: object, where: str) -> Target:
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: each [[targets]] must be a table with url = \"host:port\"")
     check_keys(entry, TARGET_KEYS, where)
-    url = _string(entry, "url", where)
-    if not url:
+    table = TargetTable(**{key: _string(entry, key, where) for key in _keys(TargetTable)})
+    if not table.url:
         raise ConfigError(f"{where}: each [[targets]] needs url = \"host:port\"")
-    name, group = _string(entry, "name", where), _string(entry, "group", where)
     try:
-        token = read_token(_string(entry, "token_env", where), _string(entry, "token_file", where))
-        return Target.from_spec(url, name=name, group=group, token=token)
+        token = read_token(table.token_env, table.token_file)
+        return Target.from_spec(table.url, name=table.name, group=table.group, token=token)
     except TokenError as exc:
-        raise ConfigError(f"{where}: token_file: {exc}") from None
+        raise ConfigError(f"{where}: {exc.field}: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -207,13 +196,15 @@ def load_config(path: Path | None) -> Config:
         return Config()
     where = display_text(path)
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{where}: larger than {MAX_CONFIG_BYTES // 1024} KiB")
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except (UnreadableFile, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: {display_text(exc)}") from None
+    except RecursionError:  # the parser recurses per level: 5,000 levels was exit 70
+        raise ConfigError(f"{where}: nested deeper than a config is "
+                          f"(at most {MAX_CONFIG_DEPTH} levels)") from None
+    if _depth(data) > MAX_CONFIG_DEPTH:
+        raise ConfigError(f"{where}: nested deeper than a config is "
+                          f"(at most {MAX_CONFIG_DEPTH} levels)")
     check_keys(data, TOP_KEYS, where)
     entries = data.get("targets", [])
     if not isinstance(entries, list):
@@ -252,14 +243,25 @@ def _kv_events(value: object, where: str) -> KvEventsEndpoint:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _prometheus_table(data: dict[str, Any], where: str) -> dict[str, Any]:
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+def _prometheus_table(data: dict[str, Any], where: str) -> PrometheusTable:
     table = _table(data.get("prometheus", {}), f"{where}: [prometheus]")
     check_keys(table, PROMETHEUS_KEYS, f"{where} [prometheus]")
-    for key in ("url", "selector", "token_env", "token_file"):
-        _string(table, key, f"{where} [prometheus]")
-    if table.get("backfill_step") is not None:
-        finite_number(table["backfill_step"], f"{where} [prometheus] backfill_step (seconds)")
-    return dict(table)
+    strings = {key: _string(table, key, f"{where} [prometheus]")
+               for key in ("url", "selector", "token_env", "token_file")}
+    step = table.get("backfill_step")
+    if step is not None:
+        step = finite_number(step, f"{where} [prometheus] backfill_step (seconds)")
+    return PrometheusTable(url=strings["url"], selector=strings["selector"] or "",
+                           token_env=strings["token_env"], token_file=strings["token_file"],
+                           backfill_step=step)
 
 
 def alert_settings(table: object, where: str) -> AlertSettings:
@@ -279,45 +281,6 @@ def alert_settings(table: object, where: str) -> AlertSettings:
         if table.get(key) is not None:
             numbers[key] = kind(finite_number(table[key], f"{where}: {key}"))
     return AlertSettings(bell=bell, command=tuple(command), **numbers)
-
-
-def add_target_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
-    if positional:
-        parser.add_argument("targets", nargs="*", metavar="TARGET",
-                            help=f"host:port or http(s) URL of a /metrics endpoint "
-                                 f"(default {DEFAULT_TARGET})")
-    parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="TOML config (default $XDG_CONFIG_HOME/kvtop/config.toml, "
-                             "else ~/.config/kvtop/config.toml)")
-    parser.add_argument("--token-env", metavar="VAR",
-                        help=f"read a bearer token for the command-line targets from this "
-                             f"environment variable (default {DEFAULT_TOKEN_ENV}, if set)")
-    parser.add_argument("--token-file", type=Path, metavar="PATH",
-                        help="read a bearer token for the command-line targets from this file")
-    parser.add_argument("--insecure", action="store_true",
-                        help="do not verify TLS certificates")
-    parser.add_argument("--timeout", type=positive_seconds, metavar="S",
-                        help="per-target request deadline (default: 2x interval, 2-5 s)")
-    parser.add_argument("--full-metrics", action="store_true",
-                        help="read every metric family; by default kvtop asks servers that "
-                             "can filter (vLLM) for only the ~20 it reads")
-
-
-def resolve_targets(args: argparse.Namespace, config: Config) -> list[Target]:
-    """Command-line targets (with the command-line token), else the config's, else default."""
-    if not args.targets:
-        return config.targets or [Target.from_spec(DEFAULT_TARGET)]
-    try:
-        token = read_token(args.token_env or DEFAULT_TOKEN_ENV, args.token_file)
-    except TokenError as exc:
-        raise ConfigError(f"--token-file: {exc}") from None
-    targets = []
-    for spec in args.targets:
-        try:
-            targets.append(Target.from_spec(spec, token=token))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    return list(dict.fromkeys(targets))  # the same server twice is read once
 
 
 def leak_params(config: Config) -> LeakParams:
@@ -343,37 +306,3 @@ def _threshold(key: str, value: object) -> float:
     if key in THRESHOLD_FRACTIONS and number > 1:
         raise ConfigError(f"{what} is a fraction: at most 1 (got {quoted(value)})")
     return number
-
-
-def add_prometheus_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prometheus", metavar="URL",
-                        help="read every vLLM/SGLang server a Prometheus scrapes, through its "
-                             "HTTP API (or [prometheus] url in the config)")
-    parser.add_argument("--selector", metavar="'{LABEL=\"VALUE\",...}'",
-                        help="with --prometheus: only instances whose series match, "
-                             "e.g. '{namespace=\"prod\"}'")
-
-
-def resolve_prometheus(args: argparse.Namespace, config: Config) -> PrometheusSettings | None:
-    """--prometheus (with --selector), else the config's [prometheus] url, else None.
-    Its token comes from the [prometheus] token_env / token_file only."""
-    table = config.prometheus
-    url = getattr(args, "prometheus", None) or table.get("url")
-    if not url:
-        if getattr(args, "selector", None):
-            raise ConfigError("--selector needs --prometheus URL (or [prometheus] url)")
-        return None
-    if getattr(args, "targets", None):
-        raise ConfigError("give either targets or --prometheus, not both")
-    from kvtop.collect.prometheus import load_settings
-
-    selector = getattr(args, "selector", None) or table.get("selector", "")
-    step = table.get("backfill_step")
-    try:
-        token = read_token(table.get("token_env"), table.get("token_file"))
-        return load_settings(str(url), selector=str(selector), token=token,
-                             backfill_step_s=None if step is None else float(step))
-    except TokenError as exc:
-        raise ConfigError(f"[prometheus] token_file: {exc}") from None
-    except ValueError as exc:
-        raise ConfigError(f"prometheus: {display_text(exc)}") from None

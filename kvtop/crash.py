@@ -13,7 +13,7 @@ import tempfile
 import traceback
 
 from kvtop import __version__
-from kvtop.safe_text import display_text
+from kvtop.safe_text import display_text, file_text
 
 
 def write_crash_report(error: BaseException) -> str:
@@ -24,7 +24,8 @@ def write_crash_report(error: BaseException) -> str:
         fd, path = tempfile.mkstemp(prefix="kvtop-crash-", suffix=".txt")
         with os.fdopen(fd, "w", encoding="utf-8") as report:
             report.write(f"kvtop {__version__}, Python {sys.version.split()[0]}\n")
-            report.write("".join(traceback.format_exception(error)))
+            # an exception's message may quote a server: a file a person reads, as safe
+            report.write(file_text("".join(traceback.format_exception(error))))
         where = f"traceback in {path}"
     except OSError as exc:
         where = f"the traceback could not be written: {exc.strerror or exc}"

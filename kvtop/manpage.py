@@ -12,19 +12,8 @@ import sys
 
 from kvtop import __version__
 from kvtop.cli import SUMMARIES, build_app_parser, build_reference_parser
+from kvtop.exits import APP, by_code
 
-EXIT_STATUS = (
-    ("0", "success; check: no leak; rehearse: GO; compare: nothing worse than the baseline"),
-    ("1", "check: a leak was found; rehearse: NO-GO; compare: a regression"),
-    ("2", "usage error (bad option or config) or unreadable input (a recording, a baseline "
-          "cut off, of a newer format or of another model)"),
-    ("3", "snapshot: a target could not be read; check, compare, baseline save: no usable "
-          "data; rehearse: could not run"),
-    ("4", "record: the recording fell short (write errors such as a full disk, --max-size)"),
-    ("70", "internal error, a bug: stderr says where the traceback was written"),
-    ("130", "interrupted (Ctrl-C)"),
-    ("141", "the reader of stdout went away (a closed pipe), as with SIGPIPE"),
-)
 ENVIRONMENT = (
     ("KVTOP_TOKEN", "bearer token for the command-line targets when --token-env is not given"),
     ("XDG_CONFIG_HOME", "where the default config lives: $XDG_CONFIG_HOME/kvtop/config.toml"),
@@ -100,6 +89,21 @@ def _commands(reference: argparse.ArgumentParser) -> list[str]:
     return lines
 
 
+def exit_status() -> list[tuple[int, list[str]]]:
+    """Each code (kvtop.exits) with what it means: for every command, or per command."""
+    return [(code, [meaning if not command else
+                    f"{'the app' if command == APP else command}: {meaning}"
+                    for command, meaning in meanings])
+            for code, meanings in by_code().items()]
+
+
+def _exit_status() -> list[str]:
+    lines = []
+    for code, meanings in exit_status():
+        lines += [".TP", f"\\fB{code}\\fR", "\n.br\n".join(map(roff, meanings))]
+    return lines
+
+
 def render() -> str:
     """The whole page, as roff."""
     app = build_app_parser()
@@ -121,7 +125,7 @@ def render() -> str:
         *_options(app),
         *_commands(build_reference_parser()),
         ".SH EXIT STATUS",
-        *[line for code, text in EXIT_STATUS for line in (".TP", f"\\fB{code}\\fR", roff(text))],
+        *_exit_status(),
         ".SH ENVIRONMENT",
         *[line for name, text in ENVIRONMENT for line in (".TP", f"\\fB{name}\\fR", roff(text))],
         ".SH FILES",

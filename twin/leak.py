@@ -27,6 +27,8 @@ class FreeLeak:
         self.fraction = fraction  # may change while installed (calibrated leaks)
         self.on_leak = on_leak  # told the blocks of each request that leaks
         self.lump_blocks = 0  # a lump: the next finished requests leak until this many blocks
+        # ...only those holding at most this times what the lump still lacks (None: any)
+        self.lump_slack: float | None = None
         self.rng = random.Random(seed)
         self.leaked: list[str] = []  # request ids whose blocks were never freed
         self.ended_blocks = 0  # blocks finished requests held alone (ref_cnt 1) when they ended
@@ -40,7 +42,8 @@ class FreeLeak:
                 held = _blocks_of(manager).get(request.request_id, [])
                 alone = sum(block.ref_cnt == 1 for block in held)
                 leak.ended_blocks += alone
-                if leak.lump_blocks > 0:  # whole requests, so a lump ends a little over
+                fits = leak.lump_slack is None or alone <= leak.lump_slack * leak.lump_blocks
+                if leak.lump_blocks > 0 and fits:  # whole requests: a lump ends a little over
                     leak.lump_blocks = max(0, leak.lump_blocks - alone)
                     leak.leaked.append(request.request_id)
                     leak.told(held)

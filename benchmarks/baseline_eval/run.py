@@ -19,6 +19,7 @@ import time
 from collections import Counter
 
 from benchmarks.baseline_eval.scenarios import CHANGES, HEALTHY, baseline
+from benchmarks.quick import parse_args, quick_option
 from kvtop.baseline.compare import ALPHA, compare
 from kvtop.baseline.model import Baseline
 
@@ -87,7 +88,8 @@ def main() -> None:
     parser.add_argument("--detect-seeds", type=int, default=5)
     parser.add_argument("--minutes", type=float, default=HEALTHY.minutes,
                         help="length of every run (default 20, kvtop's default duration)")
-    args = parser.parse_args()
+    quick_option(parser, runs=2, detect_seeds=1, minutes=3.0)
+    args = parse_args(parser)
     false_alarms(args.runs, args.minutes)
     detection(args.detect_seeds, args.minutes)
 

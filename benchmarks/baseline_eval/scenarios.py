@@ -17,6 +17,7 @@ from pathlib import Path
 
 from kvtop.baseline.collect import Collector
 from kvtop.baseline.model import Baseline
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.sim.engine import EngineConfig, StepCost
 from kvtop.sim.exposition import Names, render
@@ -80,8 +81,8 @@ def scrapes(spec: RunSpec) -> Iterator[Scrape]:
     while t < WARMUP_S + spec.minutes * 60:
         t += spec.interval_s
         sim.advance_to(t)
-        yield Scrape(target, EPOCH + t,
-                     body=render(sim.engine, model_name=MODEL, names=spec.names))
+        yield read_scrape(Scrape(target, EPOCH + t,
+                     body=render(sim.engine, model_name=MODEL, names=spec.names)))
 
 
 def baseline(spec: RunSpec, name: str | None = None) -> Baseline:

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.leak_eval.run import SCENARIOS
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape
 from kvtop.derive.worst import CheckRun
 from kvtop.store.recording import read_recording
@@ -41,7 +42,7 @@ def delays(path: Path, lumps: list[tuple[float, float]]) -> tuple[float | None, 
     for scrape in scrapes:
         extra = sum(frac for at, frac in lumps if scrape.t >= t0 + at * 60)  # of the pool
         body = with_lump(scrape.body or "", extra) if extra else scrape.body
-        run.feed(Scrape(scrape.target, scrape.t, body=body, version=scrape.version))
+        run.feed(read_scrape(Scrape(scrape.target, scrape.t, body=body, version=scrape.version)))
         state = run.trackers[scrape.target.url].state.engines[0].leak
         after = (scrape.t - t0) / 60 - first
         if after >= 0 and state is not None:

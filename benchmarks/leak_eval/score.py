@@ -113,7 +113,7 @@ def score(name: str, recording: Path, truth: dict[str, Any]) -> Score:
     result = Score(name, truth["leak_start_t"], "unknown")
     run, threshold, trend = CheckRun(), ThresholdRule(), TrendRule()
     state_before, idle, counted, last_preempt = "ok", 0, 0, 0.0
-    for scrape in sorted(rec.scrapes, key=lambda s: s.t):
+    for scrape in rec.in_time_order():
         run.feed(scrape)
         engines = run.trackers[scrape.target.url].state.engines
         if not engines or engines[0].leak is None:

@@ -9,11 +9,14 @@ process-global Prometheus collectors.
 Time is step-indexed (`step_s` simulated seconds per engine step). Requests arrive as a
 Poisson process in that time, continuously or in bursts with idle gaps; while nothing is
 running or waiting the engine does not step (like vLLM's idle engine core) and the clock
-jumps to the next arrival. Every `interval_s` one line goes to OUT: the `/metrics` text that
-vLLM's own PrometheusStatLogger exposes, plus the ground truth. The leak is twin/leak.py's:
-`KVCacheManager.free` skips a fraction of finished requests, calibrated at `leak_at_s` from
-the requests finished so far so that the pool would fill in `leak_fill_h` hours; or, at each
-of `lumps` ([simulated s, blocks]), every finished request leaks until that many blocks have.
+jumps to the next arrival. A spec may instead list its requests (`requests`: [arrival s,
+prompt tokens, max tokens, system prompt index or -1]), for the never-idle benchmark's
+mixes of conversations and long background jobs (`never_idle.py`). Every `interval_s` one
+line goes to OUT: the `/metrics` text that vLLM's own PrometheusStatLogger exposes, plus the
+ground truth. The leak is twin/leak.py's: `KVCacheManager.free` skips a fraction of finished
+requests, calibrated at `leak_at_s` from the requests finished so far so that the pool would
+fill in `leak_fill_h` hours; or, at each of `lumps` ([simulated s, blocks]), every finished
+request leaks until that many blocks have.
 """
 
 from __future__ import annotations
@@ -52,27 +55,44 @@ def request(rng: random.Random, systems: list[list[int]], shared_frac: float
     return prompt, rng.randint(16, 256)
 
 
+def listed(entry: list[Any], rng: random.Random, systems: list[list[int]]
+           ) -> tuple[list[int], int]:
+    """One of the spec's own requests ([arrival, prompt tokens, max tokens, system prompt
+    index or -1]) as (prompt, max tokens), with random token ids after the system prompt."""
+    _, prompt_len, max_tokens, group = entry
+    prefix = systems[group] if group >= 0 else []
+    suffix = max(1, prompt_len - len(prefix))
+    return prefix + [rng.randrange(FIRST_TEXT_TOKEN_ID, VOCAB_SIZE)
+                     for _ in range(suffix)], max_tokens
+
+
 def run(spec: dict[str, Any], out: Any) -> None:
     rng = random.Random(spec["seed"])
     twin = SchedulerTwin(num_blocks=spec["blocks"], max_num_seqs=spec["max_num_seqs"],
+                         max_num_batched_tokens=spec.get("max_num_batched_tokens", 1024),
                          seed=spec["seed"])
     leak = FreeLeak(seed=spec["seed"] + 1).install()
-    systems = [[rng.randrange(FIRST_TEXT_TOKEN_ID, VOCAB_SIZE) for _ in range(256)]
-               for _ in range(2)]
-    pending = arrivals(spec, rng)
+    leak.lump_slack = spec.get("lump_slack")
+    systems = [[rng.randrange(FIRST_TEXT_TOKEN_ID, VOCAB_SIZE)
+                for _ in range(spec.get("system_len", 256))] for _ in range(2)]
+    queue = spec.get("requests") or [[t] for t in arrivals(spec, rng)]
+    arrived = 0
     step_s, interval = spec["step_s"], spec["interval_s"]
     t = next_scrape = 0.0
     mark: tuple[float, int] | None = None
     lumps = sorted(spec.get("lumps", []))  # [simulated s, blocks]: whole requests leak at once
     while t < spec["duration_s"]:
-        while pending and pending[0] <= t:
-            twin.add_request(*request(rng, systems, spec.get("shared_frac", 0.5)))
-            pending.pop(0)
+        while arrived < len(queue) and queue[arrived][0] <= t:
+            entry = queue[arrived]
+            twin.add_request(*(listed(entry, rng, systems) if len(entry) > 1
+                               else request(rng, systems, spec.get("shared_frac", 0.5))))
+            arrived += 1
         if twin.has_work():
             twin.step()
             t += step_s
         else:  # an idle engine does not step; jump to the next arrival or scrape
-            t = max(t, min(pending[0] if pending else math.inf, next_scrape))
+            upcoming = queue[arrived][0] if arrived < len(queue) else math.inf
+            t = max(t, min(upcoming, next_scrape))
         if mark is None and t >= spec["warmup_s"]:
             mark = (t, leak.ended_blocks)
         if spec.get("leak_fill_h") and leak.fraction == 0 and t >= spec["leak_at_s"] and mark:

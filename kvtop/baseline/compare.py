@@ -36,6 +36,7 @@ from kvtop.baseline.model import (
 )
 from kvtop.baseline.stats import mann_whitney
 from kvtop.contract import json_number
+from kvtop.exits import EXIT_NO_DATA, EXIT_OK, EXIT_WORSE
 
 ALPHA = 0.01
 NOISE_Z = 2.576  # two-sided 1 %, as ALPHA
@@ -43,7 +44,6 @@ DESIGN_EFFECT = 3.0
 MIN_VALUES = 3
 COMPARE_VERSION = 1
 Verdict = Literal["better", "same", "worse", "higher", "lower", "unknown"]
-EXIT_SAME, EXIT_WORSE, EXIT_USAGE, EXIT_NO_DATA = 0, 1, 2, 3
 CONFIG_LABELS: dict[str, str] = {
     "kind": "server", "version": "server version", "num_gpu_blocks": "KV blocks (num_gpu_blocks)",
     "blocks_total": "usable KV blocks", "kv_tokens_total": "KV capacity (tokens)",
@@ -249,7 +249,7 @@ class Comparison:
         verdict = self.verdict
         if verdict == "worse":
             return EXIT_WORSE
-        return EXIT_NO_DATA if verdict == "unknown" else EXIT_SAME
+        return EXIT_NO_DATA if verdict == "unknown" else EXIT_OK
 
     def all_config_changes(self) -> list[dict[str, Any]]:
         changes = [{"target": e.target, "model": e.model, "engine": e.engine, **c.to_json()}

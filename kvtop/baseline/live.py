@@ -1,4 +1,4 @@
-"""A live run for ``kvtop baseline save`` and ``kvtop compare``: poll the targets for the
+"""A live run for ``kvtop baseline save`` and ``kvtop compare``: watch the targets for the
 duration through the app's poller, read the local GPUs, and (with ``--probe``) send the
 fixed request to each server a few times, spread over the run.
 
@@ -18,9 +18,10 @@ import aiohttp
 from kvtop.baseline.collect import Collector
 from kvtop.baseline.probe import Prober, ProbeSettings
 from kvtop.collect.clock import stop_event
+from kvtop.collect.live import DirectSource
 from kvtop.collect.nvml import GpuReader, NvmlUnavailable
-from kvtop.collect.poller import Poller
 from kvtop.collect.target import Scrape, Target
+from kvtop.collect.watch import watch
 from kvtop.derive.leak import LeakParams
 from kvtop.load.driver import RunClock
 from kvtop.load.openai_client import NotOpenAI, make_session
@@ -69,11 +70,11 @@ async def collect_live(settings: LiveSettings, gpu_reader: GpuReader | None) -> 
         if gpu_reader is not None:
             tasks.append(asyncio.create_task(_gpus(gpu_reader, collector, clock, settings,
                                                    stop)))
-        try:
-            async with Poller(settings.targets, interval_s=clock.wall(settings.interval_s),
+        source = DirectSource(settings.targets, interval_s=clock.wall(settings.interval_s),
                               timeout_s=settings.timeout_s, insecure=settings.insecure,
-                              narrow=not settings.full_metrics) as poller:
-                await poller.run(on_scrape, stop=stop)
+                              narrow=not settings.full_metrics)
+        try:
+            await watch(source.live(), on_scrape, stop=stop)
         finally:
             stop.set()
             for task in tasks if interrupted.is_set() else tasks[:1]:

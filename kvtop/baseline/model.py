@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtop.contract import json_number
+from kvtop.safe_text import json_text
 
 FORMAT, VERSION = "kvtop-baseline", 1
 ConfigValue = str | int | float | bool | None
@@ -126,7 +127,7 @@ class Baseline:
 
     def dumps(self) -> str:
         """The file's text: compact (``kvtop baseline show --json`` pretty-prints it)."""
-        return json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False) + "\n"
+        return json_text(self.to_json(), separators=(",", ":"), allow_nan=False) + "\n"
 
 
 def _engine_json(engine: EngineSummary) -> dict[str, Any]:

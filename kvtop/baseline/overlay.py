@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from kvtop.baseline import store
 from kvtop.baseline.compare import match_engine
 from kvtop.baseline.figures import SPECS, FigureSpec
-from kvtop.baseline.model import Baseline
+from kvtop.baseline.model import Baseline, BaselineError
 from kvtop.collect.reading import EngineReading, Histogram
+from kvtop.config import ConfigError
 from kvtop.derive.quantiles import bucket_delta, quantile
 from kvtop.derive.samples import percentile
 from kvtop.derive.stats import EngineStats
@@ -107,6 +108,19 @@ class _Window:
         if not buckets or buckets[-1][1] <= 0:
             return None
         return quantile(0.99, buckets)
+
+
+def baseline_overlay(default: str | None,
+                     per_target: dict[str, str]) -> BaselineOverlay | None:
+    """The baselines the app draws: ``default`` (--baseline) for every target, the config's
+    per target; None when there are none. ConfigError, before the app starts, when one can't
+    be read."""
+    if default is None and not per_target:
+        return None
+    try:
+        return BaselineOverlay.load(per_target, default)
+    except BaselineError as exc:
+        raise ConfigError(f"baseline: {exc}") from None
 
 
 class BaselineOverlay:

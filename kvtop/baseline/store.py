@@ -10,9 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtop.baseline.model import Baseline, BaselineError, loads
+from kvtop.files import UnreadableFile, read_regular
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-MAX_BYTES = 64 * 2**20  # a baseline of hundreds of engines over days is a few MB
+# A baseline holds ~20 figures per engine, each a value per minute of the run: 100 engines
+# over a day is ~3 million values, ~25 MB. Past either bound a file is refused before it is
+# parsed: 57 MB of numbers once took 2.4 GB and 62 s to read.
+MAX_BYTES = 32 * 2**20
+MAX_VALUES = 4_000_000
 
 
 def baselines_dir() -> Path:
@@ -46,15 +51,15 @@ def load(spec: str) -> Baseline:
     """Read baseline ``spec``; BaselineError says why it can't be used."""
     path = baseline_path(spec)
     try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        hint = "" if is_path(spec) else " (kvtop baseline list shows the saved ones)"
-        raise BaselineError(f"no baseline {spec!r} at {path}{hint}") from None
-    except OSError as exc:
-        raise BaselineError(f"{path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise BaselineError(f"{path}: over {MAX_BYTES // 2**20} MB, not a kvtop baseline")
+        raw = read_regular(path, MAX_BYTES)
+    except UnreadableFile as exc:
+        if exc.missing:
+            hint = "" if is_path(spec) else " (kvtop baseline list shows the saved ones)"
+            raise BaselineError(f"no baseline {spec!r} at {path}{hint}") from None
+        raise BaselineError(f"{path}: {exc}, not a kvtop baseline") from None
+    values = raw.count(b",") + 1  # a bound on the values JSON holds, counted in C
+    if values > MAX_VALUES:
+        raise BaselineError(f"{path}: over {MAX_VALUES:,} values, not a kvtop baseline")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -8,7 +8,9 @@ Built for a monitor that reads a 50 KB scrape every second from many servers:
 * Label blocks repeat verbatim between scrapes, so parsed label dicts are cached by their
   raw text. The dicts are shared: treat ``Sample.labels`` as read-only.
 * A malformed line is reported in ``Exposition.errors`` and skipped; the rest is kept.
-  So is a series written twice (both copies are left out: which one is true is unknown).
+  So is a series written twice (both copies are left out: which one is true is unknown),
+  unless every copy has a timestamp (OpenMetrics: points of one series at several times;
+  the newest is read).
   No input raises.
 * Time and memory are linear in the body and bounded: a body of more than ``MAX_LINES``
   lines, with more than ``MAX_WANTED_LINES`` lines to read or more than ``MAX_ERRORS``
@@ -367,6 +369,13 @@ class _Reader:
         samples = self.out.samples
         first = self.seen.setdefault(key, len(samples))
         if first != len(samples):
+            kept = samples[first]
+            if (sample.timestamp is not None and kept.timestamp is not None
+                    and first not in self.twice):
+                # OpenMetrics: one series, points at several times; the newest is now
+                if sample.timestamp >= kept.timestamp:
+                    samples[first] = sample
+                return None
             self.twice.add(first)
             return "series written twice: every copy left out"
         samples.append(sample)

@@ -15,6 +15,20 @@ GpuSource = Literal["nvml", "dcgm", "nvidia_gpu_exporter"]
 MIB = 2**20
 
 
+# GPUs one exporter may report: a node holds 8 or 16, each split in at most 7 MIG instances;
+# an exporter naming more (1,000 new ones a scrape) is broken or hostile, and the first
+# ones (in its order) are kept.
+MAX_GPUS_PER_EXPORTER = 256
+
+
+def over_cap_note(kind: str, found: int) -> list[str]:
+    """The note of an exporter that named more GPUs than kvtop keeps."""
+    if found <= MAX_GPUS_PER_EXPORTER:
+        return []
+    return [f"{kind}: {found:,} GPUs; the first {MAX_GPUS_PER_EXPORTER} are shown "
+            "(more is not one node's)"]
+
+
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     pid: int

@@ -1,5 +1,24 @@
-"""HTTP for kvtop's readers: one aiohttp session per event loop, bodies read under a size
-cap, and every failure turned into a (kind, readable reason) pair.
+"""HTTP for kvtop's readers: one aiohttp session per event loop, one scrape of a
+``/metrics`` (:func:`scrape`, which never raises) and of ``/version``, bodies read under a
+size cap, and every failure turned into a (kind, readable reason) pair, as follows
+(``Scrape.failure``):
+
+==============  ===========================================================================
+``down``        connection refused, DNS failure, reset or closed before any answer, TLS
+                failure, HTTP 5xx except 501 (the status and the server's message are in
+                ``error``)
+``timeout``     no complete answer within ``timeout_s`` (a total deadline: a server
+                dribbling bytes times out as surely as one that never answers)
+``auth``        HTTP 401 / 403, with a hint on where the token goes
+``bad_payload`` an answer that is not a usable exposition: 404 or 501 (no metrics there),
+                other 4xx, a redirect loop, a body over ``max_bytes`` (decoded size, so a
+                gzip bomb is caught), a body cut short, empty, HTML, binary, not UTF-8, not
+                starting like Prometheus text, or refused by the parser and adapters (over
+                their limits, or a value no KV pool can have: ``ServerReading.refused``)
+==============  ===========================================================================
+
+The poller (kvtop/collect/poller.py) decides when to scrape; this module what one scrape
+says.
 
 aiohttp directly rather than httpx: with hundreds of targets a second, the client is most of
 a monitor's CPU, and httpx's layers (even over its aiohttp transport) cost ~0.5 ms more per
@@ -11,21 +30,28 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import logging
 import os
+import re
 import socket
 import ssl
 import sys
+import time
 import zlib
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import certifi
 from yarl import URL  # aiohttp's own URL type
 
 from kvtop import __version__
-from kvtop.collect.target import FailureKind
+from kvtop.collect.target import FailureKind, Scrape, Target
+from kvtop.safe_text import mask, mask_bytes
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Keep-alive shorter than uvicorn's 5 s, so kvtop never reuses a socket the server is closing.
@@ -33,6 +59,32 @@ KEEPALIVE_S = 4.0
 # aiohttp refuses the redirect that reaches this count: two are followed (some vLLM builds
 # answered /metrics with 307 /metrics/)
 MAX_REDIRECTS = 3
+GZIP_MAGIC = b"\x1f\x8b"
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+VERSION_TIMEOUT_S = 2.0
+VERSION_MAX_BYTES = 64 * 1024
+ERROR_SNIPPET_BYTES = 2048
+
+HINT_401_NO_TOKEN = (
+    "HTTP 401: the server wants a bearer token; set it with token_env/token_file in the "
+    "config or --token-env/--token-file (llama.cpp's --api-key also guards /metrics)"
+)
+HINT_401_TOKEN = (
+    "HTTP 401: the server refused the bearer token; check the value behind "
+    "token_env/token_file or --token-env/--token-file (for llama.cpp, its --api-key)"
+)
+HINT_403 = (
+    "HTTP 403: forbidden; the token lacks access to /metrics, or a proxy in front of "
+    "the server blocks it"
+)
+HINT_404 = (
+    "HTTP 404: no /metrics here; is this an inference server? (vLLM serves it by default; "
+    "SGLang needs --enable-metrics, llama.cpp --metrics)"
+)
+HINT_501 = "HTTP 501: metrics are switched off (llama.cpp: start llama-server with --metrics)"
+
+_TEXT_START = re.compile(rb"\s*[#A-Za-z_:]")
+_HTML_TITLE = re.compile(r"<title>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 
 
 class Failed(Exception):
@@ -92,18 +144,32 @@ async def read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> bytea
     decoder = _decoder(encoding)
     buf = bytearray()
     async for chunk in response.content.iter_any():
-        if decoder is not None:
+        while decoder is not None and chunk:
             # max_length bounds the output of one chunk: a bomb never inflates past the cap.
             try:
-                chunk = decoder.decompress(chunk, max_bytes - len(buf) + 1)
+                buf += decoder.decompress(chunk, max_bytes - len(buf) + 1)
             except zlib.error as exc:
                 raise Failed("bad_payload", _undecodable(encoding, exc)) from None
-        buf += chunk
+            chunk = b""
+            if decoder.eof and decoder.unused_data[:2] == GZIP_MAGIC:  # another member
+                chunk, decoder = decoder.unused_data, _next_member(encoding)
+            if len(buf) > max_bytes:
+                break
+        if decoder is None:
+            buf += chunk
         if len(buf) > max_bytes:
             raise Failed("bad_payload", over_cap(max_bytes, "the body"))
     if decoder is not None and not decoder.eof:
         raise Failed("bad_payload", "response cut short: the compressed body ended early")
     return buf
+
+
+def _next_member(encoding: str) -> Any:
+    """The decoder of the next gzip member (RFC 1952: a body may hold several, and ``gzip
+    -d`` reads them all; the second was once dropped without a word). Deflate has none."""
+    if encoding.strip().lower() == "deflate":
+        raise Failed("bad_payload", "corrupt deflate data (data after the end of the stream)")
+    return zlib.decompressobj(16 + zlib.MAX_WBITS)
 
 
 def _decoder(encoding: str) -> Any:
@@ -130,6 +196,171 @@ def _undecodable(encoding: str, exc: zlib.error) -> str:
 
 def over_cap(max_bytes: int, what: str) -> str:
     return f"{what} is over the {max_bytes:,}-byte size cap; dropped (raise the cap if it is real)"
+
+
+# ---------------------------------------------------------------------------- one scrape
+
+
+async def scrape(
+    session: aiohttp.ClientSession,
+    target: Target,
+    *,
+    timeout_s: float,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    url: str | None = None,
+) -> Scrape:
+    """One GET of ``url`` (default ``target.url``); every outcome, good or bad, is a Scrape
+    (never raises)."""
+    started_wall, started = time.time(), time.perf_counter()
+    result = Scrape(target=target, t=started_wall)
+    try:
+        result.body = await within(timeout_s, _fetch(session, target, url, max_bytes))
+    except Failed as failed:
+        result.failure, result.error = failed.kind, failed.message
+    except Exception as exc:
+        result.failure, result.error = classify_exception(exc, timeout_s)
+        result.connected = not isinstance(exc, aiohttp.ClientConnectorError)
+        log.debug("scrape of %s failed", target.label, exc_info=True)
+    result.duration_s = time.perf_counter() - started
+    if result.error:  # answers were masked before quoting; this catches the rest
+        result.error = mask(result.error, target.token)
+    return result
+
+
+def _token(target: Target) -> str | None:
+    return target.token.reveal() if target.token is not None else None
+
+
+async def _fetch(
+    session: aiohttp.ClientSession, target: Target, url: str | None, max_bytes: int
+) -> str:
+    async with session.get(
+        parsed_url(url or target.url), headers=bearer(_token(target)),
+        max_redirects=MAX_REDIRECTS,
+    ) as response:
+        if not 200 <= response.status < 300:
+            raise await _status_failure(response, target)
+        declared = response.content_length
+        if declared is not None and declared > max_bytes:
+            raise Failed("bad_payload", over_cap(max_bytes, f"Content-Length {declared:,}"))
+        # A server or proxy may echo the Authorization header: masked before the body is
+        # quoted, parsed, shown, recorded or written to a snapshot.
+        data = mask_bytes(await _read_body(response, max_bytes), target.token)
+    return _decode_text(data, response.headers.get("Content-Type", ""))
+
+
+async def _read_body(response: aiohttp.ClientResponse, max_bytes: int) -> bytearray:
+    """The body within the cap; a connection lost mid-body is a bad payload, not 'down'."""
+    try:
+        return await read_capped(response, max_bytes)
+    except (Failed, asyncio.TimeoutError, TimeoutError):
+        raise
+    except Exception as exc:
+        raise Failed("bad_payload", "response cut short: the connection closed mid-body") from exc
+
+
+def _decode_text(data: bytearray, content_type: str) -> str:
+    if not data or data.isspace():
+        raise Failed("bad_payload", "empty body: the server answered with no metrics")
+    if "html" in content_type.lower() or data[:64].lstrip()[:1] == b"<":
+        raise Failed(
+            "bad_payload", "an HTML page, not metrics (a login page, proxy or web UI at this URL?)"
+        )
+    if b"\x00" in data:
+        raise Failed("bad_payload", "binary data, not Prometheus text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Failed("bad_payload", f"not UTF-8 text (bad byte at offset {exc.start:,})") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if not _TEXT_START.match(data, 3 if data.startswith(b"\xef\xbb\xbf") else 0):
+        first = text.lstrip()[:40]
+        raise Failed("bad_payload", f"not Prometheus text: it starts with {first!r}")
+    return text
+
+
+# ---------------------------------------------------------------------------- HTTP status
+
+
+async def _status_failure(response: aiohttp.ClientResponse, target: Target) -> Failed:
+    status = response.status
+    if status == 401:
+        return Failed("auth", HINT_401_TOKEN if target.token is not None else HINT_401_NO_TOKEN)
+    if status == 403:
+        return Failed("auth", HINT_403)
+    if status == 404:
+        return Failed("bad_payload", HINT_404)
+    said = await _server_message(response, target)
+    if status == 501:
+        return Failed("bad_payload", f"{HINT_501}{said}")
+    if status >= 500:
+        return Failed("down", f"HTTP {status}: the server is failing or not ready{said}")
+    if 300 <= status < 400:
+        return Failed("bad_payload", f"HTTP {status}: a redirect kvtop could not follow{said}")
+    return Failed("bad_payload", f"HTTP {status}: not a metrics answer{said}")
+
+
+async def _server_message(response: aiohttp.ClientResponse, target: Target) -> str:
+    """A short quote of an error body (JSON message, HTML title or first text), or ''.
+    Masked first, cut after: a token that straddled the cut would leak its first part."""
+    try:
+        raw = await read_capped(response, ERROR_SNIPPET_BYTES)
+    except Exception:  # too long or broken: the status alone will do
+        return ""
+    text = mask(raw.decode("utf-8", errors="replace").strip(), target.token)
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):  # {"error": {"message": why}}, {"detail": why}, {"error": why}
+        error = parsed.get("error")
+        inner = error if isinstance(error, dict) else parsed
+        for key in ("message", "detail", "error"):
+            value = inner.get(key)
+            if isinstance(value, str):
+                text = value
+                break
+    elif match := _HTML_TITLE.search(text):
+        text = match.group(1)
+    text = mask(" ".join(text.split()), target.token)[:120]
+    return f" ({text})" if text and text.isprintable() else ""
+
+
+# ---------------------------------------------------------------------------- /version
+
+
+def version_url(target: Target) -> str:
+    """``/version`` next to ``/metrics`` (so a path prefix behind a proxy is kept)."""
+    parts = urlsplit(target.url)
+    if parts.path.endswith("/metrics"):
+        path = parts.path[: -len("/metrics")] + "/version"
+        return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+    return target.base_url + "/version"
+
+
+async def read_version(
+    session: aiohttp.ClientSession, target: Target, *, timeout_s: float = VERSION_TIMEOUT_S
+) -> str | None:
+    """The server's version from ``GET /version`` (vLLM: ``{"version": "0.x.y"}``), or None
+    when it has no such route or answers anything else."""
+    try:
+        data = await within(timeout_s, _fetch_version(session, target))
+        parsed = json.loads(data)
+    except Exception:
+        return None
+    value = parsed.get("version") if isinstance(parsed, dict) else None
+    if not isinstance(value, str) or not value.strip() or not value.isprintable():
+        return None
+    return mask(value.strip(), target.token)[:64]  # masked before it is cut
+
+
+async def _fetch_version(session: aiohttp.ClientSession, target: Target) -> bytes:
+    url = version_url(target)
+    async with session.get(url, headers=bearer(_token(target)), max_redirects=MAX_REDIRECTS) as r:
+        if r.status != 200:
+            return b""
+        return bytes(await read_capped(r, VERSION_MAX_BYTES))
 
 
 # ---------------------------------------------------------------------------- exceptions

@@ -1,21 +1,7 @@
 """Read many servers' ``/metrics`` at once: one shared aiohttp session, one task per target.
 
 Every attempt becomes a :class:`~kvtop.collect.target.Scrape`; nothing here raises on a bad
-server. Failures are classified as follows (``Scrape.failure``):
-
-==============  ===========================================================================
-``down``        connection refused, DNS failure, reset or closed before any answer, TLS
-                failure, HTTP 5xx except 501 (the status and the server's message are in
-                ``error``)
-``timeout``     no complete answer within ``timeout_s`` (a total deadline: a server
-                dribbling bytes times out as surely as one that never answers)
-``auth``        HTTP 401 / 403, with a hint on where the token goes
-``bad_payload`` an answer that is not a usable exposition: 404 or 501 (no metrics there),
-                other 4xx, a redirect loop, a body over ``max_bytes`` (decoded size, so a
-                gzip bomb is caught), a body cut short, empty, HTML, binary, not UTF-8, not
-                starting like Prometheus text, or refused by the parser and adapters (over
-                their limits, or a value no KV pool can have: ``ServerReading.refused``)
-==============  ===========================================================================
+server (:mod:`kvtop.collect.http` classifies each failure: ``Scrape.failure``).
 
 A good body is read (parsed and adapted) by the poller, and handed on as
 ``Scrape.reading``: one over ``OFF_LOOP_CHARS`` in a worker thread, so a big or hostile body
@@ -59,232 +45,35 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import inspect
-import json
 import logging
 import random
-import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import aiohttp
 
-from kvtop.collect.adapters import WANTED, names_for, read_exposition
+from kvtop.collect.adapters import WANTED, names_for
 from kvtop.collect.http import (
-    MAX_REDIRECTS,
-    Failed,
-    bearer,
-    classify_exception,
+    DEFAULT_MAX_BYTES,
+    VERSION_TIMEOUT_S,
     make_session,
-    over_cap,
-    parsed_url,
-    read_capped,
+    read_version,
+    scrape,
     within,
 )
-from kvtop.collect.reading import ServerReading
-from kvtop.collect.target import Scrape, Target, redact, redact_bytes
+from kvtop.collect.source import OnScrape, deliver, read_scrape
+from kvtop.collect.target import Scrape, Target
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 1.0
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_BACKOFF_S = 30.0
-VERSION_TIMEOUT_S = 2.0
-VERSION_MAX_BYTES = 64 * 1024
 OFF_LOOP_CHARS = 64 * 1024  # bodies longer than this are read in a worker thread
 READ_SHARE = 10  # the next read of a target waits at least this many times its last read
-ERROR_SNIPPET_BYTES = 2048
 MIN_INTERVAL_S = 0.05
 MAX_IN_FLIGHT = 128
-
-HINT_401_NO_TOKEN = (
-    "HTTP 401: the server wants a bearer token; set it with token_env/token_file in the "
-    "config or --token-env/--token-file (llama.cpp's --api-key also guards /metrics)"
-)
-HINT_401_TOKEN = (
-    "HTTP 401: the server refused the bearer token; check the value behind "
-    "token_env/token_file or --token-env/--token-file (for llama.cpp, its --api-key)"
-)
-HINT_403 = (
-    "HTTP 403: forbidden; the token lacks access to /metrics, or a proxy in front of "
-    "the server blocks it"
-)
-HINT_404 = (
-    "HTTP 404: no /metrics here; is this an inference server? (vLLM serves it by default; "
-    "SGLang needs --enable-metrics, llama.cpp --metrics)"
-)
-HINT_501 = "HTTP 501: metrics are switched off (llama.cpp: start llama-server with --metrics)"
-
-_TEXT_START = re.compile(rb"\s*[#A-Za-z_:]")
-_HTML_TITLE = re.compile(r"<title>(.*?)</title>", re.IGNORECASE | re.DOTALL)
-
-
-# ---------------------------------------------------------------------------- one scrape
-
-
-async def scrape(
-    session: aiohttp.ClientSession,
-    target: Target,
-    *,
-    timeout_s: float,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    url: str | None = None,
-) -> Scrape:
-    """One GET of ``url`` (default ``target.url``); every outcome, good or bad, is a Scrape
-    (never raises)."""
-    started_wall, started = time.time(), time.perf_counter()
-    result = Scrape(target=target, t=started_wall)
-    try:
-        result.body = await within(timeout_s, _fetch(session, target, url, max_bytes))
-    except Failed as failed:
-        result.failure, result.error = failed.kind, failed.message
-    except Exception as exc:
-        result.failure, result.error = classify_exception(exc, timeout_s)
-        result.connected = not isinstance(exc, aiohttp.ClientConnectorError)
-        log.debug("scrape of %s failed", target.label, exc_info=True)
-    result.duration_s = time.perf_counter() - started
-    if result.error:  # answers were masked before quoting; this catches the rest
-        result.error = redact(result.error, target.token)
-    return result
-
-
-def _token(target: Target) -> str | None:
-    return target.token.reveal() if target.token is not None else None
-
-
-async def _fetch(
-    session: aiohttp.ClientSession, target: Target, url: str | None, max_bytes: int
-) -> str:
-    async with session.get(
-        parsed_url(url or target.url), headers=bearer(_token(target)),
-        max_redirects=MAX_REDIRECTS,
-    ) as response:
-        if not 200 <= response.status < 300:
-            raise await _status_failure(response, target)
-        declared = response.content_length
-        if declared is not None and declared > max_bytes:
-            raise Failed("bad_payload", over_cap(max_bytes, f"Content-Length {declared:,}"))
-        # A server or proxy may echo the Authorization header: masked before the body is
-        # quoted, parsed, shown, recorded or written to a snapshot.
-        data = redact_bytes(await _read_body(response, max_bytes), target.token)
-    return _decode_text(data, response.headers.get("Content-Type", ""))
-
-
-async def _read_body(response: aiohttp.ClientResponse, max_bytes: int) -> bytearray:
-    """The body within the cap; a connection lost mid-body is a bad payload, not 'down'."""
-    try:
-        return await read_capped(response, max_bytes)
-    except (Failed, asyncio.TimeoutError, TimeoutError):
-        raise
-    except Exception as exc:
-        raise Failed("bad_payload", "response cut short: the connection closed mid-body") from exc
-
-
-def _decode_text(data: bytearray, content_type: str) -> str:
-    if not data or data.isspace():
-        raise Failed("bad_payload", "empty body: the server answered with no metrics")
-    if "html" in content_type.lower() or data[:64].lstrip()[:1] == b"<":
-        raise Failed(
-            "bad_payload", "an HTML page, not metrics (a login page, proxy or web UI at this URL?)"
-        )
-    if b"\x00" in data:
-        raise Failed("bad_payload", "binary data, not Prometheus text")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Failed("bad_payload", f"not UTF-8 text (bad byte at offset {exc.start:,})") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    if not _TEXT_START.match(data, 3 if data.startswith(b"\xef\xbb\xbf") else 0):
-        first = text.lstrip()[:40]
-        raise Failed("bad_payload", f"not Prometheus text: it starts with {first!r}")
-    return text
-
-
-# ---------------------------------------------------------------------------- HTTP status
-
-
-async def _status_failure(response: aiohttp.ClientResponse, target: Target) -> Failed:
-    status = response.status
-    if status == 401:
-        return Failed("auth", HINT_401_TOKEN if target.token is not None else HINT_401_NO_TOKEN)
-    if status == 403:
-        return Failed("auth", HINT_403)
-    if status == 404:
-        return Failed("bad_payload", HINT_404)
-    said = await _server_message(response, target)
-    if status == 501:
-        return Failed("bad_payload", f"{HINT_501}{said}")
-    if status >= 500:
-        return Failed("down", f"HTTP {status}: the server is failing or not ready{said}")
-    if 300 <= status < 400:
-        return Failed("bad_payload", f"HTTP {status}: a redirect kvtop could not follow{said}")
-    return Failed("bad_payload", f"HTTP {status}: not a metrics answer{said}")
-
-
-async def _server_message(response: aiohttp.ClientResponse, target: Target) -> str:
-    """A short quote of an error body (JSON message, HTML title or first text), or ''.
-    Masked first, cut after: a token that straddled the cut would leak its first part."""
-    try:
-        raw = await read_capped(response, ERROR_SNIPPET_BYTES)
-    except Exception:  # too long or broken: the status alone will do
-        return ""
-    text = redact(raw.decode("utf-8", errors="replace").strip(), target.token)
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):  # {"error": {"message": why}}, {"detail": why}, {"error": why}
-        error = parsed.get("error")
-        inner = error if isinstance(error, dict) else parsed
-        for key in ("message", "detail", "error"):
-            value = inner.get(key)
-            if isinstance(value, str):
-                text = value
-                break
-    elif match := _HTML_TITLE.search(text):
-        text = match.group(1)
-    text = redact(" ".join(text.split()), target.token)[:120]
-    return f" ({text})" if text and text.isprintable() else ""
-
-
-# ---------------------------------------------------------------------------- /version
-
-
-def version_url(target: Target) -> str:
-    """``/version`` next to ``/metrics`` (so a path prefix behind a proxy is kept)."""
-    parts = urlsplit(target.url)
-    if parts.path.endswith("/metrics"):
-        path = parts.path[: -len("/metrics")] + "/version"
-        return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-    return target.base_url + "/version"
-
-
-async def read_version(
-    session: aiohttp.ClientSession, target: Target, *, timeout_s: float = VERSION_TIMEOUT_S
-) -> str | None:
-    """The server's version from ``GET /version`` (vLLM: ``{"version": "0.x.y"}``), or None
-    when it has no such route or answers anything else."""
-    try:
-        data = await within(timeout_s, _fetch_version(session, target))
-        parsed = json.loads(data)
-    except Exception:
-        return None
-    value = parsed.get("version") if isinstance(parsed, dict) else None
-    if not isinstance(value, str) or not value.strip() or not value.isprintable():
-        return None
-    return redact(value.strip(), target.token)[:64]  # masked before it is cut
-
-
-async def _fetch_version(session: aiohttp.ClientSession, target: Target) -> bytes:
-    url = version_url(target)
-    async with session.get(url, headers=bearer(_token(target)), max_redirects=MAX_REDIRECTS) as r:
-        if r.status != 200:
-            return b""
-        return bytes(await read_capped(r, VERSION_MAX_BYTES))
-
 
 # ---------------------------------------------------------------------------- narrowed reads
 
@@ -337,9 +126,6 @@ def backoff_delay(
     cap = max(max_backoff_s, interval_s)
     base = interval_s * 2.0 ** min(failures - 1, 30)
     return max(interval_s, min(cap, base * jitter))
-
-
-OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 
 
 class Poller:
@@ -470,7 +256,7 @@ class Poller:
             started = loop.time()
             try:
                 result = await self._attempt(target)
-                await _deliver(on_scrape, result)
+                await deliver(on_scrape, result)
             except Exception:  # a bug must not stop this target's polling
                 log.exception("polling %s failed", target.label)
             await self._pause(target, started)
@@ -594,34 +380,21 @@ class Gate:
 
 
 async def interpret(result: Scrape) -> float:
-    """Read a good scrape's body into ``result.reading``; a body the adapters refuse makes
-    the scrape a ``bad_payload`` failure with their reason. Returns the seconds a big body
-    took to read in a worker thread (waits for the GIL count too: a busy process reads big
-    bodies less often), 0 for a body read in the loop (~0.1-0.3 ms: nothing to pace)."""
+    """Make a good scrape's reading (:func:`~kvtop.collect.source.read_scrape`). Returns the
+    seconds a big body took to read in a worker thread (waits for the GIL count too: a busy
+    process reads big bodies less often), 0 for a body read in the loop (~0.1-0.3 ms:
+    nothing to pace)."""
     assert result.body is not None
     if len(result.body) > OFF_LOOP_CHARS:
-        reading, seconds = await asyncio.to_thread(_timed_read, result.body, result.version)
-    else:
-        reading, seconds = read_exposition(result.body, result.version), 0.0
-    if reading.refused is not None:
-        result.failure, result.error = "bad_payload", reading.refused
-    else:
-        result.reading = reading
-    return seconds
+        return await asyncio.to_thread(_timed_read, result)
+    read_scrape(result)
+    return 0.0
 
 
-def _timed_read(body: str, version: str | None) -> tuple[ServerReading, float]:
+def _timed_read(result: Scrape) -> float:
     started = time.perf_counter()
-    return read_exposition(body, version), time.perf_counter() - started
-
-
-async def _deliver(on_scrape: OnScrape, result: Scrape) -> None:
-    try:
-        outcome = on_scrape(result)
-        if inspect.isawaitable(outcome):
-            await outcome
-    except Exception:  # the consumer's bug must not stop polling
-        log.exception("on_scrape failed for %s", result.target.label)
+    read_scrape(result)
+    return time.perf_counter() - started
 
 
 @functools.lru_cache(maxsize=1 << 15)  # a fleet of 10,000 must not evict its own

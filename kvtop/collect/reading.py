@@ -60,6 +60,7 @@ class EngineReading:
     # requests
     running: float | None = None
     waiting: float | None = None
+    waiting_deferred: float | None = None  # waiting for a KV transfer or the LoRA budget
     swapped: float | None = None
     # counters (cumulative since server start)
     preemptions_total: float | None = None
@@ -69,6 +70,9 @@ class EngineReading:
     prefix_hits_total: float | None = None
     prefix_unit: Literal["tokens", "blocks"] | None = None
     finished_total: dict[str, float] = field(default_factory=dict)  # by finished_reason
+    # prompt and generated tokens of the requests that finished (the histograms' sums)
+    finished_prompt_tokens_total: float | None = None
+    finished_generation_tokens_total: float | None = None
     # a hit rate the server computes itself (vLLM V0: lifetime; SGLang: last batch)
     reported_hit_rate: float | None = None
     # latency histograms (seconds)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -12,79 +11,44 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from kvtop.collect.exposition import Exposition, to_text
 from kvtop.collect.reading import ServerReading
+from kvtop.files import UnreadableFile, read_regular
+from kvtop.safe_text import MASK, Secret
+
+__all__ = ["MASK", "Secret"]  # where readers of targets have always found them
 
 FailureKind = Literal["down", "timeout", "auth", "bad_payload"]
 DEFAULT_TARGET = "http://127.0.0.1:8000"
-
-
-class Secret:
-    """A bearer token that never shows itself in repr, str, logs or JSON."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-
-MASK = "***"
-# A header echoed by a server or proxy ("Authorization: Bearer abc…"), even one it cut short;
-# case-sensitive "Bearer" alone, so kvtop's own hints ("a bearer token") are left as they are.
-_BEARER = re.compile(r"((?:(?i:authorization)[\s\"':=]{0,6}(?i:bearer)|\bBearer)\s+)"
-                     r"[^\s\"',;)}\]]+")
-
-
-def redact(text: str, token: Secret | None) -> str:
-    """``text`` (a server's or Prometheus's words) with the token and anything quoted after
-    ``Bearer`` masked. Call it before cutting a quote short: a token cut in two would no
-    longer match, and its first characters would leak."""
-    if token is not None and token.reveal() and token.reveal() in text:
-        text = text.replace(token.reveal(), MASK)
-    if "earer" in text.lower():  # a cheap test before the regex (HTTP headers: any case)
-        text = _BEARER.sub(lambda m: m.group(1) + MASK, text)
-    return text
-
-
-def redact_bytes(data: bytearray, token: Secret | None) -> bytearray:
-    """A raw answer with the token masked, before anything quotes or parses it."""
-    if token is not None and token.reveal():
-        raw = token.reveal().encode("utf-8")
-        if raw in data:
-            data = data.replace(raw, MASK.encode())
-    return data
 
 
 MAX_TOKEN_FILE_BYTES = 64 * 1024  # a token is a line; /dev/zero would never end
 
 
 class TokenError(ValueError):
-    """A token file that can't be used; the message says why (never the token)."""
+    """A token that can't be read; the message says why (never the token), ``field`` where
+    it was asked for (``token_env`` or ``token_file``)."""
+
+    def __init__(self, message: str, field: str = "token_file") -> None:
+        super().__init__(message)
+        self.field = field
 
 
-def read_token(env: str | None = None, file: str | Path | None = None) -> Secret | None:
+def read_token(env: str | None = None, file: str | Path | None = None, *,
+               default_env: str | None = None) -> Secret | None:
     """A token from an environment variable or a file (first line), never from argv. The file
-    must be a regular file of at most 64 KiB: a FIFO or a device would block or never end."""
-    if env:
-        value = os.environ.get(env, "").strip()
-        if value:
-            return Secret(value)
+    must be a regular file of at most 64 KiB: a FIFO or a device would block or never end.
+    A variable named in ``env`` that is unset or empty (and no file gives a token) is an
+    error, as a missing file is: the servers would silently get no token;
+    ``default_env`` (``KVTOP_TOKEN``) is read only when set."""
+    value = os.environ.get(env or default_env or "", "").strip()
+    if value:
+        return Secret(value)
     if file:
         lines = _read_token_file(Path(file).expanduser()).strip().splitlines()
         if lines and lines[0].strip():
             return Secret(lines[0].strip())
+    if env:
+        raise TokenError(f"the environment variable {env[:80]!r} is not set (or empty), so "
+                         "there is no token to send", "token_env")
     return None
 
 
@@ -127,20 +91,9 @@ def shown_spec(spec: str) -> str:
 
 def _read_token_file(path: Path) -> str:
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise TokenError(f"{getattr(exc, 'strerror', None) or exc}: {path}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise TokenError(f"not a regular file: {path}")
-        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    except OSError as exc:
-        raise TokenError(f"{exc.strerror or exc}: {path}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise TokenError(f"larger than {MAX_TOKEN_FILE_BYTES // 1024} KiB: {path}")
+        data = read_regular(path, MAX_TOKEN_FILE_BYTES)
+    except UnreadableFile as exc:
+        raise TokenError(f"{exc}: {path}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

@@ -1,9 +1,5 @@
-"""``kvtop baseline save|list|show|rm`` and ``kvtop compare`` (docs/baseline-format.md,
-docs/compare-json.md).
-
-compare exits 0 nothing worse, 1 a figure worse (a regression), 2 usage error or an
-unreadable / refused input, 3 no data to compare.
-"""
+"""``kvtop baseline save|list|show|rm`` (docs/baseline-format.md), and the run a baseline
+summarises, live or recorded, which ``kvtop compare`` reads too."""
 
 from __future__ import annotations
 
@@ -13,15 +9,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtop.config import (
-    ConfigError,
-    add_target_arguments,
-    leak_params,
-    load_config,
-    parse_duration,
-    positive_number,
-    resolve_targets,
-)
+from kvtop.cli_args import add_target_arguments, parse_duration, positive_number, resolve_targets
+from kvtop.config import ConfigError, leak_params, load_config
+from kvtop.exits import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE
 from kvtop.report.output import emit
 from kvtop.safe_text import display_text, warn
 
@@ -29,7 +19,6 @@ if TYPE_CHECKING:
     from kvtop.baseline.model import Baseline, ProbeSummary
     from kvtop.baseline.probe import ProbeSettings
 
-EXIT_OK, EXIT_WORSE, EXIT_USAGE, EXIT_NO_DATA = 0, 1, 2, 3
 DEFAULT_DURATION = "20m"
 
 
@@ -43,14 +32,14 @@ def _count(text: str) -> int:
     return value
 
 
-def _live_arguments(parser: argparse.ArgumentParser, what: str, first: str) -> None:
-    """Options of a live run. The positionals are one list, ``first`` then the targets:
+def live_arguments(parser: argparse.ArgumentParser, what: str, leading: str) -> None:
+    """Options of a live run. The positionals are one list, ``leading`` then the targets:
     argparse can't place options between two positionals when the second may be empty."""
     add_target_arguments(parser)
     for action in parser._actions:
         if action.dest == "targets":
-            action.metavar = f"{first} TARGET"
-            action.help = (f"{first}, then host:port or URL of each /metrics endpoint "
+            action.metavar = f"{leading} TARGET"
+            action.help = (f"{leading}, then host:port or URL of each /metrics endpoint "
                            "(default: the config's targets, else http://127.0.0.1:8000)")
     parser.add_argument("--duration", type=parse_duration, metavar="D",
                         help=f"how long to watch live targets (default {DEFAULT_DURATION})")
@@ -67,8 +56,7 @@ def _live_arguments(parser: argparse.ArgumentParser, what: str, first: str) -> N
     parser.add_argument("--no-gpu", action="store_true", help="do not read local GPUs")
 
 
-def add_baseline_parser(subparsers: argparse._SubParsersAction,
-                        summary: str) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
     """Register ``baseline`` with its actions save, list, show and rm."""
     parser = subparsers.add_parser(
         "baseline", help=summary,
@@ -81,62 +69,42 @@ def add_baseline_parser(subparsers: argparse._SubParsersAction,
         "save", help="watch the targets (or read a recording) and save a baseline",
         description="Watch the targets for --duration (or read a recording with --from) "
                     "and save what the run looked like as NAME: a name (letters, digits, "
-                    ". _ -) or a path ending in .json. Exit 0 saved, 2 usage error, 3 no "
-                    "engine could be read (nothing saved).")
+                    ". _ -) or a path ending in .json.")
     save.usage = ("kvtop baseline save NAME [TARGET ...] [--duration D | --from RECORDING] "
                   "[--probe] [options]")
-    _live_arguments(save, "also ", "NAME")
+    live_arguments(save, "also ", "NAME")
     save.add_argument("--from", dest="recording", type=Path, metavar="RECORDING",
                       help="summarise a recording instead of watching live targets")
     save.add_argument("--force", action="store_true", help="replace a baseline of that name")
     save.add_argument("--json", dest="as_json", action="store_true",
                       help="print the saved baseline")
-    save.set_defaults(command=run_save)
+    save.set_defaults(action=run_save)
     listing = actions.add_parser("list", help="the saved baselines",
                                  description="List the baselines saved by name.")
     listing.add_argument("--json", dest="as_json", action="store_true", default=None,
                          help="JSON (the default when stdout is not a terminal)")
-    listing.set_defaults(command=run_list)
+    listing.set_defaults(action=run_list)
     show = actions.add_parser("show", help="what a baseline holds",
                               description="Print a baseline (its file with --json).")
     show.add_argument("name", metavar="NAME")
     show.add_argument("--json", dest="as_json", action="store_true", default=None,
                       help="the file's JSON (the default when stdout is not a terminal)")
-    show.set_defaults(command=run_show)
+    show.set_defaults(action=run_show)
     remove = actions.add_parser("rm", help="remove a saved baseline",
                                 description="Remove a baseline.")
     remove.add_argument("name", metavar="NAME")
-    remove.set_defaults(command=run_rm)
+    remove.set_defaults(action=run_rm)
     return parser
 
 
-def add_compare_parser(subparsers: argparse._SubParsersAction,
-                       summary: str) -> argparse.ArgumentParser:
-    """Register ``compare``; it dispatches to :func:`run_compare`."""
-    parser = subparsers.add_parser(
-        "compare", help=summary,
-        description="Compare a run with a saved baseline: config changes first, then each "
-                    "figure better, same or worse beyond run-to-run noise (a rank test on "
-                    "per-minute values; docs/baseline-format.md). The run is live targets "
-                    "watched for --duration, a recording (--replay), or another baseline "
-                    "(give its name or path as the only TARGET). JSON: docs/compare-json.md. "
-                    "Exit 0 nothing worse, 1 a regression, 2 usage or unreadable input, "
-                    "3 no data.")
-    parser.usage = ("kvtop compare BASELINE [TARGET ... --duration D | --replay RECORDING | "
-                    "OTHER_BASELINE] [--json] [options]")
-    _live_arguments(parser, "", "BASELINE")
-    parser.add_argument("--replay", type=Path, metavar="RECORDING",
-                        help="compare a recording instead of live targets")
-    parser.add_argument("--json", dest="as_json", action="store_true", default=None,
-                        help="JSON (the default when stdout is not a terminal)")
-    parser.set_defaults(command=run_compare)
-    return parser
+def run(args: argparse.Namespace) -> int:
+    return int(args.action(args))
 
 
 # -- the run to summarise -------------------------------------------------------------------
 
 
-def _from_recording(path: Path, args: argparse.Namespace, name: str | None) -> Baseline:
+def from_recording(path: Path, args: argparse.Namespace, name: str | None) -> Baseline:
     from kvtop.baseline.collect import summarise
     from kvtop.store.recording import RecordingError, open_recording
 
@@ -168,7 +136,7 @@ def _probe_settings(args: argparse.Namespace,
     return ProbeSettings(count=count, model=probe.model or None, form=form)
 
 
-def _live(args: argparse.Namespace, name: str | None,
+def live(args: argparse.Namespace, name: str | None,
           probe: ProbeSummary | None = None) -> Baseline:
     from kvtop.baseline.live import CannotProbe, LiveSettings, collect_live
     from kvtop.collect.nvml import NvmlReader
@@ -185,7 +153,7 @@ def _live(args: argparse.Namespace, name: str | None,
     try:
         collector = asyncio.run(collect_live(settings, None if args.no_gpu else NvmlReader()))
     except CannotProbe as exc:
-        raise _NoData(str(exc)) from None
+        raise NoData(str(exc)) from None
     for note in settings.notes:
         warn(f"kvtop: {note}")
     return collector.baseline(name=name, source={"kind": "live",
@@ -193,18 +161,18 @@ def _live(args: argparse.Namespace, name: str | None,
                               interval_s=args.interval)
 
 
-class _NoData(Exception):
+class NoData(Exception):
     """Nothing could be read or probed: exit 3."""
 
 
-def _has_data(run: Baseline) -> bool:
+def has_data(run: Baseline) -> bool:
     return any(engine.samples for _, engine in run.engines())
 
 
 # -- baseline actions ---------------------------------------------------------------------
 
 
-def _first(args: argparse.Namespace, what: str) -> str:
+def first(args: argparse.Namespace, what: str) -> str:
     """Take the leading name (NAME, BASELINE) off the positionals."""
     if not args.targets:
         raise ConfigError(f"give the {what} first")
@@ -216,7 +184,7 @@ def run_save(args: argparse.Namespace) -> int:
     from kvtop.baseline import store
     from kvtop.baseline.model import BaselineError
 
-    args.name = _first(args, "baseline's NAME")
+    args.name = first(args, "baseline's NAME")
     if args.recording is not None and (args.targets or args.duration or args.probe):
         raise ConfigError("--from reads a recording: give no targets, --duration or --probe "
                           "with it (a probe needs a live server)")
@@ -228,12 +196,12 @@ def run_save(args: argparse.Namespace) -> int:
         raise ConfigError(f"baseline {args.name!r} exists ({path}); --force replaces it")
     name = path.stem if store.is_path(args.name) else args.name
     try:
-        run = (_from_recording(args.recording, args, name) if args.recording is not None
-               else _live(args, name))
-    except _NoData as exc:
+        run = (from_recording(args.recording, args, name) if args.recording is not None
+               else live(args, name))
+    except NoData as exc:
         warn(f"kvtop baseline: {exc}")
         return EXIT_NO_DATA
-    if not _has_data(run):
+    if not has_data(run):
         warn("kvtop baseline: no engine was read; nothing saved")
         return EXIT_NO_DATA
     try:
@@ -261,11 +229,11 @@ def run_list(args: argparse.Namespace) -> int:
          "duration_s": e.baseline.duration_s if e.baseline else None,
          "models": sorted({str(m.model) for _, m in e.baseline.engines()}) if e.baseline
          else []} for e in listed]}
-    emit(document, args.as_json, lambda _doc: sys.stdout.write(render_list(listed)))
+    emit(document, args.as_json, lambda _doc: render_list(listed))
     return EXIT_OK
 
 
-def _load(spec: str) -> Baseline:
+def load(spec: str) -> Baseline:
     from kvtop.baseline import store
     from kvtop.baseline.model import BaselineError
 
@@ -279,10 +247,10 @@ def run_show(args: argparse.Namespace) -> int:
     from kvtop.baseline import store
     from kvtop.baseline.text import render_baseline
 
-    baseline = _load(args.name)
+    baseline = load(args.name)
     path = str(store.baseline_path(args.name))
     emit(baseline.to_json(), args.as_json,
-         lambda _doc: sys.stdout.write(render_baseline(baseline, path)))
+         lambda _doc: render_baseline(baseline, path))
     return EXIT_OK
 
 
@@ -296,51 +264,3 @@ def run_rm(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     print(display_text(f"removed {path}"))
     return EXIT_OK
-
-
-# -- compare ------------------------------------------------------------------------------
-
-
-def _other_baseline(args: argparse.Namespace) -> str | None:
-    """The one TARGET when it names a saved baseline (or a baseline file) and nothing asks
-    for a live run."""
-    from kvtop.baseline import store
-
-    if len(args.targets) != 1 or args.duration or args.probe or args.replay:
-        return None
-    spec = args.targets[0]
-    return spec if store.exists(spec) else None
-
-
-def run_compare(args: argparse.Namespace) -> int:
-    from kvtop.baseline.compare import ModelMismatch, compare
-    from kvtop.baseline.text import render_comparison
-
-    base = _load(_first(args, "BASELINE (a saved name or a path)"))
-    if args.replay is not None and (args.targets or args.duration or args.probe):
-        raise ConfigError("--replay reads a recording: give no targets, --duration or "
-                          "--probe with it")
-    try:
-        if args.replay is not None:
-            now = _from_recording(args.replay, args, None)
-        elif (other := _other_baseline(args)) is not None:
-            now = _load(other)
-        else:
-            now = _live(args, None, _probe_of(base))
-    except _NoData as exc:
-        warn(f"kvtop compare: {exc}")
-        return EXIT_NO_DATA
-    if not _has_data(now):
-        warn("kvtop compare: no engine was read in this run; nothing to compare")
-        return EXIT_NO_DATA
-    try:
-        result = compare(base, now)
-    except ModelMismatch as exc:
-        warn(f"kvtop compare: {exc}")
-        return EXIT_USAGE
-    emit(result.to_json(), args.as_json, lambda doc: sys.stdout.write(render_comparison(doc)))
-    return result.exit_code()
-
-
-def _probe_of(base: Baseline) -> ProbeSummary | None:
-    return next((t.probe for t in base.targets if t.probe is not None), None)

@@ -1,11 +1,15 @@
-"""``kvtop check``: the leak detector's verdict, headless, live or on a recording.
+"""``kvtop check``: the leak detector's verdict, headless, on live targets, a recording or
+what Prometheus stored.
 
-Both paths feed scrapes through the same :class:`TargetTracker` (and so the same detector)
-as the app; only the source differs. JSON contract: docs/check-json.md.
+Every source goes one way: the scrapes it has stored already (a recording, Prometheus's
+history), then, for what is left of ``--duration``, the live ones, through the same
+:class:`TargetTracker` (and so the same detector) as the app. JSON contract:
+docs/check-json.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import math
@@ -15,41 +19,49 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvtop.collect.clock import stop_event
-from kvtop.collect.poller import Poller
-from kvtop.collect.target import Scrape, Target
+from kvtop.cli_args import (
+    MAX_SIZE_HELP,
+    add_output_arguments,
+    add_prometheus_arguments,
+    add_target_arguments,
+    open_source,
+    parse_duration,
+    positive_seconds,
+    size,
+)
+from kvtop.collect.source import ScrapeSource, Source, SourceError, TargetKvEvents, opened
+from kvtop.collect.target import Scrape
+from kvtop.collect.watch import watch
+from kvtop.config import ConfigError, leak_params, load_config
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.worst import CheckRun
-from kvtop.exits import EXIT_USAGE
+from kvtop.exits import EXIT_NO_DATA, EXIT_USAGE
 from kvtop.report.output import emit
-from kvtop.safe_text import display_text, warn
-from kvtop.store.recording import (
-    DEFAULT_MAX_BYTES,
-    RecordedKvEvents,
-    RecordingError,
-    RecordingWriter,
-    open_recording,
-)
+from kvtop.safe_text import display_text, erase_line, rewrite_line, warn
+from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingError, RecordingWriter
 
+DEFAULT_DURATION_S = 1800.0
 PROGRESS_PERIOD_S = 1.0
 
 
-def _render_text(document: dict[str, Any]) -> None:
+def _render_text(document: dict[str, Any]) -> str:
     span = ""
     if document["started_at"] is not None:
         span = (f" ({_clock(document['duration_s'])} judged, {document['started_at']} to "
                 f"{document['ended_at']})")
     stall = document["stall"]
     stall_text = f", {stall.upper()}" if stall in ("stalled", "saturated") else ""
-    print(f"kvtop check: {document['verdict'].upper()}{stall_text}{span}")
+    lines = [f"kvtop check: {document['verdict'].upper()}{stall_text}{span}"]
     for target in document["targets"]:
         for engine in target["engines"]:
             name = display_text(
                 f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}".strip())
-            print(f"  {engine['verdict'].upper():7} {name}: {display_text(engine['reason'])}")
+            lines.append(f"  {engine['verdict'].upper():7} {name}: "
+                         f"{display_text(engine['reason'])}")
             if engine["stall"]["verdict"] in ("stalled", "saturated"):
-                print(f"  {engine['stall']['verdict'].upper():7} {name}: "
-                      f"{display_text(engine['stall']['reason'])}")
+                lines.append(f"  {engine['stall']['verdict'].upper():7} {name}: "
+                             f"{display_text(engine['stall']['reason'])}")
+    return "\n".join(lines) + "\n"
 
 
 def _clock(seconds: float | None) -> str:
@@ -88,12 +100,12 @@ class Progress:
         line = (f"kvtop check: {_clock(elapsed)} of {_clock(self.duration_s)} "
                 f"({_clock(left)} left) · {run.engines_seen()} engine(s) seen · "
                 f"worst so far: {run.verdict().upper()}")
-        self.stream.write(f"\r{line}\x1b[K")
+        rewrite_line(self.stream, line)
         self.stream.flush()
 
     def close(self) -> None:
         if self.enabled and self._shown_at > -math.inf:
-            self.stream.write("\r\x1b[K")
+            erase_line(self.stream)
             self.stream.flush()
 
 
@@ -102,31 +114,108 @@ def print_result(run: CheckRun, as_json: bool | None) -> int:
     return run.exit_code()
 
 
-def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | None) -> int:
-    """Judge a recording, streamed from disk in time order (never held whole)."""
+def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "check", help=summary,
+        description="Watch the targets for --duration (or read a recording with --replay, or "
+                    "judge what Prometheus stored over the last --duration) through the leak "
+                    "detector and print the worst verdict per engine (docs/check-json.md). "
+                    "While watching, progress goes to stderr when it is a terminal.")
+    add_target_arguments(parser)
+    parser.add_argument("--replay", type=Path, metavar="FILE",
+                        help="judge a recording instead of live targets")
+    parser.add_argument("--duration", type=parse_duration, default=None, metavar="D",
+                        help="how long to watch live targets, or with --prometheus how far "
+                             "back to judge (90s, 30m, 2h; default 30m)")
+    parser.add_argument("--interval", type=positive_seconds, default=None, metavar="S",
+                        help="seconds between scrapes (default 1; 5 with --prometheus)")
+    parser.add_argument("--until-leak", action="store_true",
+                        help="stop as soon as an engine is judged LEAK")
+    parser.add_argument("--record", type=Path, metavar="FILE",
+                        help="also write the live scrapes to a new recording")
+    parser.add_argument("--record-max-size", type=size, default=DEFAULT_MAX_BYTES,
+                        metavar="SIZE", help=MAX_SIZE_HELP)
+    add_output_arguments(parser, ("--text",), "the human-readable verdict even when stdout "
+                                              "is not a terminal (cron mail, tee)")
+    add_prometheus_arguments(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvtop.collect.live import PrometheusFeed
+
+    config = load_config(args.config)
+    if args.replay is not None and (args.targets or args.duration or args.record):
+        raise ConfigError("--replay reads a recording: give no targets, --duration "
+                          "or --record with it")
     try:
-        recording = open_recording(path)
+        with open_source(args, config, interval_s=args.interval, replay=args.replay) as source:
+            if args.record and isinstance(source, PrometheusFeed):
+                raise ConfigError("--record writes direct scrapes; Prometheus keeps its own "
+                                  "history")
+            duration = None if args.replay else args.duration or DEFAULT_DURATION_S
+            return check(source, params=leak_params(config), duration_s=duration,
+                         until_leak=args.until_leak, record=args.record,
+                         record_max_bytes=args.record_max_size, as_json=args.as_json)
     except RecordingError as exc:
         warn(f"kvtop check: {exc}")
         return EXIT_USAGE
-    for warning in recording.warnings:
-        warn(f"kvtop check: {path}: {warning}")
+
+
+def check(source: Source, *, params: LeakParams | None, duration_s: float | None,
+          as_json: bool | None, until_leak: bool = False, record: Path | None = None,
+          record_max_bytes: int | None = DEFAULT_MAX_BYTES) -> int:
+    """Judge ``source`` over ``duration_s`` (None: all it has stored, nothing live), print
+    the verdicts; the exit code. ``record`` also writes the live scrapes to a new recording."""
+    for warning in source.warnings:
+        warn(f"kvtop check: {warning}")
     run = CheckRun(params)
-    for target in recording.targets():
-        run.add_target(target)
-    for item in recording.items_in_time_order():
-        if isinstance(item, RecordedKvEvents):
-            run.feed_kv_events(item.target, item.batch)
-        else:
-            run.feed(item)
+    with contextlib.ExitStack() as stack:
+        writer = None
+        if record is not None:
+            try:
+                writer = stack.enter_context(RecordingWriter(
+                    record, interval_s=source.interval_s, targets=source.targets,
+                    max_bytes=record_max_bytes))
+            except OSError as exc:
+                warn(f"kvtop check: cannot write {record}: {exc.strerror or exc}")
+                return EXIT_USAGE
+        try:
+            asyncio.run(_judge(run, source, duration_s=duration_s, until_leak=until_leak,
+                               writer=writer))
+        except SourceError as exc:
+            warn(f"kvtop check: {exc}")  # it may quote what Prometheus said
+            return EXIT_NO_DATA
+    if writer is not None and (problem := writer.status()):
+        # the verdict's exit code stands; the recording's trouble is told, not hidden
+        warn(f"kvtop check: recording {record}: {problem}")
     return print_result(run, as_json)
 
 
-async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
-                 interval_s: float, timeout_s: float | None, insecure: bool,
-                 until_leak: bool, writer: RecordingWriter | None,
-                 full_metrics: bool) -> None:
-    stop = stop_event(duration_s)
+async def _judge(run: CheckRun, source: Source, *, duration_s: float | None,
+                 until_leak: bool, writer: RecordingWriter | None) -> None:
+    """What the source stored over ``duration_s`` at once, then what is left of it live."""
+    async with opened(source):
+        for target in await source.discover():
+            run.add_target(target)
+        stored, span = await source.stored(duration_s, kv_events=True)
+        for item in stored:
+            if isinstance(item, TargetKvEvents):
+                run.feed_kv_events(item.target, item.batch)
+            else:
+                run.feed(item)
+        rest = 0.0 if duration_s is None else duration_s - span
+        live = source.live()
+        if live is None or rest <= 0 or (until_leak and run.leak_found):
+            return
+        if span > 0:
+            print(f"kvtop check: {source.name} keeps {span:.0f} s of history; watching live "
+                  f"for the other {rest:.0f} s", file=sys.stderr)
+        await _watch(run, live, duration_s=rest, until_leak=until_leak, writer=writer)
+
+
+async def _watch(run: CheckRun, live: ScrapeSource, *, duration_s: float, until_leak: bool,
+                 writer: RecordingWriter | None) -> None:
     progress = Progress(duration_s)
 
     def on_scrape(scrape: Scrape) -> None:
@@ -135,38 +224,9 @@ async def _watch(run: CheckRun, targets: list[Target], *, duration_s: float,
             writer.write(scrape)
             writer.flush()
         progress.update(run)
-        if until_leak and run.leak_found:
-            stop.set()
 
     try:
-        async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
-                          insecure=insecure, narrow=not full_metrics) as poller:
-            await poller.run(on_scrape, stop=stop)
+        await watch(live, on_scrape, duration_s=duration_s,
+                    until=(lambda: run.leak_found) if until_leak else None)
     finally:
         progress.close()
-
-
-def run_check_live(targets: list[Target], *, params: LeakParams | None, duration_s: float,
-                   interval_s: float, timeout_s: float | None, insecure: bool,
-                   until_leak: bool, record: Path | None, as_json: bool | None,
-                   full_metrics: bool = False,
-                   record_max_bytes: int | None = DEFAULT_MAX_BYTES) -> int:
-    run = CheckRun(params)
-    for target in targets:
-        run.add_target(target)
-    with contextlib.ExitStack() as stack:
-        writer = None
-        if record is not None:
-            try:
-                writer = stack.enter_context(RecordingWriter(
-                    record, interval_s=interval_s, targets=targets, max_bytes=record_max_bytes))
-            except OSError as exc:
-                warn(f"kvtop check: cannot write {record}: {exc.strerror or exc}")
-                return EXIT_USAGE
-        asyncio.run(_watch(run, targets, duration_s=duration_s, interval_s=interval_s,
-                           timeout_s=timeout_s, insecure=insecure, until_leak=until_leak,
-                           writer=writer, full_metrics=full_metrics))
-    if writer is not None and (problem := writer.status()):
-        # the verdict's exit code stands; the recording's trouble is told, not hidden
-        warn(f"kvtop check: recording {record}: {problem}")
-    return print_result(run, as_json)

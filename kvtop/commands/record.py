@@ -2,17 +2,28 @@
 
 A write that fails (a full disk) is told on stderr once when it starts failing and once when
 it works again, and polling goes on; the file always holds whole lines. The recording stops
-at ``--max-size``. Exit 0 when every scrape is in the file, 4 when it falls short.
+at ``--max-size``; the exit code says whether every scrape is in the file.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from pathlib import Path
 
-from kvtop.collect.clock import stop_event
-from kvtop.collect.poller import Poller
-from kvtop.collect.target import Scrape, Target
+from kvtop.cli_args import (
+    MAX_SIZE_HELP,
+    add_target_arguments,
+    parse_duration,
+    positive_seconds,
+    resolve_targets,
+    size,
+)
+from kvtop.collect.live import DirectSource
+from kvtop.collect.target import Scrape
+from kvtop.collect.watch import watch
+from kvtop.config import load_config
+from kvtop.exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 from kvtop.safe_text import warn
 from kvtop.store.recording import (
     DEFAULT_MAX_BYTES,
@@ -21,7 +32,32 @@ from kvtop.store.recording import (
     size_text,
 )
 
-EXIT_OK, EXIT_USAGE, EXIT_INCOMPLETE = 0, 2, 4
+
+def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "record", help=summary,
+        description="Poll the targets and write every scrape (body or error) to a new "
+                    "recording (docs/recording-format.md) until --duration passes or Ctrl-C.")
+    add_target_arguments(parser)
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE",
+                        help="the recording to write (JSON Lines; gzip when FILE ends in .gz)")
+    parser.add_argument("--interval", type=positive_seconds, default=1.0, metavar="S",
+                        help="seconds between scrapes of a target (default 1)")
+    parser.add_argument("--duration", type=parse_duration, metavar="D",
+                        help="stop after D (90s, 30m, 2h); default: until Ctrl-C")
+    parser.add_argument("--max-size", type=size, default=DEFAULT_MAX_BYTES, metavar="SIZE",
+                        help=MAX_SIZE_HELP + "; exit 4 when reached")
+    parser.add_argument("--force", action="store_true",
+                        help="replace FILE if it exists (never written through a symlink)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    source = DirectSource(resolve_targets(args, load_config(args.config)),
+                          interval_s=args.interval, timeout_s=args.timeout,
+                          insecure=args.insecure, narrow=not args.full_metrics)
+    return record_to(source, args.output, duration_s=args.duration, max_bytes=args.max_size,
+                     replace=args.force)
 
 
 def _say(text: str) -> None:
@@ -49,33 +85,26 @@ class _Reporter:
         self._failing, self._full = writer.failing, writer.full
 
 
-async def record(targets: list[Target], writer: RecordingWriter, *, interval_s: float,
-                 duration_s: float | None, timeout_s: float | None, insecure: bool,
-                 full_metrics: bool = False) -> int:
+async def record(source: DirectSource, writer: RecordingWriter, *,
+                 duration_s: float | None) -> int:
     """Poll until ``duration_s`` passes, SIGINT/SIGTERM, or the file is full; returns the
     scrapes written."""
-    stop = stop_event(duration_s)
     reporter = _Reporter(writer)
 
     def on_scrape(scrape: Scrape) -> None:
         writer.write(scrape)
         writer.flush()  # a crash or kill loses at most the scrape in flight
         reporter.after_write()
-        if writer.full:
-            stop.set()
 
-    async with Poller(targets, interval_s=interval_s, timeout_s=timeout_s,
-                      insecure=insecure, narrow=not full_metrics) as poller:
-        await poller.run(on_scrape, stop=stop)
+    await watch(source.live(), on_scrape, duration_s=duration_s, until=lambda: writer.full)
     return writer.written
 
 
-def run_record(targets: list[Target], output: Path, *, interval_s: float,
-               duration_s: float | None, timeout_s: float | None, insecure: bool,
-               full_metrics: bool = False, max_bytes: int | None = DEFAULT_MAX_BYTES,
-               replace: bool = False) -> int:
+def record_to(source: DirectSource, output: Path, *, duration_s: float | None,
+              max_bytes: int | None = DEFAULT_MAX_BYTES, replace: bool = False) -> int:
+    """Record ``source`` into a new file at ``output``; the exit code."""
     try:
-        writer = RecordingWriter(output, interval_s=interval_s, targets=targets,
+        writer = RecordingWriter(output, interval_s=source.interval_s, targets=source.targets,
                                  max_bytes=max_bytes, replace=replace)
     except OSError as exc:
         hint = " (--force replaces it)" if isinstance(exc, RecordingExists) else ""
@@ -83,9 +112,8 @@ def run_record(targets: list[Target], output: Path, *, interval_s: float,
         return EXIT_USAGE
     with writer:
         limit = f", at most {size_text(max_bytes)}" if max_bytes else ""
-        _say(f"{len(targets)} target(s) every {interval_s:g} s -> {output}{limit}")
-        asyncio.run(record(targets, writer, interval_s=interval_s, duration_s=duration_s,
-                           timeout_s=timeout_s, insecure=insecure, full_metrics=full_metrics))
+        _say(f"{len(source.targets)} target(s) every {source.interval_s:g} s -> {output}{limit}")
+        asyncio.run(record(source, writer, duration_s=duration_s))
     return _summary(writer)
 
 

@@ -1,8 +1,4 @@
-"""``kvtop rehearse``: a go-live rehearsal with a GO / NO-GO verdict (docs/rehearse.md).
-
-Exit 0 GO, 1 NO-GO, 2 usage error, 3 could not run (the target is not an OpenAI-compatible
-server, its /metrics can't be read, or nothing could be judged).
-"""
+"""``kvtop rehearse``: a go-live rehearsal with a GO / NO-GO verdict (docs/rehearse.md)."""
 
 from __future__ import annotations
 
@@ -17,22 +13,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-from kvtop.config import (
-    ConfigError,
+from kvtop.cli_args import (
     add_target_arguments,
-    leak_params,
-    load_config,
     non_negative_number,
     parse_duration,
     resolve_targets,
 )
+from kvtop.config import ConfigError, leak_params, load_config
+from kvtop.exits import EXIT_CANNOT_RUN, EXIT_NO_GO, EXIT_OK, EXIT_USAGE
 from kvtop.report.output import emit
 
 if TYPE_CHECKING:
     from kvtop.rehearse.run import RehearsalSettings
 
-EXIT_GO, EXIT_NO_GO, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
-EXIT_FOR = {"go": EXIT_GO, "no-go": EXIT_NO_GO, "no-verdict": EXIT_CANNOT_RUN}
+EXIT_FOR = {"go": EXIT_OK, "no-go": EXIT_NO_GO, "no-verdict": EXIT_CANNOT_RUN}
 DEFAULT_DURATION = "3h"
 LOAD_OPTIONS = ("workload", "rate", "concurrency", "model", "chat", "token_ids")
 # Kept here, not imported, so building kvtop's parser loads none of the rehearsal's modules.
@@ -53,17 +47,15 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     return parse
 
 
-def add_rehearse_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``rehearse``; it dispatches to :func:`run_rehearse`."""
+def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "rehearse", help="go-live rehearsal: drive load for hours, watch, GO / NO-GO verdict",
+        "rehearse", help=summary,
         description="Drive load through the server's OpenAI-compatible API (or only watch, "
                     "with --watch-only), watch its /metrics and the local GPUs, and judge "
                     "three criteria: GPU memory stable, free KV not falling, slow-request "
                     "share not rising. NO-GO when two fail (--strict: one) or over "
                     "--max-errors % of requests fail. Writes a recording, a per-request log "
-                    "and the report to --out. Exit 0 GO, 1 NO-GO, 2 usage, 3 could not run. "
-                    "docs/rehearse.md has the rules.")
+                    "and the report to --out. docs/rehearse.md has the rules.")
     add_target_arguments(parser)
     for action in parser._actions:  # the shared positional describes /metrics endpoints
         if action.dest == "targets":
@@ -104,7 +96,6 @@ def add_rehearse_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     parser.add_argument("--json", dest="as_json", action="store_true", default=None,
                         help="print the report as JSON (the default when stdout is not a "
                              "terminal)")
-    parser.set_defaults(command=run_rehearse)
     return parser
 
 
@@ -165,7 +156,7 @@ def _default_out() -> Path:
     return Path.cwd() / f"rehearsal-{datetime.now():%Y%m%d-%H%M%S}"
 
 
-def run_rehearse(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from kvtop.collect.nvml import NvmlReader
     from kvtop.rehearse.report import render_text
     from kvtop.rehearse.run import BadUsage, CannotRun, rehearse
@@ -176,8 +167,8 @@ def run_rehearse(args: argparse.Namespace) -> int:
     progress = None if args.quiet else sys.stderr
     if progress is not None:
         where = settings.metrics.url if settings.watch_only else settings.api_base
-        print(f"kvtop rehearse: {where} for {settings.duration_s:g} s -> {settings.out_dir}",
-              file=progress)
+        print(display_text(f"kvtop rehearse: {where} for {settings.duration_s:g} s -> "
+                           f"{settings.out_dir}"), file=progress)
     try:
         doc = asyncio.run(rehearse(settings, gpu_reader=reader, progress=progress))
     except BadUsage as exc:
@@ -186,6 +177,6 @@ def run_rehearse(args: argparse.Namespace) -> int:
     except CannotRun as exc:  # may quote the server: made safe for the terminal
         print(f"kvtop rehearse: {display_text(exc)}", file=sys.stderr)
         return EXIT_CANNOT_RUN
-    emit(doc, args.as_json, lambda d: sys.stdout.write(render_text(d)))
+    emit(doc, args.as_json, render_text)
     return EXIT_FOR[doc["verdict"]]
 

@@ -10,7 +10,10 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kvtop.config import ConfigError, fraction, non_negative_number, positive_number
+from kvtop.cli_args import fraction, non_negative_number, positive_number
+from kvtop.config import ConfigError
+from kvtop.exits import EXIT_CANNOT_LISTEN, EXIT_OK, EXIT_USAGE
+from kvtop.safe_text import display_text
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.faults import plan
 from kvtop.sim.workloads import WORKLOADS
@@ -23,9 +26,7 @@ if TYPE_CHECKING:
 CPU_SHARE = 0.75
 
 
-def add_sim_parser(subparsers: Any, summary: str = "serve simulated vLLM servers"
-                   ) -> argparse.ArgumentParser:
-    """Register `sim` on the `kvtop` command's subparsers; it dispatches to `run_sim`."""
+def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "sim", help=summary,
         description="Serve simulated vLLM V1 servers whose /metrics look like vLLM 0.33's, "
@@ -79,7 +80,6 @@ def add_sim_parser(subparsers: Any, summary: str = "serve simulated vLLM servers
     p.add_argument("--speed", type=positive_number, default=1.0,
                    help="simulated seconds per second")
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=run_sim)
     return p
 
 
@@ -122,16 +122,16 @@ def _port(first: int | None, i: int) -> int | None:
     return first + i if first else first
 
 
-def run_sim(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from kvtop.sim.server import SimFleet
 
     try:
         configs = configs_from_args(args)
         fleet = SimFleet(configs)  # loads traces now, so a missing one fails before serving
     except FileNotFoundError as exc:
-        print(f"kvtop sim: {exc}", file=sys.stderr)
-        return 2
-    code = 0
+        print(display_text(f"kvtop sim: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
+    code = EXIT_OK
     with contextlib.suppress(KeyboardInterrupt):  # where signal handlers can't be set
         code = asyncio.run(_serve(fleet))
     # The servers are closed. What is left is the interpreter's teardown, whose garbage
@@ -148,15 +148,15 @@ async def _serve(fleet: SimFleet) -> int:
     try:
         await fleet.start()
     except OSError as exc:
-        print(f"kvtop sim: cannot listen: {exc}", file=sys.stderr)
-        return 1
+        print(display_text(f"kvtop sim: cannot listen: {exc}"), file=sys.stderr)
+        return EXIT_CANNOT_LISTEN
     stop = stop_event()  # SIGINT/SIGTERM end the wait below, not a KeyboardInterrupt
     for server in fleet.servers:
         events = server.kv_events
         extra = f" kv-events {events.url} replay {events.replay_url}" if events else ""
-        print(f"{server.url}/metrics{extra}", flush=True)
+        print(display_text(f"{server.url}/metrics{extra}"), flush=True)
     try:
         await stop.wait()
     finally:
         await fleet.stop()
-    return 0
+    return EXIT_OK

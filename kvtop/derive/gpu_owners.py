@@ -248,9 +248,14 @@ def _add(total: int | None, value: int | None) -> int | None:
     return None if total is None or value is None else total + value
 
 
+MAX_HISTORIES = 4096  # servers with a GPU memory history at once
+
+
 class GpuMemoryHistory:
     """Per server, the GPU memory its GPUs use over time (what nvidia-smi shows), for the
-    engine pane's line under the KV pool's."""
+    engine pane's line under the KV pool's. A server not recorded for the span is
+    forgotten, and at most ``MAX_HISTORIES`` are kept (those recorded least recently go
+    first)."""
 
     def __init__(self, span_s: float) -> None:
         self.span_s = span_s
@@ -258,10 +263,19 @@ class GpuMemoryHistory:
 
     def record(self, t: float, owned: Mapping[str, tuple[int | None, int | None]]) -> None:
         for url, (used, total) in owned.items():
-            series = self._series.setdefault(url, deque())
+            series = self._series.pop(url, None) or deque()
+            self._series[url] = series  # newest last: the dict is in recency order
             series.append((t, used, total))
             while series and t - series[0][0] > self.span_s:
                 series.popleft()
+        stale = [url for url, series in self._series.items()
+                 if not series or t - series[-1][0] > self.span_s]
+        stale += list(self._series)[:max(0, len(self._series) - len(stale) - MAX_HISTORIES)]
+        for url in stale:
+            self._series.pop(url, None)
+
+    def __len__(self) -> int:
+        return len(self._series)
 
     def series(self, url: str) -> Sequence[tuple[float, int | None, int | None]]:
         return self._series.get(url, ())

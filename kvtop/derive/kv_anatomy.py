@@ -26,7 +26,8 @@ from kvtop.collect.kv_events import AllCleared, BlockRemoved, BlockStored, KvEve
 from kvtop.collect.reading import Histogram
 from kvtop.derive.kv_index import DEFAULT_CAP, BlockIndex, Scan
 from kvtop.derive.quantiles import quantiles
-from kvtop.derive.stats import HotPrefix, KvEventStats, KvLeakState
+from kvtop.derive.stats import HotPrefix, KvEventStats
+from kvtop.derive.verdicts import KvLeakState
 
 # Age at eviction, seconds: vLLM's residency buckets, so both can be read side by side.
 AGE_BOUNDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0,

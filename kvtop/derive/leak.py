@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from kvtop.derive.leak_estimate import LeakFit, LoadPoint, fit_leak, leaked_now
+from kvtop.derive.leak_load import LoadBucket, Unexplained, best_split, explain
 from kvtop.derive.stats import EngineStats
+from kvtop.derive.verdicts import LEAK_RANK as _RANK
 from kvtop.derive.verdicts import LeakState, LeakVerdict
-
-_RANK: dict[LeakState, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,10 @@ class LeakParams:
     estimate_buckets: int = 4  # latest buckets averaged into the leaked-block estimate
     step_z: float = 3.5  # a lump: the level after a split above the level before, this sure
     step_min_buckets: int = 5  # buckets on each side of the split
-
+    explain_window_s: float = 3600.0  # the level the load does not explain: over this long
+    explain_min_buckets: int = 15  # usable buckets (no preemption, not pinned) it needs
+    explain_z: float = 3.5  # its step up (before/after split), at least this sure
+    explain_noise: float = 2.0  # and at least this many times its own noise
 
 
 def median(values: list[float]) -> float:
@@ -101,6 +104,12 @@ class _Bucket:
     tokens: float | None = None  # prompt + generated tokens processed
     generated: float | None = None
     preemptions: float | None = None
+    in_flight: list[float] = field(default_factory=list)  # tokens in flight per scrape
+    deferred: float = 0.0  # waiting requests deferred, summed over scrapes
+    aborted: float = 0.0  # requests aborted
+    prompt: float = 0.0  # prompt tokens
+    prefix_queries: float = 0.0  # prefix-cache lookups and hits, tokens
+    prefix_hits: float = 0.0
 
     def add(self, t: float, used: float, stats: EngineStats) -> None:
         if used < self.floor:
@@ -112,6 +121,9 @@ class _Bucket:
             self.running.append(stats.running)
         if stats.waiting is not None:
             self.waiting.append(stats.waiting)
+        if stats.tokens_in_flight is not None:
+            self.in_flight.append(stats.tokens_in_flight)
+        self.deferred += stats.waiting_deferred or 0.0
         dt = stats.window_s
         if not dt or dt <= 0:
             return
@@ -124,6 +136,11 @@ class _Bucket:
             self.generated = (self.generated or 0.0) + stats.generation_tps * dt
         if stats.preemptions_per_s is not None:
             self.preemptions = (self.preemptions or 0.0) + stats.preemptions_per_s * dt
+        self.aborted += (stats.finished_per_s or {}).get("abort", 0.0) * dt
+        self.prompt += (stats.prompt_tps or 0.0) * dt
+        if stats.prefix_queries_per_s and stats.hit_rate is not None:
+            self.prefix_queries += stats.prefix_queries_per_s * dt
+            self.prefix_hits += stats.hit_rate * stats.prefix_queries_per_s * dt
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +204,13 @@ class LeakDetector:
                                                             // self.params.bucket_s))
         self._anchor: tuple[LoadPoint, ...] | None = None
         self._fit: LeakFit | None = None
+        # Closed buckets with tokens in flight, and the level their load does not explain.
+        self._load: deque[LoadBucket] = deque(maxlen=int(self.params.explain_window_s
+                                                         // self.params.bucket_s))
+        self._unexplained: Unexplained | None = None
+        self._clean_load: list[LoadBucket] = []  # before the last clean point, if any
+        self._explain_since: float | None = None
+        self._explain_last: float | None = None
         self._reset_t, self._reset_why = t, why
 
     def update(self, stats: EngineStats) -> LeakVerdict:
@@ -209,8 +233,13 @@ class LeakDetector:
             "server version not known exactly)")
         residual = max(0.0, used - floor)
         if residual <= self._threshold():
+            # The latest usable buckets before a clean point held no leak: the baseline of
+            # the leaked-block estimate, should a leak begin right after it.
+            clean = [b for b in self._load if b.usable]
+            clean = clean or self._clean_load
             self._reset(stats.t, "pool drained to its idle floor: nothing leaked so far")
             self._clean_t = stats.t
+            self._clean_load = clean
         self._track_idle(stats, residual)
         self._add_to_bucket(stats, used)
         self._last_t = stats.t
@@ -265,6 +294,7 @@ class LeakDetector:
         closed = [b for b in self._buckets if not b.first]
         if closed:
             self._history.append(_load_point(closed, self.params))
+            self._explain(t, closed)
         trend = self._analyse(closed)
         if trend is None and self._pinned_since is not None:
             # A pinned pool's level says nothing either way: evidence found before it
@@ -287,9 +317,42 @@ class LeakDetector:
         elif self._floor_last is None or t - self._floor_last > self.params.floor_grace_s:
             self._floor_since = self._onset = None
 
+    def _explain(self, t: float, closed: list[_Bucket]) -> None:
+        """Add the bucket just closed to the load-explained level and judge it. A bucket
+        without tokens in flight at every scrape starts the level over; one the ledger
+        cannot speak for (a preemption, a full pool) keeps standing evidence, starts none."""
+        p = self.params
+        point = _load_bucket(closed, p, self._total or 1.0)
+        if point is None:
+            self._load.clear()
+            self._unexplained = None
+        else:
+            self._load.append(point)
+            self._unexplained = explain(self._load, p.ref_buckets, p.step_min_buckets,
+                                        p.explain_min_buckets, self._clean_load,
+                                        p.estimate_buckets)
+        found = self._unexplained
+        if point is not None and point.usable and found is not None and self._explained(found):
+            self._explain_since = self._explain_since or t
+            self._explain_last = t
+        elif point is not None and not point.usable and self._explain_since is not None:
+            self._explain_last = t
+        elif self._explain_last is None or t - self._explain_last > p.floor_grace_s:
+            self._explain_since = None
+
+    def _explained(self, found: Unexplained) -> bool:
+        """WATCH-level evidence: the unexplained level stepped up surely, is still up, and
+        by more than WATCH's rise and its own noise."""
+        p, total = self.params, self._total or 1.0
+        return (found.z >= p.explain_z and found.still_up
+                and found.rise >= p.watch_rise_frac * total
+                and found.rise >= p.explain_noise * found.noise)
+
     def _refit(self) -> None:
-        """Separate the leak from the load over the anchor and the buckets since."""
-        self._fit = fit_leak(self._fit_points()) if self._anchor is not None else None
+        """Separate the leak from the load over the anchor and the buckets since (only for
+        the floor's estimate: with tokens in flight the estimate is the unexplained level)."""
+        wanted = self._anchor is not None and not self._load
+        self._fit = fit_leak(self._fit_points()) if wanted else None
 
     def _fit_points(self) -> list[LoadPoint]:
         anchor = list(self._anchor or ())
@@ -340,7 +403,7 @@ class LeakDetector:
         `step_z` (many splits are tried), most of the step is not load, and the latest
         buckets are still up; 0.0 otherwise."""
         p = self.params
-        best = _best_split(adjusted, p.step_min_buckets)
+        best = best_split(adjusted, p.step_min_buckets)
         if best is None or best[1] < p.step_z:
             return 0.0
         k = best[0]
@@ -409,6 +472,24 @@ class LeakDetector:
             return "leak", f"{rate}, with {trend.consequences[0]}"
         return "watch", f"{rate} (confirming, {age / 60:.0f} min)"
 
+    def _explained_level(self, t: float) -> tuple[LeakState, str]:
+        found, p, total = self._unexplained, self.params, self._total or 1.0
+        since, last = self._explain_since, self._explain_last
+        if found is None or since is None or last is None:
+            return "ok", ""
+        if t - last > p.floor_grace_s + p.bucket_s:
+            return "ok", ""
+        age = t - since
+        what = (f"{self._amount(found.rise)} {'blocks' if self._in_blocks else 'of the pool'} "
+                f"({found.rise / total:.1%} of the pool) held beyond what the load explains "
+                f"({found.in_flight_now:.0f} tokens in flight: {self._amount(found.explained_now)}"
+                ")")
+        if found.rise < p.leak_rise_frac * total:
+            return "watch", f"{what}; LEAK from {p.leak_rise_frac:.1%} of the pool"
+        if age >= p.leak_persist_s:
+            return "leak", f"{what}, for {age / 60:.0f} min"
+        return "watch", f"{what} (confirming, {age / 60:.0f} min)"
+
     def _amount(self, blocks: float) -> str:
         """Blocks, or the share of the pool when only kv_usage is known (a fraction of 1)."""
         return f"{blocks:.0f}" if self._in_blocks else f"{blocks:.1%}"
@@ -444,8 +525,10 @@ class LeakDetector:
         return level, f"{self._held_blocks(blocks)} at the last idle, {_ago(t - last_t)} ago"
 
     def _decide(self, t: float, used: float) -> LeakVerdict:
-        level, reason = max(self._idle_level(t), self._floor_level(t),
-                            key=lambda pair: _RANK[pair[0]])
+        # Where the server exports its tokens in flight, the level they leave unexplained
+        # is the witness under load; the floor's trend is for servers that do not.
+        under_load = self._explained_level(t) if self._load else self._floor_level(t)
+        level, reason = max(self._idle_level(t), under_load, key=lambda pair: _RANK[pair[0]])
         if level == "leak":
             self._leak_last = t
         if level != "ok":
@@ -481,6 +564,16 @@ class LeakDetector:
         if self._pinned_since is not None:
             return "ok", ("KV pool pinned full under load: its level cannot show a leak "
                           f"(for {_ago(t - self._pinned_since)})")
+        found = self._unexplained
+        if self._load and found is not None:
+            return "ok", (f"no blocks held beyond what the load explains over the window "
+                          f"({found.in_flight_now:.0f} tokens in flight: "
+                          f"{self._amount(found.explained_now)})")
+        if self._load and self._trend is not None:
+            usable = sum(b.usable for b in self._load)
+            return "ok", (f"weighing blocks against tokens in flight: {usable} of "
+                          f"{self.params.explain_min_buckets} buckets without preemption "
+                          "so far")
         if self._trend is not None:
             return "ok", "no rising floor under load over the window"
         if self._clean_t == t:
@@ -498,7 +591,10 @@ class LeakDetector:
             self._leaked_peak = self._anchor = self._fit = None
             return LeakVerdict(level, reason, None, None, None, evidence)
         trend, total = self._trend, self._total or 0.0
-        estimates = [v for v in (residual, self._floor_leaked()) if v is not None]
+        # Under load, the leak separated from the tokens in flight; the floor's estimate is
+        # for servers without them.
+        under_load = self._floor_leaked() if not self._load else self._explained_leaked()
+        estimates = [v for v in (residual, under_load) if v is not None]
         leaked = max(estimates) if estimates else None
         # The fitted estimate keeps its pre-leak baseline (the anchor), so it neither drifts
         # with the window nor needs propping up; holding its peak would only keep its noise.
@@ -515,6 +611,10 @@ class LeakDetector:
         if not self._in_blocks:  # kv_usage without blocks_total: no block counts to give
             leaked = slope = None
         return LeakVerdict(level, reason, leaked, slope, to_full, evidence)
+
+    def _explained_leaked(self) -> float | None:
+        found = self._unexplained
+        return None if found is None else max(found.leaked, 0.0)
 
     def _floor_leaked(self) -> float | None:
         """The load-separated fit once floor evidence began; else the window's rise. A lump
@@ -548,7 +648,7 @@ class LeakDetector:
             evidence.update(
                 floor_slope_per_h=trend.slope, floor_slope_lower_per_h=trend.lower,
                 raw_floor_slope_per_h=trend.raw_slope, load_slope_per_h=trend.load_slope,
-                blocks_per_load=trend.per_load, floor_rise=trend.rise,
+                blocks_per_load=trend.per_load, floor_rise=trend.rise, floor_step=trend.step,
                 floor_now=trend.floor_now, load_measure=trend.load_measure,
                 consequences=", ".join(trend.consequences) or "none",
             )
@@ -556,6 +656,17 @@ class LeakDetector:
                 evidence["turnover"] = trend.turnover
         if self._floor_since is not None and self._last_t is not None:
             evidence["floor_evidence_s"] = self._last_t - self._floor_since
+        found = self._unexplained
+        if found is not None:
+            evidence.update(
+                unexplained_rise=found.rise, unexplained_now=found.now,
+                unexplained_noise=found.noise, unexplained_z=found.z,
+                tokens_in_flight=found.in_flight_now, explained_blocks=found.explained_now,
+                blocks_per_token=found.per_token, ledger_lost_tokens=found.lost_tokens,
+                load_buckets=found.buckets, unexplained_still_up="yes" if found.still_up
+                else "no")
+        if self._explain_since is not None and self._last_t is not None:
+            evidence["unexplained_evidence_s"] = self._last_t - self._explain_since
         return evidence
 
 
@@ -586,6 +697,31 @@ def _load_point(buckets: list[_Bucket], p: LeakParams) -> LoadPoint:
         loads = (running,) if per_request is None else (running, running * per_request)
     middle = (last.index + 0.5) * p.bucket_s  # the level is the whole bucket's mean
     return LoadPoint(middle, last.used_sum / last.scrapes, loads)
+
+
+def _load_bucket(buckets: list[_Bucket], p: LeakParams, total: float) -> LoadBucket | None:
+    """The last bucket for the load-explained level; None without tokens in flight at
+    every scrape, or when requests were aborted while others waited and the tokens they
+    may have taken from the ledger are not known."""
+    last = buckets[-1]
+    running = _mean(last.running)
+    if len(last.in_flight) < last.scrapes or running is None:
+        return None
+    lost = 0.0
+    if last.aborted and any(last.waiting):  # aborted before their first token, at worst
+        per_request = _tokens_per_request(buckets[-p.ref_buckets:])
+        if per_request is None:
+            return None
+        lost = last.aborted * per_request
+    in_flight = sum(last.in_flight) / len(last.in_flight)
+    hit_rate = last.prefix_hits / last.prefix_queries if last.prefix_queries else 0.0
+    level = last.used_sum / last.scrapes
+    # Preempted requests wait with their tokens still counted and no blocks, until resumed.
+    calm = [b.preemptions == 0 for b in buckets[-2:]]
+    usable = all(calm) and level < p.pinned_frac * total
+    return LoadBucket((last.index + 0.5) * p.bucket_s, level, in_flight, running,
+                      in_flight * hit_rate, last.prompt / max(last.seconds, 1e-9),
+                      last.deferred / last.scrapes, lost, usable)
 
 
 def _tokens_per_request(recent: list[_Bucket]) -> float | None:
@@ -623,20 +759,6 @@ def _per_load(levels: list[float], loads: list[float], z: float) -> float:
     if not any(d_load):
         return 0.0
     return max(theil_sen(d_load, d_level, z)[0], 0.0)
-
-
-def _best_split(values: list[float], side: int) -> tuple[int, float] | None:
-    """(k, z): the split of `values` into [:k] and [k:] whose Mann–Whitney z (later above
-    earlier) is largest, with at least `side` values on each side; None when too short."""
-    n, best = len(values), None
-    for k in range(side, n - side + 1):
-        before, after = values[:k], values[k:]
-        wins = sum((a > b) + 0.5 * (a == b) for a in after for b in before)
-        n1, n2 = len(before), len(after)
-        z = (wins - n1 * n2 / 2) / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
-        if best is None or z > best[1]:
-            best = (k, z)
-    return best
 
 
 def _turnover(buckets: list[_Bucket]) -> float | None:

@@ -13,7 +13,8 @@ from kvtop.derive.quantiles import quantiles
 from kvtop.derive.stats import EngineStats
 
 COUNTERS = ("prompt_tokens_total", "generation_tokens_total", "preemptions_total",
-            "prefix_queries_total", "prefix_hits_total")
+            "prefix_queries_total", "prefix_hits_total", "finished_prompt_tokens_total",
+            "finished_generation_tokens_total")
 
 
 def _counter_values(reading: EngineReading) -> dict[str, float]:
@@ -43,6 +44,20 @@ def _usage_numbers(stats: EngineStats, reading: EngineReading) -> None:
     stats.tokens_used = reading.tokens_used
     if stats.tokens_used is None and reading.kv_usage is not None and reading.tokens_total:
         stats.tokens_used = reading.kv_usage * reading.tokens_total
+
+
+def tokens_in_flight(reading: EngineReading) -> float | None:
+    """Prompt and generated tokens counted so far less those of the finished requests: the
+    tokens of the requests in flight. vLLM counts a prompt at its first token and a finished
+    request's tokens when it ends, so this is the context of the requests past their first
+    token, preempted ones included; a request aborted before its first token makes it
+    under-count by its prompt from then on (docs/leak-detector.md)."""
+    parts = (reading.prompt_tokens_total, reading.generation_tokens_total,
+             reading.finished_prompt_tokens_total, reading.finished_generation_tokens_total)
+    if None in parts:
+        return None
+    prompt, generated, finished_prompt, finished_generated = parts  # type: ignore[misc]
+    return prompt + generated - finished_prompt - finished_generated
 
 
 def _hit_rate(stats: EngineStats, now: EngineReading, before: EngineReading | None) -> None:
@@ -84,6 +99,7 @@ def derive_engine_stats(now: EngineReading, before: EngineReading | None, t: flo
         model=now.model, engine=now.engine, t=t, kv_usage=now.kv_usage,
         blocks_total=now.blocks_total, block_size=now.block_size,
         tokens_total=now.tokens_total, running=now.running, waiting=now.waiting,
+        waiting_deferred=now.waiting_deferred, tokens_in_flight=tokens_in_flight(now),
         swapped=now.swapped, preemptions_total=now.preemptions_total,
         prefix_queries_total=now.prefix_queries_total,
         prefix_hits_total=now.prefix_hits_total, idle_floor_blocks=now.idle_floor_blocks,

@@ -35,14 +35,6 @@ class StallParams:
 
 
 
-def _usage(stats: EngineStats) -> float | None:
-    if stats.kv_usage is not None:
-        return stats.kv_usage
-    if stats.blocks_used is not None and stats.blocks_total:
-        return stats.blocks_used / stats.blocks_total
-    return None
-
-
 def _progress(stats: EngineStats) -> bool | None:
     """Tokens came out (or prompts were done, or requests finished) in the scrape window;
     None without a window or without a generated-token counter."""
@@ -85,7 +77,7 @@ class StallDetector:
             return self._set(t, "unknown", "the server exports no generated-token counter"
                              if missing else "rates need another scrape")
         busy = (running or 0) + (waiting or 0) > 0
-        usage = _usage(stats)
+        usage = stats.usage
         evidence: dict[str, float | str] = {"running": running or 0.0, "waiting": waiting or 0.0}
         if usage is not None:
             evidence["kv_usage"] = usage

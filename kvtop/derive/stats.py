@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from kvtop.collect.reading import LoraInfo
-    from kvtop.derive.verdicts import LeakVerdict, LimitVerdict, StallVerdict
+    from kvtop.derive.verdicts import KvLeakState, LeakVerdict, LimitVerdict, StallVerdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +50,6 @@ class Reuse:
     cached_by_tier: dict[str, float] | None  # share of the prompt tokens per cache tier
     reuse_share: float | None  # prompt tokens not computed (found cached anywhere)
     external_hit_rate: float | None  # a KV connector's hits / its lookups (tokens)
-
-
-KvLeakState = Literal["unknown", "too_early", "none", "evidence"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +114,8 @@ class EngineStats:
     tokens_used: float | None = None
     running: float | None = None
     waiting: float | None = None
+    waiting_deferred: float | None = None  # waiting for a KV transfer or the LoRA budget
+    tokens_in_flight: float | None = None  # context of the requests in flight, from counters
     swapped: float | None = None
     preemptions_total: float | None = None
     prefix_queries_total: float | None = None
@@ -152,3 +151,12 @@ class EngineStats:
     residency: Residency | None = None
     limit: LimitVerdict | None = None  # what holds the queue back, after this scrape
     kv_events: KvEventStats | None = None  # from the engine's KV events, when subscribed
+
+    @property
+    def usage(self) -> float | None:
+        """How full the pool is: the server's own figure, else blocks used over the pool."""
+        if self.kv_usage is not None:
+            return self.kv_usage
+        if self.blocks_used is not None and self.blocks_total:
+            return self.blocks_used / self.blocks_total
+        return None

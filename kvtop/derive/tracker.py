@@ -1,7 +1,8 @@
 """Per-target state: folds successive scrapes into what the views show.
 
 The same :class:`TargetTracker` serves the live app, replay and the headless commands, so
-every number is computed the same way wherever it is shown.
+every number is computed the same way wherever it is shown. It folds readings: every source
+delivers a good scrape with its reading made (:func:`kvtop.collect.source.read_scrape`).
 
 Memory per target is bounded: an answer refused by the adapters (a value no pool can have,
 a body over the parser's limits) is a ``bad_payload`` failure; at most ``MAX_ENGINES`` engines
@@ -16,7 +17,6 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from kvtop.collect.adapters import adapt, read_exposition
 from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.gpu import GpuReading
 from kvtop.collect.kv_events import KvEventBatch
@@ -119,11 +119,10 @@ class TargetTracker:
         if not scrape.ok:
             self._fold_failure(scrape.t, scrape.failure or "down", scrape.error)
             return state
-        reading = self._reading(scrape)
-        if reading.refused is not None:
-            self._fold_failure(scrape.t, "bad_payload", reading.refused)
-        else:
-            self._fold_good(scrape, reading)
+        if scrape.reading is None:
+            raise ValueError(f"a scrape of {scrape.target.label} came unread: its source "
+                             "must make its reading (kvtop.collect.source.read_scrape)")
+        self._fold_good(scrape, scrape.reading)
         return state
 
     def update_kv_events(self, batch: KvEventBatch) -> None:
@@ -144,17 +143,6 @@ class TargetTracker:
         if engine.isascii() and engine.isdigit() and len(engine) <= 6:
             return self.kv_events.get(int(engine))
         return None
-
-    def _reading(self, scrape: Scrape) -> ServerReading:
-        """What the scrape says (the poller reads live bodies off the event loop; a
-        recording's or Prometheus's are read here). Only an exact version goes back in: an
-        inferred "0.7+" read as 0.7.0 would drop the null block the names' release counts."""
-        if scrape.reading is not None:
-            return scrape.reading
-        if scrape.samples is not None:
-            return adapt(scrape.samples, version=self._server_version)
-        assert scrape.body is not None
-        return read_exposition(scrape.body, version=self._server_version)
 
     def _fold_good(self, scrape: Scrape, reading: ServerReading) -> None:
         state = self.state

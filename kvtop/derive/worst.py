@@ -3,22 +3,32 @@ and what ``baseline`` and ``rehearse`` keep of the leak and stall detectors whil
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 
 from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.target import Scrape, Target
 from kvtop.contract import json_number
 from kvtop.derive.leak import LeakParams
-from kvtop.derive.stats import KvEventStats, KvLeakState
+from kvtop.derive.stats import KvEventStats
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
-from kvtop.derive.verdicts import STALL_RANK, LeakVerdict, StallState, StallVerdict
+from kvtop.derive.verdicts import (
+    KV_LEAK_RANK,
+    STALL_RANK,
+    VERDICT_RANK,
+    LeakVerdict,
+    StallState,
+    StallVerdict,
+    Verdict,
+)
 from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
 
-Verdict = Literal["unknown", "ok", "watch", "leak"]
-RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
-KV_LEAK_RANK: dict[KvLeakState, int] = {"unknown": 0, "too_early": 1, "none": 2, "evidence": 3}
+# Targets with a tracker at once: a Prometheus whose instances churn names new ones every
+# refresh; past this (and an eighth more, so the trim is rare), those fed least recently
+# lose their tracker, and their engines without a verdict are dropped (a verdict stays).
+MAX_TRACKED_TARGETS = 2048
 
 
 def block_hash_text(key: int) -> str:
@@ -69,7 +79,7 @@ class EngineVerdict:
             self.leak_first_t = t
         if state in ("watch", "leak") and self.watch_first_t is None:
             self.watch_first_t = t
-        if RANK[state] >= RANK[self.verdict] and state != "unknown":
+        if VERDICT_RANK[state] >= VERDICT_RANK[self.verdict] and state != "unknown":
             self.verdict, self.at_worst = state, leak
 
     def to_json(self) -> dict[str, Any]:
@@ -123,6 +133,8 @@ class CheckRun:
         self.first_t = scrape.t if self.first_t is None else min(self.first_t, scrape.t)
         self.last_t = scrape.t if self.last_t is None else max(self.last_t, scrape.t)
         state = self.trackers[scrape.target.url].update(scrape)
+        if len(self.trackers) > MAX_TRACKED_TARGETS + MAX_TRACKED_TARGETS // 8:
+            self._forget_targets()
         if not scrape.ok or state.last_good_t != scrape.t:
             return
         verdicts = self.engines[scrape.target.url]
@@ -145,13 +157,25 @@ class CheckRun:
         self.add_target(target)
         self.trackers[target.url].update_kv_events(batch)
 
+    def _forget_targets(self) -> None:
+        by_age = sorted(self.trackers, key=lambda url: self.trackers[url].state.last_attempt_t
+                        or -math.inf)
+        for url in by_age[:len(self.trackers) - MAX_TRACKED_TARGETS]:
+            del self.trackers[url]
+            judged = {key: entry for key, entry in self.engines[url].items()
+                      if entry.verdict != "unknown" or entry.stall != "unknown"}
+            if judged:
+                self.engines[url] = judged
+            else:
+                del self.engines[url]
+
     @property
     def leak_found(self) -> bool:
         return self.verdict() == "leak"
 
     def verdict(self) -> Verdict:
         verdicts = [e.verdict for per in self.engines.values() for e in per.values()]
-        return max(verdicts, key=RANK.__getitem__, default="unknown")
+        return max(verdicts, key=VERDICT_RANK.__getitem__, default="unknown")
 
     def stall_verdict(self) -> StallState:
         states = [e.stall for per in self.engines.values() for e in per.values()]

@@ -9,7 +9,12 @@
   sends no usage is counted one token per chunk. It never raises on a bad server: every
   outcome is a :class:`CompletionResult`.
 
-Text is never kept: only lengths, timings, statuses and the server's error message.
+Text is never kept: only lengths, timings, statuses and the server's error message. What is
+kept from a server (its error messages, model names, a finish reason) is masked
+(:func:`kvtop.safe_text.mask`: the token, and whatever follows an echoed ``Bearer``) before
+it is cut, and bounded: a line of the event stream is at most ``MAX_EVENT_LINE`` bytes (a
+stream whose line never ends fails the request instead of growing), a model list at most
+``MODELS_BODY_BYTES`` and ``MAX_MODELS`` models of ``MAX_MODEL_ID`` characters.
 """
 
 from __future__ import annotations
@@ -31,11 +36,20 @@ from kvtop.collect.http import (
     verified_context,
     within,
 )
+from kvtop.safe_text import mask
 
 Status = Literal["ok", "error", "timeout"]
 RETRYABLE_HTTP = frozenset({429, 502, 503, 504})  # the server asks to come back later
 ERROR_BODY_BYTES = 8192
 MODELS_BODY_BYTES = 1024 * 1024
+MAX_MODELS = 1024  # a server serves a few; more is not a model list
+MAX_MODEL_ID = 512  # characters: a model id longer than this is not one
+# One server-sent event: a completion chunk is ~0.3-2 KB (with logprobs a few KB more); a
+# line that reaches this has no end coming, and its buffer must not grow for the whole
+# request timeout (it reached 1.5 GB in 42 s at 4 requests a second).
+MAX_EVENT_LINE = 1 << 20
+QUOTE_CHARS = 200  # of a server's error message
+FINISH_REASON_CHARS = 40  # "stop", "length", "abort"...
 
 
 class NotOpenAI(Exception):
@@ -67,7 +81,8 @@ async def list_models(session: aiohttp.ClientSession, api_base: str, *,
     try:
         status, data = await within(timeout_s, _get(session, url, token))
     except Exception as exc:
-        raise NotOpenAI(f"cannot read {url}: {classify_exception(exc, timeout_s)[1]}") from None
+        reason = mask(classify_exception(exc, timeout_s)[1])
+        raise NotOpenAI(f"cannot read {url}: {reason}") from None
     if status in (401, 403):
         raise NotOpenAI(f"{url} answered HTTP {status}: the API wants a bearer token "
                         "(--token-env / --token-file)")
@@ -76,12 +91,14 @@ async def list_models(session: aiohttp.ClientSession, api_base: str, *,
                         "(one lists its models there)")
     try:
         listed = orjson.loads(data)["data"]
-        models = [ServedModel(str(m["id"]), _model_len(m)) for m in listed]
+        models = [ServedModel(mask(m["id"]), _model_len(m)) for m in listed[:MAX_MODELS]
+                  if isinstance(m["id"], str) and 0 < len(m["id"]) <= MAX_MODEL_ID]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         raise NotOpenAI(f"{url} did not answer with an OpenAI model list "
                         '({"data": [{"id": ...}]}): not an OpenAI-compatible server') from None
     if not models:
-        raise NotOpenAI(f"{url} lists no models: nothing to send requests to")
+        raise NotOpenAI(f"{url} lists no models (of ids up to {MAX_MODEL_ID} characters): "
+                        "nothing to send requests to")
     return models
 
 
@@ -153,11 +170,13 @@ async def stream_completion(
         await within(timeout_s, _exchange(session, url, body, token, result, clock, started))
     except (TimeoutError, aiohttp.ServerTimeoutError):
         result.status, result.error = "timeout", "no complete answer in time"
+    except EventTooLong as exc:
+        result.status, result.error = "error", str(exc)
     except Exception as exc:
         answered = result.http_status is not None
         result.status, result.retryable = "error", not answered
         result.error = ("the server closed the stream mid-answer" if answered
-                        else classify_exception(exc)[1])
+                        else mask(classify_exception(exc)[1]))
     result.total_s = clock() - started
     return result
 
@@ -174,13 +193,23 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: dict[str, An
             result.retryable = response.status in RETRYABLE_HTTP
             return
         stream = _Stream(result, clock, started)
-        buffer = b""
+        buffer = bytearray()
         async for data in response.content.iter_any():
-            *lines, buffer = (buffer + data).split(b"\n")
-            for line in lines:
-                if stream.line(line):
-                    return
+            buffer += data
+            if b"\n" in data:
+                *lines, rest = buffer.split(b"\n")
+                for line in lines:
+                    if stream.line(bytes(line)):
+                        return
+                buffer = bytearray(rest)
+            if len(buffer) > MAX_EVENT_LINE:
+                raise EventTooLong(f"a line of the event stream over {MAX_EVENT_LINE:,} bytes "
+                                   "with no end: not server-sent events")
         raise ConnectionResetError("the stream ended before data: [DONE]")
+
+
+class EventTooLong(Exception):
+    """A line of the event stream that never ends (the message says so)."""
 
 
 class _Stream:
@@ -216,7 +245,8 @@ class _Stream:
         error = event.get("error")
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else error
-            result.status, result.error = "error", f"server error: {str(message)[:200]}"
+            said = mask(" ".join(str(message).split()))[:QUOTE_CHARS]
+            result.status, result.error = "error", f"server error: {said}"
             return
         choices = event.get("choices") or []
         usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
@@ -230,7 +260,7 @@ class _Stream:
         choice = choices[0] if isinstance(choices[0], dict) else {}
         tokens = self._tokens(choice, usage)
         if choice.get("finish_reason"):
-            result.finish_reason = str(choice["finish_reason"])
+            result.finish_reason = mask(str(choice["finish_reason"]))[:FINISH_REASON_CHARS]
         if tokens > 0:
             self._tokens_arrived(tokens)
 
@@ -269,4 +299,4 @@ async def _said(response: aiohttp.ClientResponse) -> str:
     message = error.get("message") if isinstance(error, dict) else error
     if not isinstance(message, str) or not message.strip():
         return ""
-    return ": " + " ".join(message.split())[:200]
+    return ": " + mask(" ".join(message.split()))[:QUOTE_CHARS]  # masked before it is cut

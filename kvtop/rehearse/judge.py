@@ -34,6 +34,8 @@ from kvtop.derive.leak import LeakParams, median, theil_sen
 from kvtop.derive.quantiles import quantile as histogram_quantile
 from kvtop.derive.samples import percentile
 from kvtop.derive.tracker import EngineKey
+from kvtop.derive.verdicts import VERDICT_RANK
+from kvtop.derive.verdicts import Verdict as CheckVerdict
 from kvtop.rehearse.requests import CODE, RequestTable
 from kvtop.rehearse.watch import EnginePoint, GpuPoint, WatchData
 
@@ -315,7 +317,10 @@ def judge_gpu(points: list[GpuPoint], span: Span, unavailable: str | None) -> Cr
     return Criterion("gpu_memory", TITLES["gpu_memory"], worst[0], worst[1], figures)
 
 
-_RANK: dict[State, int] = {"not_judged": 0, "ok": 1, "watch": 2, "fail": 3}
+# A criterion's states in the order of check's verdicts: none yet, fine, watch, bad.
+_AS_VERDICT: dict[State, CheckVerdict] = {"not_judged": "unknown", "ok": "ok", "watch": "watch",
+                                         "fail": "leak"}
+_RANK = {state: VERDICT_RANK[verdict] for state, verdict in _AS_VERDICT.items()}
 
 
 def _one_gpu(index: int, series: list[GpuPoint], span: Span

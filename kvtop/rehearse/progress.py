@@ -13,6 +13,7 @@ from kvtop.derive.samples import percentile
 from kvtop.load.driver import RequestRecord, RunClock
 from kvtop.rehearse.report import clock as hms
 from kvtop.rehearse.requests import RequestTable
+from kvtop.safe_text import out, rewrite_line
 
 TTY_EVERY_S = 1.0  # wall seconds
 LINE_EVERY_S = 60.0
@@ -76,9 +77,9 @@ class Progress:
 
     def _print(self, line: str) -> None:
         if self.tty:
-            self.stream.write("\r\x1b[2K" + line)
+            rewrite_line(self.stream, line)
         else:
-            self.stream.write(line + "\n")
+            out(line + "\n", self.stream)
         self.stream.flush()
 
 

@@ -30,6 +30,7 @@ from kvtop.rehearse.progress import Progress
 from kvtop.rehearse.report import FORMAT_VERSION, render_text
 from kvtop.rehearse.requests import CODE, RequestTable
 from kvtop.rehearse.watch import EnginePoint, GpuPoint, Watcher
+from kvtop.safe_text import file_text, json_bytes
 from kvtop.store.recording import RecordingWriter
 
 FIRST_SCRAPE_WALL_S = 15.0  # to read /metrics once before giving up
@@ -102,13 +103,13 @@ class _Outputs:
     def request(self, record: RequestRecord) -> None:
         if self.requests is None:
             self.requests = self.path("requests").open("wb")
-        self.requests.write(orjson.dumps(record.to_json()) + b"\n")
+        self.requests.write(json_bytes(record.to_json()) + b"\n")
         self.requests.flush()
 
     def gpu(self, point: GpuPoint) -> None:
         if self.gpus is None:
             self.gpus = self.path("gpus").open("wb")
-        self.gpus.write(orjson.dumps(asdict(point)) + b"\n")
+        self.gpus.write(json_bytes(asdict(point)) + b"\n")
 
     def close(self) -> None:
         for file in (self.requests, self.gpus):
@@ -376,8 +377,9 @@ class _Rehearsal:
     def _write(self, doc: dict[str, Any]) -> None:
         try:
             self.outputs.path("report_json").write_bytes(
-                orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
-            self.outputs.path("report_text").write_text(render_text(doc), encoding="utf-8")
+                json_bytes(doc, orjson.OPT_INDENT_2) + b"\n")
+            self.outputs.path("report_text").write_text(file_text(render_text(doc)),
+                                                        encoding="utf-8")
         except OSError as exc:
             raise BadUsage(f"cannot write the report to {self.settings.out_dir}: "
                            f"{exc.strerror or exc}") from None

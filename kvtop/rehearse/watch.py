@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kvtop.collect.adapters import read_exposition
+from kvtop.collect.live import DirectSource
 from kvtop.collect.nvml import GpuReader, NvmlUnavailable
-from kvtop.collect.poller import Poller
-from kvtop.collect.reading import Histogram
+from kvtop.collect.reading import Histogram, ServerReading
 from kvtop.collect.target import Scrape, Target
+from kvtop.collect.watch import watch
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetTracker
@@ -116,11 +116,11 @@ class Watcher:
 
     async def run(self, stop: asyncio.Event) -> None:
         gpus = asyncio.create_task(self._gpus(stop))
-        try:
-            async with Poller([self.target], interval_s=self.clock.wall(self.interval_s),
+        source = DirectSource([self.target], interval_s=self.clock.wall(self.interval_s),
                               timeout_s=self.timeout_s, insecure=self.insecure,
-                              narrow=not self.full_metrics) as poller:
-                await poller.run(self._on_scrape, stop=stop)
+                              narrow=not self.full_metrics)
+        try:
+            await watch(source.live(), self._on_scrape, stop=stop)
         finally:
             gpus.cancel()
             await asyncio.gather(gpus, return_exceptions=True)
@@ -186,12 +186,11 @@ class Watcher:
                 data.cache_config = dict(stats.cache_config)
             if stats.prefix_caching is not None:
                 data.prefix_caching = stats.prefix_caching
-        if self.histograms and scrape.body is not None:
-            self._fold_ttft(t, scrape)
+        if self.histograms and scrape.reading is not None:
+            self._fold_ttft(t, scrape.reading)
 
-    def _fold_ttft(self, t: float, scrape: Scrape) -> None:
+    def _fold_ttft(self, t: float, reading: ServerReading) -> None:
         """Watch-only: the server's TTFT histogram, summed over its engines."""
-        reading = read_exposition(scrape.body or "", version=scrape.version)
         histograms = [e.ttft for e in reading.engines if e.ttft is not None]
         if histograms:
             self.data.ttft.append((t, _summed(histograms)))

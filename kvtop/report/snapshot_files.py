@@ -8,7 +8,6 @@ own, and the SVG is kept valid XML whatever text was on the screen.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from kvtop.safe_text import json_text, kept_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +81,14 @@ def write_snapshot(folder: Path, files: SnapshotFiles) -> Path:
     work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
     try:
         (work / f"{name}.json").write_text(
-            json.dumps(files.document, indent=2, default=str) + "\n", encoding="utf-8"
+            json_text(files.document, indent=2, default=str) + "\n", encoding="utf-8"
         )
         metrics = work / "metrics"
         metrics.mkdir()
         names = body_names([label for label, _ in files.bodies])
         for name, (_, body) in zip(names, files.bodies, strict=True):
             # a body from a recording may hold a lone surrogate: never fail the snapshot
-            (metrics / name).write_text(body, encoding="utf-8", errors="replace")
+            (metrics / name).write_text(kept_text(body), encoding="utf-8", errors="replace")
         (work / "screen.svg").write_text(xml_safe(files.screenshot_svg), encoding="utf-8")
         os.chmod(work, 0o755)  # mkdtemp makes it private; the snapshot is meant to be shared
         os.replace(work, final)

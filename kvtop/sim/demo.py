@@ -8,28 +8,39 @@
 * ``restarts``: healthy, restarted at t=90 s and t=210 s (counters reset, no negative rates).
 
 The fleet runs on its own event loop in a background thread, so its stepping never
-competes with the terminal app's loop for scheduling.
+competes with the terminal app's loop for scheduling. Its ports are bound at once, but the
+simulator (and aiohttp's server, a fifth of a second to import) starts only when the first
+connection waits on one of them: after the app's first frame, which so never waits for it.
+A connection made meanwhile waits in the listen queue; none is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from kvtop.collect.target import Target
-from kvtop.sim.engine import EngineConfig
-from kvtop.sim.faults import plan
-from kvtop.sim.server import SimConfig, SimFleet
 
+if TYPE_CHECKING:
+    from kvtop.sim.server import SimConfig
+
+HOST = "127.0.0.1"  # never reachable from outside the machine
+NAMES = ("mooncake", "prefix-heavy", "leaky", "restarts")
 LEAK_AT_S = 30.0
-START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 15.0
 
 
 def demo_configs() -> list[tuple[str, SimConfig]]:
     """(display name, simulator config) of each demo server."""
+    from kvtop.sim.engine import EngineConfig
+    from kvtop.sim.faults import plan
+    from kvtop.sim.server import SimConfig
+
     engine = EngineConfig(num_gpu_blocks=2000, max_num_seqs=64)
     healthy = SimConfig(model_name="llama-3-8b", engine=engine, workload="mooncake",
                         workload_params={"rate_scale": 0.5}, seed=1)
@@ -45,40 +56,53 @@ def demo_configs() -> list[tuple[str, SimConfig]]:
     restarts = SimConfig(model_name="mistral-7b", engine=engine, seed=4,
                          workload_params={"rate": 3.0},
                          faults=plan(restart_at=[90.0, 210.0]))
-    return [("mooncake", healthy), ("prefix-heavy", prefix_heavy), ("leaky", leaky),
-            ("restarts", restarts)]
+    return list(zip(NAMES, (healthy, prefix_heavy, leaky, restarts), strict=True))
+
+
+async def _serve(listeners: list[socket.socket], stop: asyncio.Event) -> None:
+    from kvtop.sim.server import SimFleet
+
+    fleet = SimFleet([config for _, config in demo_configs()])
+    await fleet.start(listeners)
+    try:
+        await stop.wait()
+    finally:
+        await fleet.stop()
 
 
 @contextmanager
 def demo_fleet() -> Iterator[list[Target]]:
-    """Serve the demo fleet on 127.0.0.1 while the block runs; yields its targets."""
-    named = demo_configs()
-    fleet = SimFleet([config for _, config in named])
+    """Serve the demo fleet on 127.0.0.1 while the block runs; yields its targets at once.
+    Raises RuntimeError after the block when the simulator failed (a bug)."""
+    listeners = [socket.create_server((HOST, 0), backlog=128) for _ in NAMES]
+    wake, woken = socket.socketpair()  # closing wake ends the wait for a first connection
     loop = asyncio.new_event_loop()
-    ready = threading.Event()
+    stop = asyncio.Event()
     failure: list[BaseException] = []
 
     def serve() -> None:
+        readable, _, _ = select.select([*listeners, woken], [], [])
+        if woken in readable:  # the block ended before anyone connected
+            return
         asyncio.set_event_loop(loop)
         try:
-            loop.run_until_complete(fleet.start())
-        except BaseException as exc:  # reported to the caller below
+            loop.run_until_complete(_serve(listeners, stop))
+        except BaseException as exc:  # reported to the caller when the block ends
             failure.append(exc)
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(fleet.stop())
-        loop.close()
 
     thread = threading.Thread(target=serve, name="kvtop-demo-fleet", daemon=True)
     thread.start()
-    if not ready.wait(START_TIMEOUT_S) or failure:
-        raise RuntimeError(f"the demo fleet did not start: {failure[0] if failure else 'timeout'}")
     try:
-        yield [Target.from_spec(server.url, name=name)
-               for (name, _), server in zip(named, fleet.servers, strict=True)]
+        yield [Target.from_spec(f"http://{HOST}:{listener.getsockname()[1]}", name=name)
+               for name, listener in zip(NAMES, listeners, strict=True)]
     finally:
-        loop.call_soon_threadsafe(loop.stop)
+        loop.call_soon_threadsafe(stop.set)
+        wake.close()
         # let the servers close before the interpreter exits (a busy machine can be slow)
         thread.join(timeout=STOP_TIMEOUT_S)
+        for sock in (*listeners, woken):
+            sock.close()
+        if not thread.is_alive():
+            loop.close()
+    if failure:
+        raise RuntimeError(f"the demo fleet failed: {failure[0]!r}") from failure[0]

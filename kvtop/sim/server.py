@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gzip
+import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -101,7 +102,9 @@ class SimServer:
         return render(self.simulation.engine, model_name=self.config.model_name,
                       names=self.config.names, only=only)
 
-    async def start(self) -> None:
+    async def start(self, listener: socket.socket | None = None) -> None:
+        """Serve on ``listener`` (a socket already bound and listening), else on the
+        config's port."""
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/metrics/", self._exposition_handler)
@@ -115,7 +118,8 @@ class SimServer:
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5,
                                      handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, HOST, self.config.port)
+        site = (web.SockSite(self._runner, listener) if listener is not None
+                else web.TCPSite(self._runner, HOST, self.config.port))
         await site.start()
         self.port = self._runner.addresses[0][1]
         if self.kv_events is not None:
@@ -240,11 +244,13 @@ class SimFleet:
     def urls(self) -> list[str]:
         return [s.url for s in self.servers]
 
-    async def start(self) -> None:
+    async def start(self, listeners: Sequence[socket.socket] = ()) -> None:
+        """Start every server, on ``listeners`` (one each, bound and listening) if given."""
         started = []
+        sockets: Sequence[socket.socket | None] = listeners or [None] * len(self.servers)
         try:
-            for server in self.servers:
-                await server.start()
+            for server, listener in zip(self.servers, sockets, strict=True):
+                await server.start(listener)
                 started.append(server)
         except BaseException:
             await asyncio.gather(*(s.stop() for s in started))

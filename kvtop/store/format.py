@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kvtop.collect.kv_events import (
@@ -15,7 +14,7 @@ from kvtop.collect.kv_events import (
     KvEvent,
     KvEventBatch,
 )
-from kvtop.collect.target import Scrape, Target
+from kvtop.collect.target import Scrape
 
 FORMAT, VERSION = "kvtop-recording", 1
 FAILURES: frozenset[str] = frozenset({"down", "timeout", "auth", "bad_payload"})
@@ -62,18 +61,6 @@ def scrape_line(scrape: Scrape) -> dict[str, Any]:
     if scrape.version:
         line["version"] = scrape.version
     return line
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedKvEvents:
-    """A KV event batch read back from a recording, with the target it belongs to."""
-
-    target: Target
-    batch: KvEventBatch
-
-    @property
-    def t(self) -> float:
-        return self.batch.t
 
 
 def _event_json(event: KvEvent) -> list[Any]:

@@ -12,12 +12,11 @@ the few seconds a slow scrape lags, however long the recording.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import heapq
 import math
-import os
 import re
-import stat
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +27,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kvtop.collect.source import ScrapeReader, TargetKvEvents
 from kvtop.collect.target import Scrape, Target
+from kvtop.files import UnreadableFile, open_regular
 from kvtop.safe_text import display_text
 from kvtop.store.format import (
     FAILURES,
@@ -44,12 +45,11 @@ from kvtop.store.format import (
     MAX_VERSION_CHARS,
     VERSION,
     MiB,
-    RecordedKvEvents,
     RecordingError,
     kv_events_from_line,
 )
 
-Item = Scrape | RecordedKvEvents  # what a pass that reads KV events yields
+Item = Scrape | TargetKvEvents  # what a pass that reads KV events yields
 
 GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by its first bytes, whatever the name
 BIG_LINE_BYTES = MiB
@@ -81,12 +81,10 @@ def _opened(path: Path) -> Iterator[IO[bytes]]:
     """The file's bytes, unzipped when it is gzip. Only a regular file: /dev/zero would
     never end a line and a FIFO would block (O_NONBLOCK lets the check see it first)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise RecordingError(f"{path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RecordingError(f"{path}: not a regular file")
+        opened = open_regular(path)
+    except UnreadableFile as exc:
+        raise RecordingError(f"{path}: {exc}") from None
+    with opened as file:  # buffered: it can peek
         if file.peek(2)[:2] != GZIP_MAGIC:
             yield file
             return
@@ -283,7 +281,7 @@ class _Pass:
         self.newest = max(self.newest, t)
         return target
 
-    def _kv_events(self, line: dict[str, Any]) -> RecordedKvEvents | None:
+    def _kv_events(self, line: dict[str, Any]) -> TargetKvEvents | None:
         url, t = _url(line.get("target")), _number(line.get("t"))
         if url is None:
             return self._skip(f'"target" is not a URL of at most {MAX_URL_CHARS} characters')
@@ -293,11 +291,11 @@ class _Pass:
         if isinstance(batch, str):
             return self._skip(f"KV events: {batch}")
         target = self._placed(url, t)
-        return None if target is None else RecordedKvEvents(target, batch)
+        return None if target is None else TargetKvEvents(target, batch)
 
 
 def _size(item: Item) -> int:
-    if isinstance(item, RecordedKvEvents):
+    if isinstance(item, TargetKvEvents):
         return 64 * len(item.batch.events) + 200
     return len(item.body or item.error or "") + 200
 
@@ -354,11 +352,17 @@ class RecordingFile:
         return (item for item in self.items_in_file_order() if isinstance(item, Scrape))
 
     def in_time_order(self) -> Iterator[Scrape]:
-        return time_ordered(self.in_file_order(), self._late_s)  # type: ignore[return-value]
+        """The scrapes in time order, each with its reading made."""
+        with contextlib.closing(self.items_in_time_order()) as items:
+            yield from (item for item in items if isinstance(item, Scrape))
 
     def items_in_time_order(self) -> Iterator[Item]:
-        """Scrapes and KV event batches, in time order (what a replay with events reads)."""
-        return time_ordered(self.items_in_file_order(), self._late_s)
+        """Scrapes (each with its reading made) and KV event batches, in time order (what a
+        replay with events reads)."""
+        read = ScrapeReader()
+        with contextlib.closing(time_ordered(self.items_in_file_order(), self._late_s)) as items:
+            for item in items:
+                yield read(item) if isinstance(item, Scrape) else item
 
 
 def open_recording(path: Path) -> RecordingFile:
@@ -387,7 +391,7 @@ class Recording:
     header: dict[str, Any]
     scrapes: list[Scrape] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    kv_events: list[RecordedKvEvents] = field(default_factory=list)
+    kv_events: list[TargetKvEvents] = field(default_factory=list)
 
     @property
     def interval_s(self) -> float:
@@ -407,7 +411,10 @@ class Recording:
         return [Target(url=url) for url in urls]
 
     def in_time_order(self) -> Iterator[Scrape]:
-        return iter(sorted(self.scrapes, key=lambda s: s.t))
+        """The scrapes in time order, each with its reading made (on a copy: the recording
+        held stays as read)."""
+        read = ScrapeReader()
+        return (read(dataclasses.replace(s)) for s in sorted(self.scrapes, key=lambda s: s.t))
 
     def items_in_time_order(self) -> Iterator[Item]:
         items: list[Item] = [*self.scrapes, *self.kv_events]
@@ -419,4 +426,4 @@ def read_recording(path: Path) -> Recording:
     file = open_recording(path)
     items = list(file.items_in_file_order())
     return Recording(file.header, [i for i in items if isinstance(i, Scrape)], file.warnings,
-                     [i for i in items if isinstance(i, RecordedKvEvents)])
+                     [i for i in items if isinstance(i, TargetKvEvents)])

@@ -18,11 +18,11 @@ them from.
 
 from __future__ import annotations
 
+from kvtop.collect.source import TargetKvEvents
 from kvtop.store.format import (
     FAILURES,
     FORMAT,
     VERSION,
-    RecordedKvEvents,
     RecordingError,
     kv_events_line,
     scrape_line,
@@ -37,7 +37,7 @@ from kvtop.store.writer import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_BYTES", "FAILURES", "FORMAT", "VERSION", "RecordedKvEvents", "Recording",
-    "RecordingError", "RecordingExists", "RecordingFile", "RecordingWriter", "kv_events_line",
+    "DEFAULT_MAX_BYTES", "FAILURES", "FORMAT", "VERSION", "Recording", "RecordingError",
+    "RecordingExists", "RecordingFile", "RecordingWriter", "TargetKvEvents", "kv_events_line",
     "open_recording", "parse_size", "read_recording", "scrape_line", "size_text",
 ]

@@ -1,7 +1,9 @@
 """Replay a recording as a scrape source: the app and ``kvtop check`` consume its scrapes
 exactly as they consume the live poller's, so every number is computed the same way.
 
-The replay keeps its own clock (recording time). It can pause, step one scrape, seek and
+:class:`RecordingSource` is a recording as the commands read it: every scrape stored, in
+time order, nothing live. :class:`ReplaySource` is the app's replay:
+the replay keeps its own clock (recording time). It can pause, step one scrape, seek and
 change speed. Seeking backwards calls ``on_rewind`` (the consumer drops its state) and then
 re-delivers every scrape from the start up to the new position at once, because rates,
 history and the leak evidence depend on everything before. So a replay only ever reads the
@@ -14,13 +16,12 @@ import asyncio
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Protocol
 
-from kvtop.collect.target import Scrape
-from kvtop.store.format import RecordedKvEvents
+from kvtop.collect.source import ALL, OnKvEvents, OnScrape, Source, TargetKvEvents
+from kvtop.collect.target import Scrape, Target
 
-OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
-OnKvEvents = Callable[[RecordedKvEvents], None]
 MIN_SPEED, MAX_SPEED = 0.1, 1000.0
 
 
@@ -35,7 +36,38 @@ class Replayable(Protocol):
     @property
     def end_t(self) -> float: ...
     def in_time_order(self) -> Iterator[Scrape]: ...
-    def items_in_time_order(self) -> Iterator[Scrape | RecordedKvEvents]: ...
+    def items_in_time_order(self) -> Iterator[Scrape | TargetKvEvents]: ...
+
+
+class Stored(Replayable, Protocol):
+    """A recording as a command reads it (:class:`~kvtop.store.reader.RecordingFile`)."""
+
+    path: Path
+    warnings: list[str]
+
+    def targets(self) -> list[Target]: ...
+
+
+class RecordingSource(Source):
+    """A recording for a command: its scrapes are all stored, whatever span is asked."""
+
+    name = "the recording"
+
+    def __init__(self, recording: Stored) -> None:
+        super().__init__(recording.targets())
+        self.recording = recording
+        self.interval_s = recording.interval_s
+
+    @property
+    def warnings(self) -> list[str]:
+        """What was skipped while the file was checked, each line naming the file."""
+        return [f"{self.recording.path}: {text}" for text in self.recording.warnings]
+
+    async def stored(self, span_s: float | None, *, kv_events: bool = False,
+                     ) -> tuple[Iterator[Scrape | TargetKvEvents], float]:
+        recording = self.recording
+        return (recording.items_in_time_order() if kv_events
+                else recording.in_time_order()), ALL
 
 
 class ReplaySource:
@@ -54,8 +86,8 @@ class ReplaySource:
         self.set_speed(speed)
         self.paused = False
         self.on_rewind = on_rewind
-        self._scrapes: Iterator[Scrape | RecordedKvEvents] = iter(())
-        self._next: Scrape | RecordedKvEvents | None = None  # the next one to deliver
+        self._scrapes: Iterator[Scrape | TargetKvEvents] = iter(())
+        self._next: Scrape | TargetKvEvents | None = None  # the next one to deliver
         self._last_t = -math.inf  # the time of the last one delivered
         self._restart()
         self._now = self.start_t
@@ -126,7 +158,7 @@ class ReplaySource:
             if self.on_rewind is not None:
                 self.on_rewind()
         while (scrape := self._next) is not None and scrape.t <= self._now:
-            if isinstance(scrape, RecordedKvEvents):
+            if isinstance(scrape, TargetKvEvents):
                 assert self.on_kv_events is not None
                 result = self.on_kv_events(scrape)
             else:

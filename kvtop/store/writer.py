@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import secrets
@@ -32,6 +31,7 @@ from typing import Any
 
 from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.target import Scrape, Target
+from kvtop.safe_text import json_text
 from kvtop.store.format import MAX_LINE_BYTES, MiB, header_line, kv_events_line, scrape_line
 
 DEFAULT_MAX_BYTES = 1024 * MiB
@@ -93,7 +93,7 @@ class _Gzip:
 
 
 def _encode(line: dict[str, Any]) -> bytes:
-    return (json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n").encode()
+    return (json_text(line, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:

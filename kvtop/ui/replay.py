@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.widgets import Input, Static
 
 from kvtop.collect.target import Scrape
+from kvtop.exits import EXIT_NO_DATA, EXIT_USAGE
 from kvtop.safe_text import display_text, warn
 from kvtop.store.recording import RecordingError, open_recording
 from kvtop.store.replay import ReplaySource
 from kvtop.ui.app import INTERVALS, AppConfig, KvtopApp, app_exit_code
+from kvtop.ui.keys import REPLAY_BINDINGS
 from kvtop.ui.screens.help import KEYS
 from kvtop.view import format as fmt
 
@@ -40,7 +41,6 @@ REPLAY_KEYS = (
     ("{ }", f"seek back / forward {fmt.age(SEEK_FAR_S)}"),
     ("< >", "replay speed ×0.5 / ×2"),
 )
-EXIT_UNREADABLE, EXIT_NO_DATA = 2, 3
 
 
 def clock_text(t: float) -> str:
@@ -80,21 +80,7 @@ class ReplayBar(Static):
 class ReplayApp(KvtopApp):
     """The live app on a recording; the replay keys drive its :class:`ReplaySource`."""
 
-    BINDINGS = [  # noqa: RUF012 - Textual's class-level binding list
-        # The live footer's p, / and o give way to the replay keys (all still work; see ?).
-        Binding("p", "pause", "Pause", show=False),
-        Binding("slash", "filter", "Filter", show=False),
-        Binding("o", "sort", "Sort", show=False),
-        Binding("space", "play_pause", "Pause", key_display="space"),
-        Binding("full_stop", "step", "Step", key_display="."),
-        Binding("right", "step", "Step", show=False, priority=True),  # the table's own right
-        Binding("left_square_bracket", "seek(-1)", "Seek", key_display="[ ]"),
-        Binding("right_square_bracket", "seek(1)", "Seek", show=False),
-        Binding("left_curly_bracket", "seek(-10)", show=False),
-        Binding("right_curly_bracket", "seek(10)", show=False),
-        Binding("less_than_sign", "speed(0.5)", "Speed", key_display="< >"),
-        Binding("greater_than_sign", "speed(2)", "Speed", show=False),
-    ]
+    BINDINGS = REPLAY_BINDINGS
     HELP_KEYS = REPLAY_KEYS + tuple(k for k in KEYS if k[0] != "+ -")
 
     def __init__(self, config: AppConfig, source: ReplaySource, name: str) -> None:
@@ -160,7 +146,7 @@ class ReplayApp(KvtopApp):
 
     def action_speed(self, factor: float) -> None:
         self.replay.set_speed(self.replay.speed * factor)
-        self.notify(f"replay speed ×{self.replay.speed:g}", timeout=2)
+        self.notify(f"replay speed ×{self.replay.speed:g}", timeout=2, markup=False)
         self._moved()
 
 
@@ -204,7 +190,7 @@ def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
                          baseline=baseline)
     except RecordingError as exc:
         tell(str(exc))
-        return EXIT_UNREADABLE
+        return EXIT_USAGE
     except NothingToReplay as exc:
         tell(str(exc))
         return EXIT_NO_DATA

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING
 
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
-from kvtop.view.chart import Chart, Point, Rule, Series
-from kvtop.view.fleet import (
+from kvtop.view.cells import (
     LEAK_LEVEL,
     Cell,
-    FleetRow,
     leak_cell,
     lifetime_hit,
     window_hit,
     window_quantiles,
 )
+from kvtop.view.chart import Chart, Point, Rule, Series
+from kvtop.view.fleet import FleetRow
 from kvtop.view.gpus import memory_tail
 
 if TYPE_CHECKING:

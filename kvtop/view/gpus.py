@@ -14,8 +14,8 @@ from kvtop.collect.gpu import GpuReading
 from kvtop.derive.gpu_owners import GpuSource, GpuView, Owner
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
+from kvtop.view.cells import Cell
 from kvtop.view.chart import Point, bins, spark_rows
-from kvtop.view.fleet import Cell
 
 Piece = tuple[str, str]  # (text, role): the pane maps a role to a component style
 Line = list[Piece]
@@ -26,8 +26,13 @@ NOTE_CHARS = 40  # the header's GPU note: one short line
 GpuKey = tuple[str, "str | None", "str | None"]
 
 
+MAX_TRAILS = 1024  # GPUs with a history at once: four exporters at their cap
+
+
 class GpuTrails:
-    """Each GPU's memory used over the last ``span_s``: the history line under its bar."""
+    """Each GPU's memory used over the last ``span_s``: the history line under its bar. A
+    GPU not seen for the span is forgotten, and at most ``MAX_TRAILS`` are kept (those seen
+    least recently go first): an exporter naming new GPUs every scrape grew it forever."""
 
     def __init__(self, span_s: float) -> None:
         self.span_s = span_s
@@ -35,10 +40,19 @@ class GpuTrails:
 
     def record(self, t: float, views: Sequence[GpuView]) -> None:
         for view in views:
-            trail = self._trails.setdefault(view.gpu.key, deque())
+            trail = self._trails.pop(view.gpu.key, None) or deque()
+            self._trails[view.gpu.key] = trail  # newest last: the dict is in recency order
             trail.append((t, view.gpu.memory_used_bytes))
             while trail and t - trail[0][0] > self.span_s:
                 trail.popleft()
+        stale = [key for key, trail in self._trails.items()
+                 if not trail or t - trail[-1][0] > self.span_s]
+        stale += list(self._trails)[:max(0, len(self._trails) - len(stale) - MAX_TRAILS)]
+        for key in stale:
+            self._trails.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._trails)
 
     def of(self, gpu: GpuReading) -> Sequence[Point]:
         return self._trails.get(gpu.key, ())

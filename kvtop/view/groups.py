@@ -8,17 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvtop.collect.exposition import Exposition, Sample
+from kvtop.derive.verdicts import LEAK_RANK
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
-from kvtop.view.fleet import (
-    LEAK_RANK,
-    TEXT_SORTS,
-    Cell,
-    FleetRow,
-    Level,
-    order_rows,
-    summarise,
-)
+from kvtop.view.cells import Cell, Level
+from kvtop.view.fleet import FleetRow, order_rows
+from kvtop.view.fleet_summary import summarise
+from kvtop.view.sort_keys import TEXT_SORTS
 
 NONE = "none"
 BASE_MODES = (NONE, "group", "model")
@@ -29,6 +26,11 @@ SERIES_LABELS = frozenset({"__name__", "model_name", "engine", "le", "quantile",
                            "finished_reason", "reason", "position", "source", "stage",
                            "max_lora", "running_lora_adapters", "waiting_lora_adapters"})
 MAX_LABEL_MODES = 8
+MAX_LABEL_CHARS = 80  # a label's name or value as a group's title
+# The labels an instance's series all share, per scrape read (computed when grouping needs
+# them, not per scrape); emptied past this many scrapes.
+MAX_CACHED_LABELS = 2048
+_common_labels: dict[int, tuple[Exposition, dict[str, str]]] = {}
 STATUS_RANK: dict[str | None, int] = {"ok": 0, None: 0, "dim": 1, "warn": 2, "bad": 3,
                                       "alarm": 4}
 OPEN, SHUT = "▾", "▸"
@@ -36,14 +38,31 @@ OPEN, SHUT = "▾", "▸"
 
 def target_labels(row: FleetRow) -> dict[str, str]:
     """The labels a Prometheus puts on every series of an instance (namespace, cluster,
-    pod…): those of its first series, less the labels that tell series apart. A server
-    read directly carries none."""
+    pod…): those all its series share, less the labels that tell series apart. (Not its
+    first series': on vLLM that is ``cache_config_info``, whose ~37 labels hid
+    ``namespace``.) A server read directly carries none."""
     scrape = row.state.last_good
-    samples = scrape.samples if scrape is not None else None
-    if samples is None or not samples.samples:
+    expo = scrape.samples if scrape is not None else None
+    if expo is None or not expo.samples:
         return {}
-    labels = samples.samples[0].labels
-    return {k: v for k, v in labels.items() if k not in SERIES_LABELS}
+    cached = _common_labels.get(id(expo))
+    if cached is not None and cached[0] is expo:
+        return cached[1]
+    if len(_common_labels) >= MAX_CACHED_LABELS:
+        _common_labels.clear()
+    labels = _shared(expo.samples)
+    _common_labels[id(expo)] = (expo, labels)
+    return labels
+
+
+def _shared(samples: list[Sample]) -> dict[str, str]:
+    first = samples[0].labels
+    common = {k: v for k, v in first.items() if k not in SERIES_LABELS}
+    for sample in samples:
+        labels = sample.labels
+        if labels is not first and common:
+            common = {k: v for k, v in common.items() if labels.get(k) == v}
+    return common
 
 
 def group_modes(rows: Iterable[FleetRow]) -> list[str]:
@@ -57,7 +76,9 @@ def group_modes(rows: Iterable[FleetRow]) -> list[str]:
 
 
 def mode_label(mode: str) -> str:
-    return mode.removeprefix(LABEL_PREFIX)
+    """A mode as the app names it ("model", or a label's name): a Prometheus label name is
+    outside text (``a\\x1b[2J`` or ``a[/]``), shown only through the boundary."""
+    return display_text(mode.removeprefix(LABEL_PREFIX), MAX_LABEL_CHARS)
 
 
 def group_value(row: FleetRow, mode: str) -> str:
@@ -67,7 +88,7 @@ def group_value(row: FleetRow, mode: str) -> str:
         value = row.stats.model if row.stats is not None else None
     else:
         value = target_labels(row).get(mode.removeprefix(LABEL_PREFIX))
-    return display_text(value, 80) if value else NO_VALUE
+    return display_text(value, MAX_LABEL_CHARS) if value else NO_VALUE
 
 
 @dataclass(slots=True, eq=False)

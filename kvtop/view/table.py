@@ -1,23 +1,26 @@
 """The human-readable form of a snapshot (``kvtop snapshot --table``): the app's fleet rows,
 then the GPUs.
 
-Rows and cells come from the fleet view's own model (``kvtop.view.fleet``, which formats with
-``kvtop.view.format`` and imports no Textual), so a number reads the same here as in the app.
+Rows and cells come from the fleet view's own model (``kvtop.view.fleet`` and
+``kvtop.view.cells``, which format with ``kvtop.view.format`` and import no Textual), so a
+number reads the same here as in the app.
 Every column is printed, each line is one row however wide it gets (a pipe is never squeezed
-to 80 columns and nothing wraps), and every cell goes through ``display_text``: names and
-errors come from servers.
+to 80 columns and nothing wraps), every cell goes through ``display_text`` (names and errors
+come from servers) and columns are padded in terminal cells, so a CJK model name keeps its
+row's columns in line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any, TextIO
+from typing import Any
 
 from kvtop.derive.tracker import TargetState
-from kvtop.safe_text import display_text
+from kvtop.safe_text import cells, display_text
 from kvtop.view import format as fmt
-from kvtop.view.fleet import COLUMNS, build_rows
+from kvtop.view.cells import COLUMNS
+from kvtop.view.fleet import build_rows
 
 NUMERIC = frozenset({"running", "waiting", "preempt", "hit", "prompt", "gen"})
 GAP = "  "
@@ -26,16 +29,17 @@ GIB = 2**30
 
 def aligned(header: list[str], rows: list[list[str]], right: Collection[int] = ()) -> list[str]:
     """Columns padded to their widest cell (``right``: right-aligned), made terminal-safe."""
-    header = [display_text(cell) for cell in header]
-    rows = [[display_text(cell) for cell in row] for row in rows]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    table = [[display_text(cell) for cell in row] for row in (header, *rows)]
+    sizes = [[cells(cell) for cell in row] for row in table]  # measured once per cell
+    widths = [max(row[i] for row in sizes) for i in range(len(header))]
+    flush_right = [i in right for i in range(len(header))]
 
-    def line(cells: list[str]) -> str:
-        return GAP.join(cell.rjust(width) if i in right else cell.ljust(width)
-                        for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
-                        ).rstrip()
+    def line(texts: list[str], used: list[int]) -> str:
+        return GAP.join((" " * (width - n) + text) if at_right else (text + " " * (width - n))
+                        for text, n, width, at_right in zip(texts, used, widths, flush_right,
+                                                            strict=True)).rstrip()
 
-    return [line(header), *(line(row) for row in rows)]
+    return [line(row, used) for row, used in zip(table, sizes, strict=True)]
 
 
 def table_lines(states: list[TargetState], now: float) -> list[str]:
@@ -75,9 +79,9 @@ def _gib(value: int | None) -> str:
     return fmt.DASH if value is None else f"{value / GIB:.1f}"
 
 
-def print_table(states: list[TargetState], document: dict[str, Any], out: TextIO) -> None:
+def table_text(states: list[TargetState], document: dict[str, Any]) -> str:
     """The snapshot ``document`` of these ``states`` as text: targets, then GPUs."""
     lines = table_lines(states, datetime.fromisoformat(document["taken_at"]).timestamp())
     if gpus := gpu_lines(document):
         lines += ["", *gpus]
-    out.write("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"

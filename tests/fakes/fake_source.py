@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from kvtop.collect.source import ScrapeReader
 from kvtop.collect.target import Scrape
 
 
 class FakeSource:
-    """Emits the scrapes given up front, then whatever the test pushes, until stopped."""
+    """Emits the scrapes given up front, then whatever the test pushes, until stopped; as
+    every source, it delivers them read."""
 
     def __init__(self, scrapes: list[Scrape] | None = None, interval_s: float = 1.0) -> None:
         self.initial = list(scrapes or [])
@@ -21,6 +23,7 @@ class FakeSource:
         self, on_scrape: Callable[[Scrape], Awaitable[None] | None], *, stop: asyncio.Event
     ) -> None:
         self.queue = asyncio.Queue()
+        read = ScrapeReader()
         for scrape in self.initial:
             self.queue.put_nowait(scrape)
         stopping = asyncio.ensure_future(stop.wait())
@@ -33,7 +36,7 @@ class FakeSource:
                 if getting not in done:
                     getting.cancel()
                     break
-                scrape = getting.result()
+                scrape = read(getting.result())
                 outcome = on_scrape(scrape)
                 if outcome is not None:
                     await outcome

@@ -53,6 +53,9 @@ EVIL_CONFIG = "\x1b]52;c;Y2FjaGU=\x07[/x]"
 EVIL_ERROR = f"boom{OSC52}{CLEAR}{MARKUP}{SPOOF}"
 EVIL_LEAD = f"boom{OSC52}{CLEAR}{MARKUP}:"  # leads Prometheus's errors (one line, no spaces)
 EVIL_INSTANCE = f"10.9.9.9:8000{OSC52}[/]"
+# Label *names* on every series of the hostile instance (Prometheus 3 allows any UTF-8
+# name): F5 offers them as groups, the toast and the header name them.
+EVIL_LABEL_NAMES = {"a\x1b[2J": "v", "a\x9b2J": "w", f"a{OSC52}": "x", "a[/]": "y[/]"}
 
 # Controls and format characters that must never reach a terminal from outside text.
 RAW_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -122,8 +125,9 @@ def _series(instance: str, model: str) -> list[tuple[dict[str, str], str]]:
     as Prometheus labels them."""
     text = fixture_text(UNDER_LOAD).replace('model_name="twin-llama"',
                                             f'model_name="{_label_value(model)}"')
-    return [({"__name__": s.name, **s.labels, "job": "vllm", "instance": instance}, repr(s.value))
-            for s in parse(text, keep=WANTED).samples]
+    extra = EVIL_LABEL_NAMES if model == EVIL_MODEL else {}
+    return [({"__name__": s.name, **s.labels, **extra, "job": "vllm", "instance": instance},
+             repr(s.value)) for s in parse(text, keep=WANTED).samples]
 
 
 # kvtop quotes 200 characters of what Prometheus says: this puts the cut 8 characters into

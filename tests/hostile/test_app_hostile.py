@@ -157,6 +157,14 @@ async def test_a_hostile_prometheus_is_drawn_as_text_and_its_token_never_shown(
             screen = terminal_output(app)
             assert foreign_controls(screen, repaint=True) == [] and TOKEN_HEAD not in screen
             assert "10.9.9.9:8000\\x" in screen  # the instance label, written out (and cut)
+            # F5 through every mode, hostile label names among them: raw bytes reached the
+            # toast and the header, and "a[/]" stopped the app on a MarkupError (exit 70)
+            for _ in range(8):
+                await pilot.press("f5")
+                await pilot.pause()
+                screen = terminal_output(app)
+                assert foreign_controls(screen, repaint=True) == [], screen[-400:]
+            assert app.is_running and app.return_code is None
             await pilot.press("s")
             assert await until(pilot, lambda: list(tmp_path.glob("kvtop-snapshot-*")))
     (folder,) = tmp_path.glob("kvtop-snapshot-*")

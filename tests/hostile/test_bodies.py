@@ -17,6 +17,7 @@ from typing import Any
 
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.poller import READ_SHARE, Poller
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.ui.app import AppConfig, KvtopApp
@@ -252,11 +253,11 @@ async def test_raw_deflate_and_corrupt_gzip_are_named() -> None:
 def test_a_tracker_turns_a_refused_answer_into_bad_payload_then_recovers() -> None:
     target = Target("http://127.0.0.1:9/metrics")
     tracker = TargetTracker(target, stale_after_s=5)
-    tracker.update(Scrape(target, 100.0, body=bodies.vllm_body()))
+    tracker.update(read_scrape(Scrape(target, 100.0, body=bodies.vllm_body())))
     assert tracker.state.status == "up"
-    tracker.update(Scrape(target, 101.0, body=bodies.bad_config("block_size", "inf")))
+    tracker.update(read_scrape(Scrape(target, 101.0, body=bodies.bad_config("block_size", "inf"))))
     assert tracker.state.status == "stale" and "block_size='inf'" in (tracker.state.error or "")
-    tracker.update(Scrape(target, 110.0, body=bodies.bad_config("block_size", "inf")))
+    tracker.update(read_scrape(Scrape(target, 110.0, body=bodies.bad_config("block_size", "inf"))))
     assert tracker.state.status == "bad_payload" and tracker.state.engines == []
-    tracker.update(Scrape(target, 111.0, body=bodies.vllm_body()))
+    tracker.update(read_scrape(Scrape(target, 111.0, body=bodies.vllm_body())))
     assert tracker.state.status == "up" and tracker.state.error is None

@@ -4,8 +4,6 @@ check's text hold no control or bidi character, and the JSON still holds the exa
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from datetime import datetime, timezone
 
@@ -20,8 +18,9 @@ from kvtop.derive.verdicts import LeakVerdict
 from kvtop.derive.worst import CheckRun, EngineVerdict
 from kvtop.report.snapshot import snapshot_document
 from kvtop.ui.screens.detail import CONFIG_KEYS, describe
-from kvtop.view.fleet import build_rows, leak_changes
-from kvtop.view.table import print_table
+from kvtop.view.fleet import build_rows
+from kvtop.view.table import table_text
+from kvtop.view.verdict_changes import leak_changes
 from tests.hostile.hostile import RAW_CONTROLS
 
 NOW = 1000.0
@@ -69,9 +68,7 @@ def test_nothing_from_a_state_reaches_a_person_raw(
         assert all(_safe(line) for line in lines) and len(lines) == expected
 
     document = snapshot_document([state, down], [], taken_at=datetime.now(timezone.utc))
-    table = io.StringIO()
-    print_table([state, down], document, table)
-    assert _safe(table.getvalue())
+    assert _safe(table_text([state, down], document))
     assert document["targets"][0]["engines"][0]["model"] == model  # exact
     assert json.loads(json.dumps(document))["targets"][0]["error"] == error
 
@@ -81,8 +78,5 @@ def test_nothing_from_a_state_reaches_a_person_raw(
 def test_check_text_is_safe(url: str, model: str, engine: str) -> None:
     run = CheckRun()
     run.engines[url] = {(model, engine): EngineVerdict(model, engine)}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        _render_text(run.to_json())
-    lines = out.getvalue().split("\n")
+    lines = _render_text(run.to_json()).split("\n")
     assert len(lines) == 3 and all(_safe(line) for line in lines)  # verdict, engine, ""

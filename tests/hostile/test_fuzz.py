@@ -19,11 +19,12 @@ from kvtop.collect.exposition import Exposition, Sample, parse
 from kvtop.collect.prometheus import (
     PrometheusAPI,
     PrometheusError,
-    _last_errors,
     group_scrapes,
     load_settings,
     series_points,
 )
+from kvtop.collect.prometheus.answers import last_errors
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 
@@ -184,7 +185,7 @@ def test_a_tracker_folds_any_sequence_of_readings(expos: list[Exposition]) -> No
     target = Target("http://127.0.0.1:9/metrics")
     tracker = TargetTracker(target)
     for n, expo in enumerate(expos):
-        state = tracker.update(Scrape(target, 1000.0 + n, samples=expo))
+        state = tracker.update(read_scrape(Scrape(target, 1000.0 + n, samples=expo)))
         assert state.status in ("up", "bad_payload", "stale")
         assert len(state.engines) <= MAX_ENGINES
 
@@ -195,8 +196,8 @@ def test_a_body_goes_through_parser_adapters_and_tracker(text: str) -> None:
     target = Target("http://127.0.0.1:9/metrics")
     tracker = TargetTracker(target)
     for t in (1000.0, 1001.0):
-        assert tracker.update(Scrape(target, t, body=text)).status in ("up", "bad_payload",
-                                                                         "stale")
+        state = tracker.update(read_scrape(Scrape(target, t, body=text)))
+        assert state.status in ("up", "bad_payload", "stale")
 
 
 # --- the Prometheus-answer reader ---------------------------------------------------------------
@@ -262,5 +263,5 @@ def test_any_api_payload_is_data_or_an_error(payload: Any, status: int) -> None:
         api._data(status, payload)
     except PrometheusError as exc:
         assert exc.kind in ("auth", "bad_payload", "down")
-    _last_errors(payload, None)
-    _last_errors({"activeTargets": payload}, None)
+    last_errors(payload, None)
+    last_errors({"activeTargets": payload}, None)

@@ -5,7 +5,6 @@ is still read."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import sys
@@ -19,7 +18,7 @@ from kvtop.derive.verdicts import LeakVerdict
 from kvtop.report.snapshot import snapshot_document
 from kvtop.safe_text import display_text
 from kvtop.store.recording import RecordingWriter
-from kvtop.view.table import print_table
+from kvtop.view.table import table_text
 from tests.fakes.faultserver import FaultServer
 from tests.hostile.hostile import (
     EVIL_ENGINE,
@@ -81,9 +80,7 @@ def test_the_table_never_reads_labels_as_markup() -> None:
     down = TargetState(Target(url="http://10.0.0.2:8000/metrics", name="down[/]"), "down",
                        error=f"HTTP 500 ({OSC52}[/nope])", last_good_t=T0)
     taken_at = datetime.fromtimestamp(T0, tz=timezone.utc)
-    out = io.StringIO()
-    print_table([up, down], snapshot_document([up, down], [], taken_at=taken_at), out)
-    text = out.getvalue()
+    text = table_text([up, down], snapshot_document([up, down], [], taken_at=taken_at))
     assert "[/]oops[/bold]" in text and "[/]h" in text and "[/nope]" in text
     assert "\x1b]52" not in text and "\\x1b]52" in text
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 from itertools import count
 
-from kvtop.collect import exposition, prometheus
+from kvtop.collect import exposition
 from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.exposition import parse
 from kvtop.collect.poller import Poller
-from kvtop.collect.prometheus import group_scrapes
+from kvtop.collect.prometheus import answers, group_scrapes
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, TargetTracker
 from kvtop.derive.worst import CheckRun
@@ -59,10 +60,10 @@ async def test_a_server_inventing_model_names_costs_bounded_memory() -> None:
 def test_an_engine_gone_for_the_history_span_is_forgotten() -> None:
     target = Target("http://127.0.0.1:9/metrics")
     tracker = TargetTracker(target, history_s=600)
-    tracker.update(Scrape(target, 1000.0, body=bodies.vllm_body(model="old")))
-    tracker.update(Scrape(target, 1300.0, body=bodies.vllm_body(model="new")))
+    tracker.update(read_scrape(Scrape(target, 1000.0, body=bodies.vllm_body(model="old"))))
+    tracker.update(read_scrape(Scrape(target, 1300.0, body=bodies.vllm_body(model="new"))))
     assert set(tracker.history) == {("old", "0"), ("new", "0")}  # gone 300 s: kept
-    tracker.update(Scrape(target, 1700.0, body=bodies.vllm_body(model="new")))
+    tracker.update(read_scrape(Scrape(target, 1700.0, body=bodies.vllm_body(model="new"))))
     assert set(tracker.history) == set(tracker.detectors) == {("new", "0")}
 
 
@@ -82,5 +83,5 @@ def test_the_prometheus_head_cache_holds_a_bounded_number_of_characters() -> Non
         metric = {"__name__": "vllm:num_requests_running", "job": "j", "instance": "a:1",
                   "model_name": f"{n}{pad}"}
         assert group_scrapes([{"metric": metric, "values": [[1.0, "1"]]}])
-    heads = prometheus._heads
+    heads = answers._heads
     assert heads.chars <= heads.max_chars < 400 * len(pad)

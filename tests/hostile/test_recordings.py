@@ -237,7 +237,7 @@ async def test_record_whose_end_cannot_be_written_still_reads_back(tmp_path: Pat
 
 async def test_the_app_records_onto_a_full_disk_and_keeps_monitoring(
         small_disk: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kvtop.ui.app.RECORD_FLUSH_S", 0.1)
+    monkeypatch.setattr("kvtop.ui.recording_tap.RECORD_FLUSH_S", 0.1)
     path = small_disk / "live.jsonl.gz"
     app, source = live_app(tmp_path, record=path)
     body = fixture_text(UNDER_LOAD)
@@ -254,7 +254,7 @@ async def test_the_app_records_onto_a_full_disk_and_keeps_monitoring(
     async with app.run_test(size=SIZE) as pilot:
         assert await live_data_shown(pilot)
         assert await until(pilot, lambda: "REC" in summary(app))
-        recorder = app._recorder
+        recorder = app.recording.writer
         assert recorder is not None
         filler = fill(small_disk)
         assert await push_until(pilot, lambda: "lost (No space left on device)" in summary(app))
@@ -319,7 +319,7 @@ async def test_the_app_stops_recording_at_its_limit_and_says_so(tmp_path: Path) 
             source.push(Scrape(HOST_A, T0 + second, fixture_text(UNDER_LOAD)))
             assert await until(pilot, lambda s=second: app.trackers[HOST_A.url].state
                                .last_good_t == T0 + s)
-            app._flush_recording()  # what the flush timer does
+            app.recording.flush()  # what the flush timer does
         assert await until(pilot, lambda: "REC stopped at 293 KiB" in summary(app))
         source.push(Scrape(HOST_B, T0 + 20, failure="down", error="refused"))
         assert await until(pilot, lambda: app.trackers[HOST_B.url].state.last_attempt_t

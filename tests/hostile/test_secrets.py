@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvtop.collect.prometheus import load_settings
-from kvtop.collect.target import Secret, normalise_url, redact
+from kvtop.collect.target import Secret, normalise_url
+from kvtop.safe_text import mask
 from tests.fakes.faultserver import FaultServer
 from tests.hostile.hostile import TOKEN, TOKEN_HEAD, FakePrometheus
 
@@ -39,11 +40,11 @@ def no_token(*texts: str) -> bool:
 
 def test_redact_masks_the_token_and_a_header_cut_short() -> None:
     secret = Secret(TOKEN)
-    assert redact(f"you sent {TOKEN}!", secret) == "you sent ***!"
-    assert redact("Authorization: Bearer tok-01", None) == "Authorization: Bearer ***"
-    assert redact('{"authorization": "bearer abc"}', None) == '{"authorization": "bearer ***"}'
+    assert mask(f"you sent {TOKEN}!", secret) == "you sent ***!"
+    assert mask("Authorization: Bearer tok-01", None) == "Authorization: Bearer ***"
+    assert mask('{"authorization": "bearer abc"}', None) == '{"authorization": "bearer ***"}'
     hint = "HTTP 401: the server wants a bearer token; set it"  # kvtop's own words stay
-    assert redact(hint, secret) == hint
+    assert mask(hint, secret) == hint
 
 
 @pytest.mark.parametrize("bare", [False, True], ids=["bearer", "bare-token"])

@@ -42,6 +42,6 @@ class Recordings:
 def summarise(path: Path, name: str | None = None) -> Baseline:
     """A recording summarised the way `kvtop baseline save --from` / `compare --replay` do."""
     recording = read_recording(path)
-    return collect.summarise(recording.scrapes, targets=recording.targets(), name=name,
-                             source={"kind": "recording", "recording": str(path)},
-                             interval_s=recording.interval_s)
+    return collect.summarise(recording.in_time_order(), targets=recording.targets(),
+                             name=name, source={"kind": "recording", "recording": str(path)},
+                             interval_s=recording.interval_s, in_time_order=True)

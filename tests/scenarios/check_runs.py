@@ -3,6 +3,7 @@ the worst-verdict run they make: what the tests of derive/worst.py and `kvtop ch
 
 from __future__ import annotations
 
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.verdicts import LeakVerdict
@@ -33,18 +34,18 @@ def body(usage: float, *, running: float = 0.0, tokens: float = 0.0, model: str 
 
 def idle_holding(count: int, start: float = T0) -> list[Scrape]:
     """40 blocks held with nothing running: WATCH after 20 s, LEAK after 60 s."""
-    return [Scrape(TARGET, start + STEP * i, body=body(0.04)) for i in range(count)]
+    return [read_scrape(Scrape(TARGET, start + STEP * i, body=body(0.04))) for i in range(count)]
 
 
 def quiet(count: int) -> list[Scrape]:
     """Nothing running and nothing held: a healthy idle engine."""
-    return [Scrape(TARGET, T0 + STEP * i, body=body(0.0)) for i in range(count)]
+    return [read_scrape(Scrape(TARGET, T0 + STEP * i, body=body(0.0))) for i in range(count)]
 
 
 def stalling(count: int, *, progress: int = 3, target: Target = TARGET) -> list[Scrape]:
     """Requests running; tokens come out for the first ``progress`` scrapes, then none."""
-    return [Scrape(target, T0 + STEP * i,
-                   body=body(0.5, running=3, tokens=100 + 50 * min(i, progress - 1)))
+    return [read_scrape(Scrape(target, T0 + STEP * i,
+                   body=body(0.5, running=3, tokens=100 + 50 * min(i, progress - 1))))
             for i in range(count)]
 
 

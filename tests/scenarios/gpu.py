@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvtop.collect.exposition import parse
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetState, TargetTracker
 
@@ -23,7 +24,7 @@ def gpu_fixture(name: str) -> str:
 def server_state(spec: str, body: str, *, name: str | None = None) -> TargetState:
     """A server read once from its own /metrics."""
     target = Target.from_spec(spec, name=name)
-    return TargetTracker(target).update(Scrape(target, 1.0, body))
+    return TargetTracker(target).update(read_scrape(Scrape(target, 1.0, body)))
 
 
 def prometheus_state(instance: str, body: str, **labels: str) -> TargetState:
@@ -31,4 +32,4 @@ def prometheus_state(instance: str, body: str, **labels: str) -> TargetState:
     added = "".join(f'{k}="{v}",' for k, v in labels.items())
     target = Target(f"http://prom:9090#vllm/{instance}", name=instance, group="vllm")
     samples = parse(body.replace("{", "{" + added))
-    return TargetTracker(target).update(Scrape(target, 1.0, samples=samples))
+    return TargetTracker(target).update(read_scrape(Scrape(target, 1.0, samples=samples)))

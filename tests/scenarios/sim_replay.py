@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.worst import CheckRun
@@ -59,8 +60,8 @@ def replay(config: EngineConfig, requests: Iterable[RequestSpec], faults: Iterab
     while t < warmup_s + seconds:
         t += interval
         sim.advance_to(t)
-        run.feed(Scrape(TARGET, T0 + t, body=render(sim.engine, model_name="m"),
-                        version="0.33.0"))
+        run.feed(read_scrape(Scrape(TARGET, T0 + t, body=render(sim.engine, model_name="m"),
+                        version="0.33.0")))
         (stats,) = run.trackers[TARGET.url].state.engines
         out.points.append(Point(stats, sim.truth()))
         if until is not None and until(out.points[-1]):

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 from kvtop.derive.worst import CheckRun
@@ -65,7 +66,7 @@ def record(python: Path, tmp_path: Path, **spec: Any) -> Run:
         if "leak_start_s" in line:
             leak_start = line["leak_start_s"]
             continue
-        check.feed(Scrape(TARGET, T0 + line["t"], body=line["body"], version="0.33.0"))
+        check.feed(read_scrape(Scrape(TARGET, T0 + line["t"], body=line["body"], version="0.33.0")))
         (stats,) = check.trackers[TARGET.url].state.engines
         assert stats.leak is not None and stats.stall is not None
         points.append(Point(line["t"], stats.leak, stats.stall, line["used"], line["leaked"],

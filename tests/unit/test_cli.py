@@ -24,7 +24,8 @@ import pytest
 
 from kvtop.cli import SUMMARIES, main
 from kvtop.collect.target import Scrape, Target
-from kvtop.manpage import render
+from kvtop.exits import APP, SHARED, exit_codes
+from kvtop.manpage import render, roff
 from kvtop.store.recording import RecordingWriter
 from tests.fakes.faultserver import FaultServer, closed_port, fixture
 from tests.support.paths import REPO
@@ -213,7 +214,7 @@ def test_token_files_that_are_not_regular_files_are_refused(tmp_path: Path) -> N
 PLANT = ("import sys, kvtop.cli, kvtop.commands.snapshot as s\n"
          "def boom(*a, **k):\n"
          "    raise RuntimeError('a planted bug')\n"
-         "s.run_snapshot = boom\n"
+         "s.run = boom\n"
          "sys.exit(kvtop.cli.main(['snapshot', '127.0.0.1:1', '--no-gpu']))\n")
 
 
@@ -350,6 +351,56 @@ def test_the_man_page_is_current_and_renders() -> None:
         assert f"{name}: {SUMMARIES[name]}"[:40] in " ".join(text.split())
     for action in ("save", "list", "show", "rm"):  # a command's own actions too
         assert f"kvtop baseline {action}" in text
+
+
+def listed_exit_codes(help_text: str) -> dict[int, str]:
+    """The exit status a --help ends with: code -> meaning, wrapped lines joined."""
+    codes: dict[int, str] = {}
+    code = -1
+    for line in help_text.split("\nexit status:\n", 1)[1].splitlines():
+        if not line.strip():
+            break
+        if line.startswith("   "):  # the meaning wrapped onto another line
+            codes[code] += " " + line.strip()
+        else:
+            number, _, meaning = line.strip().partition(" ")
+            code = int(number)
+            codes[code] = meaning.strip()
+    return codes
+
+
+@pytest.mark.parametrize("command", [[], *([name] for name in SUMMARIES),
+                                     ["baseline", "save"], ["baseline", "rm"]])
+def test_every_help_lists_the_exit_codes_exits_py_gives_it(
+        capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    done = in_process(capsys, *command, "--help")
+    assert done.returncode == 0
+    assert listed_exit_codes(done.stdout) == dict(exit_codes(command[0] if command else APP))
+
+
+def test_the_man_page_lists_every_commands_exit_codes() -> None:
+    section = render().split(".SH EXIT STATUS\n", 1)[1].split(".SH ", 1)[0]
+    by_code = {int(re.match(r"\\fB(\d+)\\fR", part).group(1)): part  # type: ignore[union-attr]
+               for part in section.split(".TP\n")[1:]}
+    for command in (APP, *SUMMARIES):
+        for code, meaning in exit_codes(command):
+            if (code, meaning) in SHARED:
+                assert roff(meaning) in by_code[code], (command, code)
+            else:
+                name = "the app" if command == APP else command
+                assert roff(f"{name}: {meaning}") in by_code[code], (command, code)
+
+
+@pytest.mark.parametrize("name", list(SUMMARIES))
+def test_each_exit_code_a_command_returns_is_one_its_help_lists(name: str) -> None:
+    # the codes a command module names (EXIT_*) are listed for it: a new one can't go unsaid
+    import kvtop.exits
+
+    source = (REPO / "kvtop" / "commands" / f"{name}.py").read_text(encoding="utf-8")
+    named = {n: getattr(kvtop.exits, n) for n in re.findall(r"\b(EXIT_[A-Z_]+)\b", source)
+             if hasattr(kvtop.exits, n)}
+    listed = dict(exit_codes(name))
+    assert {n: code for n, code in named.items() if code not in listed} == {}
 
 
 # -- snapshot ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from kvtop.collect.exposition import Exposition, Sample
-from kvtop.collect.gpu import MIB, GpuReading, Workload
+from kvtop.collect.gpu import MAX_GPUS_PER_EXPORTER, MIB, GpuReading, Workload, over_cap_note
 from kvtop.collect.reading import ServerReading
 
 FB_USED, FB_FREE = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
@@ -116,4 +116,6 @@ def _order(gpu: GpuReading) -> tuple[str, int, str, int]:
 def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     gpus = read_gpus(expo)
     notes = [] if gpus else ["dcgm-exporter: no GPU's memory, use, temperature or power"]
-    return ServerReading("dcgm", version=version, notes=notes, gpus=gpus)
+    notes += over_cap_note("dcgm-exporter", len(gpus))
+    return ServerReading("dcgm", version=version, notes=notes,
+                         gpus=gpus[:MAX_GPUS_PER_EXPORTER])

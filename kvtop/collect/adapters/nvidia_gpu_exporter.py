@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from kvtop.collect.exposition import Exposition, Sample
-from kvtop.collect.gpu import GpuProcess, GpuReading
+from kvtop.collect.gpu import MAX_GPUS_PER_EXPORTER, GpuProcess, GpuReading, over_cap_note
 from kvtop.collect.reading import ServerReading
 
 USED, TOTAL = "nvidia_smi_memory_used_bytes", "nvidia_smi_memory_total_bytes"
@@ -111,4 +111,6 @@ def read_gpus(expo: Exposition) -> list[GpuReading]:
 def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     gpus = read_gpus(expo)
     notes = [] if gpus else ["nvidia_gpu_exporter: no GPU's memory, use, temperature or power"]
-    return ServerReading("nvidia_gpu_exporter", version=version, notes=notes, gpus=gpus)
+    notes += over_cap_note("nvidia_gpu_exporter", len(gpus))
+    return ServerReading("nvidia_gpu_exporter", version=version, notes=notes,
+                         gpus=gpus[:MAX_GPUS_PER_EXPORTER])

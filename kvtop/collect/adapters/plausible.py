@@ -12,9 +12,10 @@ import math
 from kvtop.collect.reading import EngineReading, Histogram
 
 FRACTIONS = ("kv_usage", "cpu_kv_usage", "reported_hit_rate")
-COUNTS = ("running", "waiting", "swapped", "tokens_used")
+COUNTS = ("running", "waiting", "waiting_deferred", "swapped", "tokens_used")
 COUNTERS = ("preemptions_total", "prompt_tokens_total", "generation_tokens_total",
-            "prefix_queries_total", "prefix_hits_total", "external_queries_total",
+            "prefix_queries_total", "prefix_hits_total", "finished_prompt_tokens_total",
+            "finished_generation_tokens_total", "external_queries_total",
             "external_hits_total", "evicted_tokens_total")
 # by-label counts and counters: a value that can't be one drops the whole family
 BY_LABEL = ("waiting_by_reason", "kv_fetch_by_stage", "admission_rejections_total",

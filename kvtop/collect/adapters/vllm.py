@@ -47,11 +47,17 @@ RESIDENCY = (("block_lifetime", "vllm:kv_block_lifetime_seconds"),
              ("block_reuse_gap", "vllm:kv_block_reuse_gap_seconds"))
 RESIDENCY_SINCE = (0, 12, 0)  # --kv-cache-metrics: a release without the histograms is "off"
 SLEEP_STATES = ("discard_all", "weights_offloaded")  # deepest first
+# The prompt and generated tokens of every finished request: with the token counters, the
+# tokens the requests still in flight have (the leak detector's load, docs/leak-detector.md).
+FINISHED_PROMPT, FINISHED_GENERATION = ("vllm:request_prompt_tokens_sum",
+                                        "vllm:request_generation_tokens_sum")
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 
 NAMES = frozenset({
     USAGE_NEW, USAGE_OLD, *PREFIX_NEW, *PREFIX_OLD, *V0_ONLY, CACHE_CONFIG, LORA_INFO,
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+    FINISHED_PROMPT, FINISHED_GENERATION, WAITING_BY_REASON,
     *histogram_names(TTFT), *histogram_names(E2E),
     *histogram_names(ITL_NEW), *histogram_names(ITL_OLD),
     *(name for _, name, _ in BY_LABEL), ADMISSION, SLEEP, *EXTERNAL,
@@ -69,6 +75,8 @@ SIMPLE_FIELDS = (
     ("preemptions_total", summed, "vllm:num_preemptions_total"),
     ("prompt_tokens_total", summed, "vllm:prompt_tokens_total"),
     ("generation_tokens_total", summed, "vllm:generation_tokens_total"),
+    ("finished_prompt_tokens_total", summed, FINISHED_PROMPT),
+    ("finished_generation_tokens_total", summed, FINISHED_GENERATION),
 )
 
 
@@ -186,6 +194,19 @@ def _finished(expo: Exposition, readings: dict[EngineKey, EngineReading]) -> Non
             reading.finished_total[reason] = reading.finished_total.get(reason, 0.0) + value
 
 
+def _waiting_deferred(expo: Exposition, readings: dict[EngineKey, EngineReading]) -> None:
+    """Waiting requests held back by something other than free capacity (a KV transfer,
+    the LoRA budget): vLLM 0.33+ exports the reason."""
+    deferred: dict[EngineKey, float] = {}
+    for sample in expo.series(WAITING_BY_REASON):
+        value, key = finite(sample.value), key_of(sample)
+        if value is not None and sample.labels.get("reason") == "deferred":
+            deferred[key] = deferred.get(key, 0.0) + value
+    for key, value in deferred.items():
+        if key in readings:
+            readings[key].waiting_deferred = value
+
+
 def _latency(expo: Exposition, readings: dict[EngineKey, EngineReading]) -> None:
     itl_base = ITL_NEW if expo.series(f"{ITL_NEW}_bucket") else ITL_OLD
     for field, base in (("ttft", TTFT), ("itl", itl_base), ("e2e", E2E)):
@@ -273,6 +294,7 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     _prefix_counters(expo, readings, inferred)
     _v0_hit_rate(expo, readings)
     _finished(expo, readings)
+    _waiting_deferred(expo, readings)
     _latency(expo, readings)
     _anatomy(expo, readings, exact)
     lora = lora_info(expo)  # one per server: the series has no engine label

@@ -15,14 +15,8 @@ from textual.widgets import Footer, Static
 from kvtop.safe_text import display_text as shown
 from kvtop.ui.widgets.history_plot import HistoryPlot, Reference, Series
 from kvtop.view import format as fmt
-from kvtop.view.fleet import (
-    LEAK_LABEL,
-    lifetime_hit,
-    shown_label,
-    status_cell,
-    window_hit,
-    window_quantiles,
-)
+from kvtop.view.cells import LEAK_LABEL, lifetime_hit, status_cell, window_hit, window_quantiles
+from kvtop.view.fleet import shown_label
 
 if TYPE_CHECKING:
     from kvtop.baseline.overlay import Band

@@ -9,7 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from kvtop.view.fleet import SORT_LABELS
+from kvtop.view.sort_keys import SORT_LABELS
 
 
 class SortMenu(ModalScreen["str | None"]):

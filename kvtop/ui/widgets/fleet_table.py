@@ -17,7 +17,8 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from kvtop.view.fleet import CELL_PADDING, Cell, Column, FleetRow, visible_columns
+from kvtop.view.cells import CELL_PADDING, Cell, Column, visible_columns
+from kvtop.view.fleet import FleetRow
 
 SCROLLBAR_W = 2  # the vertical scrollbar's cells, kept free so no column is half drawn
 ELLIPSIS = "…"
@@ -33,6 +34,24 @@ def fit(text: str, width: int, keep: int = 0) -> str:
     tail = text[len(text) - keep:] if 0 < keep < width - 1 else ""
     head = text[: len(text) - len(tail)]
     return set_cell_size(head, width - 1 - cell_len(tail)) + ELLIPSIS + tail
+
+
+def header_text(columns: list[Column], sorted_by: str, ascending: bool) -> str:
+    """The header's labels, the sorted column's marked ▲ (smallest or A first) or ▼."""
+    marker = "▲" if ascending else "▼"
+    return "".join(f" {fit(c.label + marker if c.key == sorted_by else c.label, c.width)} "
+                   for c in columns)
+
+
+def column_at(columns: list[Column], x: int) -> str | None:
+    """The key of the column drawn at cell ``x`` (None: right of the last one)."""
+    start = 0
+    for column in columns:
+        end = start + column.width + CELL_PADDING
+        if start <= x < end:
+            return column.key
+        start = end
+    return None
 
 
 class FleetTable(ScrollView, can_focus=True):
@@ -227,7 +246,7 @@ class FleetTable(ScrollView, can_focus=True):
 
     def on_click(self, event: events.Click) -> None:
         if event.y == 0:
-            column = self._column_at(event.x + round(self.scroll_x))
+            column = column_at(self._columns, event.x + round(self.scroll_x))
             if column is not None:
                 self.post_message(self.HeaderClicked(self, column))
             return
@@ -242,15 +261,6 @@ class FleetTable(ScrollView, can_focus=True):
             self.action_select()
         else:
             self._move(index)
-
-    def _column_at(self, x: int) -> str | None:
-        start = 0
-        for column in self._columns:
-            end = start + column.width + CELL_PADDING
-            if start <= x < end:
-                return column.key
-            start = end
-        return None
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -306,13 +316,8 @@ class FleetTable(ScrollView, can_focus=True):
 
     def _header_strip(self, width: int) -> Strip:
         if self._header is None or self._header.cell_length != width:
-            style = self._style("header")
-            column, ascending = self._sorted
-            marker = "▲" if ascending else "▼"
-            text = "".join(
-                f" {fit(c.label + marker if c.key == column else c.label, c.width)} "
-                for c in self._columns)
-            self._header = Strip([Segment(fit(text, width), style)], width)
+            text = header_text(self._columns, *self._sorted)
+            self._header = Strip([Segment(fit(text, width), self._style("header"))], width)
         return self._header
 
     def _row_strip(self, row: FleetRow, cursor: bool, width: int) -> Strip:

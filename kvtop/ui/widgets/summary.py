@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from kvtop.view import format as fmt
-from kvtop.view.fleet import FleetSummary
+from kvtop.view.fleet_summary import FleetSummary
 
 Pieces = list[tuple[str, str]]
 Part = tuple[int, Pieces]  # (priority, pieces): a lower priority survives a narrower terminal

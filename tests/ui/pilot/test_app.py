@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvtop.collect.target import Scrape, Target
-from kvtop.ui.app import GPU_MIN_PERIOD_S, AppConfig, KvtopApp
+from kvtop.ui.app import AppConfig, KvtopApp
+from kvtop.ui.gpu_watch import GPU_MIN_PERIOD_S
 from kvtop.ui.screens.detail import DetailScreen
 from kvtop.ui.widgets.gpu_pane import GpuPane
 from tests.fakes.fake_nvml import FakeGpuReader
@@ -258,7 +259,7 @@ async def test_no_nvml_is_one_short_line_in_the_header(tmp_path: Path,
         assert not app.query_one(GpuPane).display  # no pane to say there is nothing
         draws = _draws(app, monkeypatch)
         # a read every tick would have come within a GPU period; wait out two of them
-        periods = 2 * GPU_MIN_PERIOD_S / app.redraw_s
+        periods = 2 * GPU_MIN_PERIOD_S / app.draw_clock.period_s
         await eventually(lambda: len(draws) > periods, "two GPU periods of redraws",
                          pause=pilot.pause)
         assert reader.reads == 1  # said once, not retried every tick
@@ -271,7 +272,7 @@ async def test_lost_terminal_exits(tmp_path: Path, monkeypatch) -> None:
         exits: list[bool] = []
         monkeypatch.setattr(app, "exit", lambda *a, **k: exits.append(True))
         monkeypatch.setattr("sys.stdin.isatty", lambda: False)
-        app._check_terminal()
+        app.watchdog.check()
         assert exits == [True]
 
 
@@ -322,10 +323,10 @@ async def test_a_scrape_or_gpu_read_landing_at_shutdown_paints_nothing(
         real = getattr(widget, method)
         monkeypatch.setattr(widget, method, functools.partial(_record, painted, method, real))
     app._draw(force=True)
-    app._gpus_read([])
-    app._gpu_failed("NVML gone")
+    app.gpu_watch.read_done([])
+    app.gpu_watch.read_failed("NVML gone")
     assert painted == []  # nothing reached a widget taken off the screen
-    assert app.gpu_unavailable == "NVML gone"  # what was learned is kept
+    assert app.gpu_watch.unavailable == "NVML gone"  # what was learned is kept
 
 
 def _record(calls: list[str], name: str, real: Callable[..., object], *args: object,

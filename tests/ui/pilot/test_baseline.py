@@ -105,7 +105,7 @@ async def test_the_app_draws_the_baseline(overlay: BaselineOverlay, tmp_path: Pa
 
 
 def test_app_without_a_baseline_has_no_delta_column() -> None:
-    from kvtop.view.fleet import visible_columns
+    from kvtop.view.cells import visible_columns
 
     assert "delta" not in [c.key for c in visible_columns(200)]
     assert "delta" in [c.key for c in visible_columns(200, delta=True)]

@@ -56,8 +56,8 @@ def _big_fleet(tmp_path: Path, count: int = 40) -> tuple[KvtopApp, FakeSource, l
 
 def _drawn_after(app: KvtopApp, source: FakeSource, delivered: int) -> Callable[[], bool]:
     """True once ``delivered`` scrapes are in and a draw came after the call."""
-    before = app._last_draw
-    return lambda: len(source.delivered) == delivered and app._last_draw != before
+    before = app.draw_clock.last_draw
+    return lambda: len(source.delivered) == delivered and app.draw_clock.last_draw != before
 
 
 async def test_the_wheel_s_scroll_survives_three_refreshes(tmp_path: Path) -> None:

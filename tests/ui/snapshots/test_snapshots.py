@@ -24,7 +24,8 @@ SIZES = [(80, 24), (120, 40), (160, 48), (200, 60)]
 async def _settle(pilot) -> None:
     """Until the GPU read (in a thread) has landed and what it posted is handled."""
     app = pilot.app
-    await eventually(lambda: app.gpus or app.gpu_unavailable, "the GPU read", pause=pilot.pause)
+    await eventually(lambda: app.gpu_watch.gpus or app.gpu_watch.unavailable, "the GPU read",
+                     pause=pilot.pause)
     await pilot.pause()
 
 

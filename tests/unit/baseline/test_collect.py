@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvtop.baseline.collect import summarise
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 
 TARGET = Target.from_spec("127.0.0.1:8000")
@@ -40,7 +41,8 @@ def body(t: int, *, sources: bool = True, lifetime: bool = True) -> str:
 
 
 def figures(**kwargs: bool) -> dict:
-    scrapes = [Scrape(TARGET, 1000.0 + t, body=body(t, **kwargs)) for t in range(1, 181)]
+    scrapes = [read_scrape(Scrape(TARGET, 1000.0 + t, body=body(t, **kwargs)))
+               for t in range(1, 181)]
     run = summarise(scrapes, name="b", source={"kind": "recording"}, interval_s=1.0)
     return run.targets[0].engines[0].figures
 

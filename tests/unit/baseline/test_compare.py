@@ -17,6 +17,7 @@ import pytest
 
 from kvtop.baseline.compare import Comparison, compare
 from kvtop.cli import main
+from kvtop.collect.source import read_scrape
 from tests.scenarios.baseline_runs import CHANGED_SEED, RERUNS, Recordings, summarise
 
 
@@ -137,9 +138,9 @@ def test_llama_cpp_carries_what_it_exports() -> None:
     from kvtop.collect.target import Scrape, Target
 
     target = Target(url="http://llama:8080/metrics")
-    bodies = [Scrape(target, 1_767_225_600.0 + 10 * i, body=(
+    bodies = [read_scrape(Scrape(target, 1_767_225_600.0 + 10 * i, body=(
         f"llamacpp:prompt_tokens_total {1000 * i}\nllamacpp:tokens_predicted_total {200 * i}\n"
-        f"llamacpp:requests_processing {i % 3}\nllamacpp:requests_deferred 0\n"))
+        f"llamacpp:requests_processing {i % 3}\nllamacpp:requests_deferred 0\n")))
         for i in range(60)]
     run = summarise_scrapes(bodies, name="llama", source={"kind": "recording"},
                             interval_s=10.0)

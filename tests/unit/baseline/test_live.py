@@ -20,6 +20,7 @@ from kvtop.baseline.compare import compare
 from kvtop.baseline.live import LiveSettings, collect_live
 from kvtop.baseline.probe import PROBE_MAX_TOKENS
 from kvtop.collect.gpu import GpuReading
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Target
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.server import SimConfig, SimFleet
@@ -164,7 +165,7 @@ def test_gpus_from_an_exporter_target_land_in_the_baseline() -> None:
     exporter = Target(url="http://gpu-host:9835/metrics")
     server = list(scrapes(HEALTHY.but(minutes=4)))
     body = gpu_fixture(NVIDIA_SMI_H100)
-    gpu_scrapes = [Scrape(exporter, s.t + 0.5, body=body) for s in server]
+    gpu_scrapes = [read_scrape(Scrape(exporter, s.t + 0.5, body=body)) for s in server]
     run = summarise([*server, *gpu_scrapes], name="x", source={"kind": "recording"},
                     interval_s=10.0)
     (gpu_summary,) = run.gpus

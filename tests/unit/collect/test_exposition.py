@@ -1137,3 +1137,21 @@ def test_the_parser_caches_are_the_size_the_security_notes_give() -> None:
     assert f"{exposition._MAX_CACHED_KEY_CHARS / 2**20:g} MiB of key text" in row
     assert f"at most {exposition._MAX_CACHED_COMMENT_CHARS / 2**10:g} KiB" in row
     assert f"heads over {exposition._MAX_CACHED_HEAD_CHARS / 2**10:g} KiB are never cached" in row
+
+
+@pytest.mark.parametrize("keep", [None, frozenset({"a"})])
+def test_openmetrics_points_of_one_series_at_several_times_are_read_the_newest(
+        keep: frozenset[str] | None) -> None:
+    """Valid OpenMetrics (its duplicate_timestamps cases): read as the series written twice
+    and, past the error cap, the whole body was refused."""
+    text = ("# TYPE a gauge\na{x=\"1\"} 1 10\na{x=\"1\"} 3 30\na{x=\"1\"} 2 20\n"
+            "a{x=\"2\"} 5 1\na{x=\"2\"} 6 1\n# EOF\n")
+    expo = parse(text, keep=keep)
+    assert [(s.labels["x"], s.value, s.timestamp) for s in expo.samples] == [
+        ("1", 3.0, 30.0), ("2", 6.0, 1.0)]  # the same time twice: the later line
+    assert expo.errors == [] and expo.refused is None
+    mixed = parse("a 1 10\na 2\n", keep=keep)  # one copy without a time: which is true?
+    assert mixed.samples == [] and [e.reason for e in mixed.errors] == [
+        "series written twice: every copy left out"]
+    many = "".join(f"a{{x=\"{i % 2}\"}} {i} {i}\n" for i in range(3000))
+    assert parse(many, keep=keep).refused is None

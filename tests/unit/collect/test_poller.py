@@ -36,19 +36,18 @@ from kvtop import __version__
 from kvtop.collect import http
 from kvtop.collect import poller as poller_module
 from kvtop.collect.adapters import WANTED, read_exposition, vllm
-from kvtop.collect.http import Failed, classify_exception, make_session, verified_context
-from kvtop.collect.poller import (
+from kvtop.collect.http import (
     HINT_401_NO_TOKEN,
     HINT_401_TOKEN,
-    OFF_LOOP_CHARS,
-    Gate,
-    Poller,
-    backoff_delay,
-    narrowed_url,
+    Failed,
+    classify_exception,
+    make_session,
     read_version,
     scrape,
+    verified_context,
     version_url,
 )
+from kvtop.collect.poller import OFF_LOOP_CHARS, Gate, Poller, backoff_delay, narrowed_url
 from kvtop.collect.target import MASK, Scrape, Secret, Target
 from kvtop.sim.server import SimConfig, SimFleet
 from tests.fakes.faultserver import BIG_BYTES, FaultServer, closed_port, fixture, mode
@@ -686,6 +685,14 @@ ENCODED = {  # name -> (body, Content-Encoding) served by mode "encoded"
     "gzip with a bad CRC": (flipped(gzip.compress(TEXT), -8), "gzip"),
     "deflate with a bad checksum": (flipped(zlib.compress(TEXT), -1), "deflate"),
     "gzip cut short": (gzip.compress(TEXT)[: len(gzip.compress(TEXT)) // 2], "gzip"),
+    # RFC 1952: a body of several members, as `gzip -d` reads it (the second was dropped)
+    "gzip of two members": (gzip.compress(TEXT[:1000]) + gzip.compress(TEXT[1000:]), "gzip"),
+    "gzip of three members, the last empty": (
+        gzip.compress(TEXT[:7]) + gzip.compress(TEXT[7:]) + gzip.compress(b""), "gzip"),
+    "gzip, trailing zeros": (gzip.compress(TEXT) + b"\0" * 8, "gzip"),
+    "deflate, then a gzip member": (zlib.compress(TEXT) + gzip.compress(b"x"), "deflate"),
+    "gzip, then a bomb as a second member": (
+        gzip.compress(TEXT) + gzip.compress(b"\0" * (4 << 20)), "gzip"),
     "brotli": (b"\x1b\x03\x00\xf8\xa5\x40\x02", "br"),
     "a hostile encoding": (TEXT, "x" * 100),
 }
@@ -704,7 +711,9 @@ async def read_encoded(name: str, **kw: Any) -> Scrape:
 
 
 @pytest.mark.parametrize("name", ["gzip", "x-gzip", "gzip, spaced and capitalised", "deflate",
-                                  "identity", "Identity"])
+                                  "identity", "Identity", "gzip of two members",
+                                  "gzip of three members, the last empty",
+                                  "gzip, trailing zeros"])
 async def test_a_body_in_any_encoding_kvtop_asks_for_or_accepts_is_read_whole(name: str) -> None:
     result = await read_encoded(name)
     assert result.ok, result.error
@@ -722,6 +731,7 @@ DATA_CHECK = "Error -3 while decompressing data: incorrect data check"
     ("deflate with a bad checksum", f"corrupt deflate data ({DATA_CHECK})"),
     ("gzip cut short", "response cut short: the compressed body ended early"),
     ("brotli", "unsupported Content-Encoding 'br'"),
+    ("deflate, then a gzip member", "corrupt deflate data (data after the end of the stream)"),
     ("a hostile encoding", f"unsupported Content-Encoding {'x' * 40!r}"),
 ])
 async def test_a_body_that_cannot_be_decoded_says_why(name: str, reason: str) -> None:
@@ -730,8 +740,10 @@ async def test_a_body_that_cannot_be_decoded_says_why(name: str, reason: str) ->
     assert result.body is None
 
 
-async def test_a_decoded_body_over_the_cap_is_dropped_with_the_cap_named() -> None:
-    result = await read_encoded("gzip", max_bytes=len(TEXT) - 1)  # sent small, decoded over
+@pytest.mark.parametrize("name", ["gzip", "gzip of two members",
+                                  "gzip, then a bomb as a second member"])
+async def test_a_decoded_body_over_the_cap_is_dropped_with_the_cap_named(name: str) -> None:
+    result = await read_encoded(name, max_bytes=len(TEXT) - 1)  # sent small, decoded over
     assert (result.failure, result.error) == (
         "bad_payload", f"the body is over the {len(TEXT) - 1:,}-byte size cap; dropped "
                        "(raise the cap if it is real)")
@@ -1393,7 +1405,7 @@ async def test_a_failed_request_says_whether_it_connected_and_never_quotes_the_t
     async with FaultServer() as server, make_session() as client:
         echoed = Target(server.url("status_line_echo"), token=Secret("s3cret-t0ken"))
         refused = Target(f"http://127.0.0.1:{closed_port()}/metrics")
-        with caplog.at_level(logging.DEBUG, logger=poller_module.__name__):
+        with caplog.at_level(logging.DEBUG, logger=http.__name__):
             results = [await scrape(client, t, timeout_s=DEADLINE_S)
                        for t in (Target(server.url("reset")), echoed, refused)]
     assert [(r.failure, r.connected) for r in results] == [

@@ -41,7 +41,6 @@ from kvtop.collect.prometheus import (
     TARGETS_CACHE_S,
     PrometheusError,
     PrometheusSource,
-    _heads,
     group_scrapes,
     load_settings,
     parse_retention,
@@ -49,6 +48,8 @@ from kvtop.collect.prometheus import (
     target_for,
     vector_selector,
 )
+from kvtop.collect.prometheus import source as prometheus_source
+from kvtop.collect.prometheus.answers import _heads
 from kvtop.collect.target import Scrape, Secret
 from tests.fakes.faultserver import FaultServer, Request, mode
 from tests.support.paths import REPO
@@ -145,22 +146,33 @@ class Stored:
 API_PATHS = ("query", "query_range", "status/runtimeinfo", "targets")
 
 
+GO_ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "r": "\r", "t": "\t", "a": "\a", "b": "\b",
+              "f": "\f", "v": "\v"}
+
+
 def job_regex(query: str) -> str | None:
-    """The regex of a query's ``job=~"..."`` matcher as PromQL reads the string (a
-    backslash escapes only a backslash or a quote), or None for an escape PromQL refuses."""
-    written = re.search(r'job=~"((?:[^"\\]|\\.)*)"', query)
+    """The regex of a query's ``job=~"..."`` matcher as PromQL reads the string (Go's
+    escapes), or None for an escape PromQL refuses."""
+    written = re.search(r'job=~"((?:[^"\\]|\\.)*)"', query, re.DOTALL)
     assert written is not None, query
-    out, escaped = [], False
-    for char in written.group(1):
-        if escaped:
-            if char not in '\\"':
-                return None
+    text, out, i = written.group(1), [], 0
+    while i < len(text):
+        char = text[i]
+        if char == "\n":
+            return None  # a raw newline ends nothing: PromQL refuses the string
+        if char != "\\":
             out.append(char)
-            escaped = False
-        elif char == "\\":
-            escaped = True
+            i += 1
+            continue
+        code = text[i + 1]
+        if code == "x":
+            out.append(chr(int(text[i + 2:i + 4], 16)))
+            i += 4
+        elif code in GO_ESCAPES:
+            out.append(GO_ESCAPES[code])
+            i += 2
         else:
-            out.append(char)
+            return None
     return "".join(out)
 
 
@@ -496,7 +508,7 @@ async def test_run_backfills_then_refreshes_and_survives_a_failing_consumer(
         clock.now = T0 + 20
         await asyncio.wait_for(task, 30)
     assert [s.t for s in got] == [*every(T0 - 60, T0), T0 + 15]
-    [logged] = [r for r in caplog.records if r.name == "kvtop.collect.prometheus"]
+    [logged] = [r for r in caplog.records if r.name == "kvtop.collect.prometheus.source"]
     assert logged.getMessage() == f"on_scrape failed for {A}" and logged.exc_info is not None
 
 
@@ -670,12 +682,12 @@ async def test_a_bug_reading_an_answer_fails_the_instances_and_the_source_goes_o
             raise KeyError("a bug")
 
         with monkeypatch.context() as patch:
-            patch.setattr("kvtop.collect.prometheus.group_scrapes", planted)
+            patch.setattr("kvtop.collect.prometheus.source.group_scrapes", planted)
             [failed] = await src.poll_once()
         assert (failed.failure, failed.error) == (
             "bad_payload", "kvtop could not read Prometheus's answer (KeyError); a bug in "
                            "kvtop, please report it")
-        [logged] = [r for r in caplog.records if r.name == "kvtop.collect.prometheus"]
+        [logged] = [r for r in caplog.records if r.name == "kvtop.collect.prometheus.source"]
         assert logged.getMessage() == "reading a Prometheus answer failed"
         assert logged.exc_info is not None and "a bug" in caplog.text
         src.clock = Clock(T0 + 1)  # type: ignore[method-assign]
@@ -952,6 +964,49 @@ async def test_down_instances_are_found_in_every_job_whatever_its_name(
     assert [(t.group, t.name) for t in targets] == [(other, A), (other, B), (JOB, A), (JOB, B)]
 
 
+@pytest.mark.parametrize("job", ['bad"job', "back\\slash", "new\nline", 'all"\\\n\t|.*'])
+async def test_a_job_holding_quotes_backslashes_or_newlines_is_quoted_not_spliced(
+        prom: tuple[Stored, FaultServer], job: str) -> None:
+    """honor_labels lets a target set job="bad\\"job": spliced into the `up` query, it was a
+    parse error, and every instance (the healthy ones too) failed with it."""
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)], (job, A): [(T0 - 5, 1.0)]}
+    stored.up = {(JOB, B): [(T0 - 5, "0")], (job, B): [(T0 - 5, "0")],
+                 (job + "x", B): [(T0 - 5, "0")]}  # a regex of it would match this too
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        targets = await src.discover()
+        scrapes = await src.poll_once()
+    assert sorted((t.group, t.name) for t in targets) == sorted(
+        [(JOB, A), (JOB, B), (job, A), (job, B)])
+    assert sorted((s.target.group, s.target.name, s.failure) for s in scrapes) == sorted(
+        [(JOB, A, None), (job, A, None), (JOB, B, "down"), (job, B, "down")])
+
+
+async def test_instances_that_churn_are_forgotten_and_bounded(
+        prom: tuple[Stored, FaultServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods rescheduled every refresh: the source once kept every instance it ever saw and
+    re-reported each as stale every refresh (check grew 60 -> 321 MB in 80 s)."""
+    monkeypatch.setattr(prometheus_source, "MAX_INSTANCES", 250)
+    stored, server = prom
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0, interval_s=5.0) as src:
+        for refresh in range(6):
+            clock.now = T0 + 5 * refresh
+            stored.scrapes = {(JOB, f"10.{refresh}.0.{i}:8000"): [(clock.now - 2.5, 1.0)]
+                              for i in range(100)}
+            delivered = await src.poll_once()
+            assert len(src.targets) <= 250 and len(delivered) <= 250
+        newest = {f"10.5.0.{i}:8000" for i in range(100)} | {f"10.4.0.{i}:8000"
+                                                             for i in range(100)}
+        assert newest <= {t.name for t in src.targets}  # the least recent went first
+        assert len(src.targets) == 250
+        stored.scrapes = {(JOB, A): [(T0 + 23 + prometheus_source.FORGET_AFTER_S, 1.0)]}
+        clock.now = T0 + 26 + prometheus_source.FORGET_AFTER_S
+        delivered = await src.poll_once()
+    assert [t.name for t in src.targets] == [A]  # nothing heard of the others for 15 min
+    assert [(s.target.name, s.ok) for s in delivered] == [(A, True)]
+
+
 async def test_an_up_0_read_twice_at_the_edge_of_two_refreshes_is_one_failure(
         prom: tuple[Stored, FaultServer]) -> None:
     stored, server = prom
@@ -1006,7 +1061,7 @@ async def test_run_waits_out_a_prometheus_that_refuses_and_reads_it_once_it_answ
         await asyncio.wait_for(task, 30)
     assert [(s.target.name, s.t, s.ok) for s in got] == [(A, T0 - 5, True)]
     assert not any(q["path"].endswith("query_range") for q in stored.queries)  # as told
-    assert not [r for r in caplog.records if r.name == "kvtop.collect.prometheus"]
+    assert not [r for r in caplog.records if r.name == "kvtop.collect.prometheus.source"]
 
 
 async def test_run_after_a_backfill_does_not_backfill_again(
@@ -1024,7 +1079,7 @@ async def test_run_after_a_backfill_does_not_backfill_again(
         await asyncio.wait_for(task, 30)
     assert [s.t for s in backfilled] == [T0 - 30, T0 - 15] and got == []
     assert sum(q["path"].endswith("query_range") for q in stored.queries) == 1
-    assert not [r for r in caplog.records if r.name == "kvtop.collect.prometheus"]
+    assert not [r for r in caplog.records if r.name == "kvtop.collect.prometheus.source"]
 
 
 async def test_run_waits_its_interval_between_refreshes(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kvtop.collect.adapters import adapt
 from kvtop.collect.exposition import MAX_WANTED_LINES, Exposition, Sample
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 
@@ -28,7 +29,7 @@ def test_a_refused_answer_counts_no_malformed_lines_and_nothing_else() -> None:
 
 def test_a_trtllm_pool_held_at_idle_is_a_leak_with_no_assumed_idle_floor() -> None:
     tracker = TargetTracker(TARGET)
-    states = [tracker.update(Scrape(TARGET, float(t), body=TRT_IDLE_HOLDING)).engines[0].leak
-              for t in range(0, 70, 10)]
+    states = [tracker.update(read_scrape(Scrape(TARGET, float(t), body=TRT_IDLE_HOLDING)))
+              .engines[0].leak for t in range(0, 70, 10)]
     assert states[-1].state == "leak" and states[-1].leaked_blocks == 300.0
     assert all("assumed" not in verdict.reason for verdict in states)

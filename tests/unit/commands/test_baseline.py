@@ -594,7 +594,8 @@ def test_baseline_needs_an_action_and_its_help_lists_them() -> None:
     assert code == 0
     assert "usage: kvtop baseline [-h] ACTION ..." in out and "\nactions:\n  ACTION\n" in out
     # each action with what it does, as `kvtop baseline -h` is where a user looks them up
-    listed = [" ".join(line.split()) for line in out.split("  ACTION\n", 1)[1].splitlines()]
+    actions = out.split("  ACTION\n", 1)[1].split("\n\n", 1)[0]
+    listed = [" ".join(line.split()) for line in actions.splitlines()]
     assert listed == [
         "save watch the targets (or read a recording) and save a baseline",
         "list the saved baselines",
@@ -605,10 +606,12 @@ def test_baseline_needs_an_action_and_its_help_lists_them() -> None:
 
 def help_of(*command: str) -> tuple[str, str, dict[str, str]]:
     """`kvtop ... -h` as a user reads it: the usage line, the description and each option's
-    help (wrapped lines joined), by how the option is written (`--from RECORDING`)."""
+    help (wrapped lines joined), by how the option is written (`--from RECORDING`); the exit
+    codes after them are the test_cli's."""
     code, out, err = run(*command, "-h")
     assert (code, err) == (0, "")
     usage, description, rest = out.split("\n\n", 2)
+    rest = rest.split("\nexit status:\n", 1)[0]
     options: dict[str, str] = {}
     current = ""
     for line in rest.splitlines():
@@ -648,8 +651,7 @@ def test_baseline_save_help_says_what_each_option_does(monkeypatch: pytest.Monke
                      "RECORDING] [--probe] [options]")
     assert description == (
         "Watch the targets for --duration (or read a recording with --from) and save what the "
-        "run looked like as NAME: a name (letters, digits, . _ -) or a path ending in .json. "
-        "Exit 0 saved, 2 usage error, 3 no engine could be read (nothing saved).")
+        "run looked like as NAME: a name (letters, digits, . _ -) or a path ending in .json.")
     assert options["NAME TARGET"] == f"NAME, {TARGETS_HELP}"
     assert {option: options[option] for option in LIVE_HELP} == LIVE_HELP
     assert options["--probe"] == f"also {PROBE_HELP}"
@@ -684,8 +686,7 @@ def test_compare_help_says_what_each_option_does(monkeypatch: pytest.MonkeyPatch
         "same or worse beyond run-to-run noise (a rank test on per-minute values; "
         "docs/baseline-format.md). The run is live targets watched for --duration, a "
         "recording (--replay), or another baseline (give its name or path as the only "
-        "TARGET). JSON: docs/compare-json.md. Exit 0 nothing worse, 1 a regression, 2 usage "
-        "or unreadable input, 3 no data.")
+        "TARGET). JSON: docs/compare-json.md.")
     assert options["BASELINE TARGET"] == f"BASELINE, {TARGETS_HELP}"
     assert {option: options[option] for option in LIVE_HELP} == LIVE_HELP
     assert options["--probe"] == PROBE_HELP

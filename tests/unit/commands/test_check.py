@@ -25,8 +25,10 @@ from typing import Any
 
 import pytest
 
+from kvtop.cli import main
+from kvtop.collect.live import DirectSource
 from kvtop.collect.target import Scrape, Target
-from kvtop.commands.check import Progress, print_result, run_check_live, run_check_replay
+from kvtop.commands.check import Progress, check, print_result
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.verdicts import StallVerdict
 from kvtop.derive.worst import CheckRun, EngineVerdict
@@ -34,7 +36,8 @@ from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet, SimServer
-from kvtop.store.recording import RecordingWriter, read_recording
+from kvtop.store.recording import RecordingWriter, open_recording, read_recording
+from kvtop.store.replay import RecordingSource
 from kvtop.store.writer import MIN_MAX_BYTES
 from tests.fakes.faultserver import FaultServer, closed_port, served_in_thread
 from tests.scenarios.check_runs import (
@@ -142,6 +145,21 @@ def test_progress_never_shown_is_not_cleared() -> None:
     assert stream.getvalue() == ""
 
 
+def run_check_replay(path: Path, *, params: LeakParams | None, as_json: bool | None) -> int:
+    """`kvtop check --replay` on ``path``: what it prints, its exit code."""
+    return check(RecordingSource(open_recording(path)), params=params, duration_s=None,
+                 as_json=as_json)
+
+
+def run_check_live(targets: list[Target], *, params: LeakParams | None, duration_s: float,
+                   interval_s: float, timeout_s: float | None, insecure: bool,
+                   full_metrics: bool = False, **checking: Any) -> int:
+    """`kvtop check` watching ``targets`` directly."""
+    source = DirectSource(targets, interval_s=interval_s, timeout_s=timeout_s,
+                          insecure=insecure, narrow=not full_metrics)
+    return check(source, params=params, duration_s=duration_s, **checking)
+
+
 def recorded(path: Path, scrapes: list[Scrape]) -> Path:
     with RecordingWriter(path, interval_s=STEP, targets=[TARGET]) as writer:
         for scrape in scrapes:
@@ -182,7 +200,7 @@ def test_a_bad_recording_is_a_usage_error_and_skipped_lines_are_told(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"format": "something else"}\n')
-    assert run_check_replay(bad, params=None, as_json=True) == EXIT_USAGE == 2
+    assert main(["check", "--replay", str(bad), "--json"]) == EXIT_USAGE == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith(f"kvtop check: {bad}: not a kvtop recording")

@@ -24,15 +24,11 @@ from typing import Any
 import pytest
 
 from kvtop.collect.gpu import MIB
+from kvtop.collect.live import DirectSource
 from kvtop.collect.target import Target
-from kvtop.commands.snapshot import (
-    EXIT_OK,
-    EXIT_UNREADABLE,
-    collect_states,
-    print_snapshot,
-    run_snapshot,
-    snapshot_exit_code,
-)
+from kvtop.commands.snapshot import print_snapshot, read_states, snapshot, snapshot_exit_code
+from kvtop.derive.tracker import TargetState
+from kvtop.exits import EXIT_OK, EXIT_UNREADABLE
 from kvtop.sim.engine import EngineConfig, RequestSpec
 from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet, SimServer
@@ -44,6 +40,24 @@ from tests.support.cli import run_kvtop
 from tests.support.paths import IDLE, LOAD
 from tests.support.waiting import DEADLINE_S, eventually
 
+
+def direct(targets: list[Target], *, interval_s: float, timeout_s: float | None,
+           insecure: bool, full_metrics: bool = False) -> DirectSource:
+    return DirectSource(targets, interval_s=interval_s, timeout_s=timeout_s,
+                        insecure=insecure, narrow=not full_metrics)
+
+
+async def collect_states(targets: list[Target], *, samples: int, **reading: Any
+                         ) -> list[TargetState]:
+    """The targets read as `kvtop snapshot` reads them."""
+    return await read_states(direct(targets, **reading), samples=samples)
+
+
+def run_snapshot(targets: list[Target], *, samples: int, as_json: bool | None,
+                 with_gpus: bool, **reading: Any) -> int:
+    """`kvtop snapshot` on these targets: what it prints, its exit code."""
+    return snapshot(direct(targets, **reading), samples=samples, as_json=as_json,
+                    with_gpus=with_gpus)
 
 async def test_snapshot_reads_twice_for_rates_and_exits_0_when_all_are_up(
         capsys: pytest.CaptureFixture[str]) -> None:

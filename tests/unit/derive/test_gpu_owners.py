@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from kvtop.collect.gpu import MIB, GpuProcess, GpuReading
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive import gpu_owners
 from kvtop.derive.gpu_owners import (
     GpuMemoryHistory,
     gpu_views,
@@ -103,7 +105,7 @@ def test_snapshot_entry_of_an_exporter_gpu() -> None:
 def test_a_down_exporter_keeps_no_gpus() -> None:
     target = Target.from_spec("gpu-1:9400")
     tracker = TargetTracker(target, stale_after_s=0)
-    tracker.update(Scrape(target, 1.0, gpu_fixture(DCGM_T4)))
+    tracker.update(read_scrape(Scrape(target, 1.0, gpu_fixture(DCGM_T4))))
     tracker.update(Scrape(target, 2.0, failure="down", error="connection refused"))
     assert tracker.state.kind == "dcgm" and tracker.state.gpus == []
     assert gpu_views([], {}, [tracker.state]) == []
@@ -192,7 +194,8 @@ def test_every_exporter_is_a_source_read_or_not() -> None:
     dcgm = state("gpu-1:9400", gpu_fixture(DCGM_T4))
     down = Target.from_spec("gpu-2:9835")
     tracker = TargetTracker(down, stale_after_s=0)
-    tracker.update(Scrape(down, 1.0, gpu_fixture("nvidia_gpu_exporter-h100-load.metrics")))
+    exporter = gpu_fixture("nvidia_gpu_exporter-h100-load.metrics")
+    tracker.update(read_scrape(Scrape(down, 1.0, exporter)))
     failed = tracker.update(Scrape(down, 2.0, failure="down", error="connection refused"))
     gpus, sources = gpu_report([vllm, dcgm, failed], with_nvml=False)
     assert len(gpus) == 2 and failed.error is not None and "connection refused" in failed.error
@@ -272,3 +275,16 @@ def test_gpu_memory_history_keeps_its_span_per_server() -> None:
     assert history.series("a")[-1] == (12.0, 12 * GIB, 80 * GIB)
     assert history.series("b")[0] == (2.0, None, None)
     assert list(history.series("never recorded")) == []
+
+
+def test_gpu_memory_history_forgets_servers_gone_and_is_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_owners, "MAX_HISTORIES", 50)
+    history = GpuMemoryHistory(span_s=10.0)
+    history.record(0.0, {"gone": (1, 2)})
+    for t in range(1, 40):  # 100 new servers a record (churning pods)
+        history.record(float(t), {f"s{t}-{i}": (1, 2) for i in range(100)})
+    assert len(history) == 50 and list(history.series("gone")) == []
+    assert history.series("s39-99") and not history.series("s38-0")  # the newest kept
+    history.record(100.0, {"last": (1, 2)})
+    assert len(history) == 1  # the others not seen for the span

@@ -8,8 +8,10 @@ import math
 
 import pytest
 
+from kvtop.collect.adapters import read_exposition
 from kvtop.collect.reading import Histogram, LoraInfo
 from kvtop.derive.rates import derive_engine_stats
+from kvtop.derive.stats import EngineStats
 from tests.scenarios.readings import reading
 
 INF = math.inf
@@ -210,3 +212,42 @@ def test_blocks_used_from_usage_and_capacity() -> None:
         reading(kv_usage=0.25, blocks_total=400, tokens_total=6400), None, t=0.0, dt=None
     )
     assert stats.blocks_used == 100 and stats.tokens_used == 1600
+
+
+T0M = 1_700_000_040.0  # on a minute: buckets start with the series
+
+
+LABELS = '{model_name="m",engine="0"}'
+
+
+def exposition(*, finished_prompt: str | None = "1200", deferred: str = "2") -> str:
+    lines = [f"vllm:num_requests_running{LABELS} 3", f"vllm:num_requests_waiting{LABELS} 5",
+             'vllm:num_requests_waiting_by_reason{model_name="m",engine="0",reason="capacity"}'
+             " 3",
+             f'vllm:num_requests_waiting_by_reason{{model_name="m",engine="0",reason="deferred"}}'
+             f" {deferred}",
+             f"vllm:prompt_tokens_total{LABELS} 5000", f"vllm:generation_tokens_total{LABELS} 900",
+             f"vllm:request_generation_tokens_sum{LABELS} 300"]
+    if finished_prompt is not None:
+        lines.append(f"vllm:request_prompt_tokens_sum{LABELS} {finished_prompt}")
+    return "\n".join(lines) + "\n"
+
+
+def engine_stats(body: str) -> EngineStats:
+    (engine,) = read_exposition(body, version="0.33.0").engines
+    return derive_engine_stats(engine, None, T0M, None)
+
+
+def test_tokens_in_flight_are_the_tokens_counted_less_those_of_finished_requests() -> None:
+    stats = engine_stats(exposition())
+    assert stats.tokens_in_flight == 5000 + 900 - 1200 - 300
+    assert stats.waiting_deferred == 2
+
+
+def test_without_a_finished_requests_sum_there_are_no_tokens_in_flight() -> None:
+    assert engine_stats(exposition(finished_prompt=None)).tokens_in_flight is None
+
+
+def test_an_impossible_finished_sum_is_left_out() -> None:
+    assert engine_stats(exposition(finished_prompt="-5")).tokens_in_flight is None
+    assert engine_stats(exposition(deferred="-1")).waiting_deferred is None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.stall import StallDetector
 from kvtop.derive.stats import EngineStats
@@ -23,7 +24,7 @@ from kvtop.sim.exposition import render
 from kvtop.sim.faults import Fault, plan
 from kvtop.sim.simulation import Simulation, Truth
 from kvtop.sim.workloads import make_workload
-from kvtop.view.fleet import leak_cell
+from kvtop.view.cells import leak_cell
 
 T0 = 1_767_225_600.0
 
@@ -66,7 +67,8 @@ def record(params: dict[str, float | str] | None = None, faults: Iterable[Fault]
         t += interval
         sim.advance_to(t)
         body = render(sim.engine, model_name="m")
-        (stats,) = tracker.update(Scrape(TARGET, T0 + t, body=body, version="0.33.0")).engines
+        scrape = read_scrape(Scrape(TARGET, T0 + t, body=body, version="0.33.0"))
+        (stats,) = tracker.update(scrape).engines
         points.append(Point(stats, sim.truth()))
     return points
 

@@ -7,10 +7,13 @@ scrapes, an inferred version never read back as exact."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.exposition import parse
 from kvtop.collect.kv_events import BlockStored, KvEventBatch
+from kvtop.collect.source import ScrapeReader, read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import MAX_KV_EVENT_RANKS, TargetTracker
@@ -33,7 +36,7 @@ def body(finished: dict[str, int]) -> str:
 
 
 def good(t: float, **finished: int) -> Scrape:
-    return Scrape(TARGET, t, body=body(finished or {"0": 10}))
+    return read_scrape(Scrape(TARGET, t, body=body(finished or {"0": 10})))
 
 
 def failed(t: float) -> Scrape:
@@ -51,13 +54,13 @@ def test_the_error_goes_when_the_target_answers_again() -> None:
 
 def test_a_restart_of_any_engine_is_the_target_restarting() -> None:
     tracker = TargetTracker(TARGET)
-    tracker.update(Scrape(TARGET, 1.0, body=body({"0": 50, "1": 50, "2": 50})))
+    tracker.update(read_scrape(Scrape(TARGET, 1.0, body=body({"0": 50, "1": 50, "2": 50}))))
     # engine 0's counter went back (restarted); engines 1 and 2, read after it, did not
-    state = tracker.update(Scrape(TARGET, 2.0, body=body({"0": 1, "1": 60, "2": 60})))
+    state = tracker.update(read_scrape(Scrape(TARGET, 2.0, body=body({"0": 1, "1": 60, "2": 60}))))
     assert [e.restarted for e in state.engines] == [True, False, False]
     assert state.restarted_at == 2.0
     # and only the middle one
-    tracker.update(Scrape(TARGET, 3.0, body=body({"0": 2, "1": 1, "2": 70})))
+    tracker.update(read_scrape(Scrape(TARGET, 3.0, body=body({"0": 2, "1": 1, "2": 70}))))
     assert tracker.state.restarted_at == 3.0
 
 
@@ -97,11 +100,11 @@ DCGM = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-abc",modelName="Tesla T4",Hostnam
 def test_a_refused_answer_is_bad_payload_with_its_reason() -> None:
     tracker = TargetTracker(TARGET, stale_after_s=30)
     tracker.update(good(100.0))
-    state = tracker.update(Scrape(TARGET, 110.0, body=IMPOSSIBLE_POOL))
+    state = tracker.update(read_scrape(Scrape(TARGET, 110.0, body=IMPOSSIBLE_POOL)))
     # the last good values stay on screen, and the row says why the new answer was not used
     assert (state.status, state.failure) == ("stale", "bad_payload") and state.engines
     assert state.error == "vllm:cache_config_info num_gpu_blocks='1e300' is not a usable count"
-    state = tracker.update(Scrape(TARGET, 140.5, body=IMPOSSIBLE_POOL))
+    state = tracker.update(read_scrape(Scrape(TARGET, 140.5, body=IMPOSSIBLE_POOL)))
     assert (state.status, state.failure, state.engines) == ("bad_payload", "bad_payload", [])
 
 
@@ -136,7 +139,7 @@ def test_the_last_values_stay_a_minute_unless_told() -> None:
 
 def test_gpus_are_shown_while_read_and_gone_with_the_target() -> None:
     tracker = TargetTracker(TARGET, stale_after_s=30)
-    state = tracker.update(Scrape(TARGET, 100.0, body=DCGM))
+    state = tracker.update(read_scrape(Scrape(TARGET, 100.0, body=DCGM)))
     assert [(g.uuid, g.temperature_c) for g in state.gpus] == [("GPU-abc", 25.0)]
     assert tracker.update(failed(110.0)).gpus == state.gpus  # stale: last values kept
     assert tracker.update(failed(200.0)).gpus == []
@@ -152,12 +155,13 @@ def test_the_last_good_body_and_its_age_are_kept_through_failures() -> None:
 
 
 def test_an_exact_version_stays_exact_when_later_scrapes_do_not_ask_again() -> None:
-    # the poller asks /version once; the scrapes after it carry no version
+    # a recording's scrapes after the one /version answered may carry none: read as a stream
     tracker = TargetTracker(Target.from_spec("127.0.0.1:8000"))
     target = tracker.state.target
-    tracker.update(Scrape(target, 1.0, body=vllm_08_idle(), version="0.8.2"))
+    read = ScrapeReader()
+    tracker.update(read(Scrape(target, 1.0, body=vllm_08_idle(), version="0.8.2")))
     for t in (2.0, 3.0):
-        state = tracker.update(Scrape(target, t, body=vllm_08_idle()))
+        state = tracker.update(read(Scrape(target, t, body=vllm_08_idle())))
         assert (state.version, state.version_inferred) == ("0.8.2", False)
         assert state.engines[0].idle_floor_blocks == 0  # 0.8.2 had no null block
 
@@ -167,11 +171,18 @@ def test_parsed_samples_are_read_with_the_servers_exact_version() -> None:
     tracker = TargetTracker(Target.from_spec("127.0.0.1:8000"))
     target = tracker.state.target
     samples = parse(vllm_08_idle())
-    state = tracker.update(Scrape(target, 1.0, samples=samples))
+    state = tracker.update(read_scrape(Scrape(target, 1.0, samples=samples)))
     assert (state.engines[0].blocks_total, state.engines[0].idle_floor_blocks) == (600, 1)
     assert (state.version, state.version_inferred) == ("0.7+", True)
-    state = tracker.update(Scrape(target, 2.0, samples=samples, version="0.8.2"))
+    state = tracker.update(read_scrape(Scrape(target, 2.0, samples=samples, version="0.8.2")))
     assert state.engines[0].idle_floor_blocks == 0
+
+
+def test_a_good_scrape_that_came_unread_is_a_bug_said_loudly() -> None:
+    tracker = TargetTracker(TARGET)
+    with pytest.raises(ValueError, match="came unread"):
+        tracker.update(Scrape(TARGET, 1.0, body=body({"0": 10})))
+    assert tracker.state.status == "pending"  # nothing folded
 
 
 def test_a_reading_made_by_the_poller_is_used_as_it_is() -> None:
@@ -192,8 +203,8 @@ def test_the_leak_detector_follows_each_engine_with_the_params_asked_for() -> No
 
     def states(params: LeakParams | None) -> list[str]:
         tracker = TargetTracker(TARGET, leak_params=params)
-        return [tracker.update(Scrape(TARGET, float(t), body=leaking)).engines[0].leak.state
-                for t in range(0, 70, 10)]
+        return [tracker.update(read_scrape(Scrape(TARGET, float(t), body=leaking)))
+                .engines[0].leak.state for t in range(0, 70, 10)]
 
     # blocks held at idle: WATCH once the idle run counts, LEAK after idle_leak_s (60 s)
     assert states(None) == ["warmup", "warmup", "watch", "watch", "watch", "watch", "leak"]
@@ -208,7 +219,7 @@ def test_a_wedged_engine_reads_stalled_beside_an_idle_one() -> None:
                             if not line.startswith("#"))
     tracker = TargetTracker(TARGET)
     for t in range(0, 50, 10):
-        state = tracker.update(Scrape(TARGET, float(t), body=both))
+        state = tracker.update(read_scrape(Scrape(TARGET, float(t), body=both)))
     assert [(e.engine, e.stall and e.stall.state) for e in state.engines] == [
         ("0", "stalled"), ("1", "ok")]
 
@@ -229,7 +240,7 @@ def test_too_many_engines_is_said_while_it_lasts_and_never_of_an_unread_target()
     tracker = TargetTracker(TARGET)
     assert (tracker.state.engines_over_cap, tracker.state.impossible_values) == (0, 0)
     assert tracker.update(failed(1.0)).engines_over_cap == 0  # down from the start
-    state = tracker.update(Scrape(TARGET, 2.0, body=many_models(MAX_ENGINES + 3)))
+    state = tracker.update(read_scrape(Scrape(TARGET, 2.0, body=many_models(MAX_ENGINES + 3))))
     assert (len(state.engines), state.engines_over_cap) == (MAX_ENGINES, 3)
     assert any(note.startswith("too many engines: 259") for note in state.notes)
     state = tracker.update(good(3.0))
@@ -240,7 +251,7 @@ def test_impossible_values_are_counted_and_named_per_answer() -> None:
     tracker = TargetTracker(TARGET)
     over_full = body({"0": 10}).replace("kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25",
                                         "kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 1.7")
-    state = tracker.update(Scrape(TARGET, 1.0, body=over_full))
+    state = tracker.update(read_scrape(Scrape(TARGET, 1.0, body=over_full)))
     assert state.impossible_values == 1 and state.notes[0].startswith("impossible values left out")
     state = tracker.update(good(2.0))
     assert (state.impossible_values, state.notes) == (0, [])
@@ -249,7 +260,7 @@ def test_impossible_values_are_counted_and_named_per_answer() -> None:
 def test_tracker_stale_then_down() -> None:
     tracker = TargetTracker(TARGET, stale_after_s=30)
     body = fixture_text("vllm-0.33.0-v1-twin-under-load.txt")
-    assert tracker.update(Scrape(TARGET, 100.0, body=body)).status == "up"
+    assert tracker.update(read_scrape(Scrape(TARGET, 100.0, body=body))).status == "up"
     state = tracker.update(Scrape(TARGET, 110.0, failure="timeout", error="timed out"))
     assert state.status == "stale" and state.engines and state.error == "timed out"
     assert state.age_s(115.0) == 15.0
@@ -261,16 +272,17 @@ def test_tracker_ignores_a_late_older_scrape() -> None:
     tracker = TargetTracker(TARGET)
     idle = fixture_text("vllm-0.33.0-v1-twin-idle.txt")
     load = fixture_text("vllm-0.33.0-v1-twin-under-load.txt")
-    tracker.update(Scrape(TARGET, 200.0, body=idle))
-    state = tracker.update(Scrape(TARGET, 190.0, body=load))
+    tracker.update(read_scrape(Scrape(TARGET, 200.0, body=idle)))
+    state = tracker.update(read_scrape(Scrape(TARGET, 190.0, body=load)))
     assert state.engines[0].running == 0  # the newer scrape stays on screen
 
 
 def test_tracker_marks_restart_between_scrapes() -> None:
     tracker = TargetTracker(TARGET)
-    tracker.update(Scrape(TARGET, 1.0, body=fixture_text("vllm-0.33.0-v1-twin-idle.txt")))
+    idle = fixture_text("vllm-0.33.0-v1-twin-idle.txt")
+    tracker.update(read_scrape(Scrape(TARGET, 1.0, body=idle)))
     state = tracker.update(
-        Scrape(TARGET, 2.0, body=fixture_text("vllm-0.33.0-v1-twin-under-load.txt"))
+        read_scrape(Scrape(TARGET, 2.0, body=fixture_text("vllm-0.33.0-v1-twin-under-load.txt")))
     )
     assert state.restarted_at == 2.0 and state.engines[0].restarted
     assert state.engines[0].prompt_tps is None
@@ -282,12 +294,13 @@ def test_an_inferred_version_is_never_read_back_as_exact() -> None:
     tracker = TargetTracker(Target.from_spec("127.0.0.1:8000"))
     body = vllm_08_idle()
     for t in (1.0, 2.0, 3.0):
-        state = tracker.update(Scrape(tracker.state.target, t, body=body))
+        state = tracker.update(read_scrape(Scrape(tracker.state.target, t, body=body)))
         (engine,) = state.engines
         assert (engine.blocks_total, engine.idle_floor_blocks) == (600, 1), t
         assert (state.version, state.version_inferred) == ("0.7+", True)
     # the server's own /version wins, and is exact: 0.8.2 had no null block
-    state = tracker.update(Scrape(tracker.state.target, 4.0, body=body, version="0.8.2"))
+    exact = read_scrape(Scrape(tracker.state.target, 4.0, body=body, version="0.8.2"))
+    state = tracker.update(exact)
     assert (state.version, state.version_inferred) == ("0.8.2", False)
     assert state.engines[0].idle_floor_blocks == 0
 
@@ -310,9 +323,10 @@ def anatomy_body(engine: str = "0", sleep: str = "awake", waiting: int = 0,
 
 def test_each_engine_says_what_limits_it() -> None:
     tracker = TargetTracker(TARGET)
-    state = tracker.update(Scrape(TARGET, 1.0, body=anatomy_body(waiting=3, usage=0.95)))
+    body = anatomy_body(waiting=3, usage=0.95)
+    state = tracker.update(read_scrape(Scrape(TARGET, 1.0, body=body)))
     assert state.engines[0].limit is not None and state.engines[0].limit.limit == "kv_capacity"
-    state = tracker.update(Scrape(TARGET, 2.0, body=anatomy_body(waiting=0)))
+    state = tracker.update(read_scrape(Scrape(TARGET, 2.0, body=anatomy_body(waiting=0))))
     assert state.engines[0].limit is not None and state.engines[0].limit.limit == "none"
 
 
@@ -320,11 +334,11 @@ def test_an_engine_asleep_keeps_its_leak_evidence_unfed() -> None:
     tracker = TargetTracker(TARGET, leak_params=LeakParams(idle_min_s=1, idle_min_scrapes=2,
                                                            idle_leak_s=2))
     for t in range(1, 8):  # 25 blocks held with nothing running is a leak
-        tracker.update(Scrape(TARGET, float(t), body=anatomy_body(running=0)))
+        tracker.update(read_scrape(Scrape(TARGET, float(t), body=anatomy_body(running=0))))
     leak = tracker.state.engines[0].leak
     assert leak is not None and leak.state == "leak"
-    state = tracker.update(Scrape(TARGET, 8.0, body=anatomy_body(sleep="discard_all",
-                                                                usage=0.0)))
+    state = tracker.update(read_scrape(Scrape(TARGET, 8.0, body=anatomy_body(
+        sleep="discard_all", usage=0.0))))
     asleep = state.engines[0].leak
     assert asleep is not None and asleep.state == "leak"  # the pool let go: not cleared
     assert asleep.reason.startswith("engine asleep (discard_all): the leak evidence so far")
@@ -341,7 +355,7 @@ def test_kv_events_reach_the_engine_of_their_rank() -> None:
     tracker.update_kv_events(events_batch(0, 1, BlockStored((1, 2), None, 32, 16, "GPU")))
     tracker.update_kv_events(events_batch(0, 0, BlockStored((3,), None, 16, 16, "GPU")))
     body = anatomy_body("0") + anatomy_body("1") + anatomy_body("x")
-    state = tracker.update(Scrape(TARGET, 1.0, body=body))
+    state = tracker.update(read_scrape(Scrape(TARGET, 1.0, body=body)))
     by_engine = {e.engine: e.kv_events for e in state.engines}
     assert by_engine["0"] is not None and by_engine["0"].population == 1
     assert by_engine["1"] is not None and by_engine["1"].population == 2

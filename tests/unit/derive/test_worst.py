@@ -4,12 +4,17 @@ unless judged, the span judged, and the exit code a leak, a stall or no data giv
 
 from __future__ import annotations
 
+import pytest
+
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive import worst
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES
 from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 from kvtop.derive.worst import CheckRun, EngineVerdict
 from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
+from tests.scenarios import bodies
 from tests.scenarios.check_runs import (
     STEP,
     T0,
@@ -106,7 +111,7 @@ def test_the_span_is_first_to_last_scrape_whatever_order_they_come_in() -> None:
 
 def test_a_scrape_older_than_the_last_read_is_not_judged_again() -> None:
     run = judged(idle_holding(3))
-    late = Scrape(TARGET, T0 + 5, body=body(0.04, model="late"))
+    late = read_scrape(Scrape(TARGET, T0 + 5, body=body(0.04, model="late")))
     run.feed(late)
     assert [e["model"] for t in run.to_json()["targets"] for e in t["engines"]] == ["m"]
 
@@ -155,7 +160,7 @@ def test_unknown_stall_is_no_verdict() -> None:
 def test_engines_a_server_invents_are_forgotten_unless_judged() -> None:
     run = judged(idle_holding(12))  # ("m", "0"): a leak, which stays in the report
     for i in range(MAX_TRACKED_ENGINES + 20):
-        run.feed(Scrape(TARGET, T0 + 200 + i, body=body(0.04, model=f"invented-{i}")))
+        run.feed(read_scrape(Scrape(TARGET, T0 + 200 + i, body=body(0.04, model=f"invented-{i}"))))
     models = [e["model"] for e in run.to_json()["targets"][0]["engines"]]
     assert "m" in models and len(models) <= MAX_TRACKED_ENGINES + 1
     assert f"invented-{MAX_TRACKED_ENGINES + 19}" in models  # the one read now stays
@@ -164,7 +169,7 @@ def test_engines_a_server_invents_are_forgotten_unless_judged() -> None:
 def test_an_engine_with_a_stall_verdict_stays_in_the_report_when_names_are_invented() -> None:
     run = judged(stalling(2))  # ("m", "0"): stall OK, no leak verdict yet
     for i in range(MAX_TRACKED_ENGINES + 20):
-        run.feed(Scrape(TARGET, T0 + 200 + i, body=body(0.04, model=f"invented-{i}")))
+        run.feed(read_scrape(Scrape(TARGET, T0 + 200 + i, body=body(0.04, model=f"invented-{i}"))))
     kept = {(e["model"], e["stall"]["verdict"]) for e in run.to_json()["targets"][0]["engines"]}
     assert ("m", "ok") in kept
 
@@ -179,7 +184,7 @@ def test_leak_figures_are_rounded_to_a_tenth_of_a_block() -> None:
 def test_an_engine_gone_without_a_verdict_stays_listed_while_under_the_cap() -> None:
     run = CheckRun()
     for i in range(MAX_TRACKED_ENGINES):  # each scrape names another engine, judged by none
-        run.feed(Scrape(TARGET, T0 + i, body=body(0.04, model=f"m{i}")))
+        run.feed(read_scrape(Scrape(TARGET, T0 + i, body=body(0.04, model=f"m{i}"))))
     models = [e["model"] for e in run.to_json()["targets"][0]["engines"]]
     assert models == [f"m{i}" for i in range(MAX_TRACKED_ENGINES)]
 
@@ -196,3 +201,20 @@ def test_the_span_judged_is_rounded_to_the_millisecond() -> None:
     run = judged([Scrape(TARGET, T0, failure="down", error="x"),
                   Scrape(TARGET, T0 + 1.2345678, failure="down", error="x")])
     assert run.to_json()["duration_s"] == 1.235
+
+
+def test_targets_that_churn_keep_a_bounded_number_of_trackers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Prometheus naming new instances every refresh: every target kept a tracker."""
+    monkeypatch.setattr(worst, "MAX_TRACKED_TARGETS", 16)
+    run = CheckRun()
+    judged = Target("http://10.9.9.9:8000/metrics")
+    run.feed(read_scrape(Scrape(judged, 0.0, body=bodies.vllm_body(model="kept"))))
+    run.engines[judged.url][("kept", "0")].verdict = "leak"  # a verdict, once reached, stays
+    for i in range(200):
+        run.feed(read_scrape(Scrape(Target(f"http://10.0.{i // 200}.{i % 200}:8000/metrics"),
+                                    1.0 + i, body=bodies.vllm_body())))
+    assert len(run.trackers) <= 16 + 16 // 8
+    assert "http://10.0.0.199:8000/metrics" in run.trackers  # the most recent are kept
+    assert judged.url not in run.trackers and run.verdict() == "leak"
+    assert len(run.engines) <= 16 + 16 // 8 + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.stats import (
     EngineStats,
@@ -139,8 +140,8 @@ def test_an_engine_with_nothing_known_is_all_null_not_zero() -> None:
 
 def test_target_entry_of_a_read_server() -> None:
     tracker = TargetTracker(TARGET)
-    tracker.update(Scrape(TARGET, 100.0, body=fixture_text("vllm-0.33.0-v1-twin-idle.txt"),
-                          version="0.33.0"))
+    idle = fixture_text("vllm-0.33.0-v1-twin-idle.txt")
+    tracker.update(read_scrape(Scrape(TARGET, 100.0, body=idle, version="0.33.0")))
     entry = target_json(tracker.state, now=102.25)
     assert {k: v for k, v in entry.items() if k != "engines"} == {
         "target": "http://127.0.0.1:8000/metrics", "name": None, "label": "127.0.0.1:8000",

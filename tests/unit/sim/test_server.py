@@ -183,11 +183,11 @@ async def test_leak_shows_at_idle_as_the_leaked_blocks() -> None:
 
 def test_kvtop_sim_command_serves_until_interrupted() -> None:
     script = ("import argparse, sys\n"
-              "from kvtop.commands.sim import add_sim_parser\n"
+              "from kvtop.commands.sim import add_parser, run\n"
               "p = argparse.ArgumentParser(prog='kvtop')\n"
-              "add_sim_parser(p.add_subparsers())\n"
+              "add_parser(p.add_subparsers(), 'serve simulated vLLM servers')\n"
               "a = p.parse_args(sys.argv[1:])\n"
-              "sys.exit(a.func(a))\n")
+              "sys.exit(run(a))\n")
     env = {**os.environ, "SIM_TOKEN": "t0k"}
     proc = subprocess.Popen(
         [sys.executable, "-c", script, "sim", "--port", "0", "--count", "2", "--speed", "5",

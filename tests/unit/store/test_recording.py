@@ -38,10 +38,10 @@ from kvtop.store.reader import (
 )
 from kvtop.store.recording import (
     VERSION,
-    RecordedKvEvents,
     RecordingError,
     RecordingExists,
     RecordingWriter,
+    TargetKvEvents,
     parse_size,
     read_recording,
     size_text,
@@ -843,13 +843,13 @@ def test_kv_event_batches_round_trip_in_their_place_among_scrapes(tmp_path: Path
     file = open_recording(path)
     assert (file.count, file.kv_event_batches, file.warnings) == (2, 3, [])
     items = list(file.items_in_time_order())
-    assert [type(i).__name__ for i in items] == ["Scrape", "RecordedKvEvents", "RecordedKvEvents",
-                                                 "Scrape", "RecordedKvEvents"]
-    assert [i.batch for i in items if isinstance(i, RecordedKvEvents)] == batches
+    assert [type(i).__name__ for i in items] == ["Scrape", "TargetKvEvents", "TargetKvEvents",
+                                                 "Scrape", "TargetKvEvents"]
+    assert [i.batch for i in items if isinstance(i, TargetKvEvents)] == batches
     assert all(i.target.url == target.url for i in items)
     assert list(file.in_time_order()) == [i for i in items if isinstance(i, Scrape)]
     assert read_recording(path).kv_events == [i for i in items
-                                              if isinstance(i, RecordedKvEvents)]
+                                              if isinstance(i, TargetKvEvents)]
 
 
 def test_a_batch_too_large_to_read_back_is_written_malformed(tmp_path: Path) -> None:

@@ -344,9 +344,9 @@ async def test_pausing_stops_the_clock_where_it_is() -> None:
 
 async def test_kv_event_batches_are_delivered_in_their_place_when_asked() -> None:
     from kvtop.collect.kv_events import KvEventBatch
-    from kvtop.store.recording import RecordedKvEvents
+    from kvtop.store.recording import TargetKvEvents
 
-    events = [RecordedKvEvents(TARGET, KvEventBatch(t=t, rank=0, seq=i))
+    events = [TargetKvEvents(TARGET, KvEventBatch(t=t, rank=0, seq=i))
               for i, t in enumerate((0.5, 1.5))]
     recorded = Recording({"format": "kvtop-recording", "version": 1, "interval_s": 1.0},
                          [Scrape(TARGET, t, body="x 1\n") for t in (0.0, 1.0, 2.0)],

@@ -4,12 +4,16 @@ source has nothing."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvtop.collect.adapters import read_exposition
+from kvtop.collect.gpu import GpuReading
 from kvtop.derive.gpu_owners import GpuView, nvml_source
 from kvtop.derive.stats import EngineStats
 from kvtop.ui.widgets.engine_panel import kv_points
 from kvtop.view import format as fmt
-from kvtop.view.gpus import memory_points, memory_top, owned_cell, pane_lines
+from kvtop.view import gpus as gpus_view
+from kvtop.view.gpus import GpuTrails, memory_points, memory_top, owned_cell, pane_lines
 from tests.scenarios.gpu import DCGM_MIG, gpu_fixture
 
 GIB = 2**30
@@ -55,3 +59,18 @@ def test_nvml_source_tells_absent_from_broken() -> None:
     assert nvml_source(0, "NVML Shared Library Not Found").status == "unavailable"
     assert nvml_source(0, "NVMLError_Unknown: boom", failed=True).status == "failed"
     assert nvml_source(2).status == "ok" and nvml_source(2).error is None
+
+
+def test_gpu_trails_forget_gpus_gone_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exporter naming 1,000 new GPUs a scrape grew the app's history without end."""
+    monkeypatch.setattr(gpus_view, "MAX_TRAILS", 300)
+    trails = GpuTrails(span_s=10.0)
+    def gpu(i: int, uuid: str) -> GpuReading:
+        return GpuReading(i, "GPU", uuid, 1, 2, None, None, None)
+
+    for t in range(5):
+        trails.record(float(t), [GpuView(gpu(i, f"{t}-{i}"), "h", "x") for i in range(1000)])
+        assert len(trails) <= 300
+    assert list(trails.of(gpu(999, "4-999"))) == [(4.0, 1)]
+    trails.record(100.0, [])
+    assert len(trails) == 0

@@ -4,13 +4,13 @@ words, and the two tables one blank line apart."""
 
 from __future__ import annotations
 
-import io
-
 import pytest
 
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
-from kvtop.view.table import aligned, gpu_lines, print_table, table_lines
+from kvtop.safe_text import cells
+from kvtop.view.table import aligned, gpu_lines, table_lines, table_text
 from tests.support.paths import fixture_text
 
 GIB = 2**30
@@ -44,7 +44,7 @@ def test_columns_are_padded_to_the_widest_cell_and_numbers_right_aligned() -> No
 
 def test_counts_are_right_aligned_under_their_label_and_names_left_aligned() -> None:
     target = Target.from_spec("127.0.0.1:8000", name="a")
-    scrape = Scrape(target, 1.0, fixture_text("vllm-0.33.0-v1-twin-under-load.txt"))
+    scrape = read_scrape(Scrape(target, 1.0, fixture_text("vllm-0.33.0-v1-twin-under-load.txt")))
     header, row = table_lines([TargetTracker(target).update(scrape)], 1.0)
     assert row.startswith("a ") and row[header.index("MODEL")] != " "
     for label, value in (("RUN", "30"), ("WAIT", "149")):  # each shorter than its label
@@ -74,14 +74,21 @@ def test_no_gpus_and_no_sources_is_no_lines() -> None:
 
 
 def test_the_table_is_the_targets_then_a_blank_line_then_the_gpus() -> None:
-    out = io.StringIO()
-    print_table([], {"taken_at": TAKEN_AT, "gpus": GPUS[:1]}, out)
+    text = table_text([], {"taken_at": TAKEN_AT, "gpus": GPUS[:1]})
     header = table_lines([], 0.0)
-    assert out.getvalue() == "\n".join([*header, "", *gpu_lines({"gpus": GPUS[:1]})]) + "\n"
+    assert text == "\n".join([*header, "", *gpu_lines({"gpus": GPUS[:1]})]) + "\n"
     assert len(header) == 1  # no targets, no rows
 
 
 def test_without_gpus_the_table_ends_after_the_targets() -> None:
-    out = io.StringIO()
-    print_table([], {"taken_at": TAKEN_AT}, out)
-    assert out.getvalue() == table_lines([], 0.0)[0] + "\n"
+    text = table_text([], {"taken_at": TAKEN_AT})
+    assert text == table_lines([], 0.0)[0] + "\n"
+
+
+def test_columns_line_up_in_terminal_cells_whatever_the_script() -> None:
+    """A CJK name takes two cells per character: padded by characters, its row shifted
+    (by 20 cells for a 20-character name)."""
+    lines = aligned(["NAME", "N"], [["模型" * 10, "1"], ["llama", "2"]], right={1})
+    assert [cells(line) for line in lines] == [43, 43, 43]
+    assert [cells(line[: line.rindex(last)]) for line, last in zip(lines, "N12", strict=True)
+            ] == [42] * 3

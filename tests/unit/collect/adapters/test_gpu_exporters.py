@@ -14,7 +14,7 @@ import pytest
 
 from kvtop.collect.adapters import dcgm, names_for, read_exposition
 from kvtop.collect.adapters import nvidia_gpu_exporter as smi
-from kvtop.collect.gpu import MIB, GpuReading, Workload, normal_uuid
+from kvtop.collect.gpu import MAX_GPUS_PER_EXPORTER, MIB, GpuReading, Workload, normal_uuid
 from tests.scenarios.gpu import (
     DCGM_MIG,
     DCGM_POD,
@@ -370,3 +370,24 @@ def test_smi_without_a_gpu_says_so() -> None:
     reading = read_exposition(smi_line("gpu_info", 1, uuid=None, name="ghost"))
     assert reading.kind == "nvidia_gpu_exporter" and reading.gpus == []
     assert reading.notes == ["nvidia_gpu_exporter: no GPU's memory, use, temperature or power"]
+
+
+MANY_GPUS = {
+    "nvidia_gpu_exporter": 'nvidia_smi_memory_used_bytes{{uuid="{i:08x}"}} 1024\n',
+    "dcgm": 'DCGM_FI_DEV_FB_USED{{gpu="{i}",UUID="GPU-{i:08x}"}} 1\n',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MANY_GPUS))
+def test_an_exporter_naming_too_many_gpus_keeps_the_first_and_says_so(kind: str) -> None:
+    """An exporter naming 1,000 new GPUs every scrape had no cap."""
+    def body(count: int) -> str:
+        return "".join(MANY_GPUS[kind].format(i=i) for i in range(count))
+
+    reading = read_exposition(body(1000))
+    assert reading.kind == kind and len(reading.gpus) == MAX_GPUS_PER_EXPORTER
+    assert f"{kind}: 1,000 GPUs; the first 256 are shown (more is not one node's)" in [
+        note.replace("dcgm-exporter", "dcgm") for note in reading.notes]
+    for count in (MAX_GPUS_PER_EXPORTER, MAX_GPUS_PER_EXPORTER + 1):
+        notes = read_exposition(body(count)).notes
+        assert any("GPUs; the first" in n for n in notes) is (count > MAX_GPUS_PER_EXPORTER)

@@ -16,7 +16,9 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.adapters.common import MAX_COUNT, MAX_ENGINES
 from kvtop.collect.adapters.vllm import NAMES
+from kvtop.collect.adapters.vllm import NAMES as VLLM_NAMES
 from kvtop.collect.reading import EngineReading, LoraInfo, ServerReading
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from tests.support.paths import fixture_text
@@ -404,7 +406,14 @@ def test_no_lora_when_the_server_has_it_off() -> None:
 def test_lora_reaches_the_engine_stats_and_the_narrowed_read_asks_for_it() -> None:
     assert "vllm:lora_requests_info" in NAMES  # prometheus_client's name[] filter keeps it
     tracker = TargetTracker(Target.from_spec("h:8000"))
-    tracker.update(Scrape(tracker.state.target, T0,
-                          scrape_with_lora([(["sql-lora"], ["chat-lora"])])))
+    tracker.update(read_scrape(Scrape(tracker.state.target, T0,
+                          scrape_with_lora([(["sql-lora"], ["chat-lora"])]))))
     [stats] = tracker.state.engines
     assert stats.lora == LoraInfo(4, ("sql-lora",), ("chat-lora",))
+
+
+def test_the_narrowed_scrape_asks_for_the_sums_not_the_buckets() -> None:
+    # ~10 KB for the families kvtop reads: the sums are one sample each, the buckets ~20
+    assert {"vllm:request_prompt_tokens_sum", "vllm:request_generation_tokens_sum",
+            "vllm:num_requests_waiting_by_reason"} <= VLLM_NAMES
+    assert "vllm:request_prompt_tokens_bucket" not in VLLM_NAMES

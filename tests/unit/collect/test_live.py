@@ -1,4 +1,5 @@
-"""`kvtop snapshot --prometheus`, `kvtop check --prometheus` and the app's discovery, run in this
+"""The live sources, through Prometheus: `kvtop snapshot --prometheus`, `kvtop check
+--prometheus` and the app's discovery, run in this
 process against a fake Prometheus API on 127.0.0.1 (real HTTP): every instance it stores (one
 discovery missed too), read through the newest two scrapes; a check past Prometheus's retention
 watching the rest live (said on stderr, with the progress line on a terminal), `--until-leak`
@@ -23,20 +24,18 @@ from typing import Any
 
 import pytest
 
+from kvtop.cli import _discover
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.exposition import parse
+from kvtop.collect.live import PrometheusFeed
 from kvtop.collect.prometheus import (
-    PrometheusSource,
+    PrometheusSettings,
     load_settings,
 )
 from kvtop.collect.target import Scrape, Target
-from kvtop.commands.prometheus import (
-    _judge,
-    discover_targets,
-    latest_per_target,
-    run_check_prometheus,
-    run_snapshot_prometheus,
-)
+from kvtop.commands import check as check_command
+from kvtop.commands.check import _judge
+from kvtop.commands.snapshot import snapshot
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.worst import CheckRun
 from kvtop.report import gpus
@@ -72,19 +71,31 @@ class RetainingPrometheus(FakePrometheus):
         return super().respond(request)
 
 
+def run_snapshot_prometheus(settings: PrometheusSettings, *, timeout_s: float | None,
+                            insecure: bool, as_json: bool | None, with_gpus: bool) -> int:
+    """`kvtop snapshot --prometheus` (its --interval is 1 s by default)."""
+    feed = PrometheusFeed(settings, interval_s=1.0, timeout_s=timeout_s, insecure=insecure)
+    return snapshot(feed, samples=2, as_json=as_json, with_gpus=with_gpus)
+
+
+def run_check_prometheus(settings: PrometheusSettings, *, interval_s: float,
+                         timeout_s: float | None, insecure: bool, **checking: Any) -> int:
+    """`kvtop check --prometheus`."""
+    feed = PrometheusFeed(settings, interval_s=interval_s, timeout_s=timeout_s,
+                          insecure=insecure)
+    return check_command.check(feed, **checking)
+
+
+def fed(history: StoredHistory) -> PrometheusFeed:
+    """A feed whose Prometheus is the stand-in."""
+    feed = PrometheusFeed(load_settings("http://prom:9090"))
+    feed.source = history  # type: ignore[assignment]
+    return feed
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
-
-
-def test_the_newest_scrapes_of_each_target_in_time_order() -> None:
-    a, b = Target.from_spec("a:1"), Target.from_spec("b:1")
-    scrapes = [Scrape(a, 3.0, ""), Scrape(b, 1.0, ""), Scrape(a, 1.0, ""), Scrape(a, 2.0, ""),
-               Scrape(b, 4.0, "")]
-    kept = latest_per_target(scrapes, 2)
-    assert [(s.target.url, s.t) for s in kept] == [
-        (b.url, 1.0), (a.url, 2.0), (a.url, 3.0), (b.url, 4.0)]
-    assert [s.t for s in latest_per_target(scrapes, 1)] == [3.0, 4.0]
 
 
 def test_snapshot_through_prometheus_shows_every_instance_it_stores(
@@ -111,10 +122,10 @@ def test_a_prometheus_that_cannot_be_read_is_said_with_exit_3(
 
 def test_the_app_opens_on_the_instances_prometheus_knows() -> None:
     with served_in_thread(FakePrometheus()) as prom:  # type: ignore[type-var]
-        source = PrometheusSource(load_settings(prom.url))
-        targets = asyncio.run(discover_targets(source))
+        feed = PrometheusFeed(load_settings(prom.url))
+        targets = asyncio.run(_discover(feed))
     assert sorted(t.name or "" for t in targets) == sorted(INSTANCES)
-    assert source.api._session is None  # closed: the app runs it again on its own loop
+    assert feed.source.api._session is None  # closed: the app runs it again on its own loop
 
 
 def test_the_table_and_the_gpus_are_asked_for_through_prometheus_too(
@@ -292,6 +303,9 @@ class StoredHistory:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
+    async def aclose(self) -> None:
+        return None
+
     async def discover(self) -> list[Target]:
         return [self.target]
 
@@ -303,8 +317,8 @@ class StoredHistory:
         return [Scrape(self.target, 1_800_000_000.0 + t, failure="down", error="x")
                 for t in range(0, int(span_s), 15)]
 
-    async def run(self, on_scrape: Any, *, stop: asyncio.Event, backfill: bool) -> None:
-        assert not backfill
+    async def run(self, on_scrape: Any, *, stop: asyncio.Event) -> None:
+        assert self.backfilled  # read live after the history (so never backfilled again)
         self.watched = True
         await stop.wait()
 
@@ -312,17 +326,17 @@ class StoredHistory:
 async def test_check_through_prometheus_judges_the_stored_past_at_once() -> None:
     source = StoredHistory(retention_s=15 * 86400)
     run = CheckRun(LeakParams())
-    await _judge(run, source, duration_s=3600, until_leak=False)  # type: ignore[arg-type]
+    await _judge(run, fed(source), duration_s=3600, until_leak=False, writer=None)
     assert source.backfilled == [3600] and not source.watched
     assert run.to_json()["duration_s"] == 3585.0  # the first and last stored scrape
     unknown = StoredHistory(retention_s=None)  # an API that does not say: assume it fits
-    await _judge(CheckRun(), unknown, duration_s=600, until_leak=False)  # type: ignore[arg-type]
+    await _judge(CheckRun(), fed(unknown), duration_s=600, until_leak=False, writer=None)
     assert unknown.backfilled == [600] and not unknown.watched
 
 
 async def test_check_through_prometheus_watches_only_what_retention_does_not_hold() -> None:
     source = StoredHistory(retention_s=60)
     started = asyncio.get_running_loop().time()
-    await _judge(CheckRun(), source, duration_s=60.3, until_leak=False)  # type: ignore[arg-type]
+    await _judge(CheckRun(), fed(source), duration_s=60.3, until_leak=False, writer=None)
     assert source.backfilled == [60] and source.watched
     assert asyncio.get_running_loop().time() - started >= 0.3  # the other 0.3 s, live

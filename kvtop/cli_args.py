@@ -1,0 +1,204 @@
+"""The command line's shared options: targets and their tokens, Prometheus, output, and the
+argparse types for durations, numbers and sizes; and the source of scrapes they name
+(:func:`open_source`).
+
+Tokens come only from environment variables or files, never from argv, and are never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvtop.collect.target import DEFAULT_TARGET, Target, TokenError, read_token
+from kvtop.config import Config, ConfigError, quoted
+from kvtop.safe_text import display_text
+from kvtop.store.writer import DEFAULT_MAX_BYTES, parse_size, size_text
+
+if TYPE_CHECKING:
+    from kvtop.collect.prometheus import PrometheusSettings
+    from kvtop.collect.source import Source
+
+DEFAULT_TOKEN_ENV = "KVTOP_TOKEN"
+MAX_SIZE_HELP = (f"stop recording when the file would pass SIZE (500M, 2G; 0 for no limit; "
+                 f"default {size_text(DEFAULT_MAX_BYTES)})")
+
+# -- argparse types -------------------------------------------------------------------------
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``2h`` or ``1d`` -> seconds (for argparse ``type=``)."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    text = text.strip().lower()
+    scale = units.get(text[-1:])
+    try:
+        value = float(text[:-1] if scale else text) * (scale or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {quoted(text)} (e.g. 90s, 30m, 2h)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"a duration must be finite and > 0 (got {quoted(text)})")
+    return value
+
+
+def _number_argument(text: str, ok: Callable[[float], bool], rule: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {quoted(text)}") from None
+    if not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number {rule} (got {quoted(text)})")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """A finite number > 0 (for argparse ``type=``): nan, inf, 0 and -1 are usage errors."""
+    return _number_argument(text, lambda v: v > 0, "> 0")
+
+
+positive_seconds = positive_number  # intervals, timeouts, speeds
+
+
+def non_negative_number(text: str) -> float:
+    """A finite number >= 0 (for argparse ``type=``)."""
+    return _number_argument(text, lambda v: v >= 0, ">= 0")
+
+
+def fraction(text: str) -> float:
+    """A finite number from 0 to 1 (for argparse ``type=``)."""
+    return _number_argument(text, lambda v: 0 <= v <= 1, "from 0 to 1")
+
+
+def size(text: str) -> int:
+    """A size in bytes: 500M, 2G, 0 (for argparse ``type=``)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# -- options --------------------------------------------------------------------------------
+
+
+def add_target_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    if positional:
+        parser.add_argument("targets", nargs="*", metavar="TARGET",
+                            help=f"host:port or http(s) URL of a /metrics endpoint "
+                                 f"(default {DEFAULT_TARGET})")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="TOML config (default $XDG_CONFIG_HOME/kvtop/config.toml, "
+                             "else ~/.config/kvtop/config.toml)")
+    parser.add_argument("--token-env", metavar="VAR",
+                        help=f"read a bearer token for the command-line targets from this "
+                             f"environment variable (default {DEFAULT_TOKEN_ENV}, if set)")
+    parser.add_argument("--token-file", type=Path, metavar="PATH",
+                        help="read a bearer token for the command-line targets from this file")
+    parser.add_argument("--insecure", action="store_true",
+                        help="do not verify TLS certificates")
+    parser.add_argument("--timeout", type=positive_seconds, metavar="S",
+                        help="per-target request deadline (default: 2x interval, 2-5 s)")
+    parser.add_argument("--full-metrics", action="store_true",
+                        help="read every metric family; by default kvtop asks servers that "
+                             "can filter (vLLM) for only the ~20 it reads")
+
+
+def add_prometheus_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prometheus", metavar="URL",
+                        help="read every vLLM/SGLang server a Prometheus scrapes, through its "
+                             "HTTP API (or [prometheus] url in the config)")
+    parser.add_argument("--selector", metavar="'{LABEL=\"VALUE\",...}'",
+                        help="with --prometheus: only instances whose series match, "
+                             "e.g. '{namespace=\"prod\"}'")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, text_flags: tuple[str, ...],
+                         text_help: str) -> None:
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", dest="as_json", action="store_true", default=None,
+                        help="JSON (the default when stdout is not a terminal)")
+    output.add_argument(*text_flags, dest="as_json", action="store_false", help=text_help)
+
+
+def resolve_targets(args: argparse.Namespace, config: Config) -> list[Target]:
+    """Command-line targets (with the command-line token), else the config's, else default."""
+    if not args.targets:
+        return config.targets or [Target.from_spec(DEFAULT_TARGET)]
+    try:
+        token = read_token(args.token_env, args.token_file, default_env=DEFAULT_TOKEN_ENV)
+    except TokenError as exc:
+        raise ConfigError(f"--{exc.field.replace('_', '-')}: {exc}") from None
+    targets = []
+    for spec in args.targets:
+        try:
+            targets.append(Target.from_spec(spec, token=token))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return list(dict.fromkeys(targets))  # the same server twice is read once
+
+
+def resolve_prometheus(args: argparse.Namespace, config: Config) -> PrometheusSettings | None:
+    """--prometheus (with --selector), else the config's [prometheus] url, else None.
+    Its token comes from the [prometheus] token_env / token_file only."""
+    table = config.prometheus
+    url = getattr(args, "prometheus", None) or table.url
+    if not url:
+        if getattr(args, "selector", None):
+            raise ConfigError("--selector needs --prometheus URL (or [prometheus] url)")
+        return None
+    if getattr(args, "targets", None):
+        raise ConfigError("give either targets or --prometheus, not both")
+    from kvtop.collect.prometheus import load_settings
+
+    selector = getattr(args, "selector", None) or table.selector
+    try:
+        token = read_token(table.token_env, table.token_file)
+        return load_settings(str(url), selector=str(selector), token=token,
+                             backfill_step_s=table.backfill_step)
+    except TokenError as exc:
+        raise ConfigError(f"[prometheus] {exc.field}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"prometheus: {display_text(exc)}") from None
+
+
+# -- the source the options name ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def open_source(args: argparse.Namespace, config: Config, *, interval_s: float | None = None,
+                replay: Path | None = None, demo: bool = False) -> Iterator[Source]:
+    """The source of scrapes a command or the app was given: a recording (``replay``), the
+    built-in demo fleet (``demo``, served while the block runs), the instances a Prometheus
+    scrapes (--prometheus or the config's [prometheus]), or the targets read directly.
+    ``interval_s`` None takes the kind's default."""
+    from kvtop.collect.live import DirectSource, PrometheusFeed
+
+    if replay is not None:
+        yield _recording(replay)
+        return
+    settings: dict[str, Any] = {"interval_s": interval_s,
+                                "timeout_s": getattr(args, "timeout", None),
+                                "insecure": getattr(args, "insecure", False),
+                                "narrow": not getattr(args, "full_metrics", False)}
+    if demo:
+        from kvtop.sim.demo import demo_fleet
+
+        with demo_fleet() as targets:
+            yield DirectSource(targets, **settings)
+        return
+    if (prometheus := resolve_prometheus(args, config)) is not None:
+        yield PrometheusFeed(prometheus, **settings)
+        return
+    yield DirectSource(resolve_targets(args, config), **settings)
+
+
+def _recording(path: Path) -> Source:
+    """RecordingError when the file is not a recording (each command says it its way)."""
+    from kvtop.store.recording import open_recording
+    from kvtop.store.replay import RecordingSource
+
+    return RecordingSource(open_recording(path))

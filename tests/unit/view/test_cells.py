@@ -1,0 +1,126 @@
+"""A row's cells without a terminal: columns by width, labels, ages, dashes, verdicts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvtop.collect.target import Target
+from kvtop.derive.stats import EngineStats, Quantiles
+from kvtop.derive.tracker import TargetState
+from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.view import format as fmt
+from kvtop.view.cells import Cell, leak_cell, visible_columns
+from kvtop.view.fleet import build_rows, order_rows
+from kvtop.view.fleet_summary import summarise
+from tests.scenarios.app import LEAKING, QUIET
+
+NOW = 1000.0
+
+
+def _up(spec: str, *engines: EngineStats) -> TargetState:
+    return TargetState(Target.from_spec(spec), "up", kind="vllm", engines=list(engines),
+                       last_good_t=NOW)
+
+
+def _cells_of(state: TargetState) -> dict[str, Cell]:
+    return build_rows([state], NOW)[0].cells
+
+
+def test_narrow_terminal_keeps_the_essential_columns() -> None:
+    assert [c.key for c in visible_columns(78)] == [
+        "name", "status", "kv", "leak", "running", "waiting"
+    ]
+    assert len(visible_columns(220)) == 12
+    assert [c.key for c in visible_columns(10)] == ["name", "status", "kv", "leak"]
+
+
+def test_unknown_values_are_dashes_never_zero() -> None:
+    [row] = build_rows([_up("h:1", EngineStats("m", None, NOW))], NOW)
+    for key in ("kv", "leak", "running", "waiting", "preempt", "hit", "prompt", "gen", "ttft"):
+        assert row.cells[key].text == fmt.DASH
+
+
+def test_status_ages() -> None:
+    target = Target.from_spec("h:1")
+    stale = TargetState(target, "stale", last_good_t=NOW - 12)
+    down = TargetState(target, "timeout", last_good_t=NOW - 300)
+    never = TargetState(target, "auth", error="401: token rejected")
+    cells = [build_rows([s], NOW)[0].cells for s in (stale, down, never)]
+    # a failed scrape says so at once ("down"), with the age of the last good one
+    assert [c["status"].text for c in cells] == ["down 12s", "timeout 5m", "auth"]
+    assert cells[2]["model"].text == "401: token rejected"
+
+
+def test_a_404_reads_not_found_and_never_answered_has_no_age() -> None:
+    target = Target.from_spec("h:1")
+    missing = TargetState(target, "bad_payload", failure="bad_payload",
+                          error="HTTP 404: no /metrics here; is this an inference server?")
+    garbage = TargetState(target, "bad_payload", failure="bad_payload", last_good_t=NOW - 5,
+                          error="not Prometheus text: it starts with '<'")
+    assert _cells_of(missing)["status"] == Cell("not found", "bad")
+    assert _cells_of(garbage)["status"].text == "bad data 5s"
+
+
+def test_a_failed_scrape_dims_the_last_numbers_at_once() -> None:
+    stats = EngineStats("m", None, NOW - 3, kv_usage=0.5, blocks_total=100, blocks_used=50,
+                        running=4, waiting=2, generation_tps=300.0)
+    live = _up("h:1", stats)
+    stale = TargetState(Target.from_spec("h:1"), "stale", failure="timeout", kind="vllm",
+                        engines=[stats], last_good_t=NOW - 3)
+    live_cells, stale_cells = _cells_of(live), _cells_of(stale)
+    assert stale_cells["status"] == Cell("timeout 3s", "warn")
+    for key in ("kv", "running", "waiting", "gen"):
+        assert stale_cells[key].text == live_cells[key].text  # the last good values...
+        assert stale_cells[key].level == "dim" != live_cells[key].level  # ...dimmed
+
+
+def test_hit_is_the_window_s_and_lifetime_is_labelled() -> None:
+    window = EngineStats("m", None, NOW, hit_rate=0.42, hit_rate_scope="window")
+    lifetime = EngineStats("m", None, NOW, hit_rate=0.38, hit_rate_scope="lifetime")
+    assert _cells_of(_up("h:1", window))["hit"] == Cell("42%")
+    assert _cells_of(_up("h:1", lifetime))["hit"] == Cell("(38%)", "dim")
+
+
+def test_lifetime_latency_is_never_shown_as_current() -> None:
+    first = EngineStats("m", None, NOW, ttft=Quantiles(0.2, 0.4, 0.9, 50, "lifetime"))
+    later = EngineStats("m", None, NOW, ttft=Quantiles(0.05, 0.1, 0.2, 5, "window"))
+    assert _cells_of(_up("h:1", first))["ttft"].text == fmt.DASH
+    assert _cells_of(_up("h:1", later))["ttft"].text == "50ms/200ms"
+
+
+def _stalling(spec: str, stall: str, leak: str | None = "warmup") -> TargetState:
+    verdict = None if leak is None else LeakVerdict(leak, "why", None, None, None)
+    return _up(spec, EngineStats("m", None, NOW, kv_usage=0.99, running=0, waiting=33,
+                                 leak=verdict, stall=StallVerdict(stall, "no token", NOW - 6)))
+
+
+def test_stalled_shows_at_once_and_saturated_as_such() -> None:
+    rows = build_rows([_stalling("wedged:1", "stalled"), _stalling("full:1", "saturated"),
+                       _stalling("leaking:1", "stalled", "leak"),
+                       _stalling("watched:1", "saturated", "watch"),
+                       _stalling("moving:1", "ok", "ok")], NOW)
+    leak = {r.name: (r.cells["leak"].text, r.cells["leak"].level) for r in rows}
+    assert leak["wedged:1"] == ("STALL", "alarm")  # the leak detector still warming up
+    assert leak["full:1"] == ("SATURATED", "warn")
+    assert leak["leaking:1"] == ("LEAK", "alarm")  # a leak explains the stall
+    assert leak["watched:1"] == ("WATCH", "warn")  # a rising floor says more than full
+    assert leak["moving:1"] == ("OK", "ok")
+    summary = summarise(rows)
+    assert (summary.stalls, summary.saturated, summary.leaks) == (2, 2, 1)
+    assert [r.name for r in order_rows(rows, "worst")][:2] == ["leaking:1", "wedged:1"]
+
+
+WARMUP = LeakVerdict("warmup", "collecting data", None, None, None)
+WATCHING = LeakVerdict("watch", "floor rising", 80.0, 1234.0, 9.0)
+
+
+def test_leak_cell_says_state_and_slope() -> None:
+    assert leak_cell(LEAKING).text == "LEAK +4.2k/h"
+    assert leak_cell(LEAKING).level == "alarm"
+    assert leak_cell(replace(LEAKING, slope_blocks_per_hour=420.0)).text == "LEAK +420/h"
+    assert leak_cell(replace(LEAKING, slope_blocks_per_hour=None)).text == "LEAK"
+    assert (leak_cell(WATCHING).text, leak_cell(WATCHING).level) == ("WATCH +1.2k/h", "warn")
+    assert (leak_cell(QUIET).text, leak_cell(QUIET).level) == ("OK", "ok")
+    assert (leak_cell(WARMUP).text, leak_cell(WARMUP).level) == ("…", "dim")
+    assert leak_cell(None).text == fmt.DASH  # a server the detector does not judge
+    assert len(leak_cell(replace(WATCHING, slope_blocks_per_hour=123_456.0)).text) <= 13

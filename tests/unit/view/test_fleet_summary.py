@@ -1,0 +1,62 @@
+"""The header's numbers: KV weighed by capacity, hosts up, verdict counts, hit rate."""
+
+from __future__ import annotations
+
+from kvtop.collect.target import Target
+from kvtop.derive.stats import EngineStats
+from kvtop.derive.tracker import TargetState
+from kvtop.derive.verdicts import LeakVerdict
+from kvtop.view.fleet import build_rows, filter_rows, order_rows
+from kvtop.view.fleet_summary import summarise
+from tests.scenarios.app import LEAKING, QUIET
+
+NOW = 1000.0
+
+
+def _up(spec: str, *engines: EngineStats) -> TargetState:
+    return TargetState(Target.from_spec(spec), "up", kind="vllm", engines=list(engines),
+                       last_good_t=NOW)
+
+
+def test_summary_weights_kv_by_capacity() -> None:
+    big = EngineStats("m", None, NOW, kv_usage=0.5, blocks_total=1000, blocks_used=500, running=3)
+    small = EngineStats("m", None, NOW, kv_usage=1.0, blocks_total=100, blocks_used=100, waiting=4)
+    down = TargetState(Target.from_spec("h:3"), "down")
+    summary = summarise([_up("h:1", big), _up("h:2", small), down])
+    assert (summary.hosts_up, summary.hosts_total) == (2, 3)
+    assert summary.kv_usage == 600 / 1100
+    assert (summary.running, summary.waiting) == (3, 4)
+
+
+def test_the_summary_counts_inference_servers_and_weighs_the_hit_rate() -> None:
+    busy = EngineStats("m", None, NOW, hit_rate=0.9, hit_rate_scope="window",
+                       prefix_queries_per_s=900.0, generation_tps=100.0)
+    quiet = EngineStats("m", None, NOW, hit_rate=0.0, hit_rate_scope="window",
+                        prefix_queries_per_s=100.0, generation_tps=50.0)
+    gateway = TargetState(Target.from_spec("gw:1"), "up", kind="unknown", last_good_t=NOW)
+    exporter = TargetState(Target.from_spec("gpu:9400"), "up", kind="dcgm", last_good_t=NOW)
+    rows = build_rows([_up("a:1", busy), _up("b:1", quiet), gateway, exporter], NOW)
+    summary = summarise(rows)
+    assert (summary.hosts_up, summary.hosts_total) == (2, 3)  # not the gateway, nor a GPU
+    assert summary.hit_rate == 0.81  # 810 hits of 1000 lookups, not the mean of 90 % and 0 %
+    assert summary.generation_tps == 150.0
+    assert summarise(filter_rows(rows, "a:1")).hosts_total == 1  # the header follows a filter
+
+
+WARMUP = LeakVerdict("warmup", "collecting data", None, None, None)
+WATCHING = LeakVerdict("watch", "floor rising", 80.0, 1234.0, 9.0)
+
+
+def _state(spec: str, verdict: LeakVerdict | None) -> TargetState:
+    stats = EngineStats("m", None, NOW, blocks_used=10, blocks_total=100, leak=verdict)
+    return TargetState(Target.from_spec(spec), "up", kind="vllm", engines=[stats],
+                       last_good_t=NOW)
+
+
+def test_summary_counts_and_sort_puts_leaks_first() -> None:
+    states = [_state("a:1", QUIET), _state("b:1", LEAKING), _state("c:1", WATCHING),
+              _state("d:1", WARMUP)]
+    summary = summarise(states)
+    assert (summary.leaks, summary.watches, summary.judged) == (1, 1, 3)
+    names = [r.name for r in order_rows(build_rows(states, NOW), "leak")]
+    assert names[:2] == ["b:1", "c:1"]
