@@ -209,8 +209,8 @@ async def _judge(run: CheckRun, source: Source, *, duration_s: float | None,
         if live is None or rest <= 0 or (until_leak and run.leak_found):
             return
         if span > 0:
-            print(f"kvtop check: {source.name} keeps {span:.0f} s of history; watching live "
-                  f"for the other {rest:.0f} s", file=sys.stderr)
+            warn(f"kvtop check: {source.name} keeps {span:.0f} s of history; watching live "
+                 f"for the other {rest:.0f} s")
         await _watch(run, live, duration_s=rest, until_leak=until_leak, writer=writer)
 
 

@@ -361,9 +361,9 @@ REVIEWED = {
     ("kvtop.baseline.store", "save", ".write"):
         "Baseline.dumps() is json_text (known tokens masked); JSON escapes every control",
     ("kvtop.commands.baseline", "run_save", ".write"): "Baseline.dumps(): json_text, as above",
-    ("kvtop.cli", "_run_rules", ".write"):
+    ("kvtop.commands.rules", "run", ".write"):
         "kvtop's own YAML; the selector in it is the operator's and written as a JSON string",
-    ("kvtop.cli", "_run_completion", ".write"): "kvtop's own shell completion script",
+    ("kvtop.commands.completion", "run", ".write"): "kvtop's own shell completion script",
     ("kvtop.manpage", "main", ".write"): "kvtop's own man page",
     ("kvtop.crash", "write_crash_report", ".write"):
         "kvtop's version and Python's (the traceback itself goes through file_text)",

@@ -5,6 +5,7 @@ scrape is its target's first, the baseline overlay fed every good scrape once it
 from __future__ import annotations
 
 from kvtop.baseline.overlay import BaselineOverlay
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.store.recording import read_recording
@@ -20,12 +21,12 @@ def test_a_target_s_first_scrape_is_told_and_a_server_found_later_gets_a_tracker
     fleet = FleetTrackers(TargetTracker, [HOST_A, HOST_B], None)
     body = fixture_text(UNDER_LOAD)
     assert [s.status for s in fleet.states()] == ["pending", "pending"]
-    tracker, first = fleet.fold(Scrape(HOST_B, T0, body))
+    tracker, first = fleet.fold(read_scrape(Scrape(HOST_B, T0, body)))
     assert first and tracker is fleet.by_url[HOST_B.url] and tracker.state.status == "up"
-    assert fleet.fold(Scrape(HOST_B, T0 + 1, body))[1] is False
+    assert fleet.fold(read_scrape(Scrape(HOST_B, T0 + 1, body)))[1] is False
     assert fleet.fold(Scrape(HOST_A, T0, failure="down", error="refused"))[1] is True
     late = Target.from_spec("10.0.0.9:8000")  # e.g. Prometheus found a new instance
-    tracker, first = fleet.fold(Scrape(late, T0, body))
+    tracker, first = fleet.fold(read_scrape(Scrape(late, T0, body)))
     assert first and [s.target for s in fleet.states()] == [HOST_A, HOST_B, late]
 
 
@@ -34,16 +35,17 @@ def test_the_overlay_sees_each_good_scrape_once_and_a_rewind_starts_afresh(
     path = recordings.path("healthy")
     overlay = BaselineOverlay({}, summarise(path, "healthy"))
     recording = read_recording(path)
+    scrapes = [read_scrape(scrape) for scrape in recording.scrapes[:21]]
     [target] = recording.targets()
     fleet = FleetTrackers(TargetTracker, [target], overlay)
-    for scrape in recording.scrapes[:20]:
+    for scrape in scrapes[:20]:
         fleet.fold(scrape)
     seen = overlay.delta(target.url, KEY)
     assert seen is not None
-    fleet.fold(Scrape(target, recording.scrapes[19].t + 1, failure="down", error="refused"))
-    fleet.fold(recording.scrapes[5])  # older than one folded: the tracker drops it
+    fleet.fold(Scrape(target, scrapes[19].t + 1, failure="down", error="refused"))
+    fleet.fold(scrapes[5])  # older than one folded: the tracker drops it
     assert overlay.delta(target.url, KEY) is seen  # the same window: nothing was added
-    fleet.fold(recording.scrapes[20])
+    fleet.fold(scrapes[20])
     assert overlay.delta(target.url, KEY) is not seen
     first = fleet.by_url[target.url]
     fleet.reset()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.exposition import Exposition, parse
 from kvtop.collect.prometheus import group_scrapes
+from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.view.fleet import FleetRow, build_rows
@@ -35,7 +36,7 @@ def prometheus_rows(instance_labels: dict[str, str]) -> list[FleetRow]:
     target = Target(url="http://prom:9090#vllm/10.0.0.1:8000", name="10.0.0.1:8000",
                     group="vllm")
     tracker = TargetTracker(target)
-    tracker.update(Scrape(target, T0, samples=Exposition(per_t[T0])))
+    tracker.update(read_scrape(Scrape(target, T0, samples=Exposition(per_t[T0]))))
     return build_rows([tracker.state], T0)
 
 
