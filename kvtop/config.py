@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kvtop.collect.kv_subscriber import KvEventsEndpoint, parse_endpoint
+from kvtop.collect.kv_endpoint import KvEventsEndpoint, parse_endpoint
 from kvtop.collect.target import Target, TokenError, read_token
 from kvtop.derive.leak import LeakParams
 from kvtop.files import UnreadableFile, read_regular

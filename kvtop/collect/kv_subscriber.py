@@ -29,17 +29,15 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
-from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from kvtop.collect.kv_endpoint import KvEventsEndpoint, RankStatus
 from kvtop.collect.kv_events import MAX_PAYLOAD_BYTES, KvEventBatch, decode_batch
 
 RCV_HWM = 64  # messages a socket queues before the publisher drops (a gap, then replay)
-MAX_RANKS = 64
 MAX_REPLAY = 20_000  # batches one replay may return (vLLM keeps 10,000 by default)
 REPLAY_TIMEOUT_S = 2.0  # for the whole answer
 END_SEQ = -1  # the replay's end marker
@@ -48,71 +46,7 @@ BURST = 256  # messages read from one socket before the loop yields
 # still down this long after it dropped is made again by hand.
 RECONNECT_S = 1.0
 
-RankState = Literal["connecting", "connected", "disconnected"]
 OnBatch = Callable[[KvEventBatch], None]
-
-
-@dataclass(frozen=True, slots=True)
-class KvEventsEndpoint:
-    """Where an engine publishes: ``url`` for rank 0, rank r on its port + r."""
-
-    url: str  # tcp://host:port
-    replay: str | None = None  # tcp://host:port of the replay socket
-    ranks: int = 1
-    bind: bool = False  # kvtop listens and vLLM connects (its endpoint names a host)
-    topic: str = ""
-
-    def rank_url(self, url: str, rank: int) -> str:
-        parts = urlsplit(url)
-        return f"tcp://{parts.netloc.rsplit(':', 1)[0]}:{(parts.port or 0) + rank}"
-
-
-def _tcp_url(text: object, what: str) -> str:
-    if not isinstance(text, str) or not text.startswith("tcp://"):
-        raise ValueError(f"{what} must be tcp://host:port")
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
-    if not parts.hostname or port is None or parts.path or parts.query:
-        raise ValueError(f"{what} must be tcp://host:port")
-    return text
-
-
-def parse_endpoint(url: object, *, replay: object = None, ranks: object = 1,
-                   bind: object = False) -> KvEventsEndpoint:
-    """An endpoint from a config or the command line; ValueError says what is wrong."""
-    url = _tcp_url(url, "kv_events")
-    if replay is not None:
-        replay = _tcp_url(replay, "kv_events replay")
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS:
-        raise ValueError(f"kv_events ranks must be a whole number from 1 to {MAX_RANKS}")
-    if not isinstance(bind, bool):
-        raise ValueError("kv_events listen must be true or false")
-    for base in (url, replay):
-        if base is not None and (urlsplit(base).port or 0) + ranks - 1 > 65535:
-            raise ValueError(f"kv_events: {ranks} ranks from {base} pass port 65535")
-    return KvEventsEndpoint(url, replay, ranks, bind)
-
-
-@dataclass(slots=True)
-class RankStatus:
-    """One rank's channel, as the subscriber sees it."""
-
-    rank: int
-    state: RankState = "connecting"
-    batches: int = 0
-    last_seq: int | None = None
-    first_seq: int | None = None
-    gaps: int = 0  # sequence gaps seen
-    recovered: int = 0  # batches replay filled in
-    lost: int = 0  # batches neither stream nor replay had
-    restarts: int = 0
-    bad_frames: int = 0  # messages that were not (topic, seq, payload)
-    malformed: int = 0  # batches whose payload did not decode
-    replay_failures: int = 0  # replays that timed out or failed
-    last_t: float | None = None
 
 
 @dataclass(slots=True)
@@ -135,6 +69,8 @@ class KvEventsSubscriber:
         self.endpoint = endpoint
         self.on_batch = on_batch
         self.clock = clock
+        # made now, so a channel can show them before the sockets open
+        self.statuses = [RankStatus(r) for r in range(endpoint.ranks)]
         self._ctx: zmq.asyncio.Context | None = None
         self._ranks: list[_Rank] = []
 
@@ -158,11 +94,9 @@ class KvEventsSubscriber:
                         await self._read(rank)
                     self._reconnect(rank)
         finally:
-            for rank in self._ranks:
-                for sock in (rank.sub, rank.monitor, rank.replay):
-                    if sock is not None:
-                        sock.close(linger=0)
-            self._ctx.term()
+            # every socket of the context, those of a rank that failed to open too: one
+            # left open would hold term() forever
+            self._ctx.destroy(linger=0)
 
     def _socket(self, kind: int) -> zmq.asyncio.Socket:
         assert self._ctx is not None
@@ -184,7 +118,7 @@ class KvEventsSubscriber:
         else:
             sub.connect(url)
         replay = None if endpoint.replay is None else endpoint.rank_url(endpoint.replay, r)
-        return _Rank(RankStatus(r), sub, monitor, url,  # type: ignore[arg-type]
+        return _Rank(self.statuses[r], sub, monitor, url,  # type: ignore[arg-type]
                      replay_url=replay)
 
     async def _monitor(self, rank: _Rank) -> None:

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from kvtop.cli_args import (
     MAX_SIZE_HELP,
+    add_kv_events_argument,
     add_output_arguments,
     add_prometheus_arguments,
     add_target_arguments,
@@ -29,7 +30,8 @@ from kvtop.cli_args import (
     positive_seconds,
     size,
 )
-from kvtop.collect.source import ScrapeSource, Source, SourceError, TargetKvEvents, opened
+from kvtop.collect.kv_endpoint import TargetKvEvents
+from kvtop.collect.source import KvEventSource, ScrapeSource, Source, SourceError, opened
 from kvtop.collect.target import Scrape
 from kvtop.collect.watch import watch
 from kvtop.config import ConfigError, leak_params, load_config
@@ -122,6 +124,7 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
                     "detector and print the worst verdict per engine (docs/check-json.md). "
                     "While watching, progress goes to stderr when it is a terminal.")
     add_target_arguments(parser)
+    add_kv_events_argument(parser)
     parser.add_argument("--replay", type=Path, metavar="FILE",
                         help="judge a recording instead of live targets")
     parser.add_argument("--duration", type=parse_duration, default=None, metavar="D",
@@ -145,9 +148,10 @@ def run(args: argparse.Namespace) -> int:
     from kvtop.collect.live import PrometheusFeed
 
     config = load_config(args.config)
-    if args.replay is not None and (args.targets or args.duration or args.record):
-        raise ConfigError("--replay reads a recording: give no targets, --duration "
-                          "or --record with it")
+    if args.replay is not None and (args.targets or args.duration or args.record
+                                    or args.kv_events):
+        raise ConfigError("--replay reads a recording: give no targets, --duration, "
+                          "--kv-events or --record with it")
     try:
         with open_source(args, config, interval_s=args.interval, replay=args.replay) as source:
             if args.record and isinstance(source, PrometheusFeed):
@@ -211,11 +215,12 @@ async def _judge(run: CheckRun, source: Source, *, duration_s: float | None,
         if span > 0:
             warn(f"kvtop check: {source.name} keeps {span:.0f} s of history; watching live "
                  f"for the other {rest:.0f} s")
-        await _watch(run, live, duration_s=rest, until_leak=until_leak, writer=writer)
+        await _watch(run, live, source.kv_live(), duration_s=rest, until_leak=until_leak,
+                     writer=writer)
 
 
-async def _watch(run: CheckRun, live: ScrapeSource, *, duration_s: float, until_leak: bool,
-                 writer: RecordingWriter | None) -> None:
+async def _watch(run: CheckRun, live: ScrapeSource, kv_events: KvEventSource | None, *,
+                 duration_s: float, until_leak: bool, writer: RecordingWriter | None) -> None:
     progress = Progress(duration_s)
 
     def on_scrape(scrape: Scrape) -> None:
@@ -225,8 +230,14 @@ async def _watch(run: CheckRun, live: ScrapeSource, *, duration_s: float, until_
             writer.flush()
         progress.update(run)
 
+    def on_kv_events(item: TargetKvEvents) -> None:
+        run.feed_kv_events(item.target, item.batch)
+        if writer is not None:
+            writer.write_kv_events(item.batch, item.target)
+
     try:
         await watch(live, on_scrape, duration_s=duration_s,
-                    until=(lambda: run.leak_found) if until_leak else None)
+                    until=(lambda: run.leak_found) if until_leak else None,
+                    kv_events=kv_events, on_kv_events=on_kv_events)
     finally:
         progress.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -58,16 +59,26 @@ class SimKvPublisher:
     def replay_url(self) -> str:
         return f"tcp://{HOST}:{self.replay_port}"
 
-    async def start(self) -> None:
+    async def start(self, listeners: tuple[socket.socket, socket.socket] | None = None) -> None:
+        """Listen on the config's ports, or on ``listeners`` (the publisher's and the replay
+        socket's, bound and listening already: the demo names them before it starts)."""
         self._ctx = zmq.asyncio.Context()
-        self._pub, self.port = self._bound(zmq.PUB, self.port)
-        self._router, self.replay_port = self._bound(zmq.ROUTER, self.replay_port)
+        pub, replay = listeners or (None, None)
+        self._pub, self.port = self._bound(zmq.PUB, self.port, pub)
+        self._router, self.replay_port = self._bound(zmq.ROUTER, self.replay_port, replay)
         self._task = asyncio.create_task(self._serve_replay())
 
-    def _bound(self, kind: int, port: int) -> tuple[zmq.asyncio.Socket, int]:
+    def _bound(self, kind: int, port: int,
+               listener: socket.socket | None) -> tuple[zmq.asyncio.Socket, int]:
         assert self._ctx is not None
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        if listener is not None:  # ZeroMQ takes the socket over, and closes it
+            port = listener.getsockname()[1]
+            sock.setsockopt(zmq.USE_FD, listener.fileno())
+            sock.bind(f"tcp://{HOST}:{port}")
+            listener.detach()
+            return sock, port
         if port:
             sock.bind(f"tcp://{HOST}:{port}")
             return sock, port

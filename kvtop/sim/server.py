@@ -102,9 +102,10 @@ class SimServer:
         return render(self.simulation.engine, model_name=self.config.model_name,
                       names=self.config.names, only=only)
 
-    async def start(self, listener: socket.socket | None = None) -> None:
+    async def start(self, listener: socket.socket | None = None,
+                    kv_listeners: tuple[socket.socket, socket.socket] | None = None) -> None:
         """Serve on ``listener`` (a socket already bound and listening), else on the
-        config's port."""
+        config's port; KV events (when on) on ``kv_listeners`` likewise."""
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/metrics/", self._exposition_handler)
@@ -123,7 +124,7 @@ class SimServer:
         await site.start()
         self.port = self._runner.addresses[0][1]
         if self.kv_events is not None:
-            await self.kv_events.start()
+            await self.kv_events.start(kv_listeners)
         if self.config.autostep:
             self._driver = asyncio.create_task(self._drive())
 
@@ -244,13 +245,17 @@ class SimFleet:
     def urls(self) -> list[str]:
         return [s.url for s in self.servers]
 
-    async def start(self, listeners: Sequence[socket.socket] = ()) -> None:
-        """Start every server, on ``listeners`` (one each, bound and listening) if given."""
+    async def start(self, listeners: Sequence[socket.socket] = (),
+                    kv_listeners: Sequence[tuple[socket.socket, socket.socket]] = ()) -> None:
+        """Start every server, on ``listeners`` (one each, bound and listening) if given,
+        and its KV events on ``kv_listeners`` (publisher, replay) likewise."""
         started = []
         sockets: Sequence[socket.socket | None] = listeners or [None] * len(self.servers)
+        kv: Sequence[tuple[socket.socket, socket.socket] | None] = (
+            kv_listeners or [None] * len(self.servers))
         try:
-            for server, listener in zip(self.servers, sockets, strict=True):
-                await server.start(listener)
+            for server, listener, kv_pair in zip(self.servers, sockets, kv, strict=True):
+                await server.start(listener, kv_pair)
                 started.append(server)
         except BaseException:
             await asyncio.gather(*(s.stop() for s in started))

@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from kvtop.collect.source import ScrapeReader, TargetKvEvents
+from kvtop.collect.kv_endpoint import TargetKvEvents
+from kvtop.collect.source import ScrapeReader
 from kvtop.collect.target import Scrape, Target
 from kvtop.files import UnreadableFile, open_regular
 from kvtop.safe_text import display_text

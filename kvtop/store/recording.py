@@ -18,7 +18,7 @@ them from.
 
 from __future__ import annotations
 
-from kvtop.collect.source import TargetKvEvents
+from kvtop.collect.kv_endpoint import TargetKvEvents
 from kvtop.store.format import (
     FAILURES,
     FORMAT,

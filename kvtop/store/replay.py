@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from kvtop.collect.source import ALL, OnKvEvents, OnScrape, Source, TargetKvEvents
+from kvtop.collect.kv_endpoint import OnKvEvents, TargetKvEvents
+from kvtop.collect.source import ALL, OnScrape, Source
 from kvtop.collect.target import Scrape, Target
 
 MIN_SPEED, MAX_SPEED = 0.1, 1000.0

@@ -143,7 +143,8 @@ class RecordingWriter:
                  max_bytes: int | None = DEFAULT_MAX_BYTES, replace: bool = False) -> None:
         self.path = path
         self.max_bytes = max_bytes or None
-        self.written = 0  # scrapes on disk
+        self.written = 0  # lines on disk after the header: scrapes and KV event batches
+        self.kv_written = 0  # ... of which KV event batches
         self.lost = 0  # scrapes a write error kept off the disk
         self.unrecorded = 0  # scrapes that came after the file reached max_bytes
         self.error: str | None = None  # the last write error
@@ -153,6 +154,7 @@ class RecordingWriter:
         self._codec = _Gzip() if path.name.endswith(".gz") else _Plain()
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._pending_kv = 0
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         first = self._codec.start() + self._codec.encode(
             _encode(header_line(interval_s, [t.url for t in targets], created)))
@@ -176,6 +178,7 @@ class RecordingWriter:
             if self.full:
                 self.unrecorded += 1
             return
+        self._pending_kv += 1
         self._add(_encode(kv_events_line(batch, target.url)))
 
     def _add(self, data: bytes) -> None:
@@ -188,9 +191,9 @@ class RecordingWriter:
         """Everything written so far to disk, or (on a write error) counted in ``lost``."""
         if not self._pending or self._fd is None:
             return
-        count, batch = len(self._pending), b"".join(self._pending)
+        count, batch, kv = len(self._pending), b"".join(self._pending), self._pending_kv
         self._pending.clear()
-        self._pending_bytes = 0
+        self._pending_bytes = self._pending_kv = 0
         saved = self._codec.save()
         data = self._codec.encode(batch)
         if self.max_bytes is not None and (
@@ -209,6 +212,7 @@ class RecordingWriter:
             return
         self._size += len(data)
         self.written += count
+        self.kv_written += kv
         self.failing = False
 
     def _failed(self, exc: OSError) -> None:

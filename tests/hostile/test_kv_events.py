@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from kvtop.collect.kv_endpoint import parse_endpoint
 from kvtop.collect.kv_events import MAX_HASHES, MAX_PAYLOAD_BYTES, BlockStored, KvEventBatch
-from kvtop.collect.kv_subscriber import KvEventsSubscriber, parse_endpoint
+from kvtop.collect.kv_subscriber import KvEventsSubscriber
 from kvtop.derive.kv_anatomy import AnatomyParams, KvAnatomy
 from tests.fakes.kv_publisher import KvPublisher, payload, removed, stored
 from tests.support.waiting import eventually

@@ -25,8 +25,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtop.collect.adapters import read_exposition
+from kvtop.collect.kv_endpoint import parse_endpoint
 from kvtop.collect.kv_events import KvEventBatch, block_key
-from kvtop.collect.kv_subscriber import KvEventsSubscriber, parse_endpoint
+from kvtop.collect.kv_subscriber import KvEventsSubscriber
 from kvtop.derive.cache import residency
 from kvtop.derive.kv_anatomy import AnatomyParams, KvAnatomy
 from kvtop.derive.stats import KvEventStats

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtop.cli import main
-from kvtop.collect.kv_subscriber import KvEventsEndpoint
+from kvtop.collect.kv_endpoint import KvEventsEndpoint
 from kvtop.collect.target import Secret
 from kvtop.config import (
     MAX_CONFIG_BYTES,

@@ -513,3 +513,39 @@ def test_a_recordings_kv_events_give_the_exact_evidence_apart_from_the_verdict(
     # the last batch came after the last scrape: no stats of the engine carry it
     assert (events["stored_total"], events["removed_total"]) == (3301, 3300)
     assert engine["limits"] == {"none": 12}
+
+
+async def test_a_live_check_folds_and_records_the_kv_events_and_its_replay_sees_them(
+        tmp_path: Path) -> None:
+    """`kvtop check --kv-events` on a simulated vLLM publishing its pool's events: the JSON
+    carries what they say (blocks stored and removed, the exact evidence's state) apart from
+    the verdict, the recording holds them, and check --replay of it tells the same."""
+    engine = EngineConfig(num_gpu_blocks=300, max_num_seqs=16, kv_cache_metrics=True)
+    config = SimConfig(engine=engine, workload_params={"rate": 4.0}, speed=5.0, seed=8,
+                       kv_events_port=0)
+    recording = tmp_path / "kv.jsonl"
+    async with SimFleet([config]) as fleet:
+        events = fleet.servers[0].kv_events
+        assert events is not None
+        code, document, err = await kvtop(
+            "check", fleet.urls[0] + "/metrics", "--kv-events",
+            f"{events.url},{events.replay_url}", "--interval", "0.5", "--duration", "4s",
+            "--json", "--record", str(recording))
+    assert code == EXIT_NO_DATA, err  # 4 s: the leak detector is still warming up
+    assert document is not None and engine_verdict(document)["verdict"] == "unknown"
+    live = engine_verdict(document)["kv_events"]
+    assert live is not None and live["stored_total"] > 0 and live["lost_batches"] == 0
+    assert live["leak"] in ("too_early", "none")  # a healthy pool: never evidence
+    assert read_recording(recording).kv_events  # the batches are in the file
+    code, replayed, err = await kvtop("check", "--replay", str(recording), "--json")
+    assert code == EXIT_NO_DATA, err
+    assert replayed is not None
+    again = engine_verdict(replayed)["kv_events"]
+    assert again is not None and again["stored_total"] > 0 and again["leak"] == live["leak"]
+
+
+def test_kv_events_are_for_live_targets_not_a_replay(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = recorded(tmp_path / "r.jsonl", [Scrape(TARGET, T0, body=body(0.0))])
+    assert main(["check", "--replay", str(path), "--kv-events", "tcp://h:1"]) == EXIT_USAGE
+    assert "--kv-events" in capsys.readouterr().err

@@ -253,8 +253,9 @@ async def test_routes_as_vllm_033_has_them_and_the_name_filter() -> None:
 async def test_kv_events_count_every_block_the_pool_stored_and_removed() -> None:
     """The simulator publishes its pool's KV events as vLLM does; kvtop's subscriber and
     anatomy count exactly what the pool did, and /metrics has the residency histograms."""
+    from kvtop.collect.kv_endpoint import parse_endpoint
     from kvtop.collect.kv_events import KvEventBatch
-    from kvtop.collect.kv_subscriber import KvEventsSubscriber, parse_endpoint
+    from kvtop.collect.kv_subscriber import KvEventsSubscriber
     from kvtop.derive.kv_anatomy import KvAnatomy
 
     config = SimConfig(engine=EngineConfig(num_gpu_blocks=150, kv_cache_metrics=True),
