@@ -36,6 +36,7 @@ from kvtop.collect.target import Scrape
 from kvtop.collect.watch import watch
 from kvtop.config import ConfigError, leak_params, load_config
 from kvtop.derive.leak import LeakParams
+from kvtop.derive.limits import LimitParams
 from kvtop.derive.worst import CheckRun
 from kvtop.exits import EXIT_NO_DATA, EXIT_USAGE
 from kvtop.report.output import emit
@@ -158,8 +159,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError("--record writes direct scrapes; Prometheus keeps its own "
                                   "history")
             duration = None if args.replay else args.duration or DEFAULT_DURATION_S
-            return check(source, params=leak_params(config), duration_s=duration,
-                         until_leak=args.until_leak, record=args.record,
+            return check(source, params=leak_params(config), limits=config.limits,
+                         duration_s=duration, until_leak=args.until_leak, record=args.record,
                          record_max_bytes=args.record_max_size, as_json=args.as_json)
     except RecordingError as exc:
         warn(f"kvtop check: {exc}")
@@ -168,12 +169,13 @@ def run(args: argparse.Namespace) -> int:
 
 def check(source: Source, *, params: LeakParams | None, duration_s: float | None,
           as_json: bool | None, until_leak: bool = False, record: Path | None = None,
-          record_max_bytes: int | None = DEFAULT_MAX_BYTES) -> int:
+          record_max_bytes: int | None = DEFAULT_MAX_BYTES,
+          limits: dict[str, LimitParams] | None = None) -> int:
     """Judge ``source`` over ``duration_s`` (None: all it has stored, nothing live), print
     the verdicts; the exit code. ``record`` also writes the live scrapes to a new recording."""
     for warning in source.warnings:
         warn(f"kvtop check: {warning}")
-    run = CheckRun(params)
+    run = CheckRun(params, dict(limits or {}))
     with contextlib.ExitStack() as stack:
         writer = None
         if record is not None:

@@ -12,6 +12,7 @@ from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.target import Scrape, Target
 from kvtop.contract import json_number
 from kvtop.derive.leak import LeakParams
+from kvtop.derive.limits import LimitParams
 from kvtop.derive.stats import KvEventStats
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
 from kvtop.derive.verdicts import (
@@ -118,6 +119,7 @@ class CheckRun:
     """Feeds scrapes through trackers and keeps each engine's worst verdict."""
 
     params: LeakParams | None = None
+    limits: dict[str, LimitParams] = field(default_factory=dict)  # by target URL (config)
     trackers: dict[str, TargetTracker] = field(default_factory=dict)
     engines: dict[str, dict[EngineKey, EngineVerdict]] = field(default_factory=dict)
     first_t: float | None = None  # the span judged: first and last scrape fed, read or not
@@ -125,7 +127,8 @@ class CheckRun:
 
     def add_target(self, target: Target) -> None:
         if target.url not in self.trackers:
-            self.trackers[target.url] = TargetTracker(target, leak_params=self.params)
+            self.trackers[target.url] = TargetTracker(target, leak_params=self.params,
+                                                      limit_params=self.limits.get(target.url))
             self.engines[target.url] = {}
 
     def feed(self, scrape: Scrape) -> None:

@@ -37,6 +37,7 @@ from kvtop.config import (
     load_config,
 )
 from kvtop.derive.leak import LeakParams
+from kvtop.derive.limits import LimitParams
 
 
 class _Raw(str):
@@ -411,3 +412,23 @@ def test_a_config_that_is_not_a_regular_file_is_refused_without_waiting(
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         load_config(fifo)
+
+
+def test_a_target_may_say_its_max_num_seqs(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[[targets]]\nurl = "gpu-1:8000"\nmax_num_seqs = 1\n'
+                    '[[targets]]\nurl = "gpu-2:8000"\nmax_num_seqs = 1048576\n'
+                    '[[targets]]\nurl = "gpu-3:8000"\n')
+    assert load_config(path).limits == {
+        "http://gpu-1:8000/metrics": LimitParams(max_num_seqs=1),
+        "http://gpu-2:8000/metrics": LimitParams(max_num_seqs=1 << 20)}
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "true", '"256"', "2.5", str((1 << 20) + 1)])
+def test_a_max_num_seqs_that_is_not_a_count_is_a_config_error(tmp_path: Path,
+                                                               value: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[targets]]\nurl = "gpu-1:8000"\nmax_num_seqs = {value}\n')
+    with pytest.raises(ConfigError, match=r"targets\[0\]: max_num_seqs must be a whole number "
+                                          r"from 1 to 1,048,576"):
+        load_config(path)
