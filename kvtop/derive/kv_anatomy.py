@@ -42,7 +42,7 @@ class AnatomyParams:
     scan_every_s: float = 5.0  # the leak/hot scan reads the whole index at most this often,
     scan_share: float = 0.05  # and takes at most this share of a core (1M blocks: ~0.5 s)
     hot_prefixes: int = 5
-    index_cap: int = DEFAULT_CAP
+    index_cap: int = DEFAULT_CAP  # blocks per target: its ranks share it (derive/tracker.py)
     slack_fraction: float = 1 / 16  # a prefix used within this share of a turnover: not walked
 
 

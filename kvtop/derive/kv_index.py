@@ -17,8 +17,10 @@ block with the dict's own share: docs/performance.md) holding
 
 **Bounded**: at most ``cap`` entries. When full, the eighth used least recently (lowest
 stamp) is dropped in one sweep and counted in ``dropped``; the index never grows with the
-number of blocks ever seen. Walking a prefix up to refresh it stops at a block used within
-the last ``slack`` removals and after ``MAX_WALK`` steps, so one event costs a bounded time.
+number of blocks ever seen. A cap lowered later (ranks sharing their target's budget) is
+reached in one sweep too, at the next new block. Walking a prefix up to refresh it stops at
+a block used within the last ``slack`` removals and after ``MAX_WALK`` steps, so one event
+costs a bounded time.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class BlockIndex:
     def __init__(self, cap: int = DEFAULT_CAP) -> None:
         if cap < DROP_FRACTION:
             raise ValueError(f"an index of fewer than {DROP_FRACTION} blocks")
-        self.cap = cap
+        self.cap = cap  # may be lowered (never under DROP_FRACTION): see _drop
         self.removals = 0  # blocks removed that the index held: the turnover clock
         self.dropped = 0  # entries dropped at the cap
         self._blocks: dict[int, int] = {}
@@ -142,9 +144,9 @@ class BlockIndex:
             key = (value >> _PARENT_AT) & _PARENT if (value >> _HAS_PARENT_AT) & 1 else None
 
     def _drop(self) -> None:
-        """Drop the least recently used eighth of a full index."""
+        """Drop the least recently used blocks of a full index, down to 7/8 of its cap."""
         blocks = self._blocks
-        count = len(blocks) // DROP_FRACTION
+        count = len(blocks) - self.cap + self.cap // DROP_FRACTION
         threshold = sorted(v & _STAMP for v in blocks.values())[count - 1]
         doomed = [k for k, v in blocks.items() if v & _STAMP <= threshold][:count]
         for key in doomed:

@@ -19,10 +19,12 @@ from typing import Literal
 
 from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.gpu import GpuReading
+from kvtop.collect.kv_endpoint import KvChannel
 from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.reading import EngineReading, ServerKind, ServerReading
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.kv_anatomy import AnatomyParams, KvAnatomy
+from kvtop.derive.kv_index import DROP_FRACTION
 from kvtop.derive.leak import LeakDetector, LeakParams
 from kvtop.derive.limits import LimitDetector, LimitParams
 from kvtop.derive.rates import derive_engine_stats
@@ -60,6 +62,7 @@ class TargetState:
     engines_over_cap: int = 0
     impossible_values: int = 0
     gpus: list[GpuReading] = field(default_factory=list)  # a GPU exporter's, last good values
+    kv_channel: KvChannel | None = None  # its KV events' channel, while subscribed (live)
 
     @property
     def last_body(self) -> str | None:
@@ -127,13 +130,22 @@ class TargetTracker:
 
     def update_kv_events(self, batch: KvEventBatch) -> None:
         """Fold one batch of the target's KV events (its engine's stats carry them from the
-        next scrape). Ranks past MAX_KV_EVENT_RANKS are left out."""
+        next scrape). Ranks past MAX_KV_EVENT_RANKS are left out; the ranks' block indexes
+        share ``index_cap`` blocks (the target's memory is bounded, not each rank's)."""
         anatomy = self.kv_events.get(batch.rank)
         if anatomy is None:
             if len(self.kv_events) >= MAX_KV_EVENT_RANKS:
                 return
             anatomy = self.kv_events[batch.rank] = KvAnatomy(self.anatomy_params)
+            self._share_index_cap(anatomy.params.index_cap)
         anatomy.fold(batch)
+
+    def _share_index_cap(self, target_cap: int) -> None:
+        """The ranks' block indexes share the target's cap: one more rank, smaller shares
+        (each index drops to its share at its next new block)."""
+        share = max(DROP_FRACTION, target_cap // len(self.kv_events))
+        for anatomy in self.kv_events.values():
+            anatomy.index.cap = share
 
     def _anatomy_of(self, engine: str | None) -> KvAnatomy | None:
         """An engine's KV events: vLLM's engine label is its data-parallel rank (no label:

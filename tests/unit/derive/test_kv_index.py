@@ -71,6 +71,19 @@ def test_a_full_index_drops_its_least_recently_used_eighth() -> None:
     assert all(k not in index for k in range(8)) and all(k in index for k in range(8, 65))
 
 
+def test_a_lowered_cap_is_reached_in_one_sweep_of_the_least_recently_used() -> None:
+    """A second rank joined its target: this one's share halves. Dropping an eighth of
+    the entries per new block would take several blocks over the cap."""
+    index = BlockIndex(64)
+    for key in range(64):
+        index.store(key, None, 0, 0)
+        churn(index, 1, start=1000 + key)
+    index.cap = 32
+    index.store(64, None, 0, 0)
+    assert len(index) == 29 and index.dropped == 36  # 7/8 of 32, and the new block
+    assert all(k in index for k in range(36, 65)) and 35 not in index
+
+
 def test_a_long_prefix_is_walked_at_most_max_walk_blocks() -> None:
     index = BlockIndex(MAX_WALK + 100)
     chain(index, list(range(MAX_WALK + 10)))

@@ -15,6 +15,7 @@ from kvtop.collect.exposition import parse
 from kvtop.collect.kv_events import BlockStored, KvEventBatch
 from kvtop.collect.source import ScrapeReader, read_scrape
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive.kv_anatomy import AnatomyParams
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.tracker import MAX_KV_EVENT_RANKS, TargetTracker
 from tests.scenarios.bodies import many_models
@@ -368,3 +369,17 @@ def test_kv_events_of_too_many_ranks_are_left_out() -> None:
     for rank in range(MAX_KV_EVENT_RANKS + 5):
         tracker.update_kv_events(events_batch(0, rank))
     assert len(tracker.kv_events) == MAX_KV_EVENT_RANKS
+
+
+def test_the_ranks_of_a_target_share_its_block_index_cap() -> None:
+    """Each rank had the whole cap: 64 ranks could hold 64 times the bytes documented. A
+    flood on two ranks keeps the target's index within its cap."""
+    tracker = TargetTracker(TARGET, anatomy_params=AnatomyParams(index_cap=1000))
+    for seq in range(30):
+        for rank in (0, 1):
+            hashes = tuple(range(10_000 * rank + 100 * seq, 10_000 * rank + 100 * (seq + 1)))
+            tracker.update_kv_events(events_batch(seq, rank, BlockStored(hashes, None, 1600,
+                                                                         16, "GPU")))
+    assert [a.index.cap for a in tracker.kv_events.values()] == [500, 500]
+    assert sum(len(a.index) for a in tracker.kv_events.values()) <= 1000
+    assert all(a.index.dropped > 0 for a in tracker.kv_events.values())
