@@ -274,9 +274,14 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/view/fleet_summary.py": (f"{UNIT}/view/test_fleet_summary.py",),
     "kvtop/view/verdict_changes.py": (f"{UNIT}/view/test_verdict_changes.py",),
     "kvtop/view/view_state.py": (f"{UNIT}/view/test_view_state.py",),
+    # the KV cache's lines for a person (issue 29), and the detail's
+    "kvtop/view/cache.py": (f"{UNIT}/view/test_cache.py", f"{UNIT}/view/test_engine.py",
+                            f"{UNIT}/view/test_fleet_summary.py"),
+    "kvtop/view/cache_detail.py": (f"{UNIT}/view/test_cache_detail.py",),
     # the app's parts that hold no widget (the others are reached by tests/ui/pilot only)
     "kvtop/ui/draw_clock.py": (f"{UNIT}/ui/test_draw_clock.py",),
     "kvtop/ui/fleet_trackers.py": (f"{UNIT}/ui/test_fleet_trackers.py",),
+    "kvtop/ui/kv_events_tap.py": (f"{UNIT}/ui/test_kv_events_tap.py",),
 }
 
 

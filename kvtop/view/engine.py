@@ -15,6 +15,13 @@ from typing import TYPE_CHECKING
 
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
+from kvtop.view.cache import (
+    cache_lines,
+    cache_pane,
+    cache_summary_line,
+    exact_evidence_line,
+    stored_tail,
+)
 from kvtop.view.cells import (
     LEAK_LEVEL,
     Cell,
@@ -57,6 +64,8 @@ class EngineView:
     title: str
     lines: list[Line] = field(default_factory=list)
     panes: list[PaneView] = field(default_factory=list)
+    cache: list[Line] = field(default_factory=list)  # the cache pane (view/cache.py)
+    compact: list[Line] = field(default_factory=list)  # more lines a small terminal shows
 
 
 def _points(history: Sequence[EngineStats], get: Getter) -> list[Point]:
@@ -284,13 +293,28 @@ def engine_view(row: FleetRow | None, state: TargetState | None,
             view.lines.append([(why.text, why.level or "")])
         return view
     stall = stall_line(stats)  # a stall is now: above the leak's trend
-    for line in (stall, leak_line(row, stats), lora_line(stats.lora),
-                 gpu_line(gpu) if with_gpu else None):
+    for line in (stall, leak_line(row, stats), exact_evidence_line(stats),
+                 lora_line(stats.lora), gpu_line(gpu) if with_gpu else None):
         if line is not None:
             view.lines.append(line)
     view.panes = [kv_pane(stats, history, now, span_s, band),
                   *(pane(stats, history, now, span_s) for pane in PANES_AFTER_KV)]
+    _add_cache(view, stats, state, history, now, span_s)
     return view
+
+
+def _add_cache(view: EngineView, stats: EngineStats, state: TargetState,
+               history: Sequence[EngineStats], now: float, span_s: float) -> None:
+    """The cache pane's lines, its blocks-a-second chart (a sparkline on a small terminal,
+    where the pane folds into one line)."""
+    view.cache = cache_lines(stats, state.kv_channel)
+    chart = cache_pane(history, now, span_s)
+    if chart is not None:
+        view.panes.append(PaneView("cache", _legend("blocks/s", chart.series),
+                                   stored_tail(stats), chart))
+    summary = cache_summary_line(stats, state.kv_channel)
+    if summary is not None:
+        view.compact.append(summary)
 
 
 def group_view(group: FleetRow, member: EngineView) -> EngineView:
@@ -298,7 +322,8 @@ def group_view(group: FleetRow, member: EngineView) -> EngineView:
     line: Line = [("group ", "key"), (group.cells["status"].text, ""),
                   ("  showing its worst: ", "dim"), (member.title, ""),
                   ("  (enter folds, ← →)", "dim")]
-    return EngineView(group.name, [line, *member.lines], member.panes)
+    return EngineView(group.name, [line, *member.lines], member.panes, member.cache,
+                      member.compact)
 
 
 def _shown_stats(row: FleetRow, state: TargetState,

@@ -30,13 +30,14 @@ def test_narrow_terminal_keeps_the_essential_columns() -> None:
     assert [c.key for c in visible_columns(78)] == [
         "name", "status", "kv", "leak", "running", "waiting"
     ]
-    assert len(visible_columns(220)) == 12
+    assert len(visible_columns(220)) == 13
     assert [c.key for c in visible_columns(10)] == ["name", "status", "kv", "leak"]
 
 
 def test_unknown_values_are_dashes_never_zero() -> None:
     [row] = build_rows([_up("h:1", EngineStats("m", None, NOW))], NOW)
-    for key in ("kv", "leak", "running", "waiting", "preempt", "hit", "prompt", "gen", "ttft"):
+    for key in ("kv", "leak", "running", "waiting", "limit", "preempt", "hit", "prompt", "gen",
+                "ttft"):
         assert row.cells[key].text == fmt.DASH
 
 
@@ -124,3 +125,28 @@ def test_leak_cell_says_state_and_slope() -> None:
     assert (leak_cell(WARMUP).text, leak_cell(WARMUP).level) == ("…", "dim")
     assert leak_cell(None).text == fmt.DASH  # a server the detector does not judge
     assert len(leak_cell(replace(WATCHING, slope_blocks_per_hour=123_456.0)).text) <= 13
+
+
+def test_the_limit_column_says_what_holds_the_queue_loudly_and_the_rest_quietly() -> None:
+    from kvtop.derive.verdicts import LimitVerdict
+    from kvtop.view.cells import limit_cell
+
+    def cell(limit: str) -> Cell:
+        return limit_cell(EngineStats("m", "0", NOW, limit=LimitVerdict(limit, "why")))  # type: ignore[arg-type]
+
+    assert cell("kv_capacity") == Cell("KV cap", "warn")
+    assert cell("max_sequences") == Cell("max seqs", "warn")
+    assert cell("token_budget") == Cell("budget", "warn")
+    assert cell("kv_transfer") == Cell("KV xfer", "warn")
+    assert cell("sleeping") == Cell("asleep", "warn")
+    assert cell("none") == Cell("none", "dim")  # known: nothing waits
+    assert cell("unknown") == Cell("unknown", "dim")  # no waiting count: said, not hidden
+    assert all(len(cell(word).text) <= 8 for word in ("deferred", "kv_capacity", "unknown"))
+
+
+def test_the_limit_column_needs_102_cells_and_sits_after_the_queue_it_explains() -> None:
+    """Dropped before HIT and GEN t/s (a narrow terminal keeps the rates), shown at once
+    where it fits."""
+    assert "limit" not in [c.key for c in visible_columns(101)]
+    assert [c.key for c in visible_columns(102)] == [
+        "name", "status", "kv", "leak", "running", "waiting", "limit", "hit", "gen"]

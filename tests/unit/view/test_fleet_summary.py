@@ -60,3 +60,15 @@ def test_summary_counts_and_sort_puts_leaks_first() -> None:
     assert (summary.leaks, summary.watches, summary.judged) == (1, 1, 3)
     names = [r.name for r in order_rows(build_rows(states, NOW), "leak")]
     assert names[:2] == ["b:1", "c:1"]
+
+
+def test_the_header_counts_the_engines_each_limit_holds_back() -> None:
+    from kvtop.derive.verdicts import LimitVerdict
+
+    def held(limit: str) -> EngineStats:
+        return EngineStats("m", None, NOW, limit=LimitVerdict(limit, "why"))  # type: ignore[arg-type]
+
+    down = TargetState(Target.from_spec("h:9"), "down", engines=[held("kv_capacity")])
+    summary = summarise([_up("h:1", held("kv_capacity"), held("none")),
+                         _up("h:2", held("max_sequences"), held("kv_capacity")), down])
+    assert summary.limits == (("KV", 2), ("seqs", 1))  # a down server's last values: not
