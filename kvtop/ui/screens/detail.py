@@ -15,6 +15,7 @@ from textual.widgets import Footer, Static
 from kvtop.safe_text import display_text as shown
 from kvtop.ui.widgets.history_plot import HistoryPlot, Reference, Series
 from kvtop.view import format as fmt
+from kvtop.view.cache_detail import cache_detail_lines
 from kvtop.view.cells import LEAK_LABEL, lifetime_hit, status_cell, window_hit, window_quantiles
 from kvtop.view.fleet import shown_label
 
@@ -122,6 +123,7 @@ def describe(state: TargetState, stats: EngineStats | None, now: float,
             *config_lines(stats),
             *leak_lines(stats.leak),
             *stall_lines(stats.stall),
+            *cache_detail_lines(stats, state.kv_channel),
             f"now     run {fmt.count(stats.running)}  wait {fmt.count(stats.waiting)}"
             f"  preempt/s {fmt.rate(stats.preemptions_per_s)}"
             f"  hit {fmt.percent(window_hit(stats))} (window)"

@@ -40,6 +40,9 @@ LEGEND: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("LEAK", ("… warming up · OK · WATCH some evidence · LEAK strong; +N/h: floor",
               "rise in blocks an hour")),
     ("STALL", ("requests held, no token for a few scrapes; SATURATED: full, moving",)),
+    ("LIMIT", ("what holds the queue: KV cap · max seqs · budget (tokens a step) ·",
+               "deferred · KV xfer · asleep; none: nothing waits; header: held by")),
+    ("exact", ("KV events: blocks unused 3+ pool turnovers (own witness, not LEAK)",)),
 )
 KEY_COLUMNS = 2
 TERM_W = 7

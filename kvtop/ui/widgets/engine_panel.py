@@ -1,6 +1,7 @@
-"""The selected engine on a small terminal: its verdict lines, then each chart shrunk to a
-sparkline (KV over the GPU memory of its GPUs on one time axis, requests, hit rate,
-tokens/s, latency), as many rows tall as the space under the table allows."""
+"""The selected engine on a small terminal: its verdict lines and the cache pane in one
+line, then each chart shrunk to a sparkline (KV over the GPU memory of its GPUs on one time
+axis, blocks stored a second from its KV events, requests, hit rate, tokens/s, latency), as
+many rows tall as the space under the table allows."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ GpuSeries = Sequence[tuple[float, "int | None", "int | None"]]  # (t, used, tota
 LABEL_W = 5  # "KV   ", "wait "
 MAX_ROWS = 4  # a sparkline taller than this says nothing more
 # (pane, series label, sparkline label): in the order they are shown and kept
-SPARKS = (("kv", "used", "KV"), ("gpu", "", "GPU"), ("queue", "running", "run"),
-          ("queue", "waiting", "wait"), ("hit", "window", "hit"),
+SPARKS = (("kv", "used", "KV"), ("gpu", "", "GPU"), ("cache", "stored", "blk"),
+          ("queue", "running", "run"), ("queue", "waiting", "wait"), ("hit", "window", "hit"),
           ("tps", "generated", "gen"), ("lat", "p99", "TTFT"))
 
 
@@ -125,7 +126,7 @@ class EnginePanel(Styled, Static):
             return
         view, gpu_series, gpu_owned, now, span_s, charts = self._args
         width, height = self.content_size
-        lines = [self.line_text(line) for line in view.lines]
+        lines = [self.line_text(line) for line in (*view.lines, *view.compact)]
         if charts and view.panes:
             lines += self._spark_lines(sparks(view, gpu_series, gpu_owned), now, span_s,
                                        width, height - len(lines))
