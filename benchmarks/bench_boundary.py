@@ -32,7 +32,8 @@ import orjson
 
 from benchmarks.bench_fleet_frame import build_trackers, new_values
 from benchmarks.paths import METRICS
-from kvtop.collect import poller
+from benchmarks.quick import parse_args, quick_option
+from kvtop.collect import http
 from kvtop.collect.adapters import WANTED, read_exposition
 from kvtop.collect.exposition import parse
 from kvtop.collect.prometheus import group_scrapes
@@ -61,7 +62,7 @@ def best_ms(action: Callable[[], object], repeats: int, rounds: int) -> float:
 
 def _scrape_once(raw: bytes) -> None:
     data = mask_bytes(bytearray(raw), TOKEN)
-    text = poller._decode_text(data, "text/plain")
+    text = http._decode_text(data, "text/plain")
     read_exposition(text, None)
 
 
@@ -85,7 +86,8 @@ def _refresh_once(raw: bytes) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
+    quick_option(parser, rounds=1)
+    args = parse_args(parser)
     trackers = build_trackers(500)
     new_values(trackers, random.Random(1), T0 + 2)
     states = [t.state for t in trackers.values()]

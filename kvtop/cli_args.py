@@ -18,6 +18,7 @@ from kvtop.collect.kv_endpoint import KvEventsEndpoint, parse_endpoint_argument
 from kvtop.collect.target import DEFAULT_TARGET, Target, TokenError, read_token
 from kvtop.config import Config, ConfigError, quoted
 from kvtop.safe_text import display_text
+from kvtop.store.time_range import BadBound, Bound, TimeRange, parse_bound
 from kvtop.store.writer import DEFAULT_MAX_BYTES, parse_size, size_text
 
 if TYPE_CHECKING:
@@ -241,3 +242,31 @@ def _recording(path: Path) -> Source:
     from kvtop.store.replay import RecordingSource
 
     return RecordingSource(open_recording(path))
+
+
+# -- a part of a recording ------------------------------------------------------------------
+
+
+def _bound(text: str) -> Bound:
+    try:
+        return parse_bound(text)
+    except BadBound as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_time_range_arguments(parser: argparse.ArgumentParser, option: str) -> None:
+    """``--since`` / ``--until``: the part of the recording ``option`` reads."""
+    what = ("a moment (2026-07-01T12:00:00Z) or an offset from the recording's first "
+            "scrape (30m)")
+    parser.add_argument("--since", type=_bound, metavar="T",
+                        help=f"with {option}: from T, {what}")
+    parser.add_argument("--until", type=_bound, metavar="T",
+                        help=f"with {option}: up to T, {what}")
+
+
+def time_range(args: argparse.Namespace, recording: Path | None, option: str) -> TimeRange:
+    """The range asked for; ConfigError when given without a recording to cut."""
+    found = TimeRange(args.since, args.until)
+    if found and recording is None:
+        raise ConfigError(f"--since and --until cut a recording: give them with {option}")
+    return found

@@ -183,9 +183,10 @@ MODULES: dict[str, tuple[str, ...]] = {
                               f"{UNIT}/commands/test_check.py::"
                               "test_the_text_says_stalled_in_the_headline_and_under_the_engine"),
     "kvtop/derive/worst.py": (f"{UNIT}/derive/test_worst.py", f"{UNIT}/commands/test_check.py"),
-    # percentiles of plain samples: its unit test and the rehearsal judge that reads them
+    # percentiles of plain samples: its unit test and the rehearsal's criteria and figures
     "kvtop/derive/samples.py": (f"{UNIT}/derive/test_samples.py",
-                                f"{UNIT}/rehearse/test_judge.py"),
+                                f"{UNIT}/rehearse/test_latency.py",
+                                f"{UNIT}/rehearse/test_advice.py"),
     "kvtop/derive/gpu_owners.py": (f"{UNIT}/derive/test_gpu_owners.py",
                                    f"{UNIT}/collect/test_ownership.py",
                                    f"{UNIT}/view/test_gpus.py"),
@@ -240,6 +241,54 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/commands/compare.py": (f"{UNIT}/commands/test_baseline.py",
                                   f"{UNIT}/baseline/test_compare.py::test_commands_on_recordings",
                                   *CLI_IN_PROCESS),
+    # the go-live rehearsal (issue 28): each module's tests and the end-to-end runs' fast
+    # parts in this process; tests/unit/rehearse/test_run.py drives `kvtop sim` processes
+    # (seconds each) and is left out
+    "kvtop/rehearse/criteria.py": tuple(f"{UNIT}/rehearse/test_{name}.py" for name in (
+        "latency", "gpu_memory", "kv_free", "verdict", "advice")),
+    "kvtop/rehearse/latency.py": (f"{UNIT}/rehearse/test_latency.py",),
+    "kvtop/rehearse/gpu_memory.py": (f"{UNIT}/rehearse/test_gpu_memory.py",),
+    # the advice reads the leak's figures from the criterion
+    "kvtop/rehearse/kv_free.py": (f"{UNIT}/rehearse/test_kv_free.py",
+                                  f"{UNIT}/rehearse/test_advice.py"),
+    "kvtop/rehearse/verdict.py": (f"{UNIT}/rehearse/test_verdict.py",),
+    "kvtop/rehearse/advice.py": (f"{UNIT}/rehearse/test_advice.py",),
+    "kvtop/rehearse/progress.py": (f"{UNIT}/rehearse/test_progress.py",
+                                   f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
+    "kvtop/rehearse/report.py": (f"{UNIT}/rehearse/test_report.py",
+                                 f"{UNIT}/commands/test_rehearse.py::"
+                                 "test_outside_text_is_made_safe_in_the_text_report"),
+    "kvtop/rehearse/requests.py": (f"{UNIT}/rehearse/test_latency.py",
+                                   f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
+    "kvtop/rehearse/run.py": (f"{UNIT}/commands/test_rehearse.py",),
+    "kvtop/rehearse/watch.py": (f"{UNIT}/commands/test_rehearse.py",),
+    # the baseline: each module's tests; compare's scenario tests build recordings once a
+    # session (seconds), so they stay in the normal suite and out of a mutant's run
+    "kvtop/baseline/judge.py": (f"{UNIT}/baseline/test_judge.py",
+                                f"{UNIT}/baseline/test_matched_load.py"),
+    "kvtop/baseline/matched_load.py": (f"{UNIT}/baseline/test_matched_load.py",),
+    "kvtop/baseline/compare.py": tuple(f"{UNIT}/baseline/test_compare.py::{name}" for name in (
+        "test_the_overall_verdict", "test_the_leak_row",
+        "test_a_setting_unknown_on_one_side_is_not_a_change",
+        "test_an_inferred_version_is_no_change_against_an_exact_one",
+        "test_llama_cpp_carries_what_it_exports")),
+    "kvtop/baseline/collect.py": (f"{UNIT}/baseline/test_collect.py",
+                                  f"{UNIT}/baseline/test_compare.py::"
+                                  "test_llama_cpp_carries_what_it_exports"),
+    "kvtop/baseline/overlay.py": (f"{UNIT}/baseline/test_overlay.py",),
+    "kvtop/baseline/model.py": (f"{UNIT}/baseline/test_model.py",),
+    "kvtop/baseline/store.py": (f"{UNIT}/baseline/test_store.py",),
+    "kvtop/baseline/stats.py": (f"{UNIT}/baseline/test_compare.py",
+                                f"{UNIT}/baseline/test_judge.py"),
+    "kvtop/baseline/figures.py": (f"{UNIT}/baseline/test_judge.py",
+                                  f"{UNIT}/baseline/test_overlay.py"),
+    "kvtop/baseline/live.py": (f"{UNIT}/baseline/test_live.py",),
+    "kvtop/baseline/probe.py": (f"{UNIT}/baseline/test_live.py",
+                                f"{UNIT}/commands/test_baseline.py"),
+    "kvtop/store/time_range.py": (f"{UNIT}/commands/test_check.py::"
+                                  "test_a_check_of_part_of_a_recording_judges_only_that_part",
+                                  f"{UNIT}/commands/test_check.py::"
+                                  "test_a_time_range_needs_a_recording_and_a_time"),
     **{f"kvtop/store/{name}.py": STORE_TESTS
        for name in ("format", "reader", "writer", "replay", "recording")},
     "kvtop/sim/blocks.py": (f"{UNIT}/sim/test_blocks.py", f"{UNIT}/sim/test_engine.py"),
@@ -278,6 +327,13 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/view/cache.py": (f"{UNIT}/view/test_cache.py", f"{UNIT}/view/test_engine.py",
                             f"{UNIT}/view/test_fleet_summary.py"),
     "kvtop/view/cache_detail.py": (f"{UNIT}/view/test_cache_detail.py",),
+    "kvtop/view/format.py": (f"{UNIT}/view/test_format.py", f"{UNIT}/view/test_cells.py",
+                             f"{UNIT}/view/test_fleet.py"),
+    "kvtop/view/chart.py": (f"{UNIT}/view/test_chart.py", f"{UNIT}/view/test_engine.py",
+                            f"{UNIT}/view/test_gpus.py"),
+    "kvtop/view/engine.py": (f"{UNIT}/view/test_engine.py", f"{UNIT}/ui/widgets",
+                             f"{UNIT}/ui/screens/test_detail.py"),
+    "kvtop/report/snapshot_files.py": (f"{UNIT}/report/test_snapshot_files.py",),
     # the app's parts that hold no widget (the others are reached by tests/ui/pilot only)
     "kvtop/ui/draw_clock.py": (f"{UNIT}/ui/test_draw_clock.py",),
     "kvtop/ui/fleet_trackers.py": (f"{UNIT}/ui/test_fleet_trackers.py",),
@@ -549,15 +605,16 @@ def _pytest(copy: Path, tests: Iterable[str], timeout: float) -> str:
 
 
 def run_constants(module: str) -> int:
-    """Each constant mutant in a copy of kvtop/, tests/ and docs/, the module's tests run on it."""
+    """Each constant mutant in a copy of the repo's code, tests and docs, the module's tests
+    run on it."""
     import time
 
     ws = prepare(module, fresh=False)
     copy = ws / "constants"
     shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(REPO / "kvtop", copy / "kvtop")
-    shutil.copytree(REPO / "tests", copy / "tests")
-    shutil.copytree(REPO / "docs", copy / "docs")
+    # what the tests import or read besides kvtop/ (tests/conftest.py imports benchmarks/)
+    for name in ("kvtop", "tests", "docs", "benchmarks", "man"):
+        shutil.copytree(REPO / name, copy / name)
     shutil.copy2(ws / "pyproject.toml", copy / "pyproject.toml")
     tests = MODULES[module]
     started = time.monotonic()

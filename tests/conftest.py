@@ -3,6 +3,7 @@ only exposes them, and makes a skipped tier fail a CI run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -85,7 +86,8 @@ def tmux(tmp_path: Path) -> Iterator[Tmux]:
     finally:
         server("kill-server")
         for pid in processes_with(str(tmp_path)):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # gone since it was listed
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

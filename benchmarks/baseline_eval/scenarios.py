@@ -11,6 +11,8 @@ rate, another seed) is one field of :class:`RunSpec`. Steps are costed like a la
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from kvtop.collect.target import Scrape, Target
 from kvtop.sim.engine import EngineConfig, StepCost
 from kvtop.sim.exposition import Names, render
 from kvtop.sim.simulation import Simulation
-from kvtop.sim.workloads import make_workload
+from kvtop.sim.workloads import RequestSpec, make_workload
 from kvtop.store.recording import RecordingWriter
 
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: simulated second 0 as unix time
@@ -41,6 +43,7 @@ class RunSpec:
     prefix_heavy: bool = False
     prefix_caching: bool = True
     leak_frac: float = 0.0  # from the start of the run (after the warm-up)
+    ramp_to: float | None = None  # the rate at the end of the run, risen evenly from `rate`
     minutes: float = 20.0
     interval_s: float = 10.0
     names: Names = "v1"
@@ -66,12 +69,29 @@ def simulation(spec: RunSpec) -> Simulation:
                                  "arrival": spec.arrival}
     if spec.prefix_heavy:
         params.update(PREFIX_HEAVY)
-    sim = Simulation(config, make_workload("synthetic", seed=spec.seed, **params),
-                     seed=spec.seed, wall_clock=lambda: EPOCH)
+    workload = make_workload("synthetic", seed=spec.seed, **params)
+    if spec.ramp_to is not None and spec.ramp_to > spec.rate:
+        workload = _ramped(workload, spec, params)
+    sim = Simulation(config, workload, seed=spec.seed, wall_clock=lambda: EPOCH)
     sim.advance_to(WARMUP_S)
     if spec.leak_frac:
         sim.inject("leak", spec.leak_frac)
     return sim
+
+
+def _ramped(steady: Iterator[RequestSpec], spec: RunSpec,
+            params: dict[str, object]) -> Iterator[RequestSpec]:
+    """The steady load plus arrivals at the extra rate kept with a probability rising from 0
+    at the start of the run to 1 at its end (thinning): the rate ramps from `rate` to
+    `ramp_to`."""
+    assert spec.ramp_to is not None
+    extra = make_workload("synthetic", seed=spec.seed + 7919,
+                          **{**params, "rate": spec.ramp_to - spec.rate})
+    rng = random.Random(spec.seed)
+    length = spec.minutes * 60
+    kept = (r for r in extra if rng.random() < min(1.0, max(0.0, (r.arrival - WARMUP_S)
+                                                            / length)))
+    return heapq.merge(steady, kept, key=lambda r: r.arrival)
 
 
 def scrapes(spec: RunSpec) -> Iterator[Scrape]:

@@ -1,9 +1,12 @@
 """Lumps injected into healthy recordings: how soon kvtop sees them, where they land.
 
 Run after ``run.py`` (same ``--out``): ``python -m benchmarks.leak_eval.inject [--out DIR]
-[--only a,b]``. For each healthy continuous recording, and each start minute in 12, 16, ...
-28, it adds a lump to the usage gauge of every scrape from that minute on (two lumps of 3 %
-30 min apart, or one of 5 %), replays the result through ``kvtop check``'s code and prints
+[--only a,b]``; ``--quick`` needs no run before it: it makes the one recording it uses
+(healthy-ramp, if not in DIR) and injects at two start minutes.
+
+For each healthy continuous recording, and each start minute in 12, 16, ... 28, it adds
+a lump to the usage gauge of every scrape from that minute on (two lumps of 3 % 30 min
+apart, or one of 5 %), replays the result through ``kvtop check``'s code and prints
 the delays to WATCH and LEAK after the first lump. A probe of sensitivity, not of realism:
 the added blocks take no room from the working set, and they survive restarts.
 """
@@ -16,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.leak_eval.run import SCENARIOS
+from benchmarks.leak_eval.run import SCENARIOS, run_one
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape
 from kvtop.derive.worst import CheckRun
@@ -24,6 +27,7 @@ from kvtop.store.recording import read_recording
 
 USAGE = re.compile(r"^(vllm:kv_cache_usage_perc\{[^}]*\}) (\S+)$", re.M)
 STARTS_MIN = (12, 16, 20, 24, 28)
+QUICK = ("healthy-ramp", (12, 20))  # a healthy continuous recording, quick to make
 SHAPES = (((0, 0.03), (30, 0.03)), ((0, 0.05),))  # (minutes after the first, pool fraction)
 
 
@@ -61,12 +65,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "kvtop-leak-eval")
     ap.add_argument("--only", help="comma-separated healthy scenario names")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"make {QUICK[0]} if missing, inject at {QUICK[1]} min (~20 s)")
     args = ap.parse_args()
     names = [sc.name for sc in SCENARIOS if sc.leak_fill_h is None and not sc.lumps
              and sc.load == "continuous" and sc.source != "twin"
              and (not args.only or sc.name in args.only.split(","))]
+    starts = STARTS_MIN
+    if args.quick:
+        names, starts = [QUICK[0]], QUICK[1]
+        args.out.mkdir(parents=True, exist_ok=True)
+        run_one(next(sc for sc in SCENARIOS if sc.name == QUICK[0]), args.out, reuse=True)
     header = [f"{'+'.join(f'{f:.0%}' for _, f in shape)} at {start}"
-              for start in STARTS_MIN for shape in SHAPES]
+              for start in starts for shape in SHAPES]
     print("| recording | " + " | ".join(header) + " |")
     print("|---|" + "---|" * len(header))
     for name in names:
@@ -75,7 +86,7 @@ def main() -> int:
             print(f"{name}: no recording in {args.out} (run run.py first)", file=sys.stderr)
             continue
         cells = []
-        for start in STARTS_MIN:
+        for start in starts:
             for shape in SHAPES:
                 watch, leak = delays(path, [(start + at, frac) for at, frac in shape])
                 cells.append(f"{cell(watch)} / {cell(leak)}")

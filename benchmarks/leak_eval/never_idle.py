@@ -1,7 +1,7 @@
 """Never-idle leak benchmark (issue 30): kvtop's detector on servers that never go idle.
 
-Run: ``python -m benchmarks.leak_eval.never_idle [--part tune|held|both] [--quick]
-[--out DIR] [--jobs N] [--only a,b] [--reuse]``.
+Run: ``python -m benchmarks.leak_eval.never_idle [--part tune|held|fresh|all] [--quick]
+[--out DIR] [--jobs N] [--only a,b] [--reuse] [--record-only]``.
 
 Makes the cases of `never_idle_cases.py` (kvtop's simulator, and vLLM 0.33's own scheduler
 where the twin interpreter is installed), replays each through the code of ``kvtop check
@@ -10,7 +10,8 @@ after the start), the share that reach WATCH within 30 min and LEAK within 60 mi
 for smaller leaks; false LEAKs (on look-alikes, and before any leak's start); which
 look-alikes reach WATCH and why; the leaked-block estimate at the first LEAK. Recordings
 go to DIR (default: a folder under the system temp dir), never into the repository. Tune on
-``--part tune``; score ``--part held`` only at the end. Method and results:
+``--part tune``; score a held-aside part (``held``, ``fresh``) only at the end
+(``--record-only`` makes its recordings without scoring them). Method and results:
 docs/leak-evaluation.md.
 """
 
@@ -27,7 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.leak_eval.never_idle_cases import LEAK_RUN_S, Case, Part, cases, generate
+from benchmarks.leak_eval.never_idle_cases import (
+    LEAK_RUN_S,
+    PARTS,
+    Case,
+    Part,
+    cases,
+    generate,
+)
 from benchmarks.leak_eval.run import commit
 from kvtop.derive.worst import CheckRun
 from kvtop.store.recording import read_recording
@@ -75,7 +83,7 @@ def score(case: Case, recording: Path, truth: dict[str, Any]) -> Result:
     start = truth["leak_start_t"]
     run = CheckRun()
     first_preempt: float | None = None
-    for scrape in sorted(read_recording(recording).scrapes, key=lambda s: s.t):
+    for scrape in read_recording(recording).in_time_order():
         run.feed(scrape)
         engines = run.trackers[scrape.target.url].state.engines
         if not engines or engines[0].leak is None:
@@ -108,11 +116,16 @@ def score(case: Case, recording: Path, truth: dict[str, Any]) -> Result:
     return result
 
 
-def run_one(case: Case, out: Path, reuse: bool) -> Result:
+def run_one(case: Case, out: Path, reuse: bool, record_only: bool = False) -> Result | None:
     began = time.perf_counter()
     rec, truth = out / f"{case.name}.jsonl.gz", out / f"{case.name}.truth.json"
     if not (reuse and rec.exists() and truth.exists()):
+        # kvtop's writer never overwrites a file: a run made anew clears the last one's.
+        rec.unlink(missing_ok=True)
+        truth.unlink(missing_ok=True)
         rec, truth = generate(case, out)
+    if record_only:
+        return None
     result = score(case, rec, json.loads(truth.read_text()))
     result.seconds = time.perf_counter() - began
     return result
@@ -186,16 +199,19 @@ def summary(results: list[Result], part: str) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("tune", "held", "both"), default="tune")
-    ap.add_argument("--quick", action="store_true", help="one case in five, no twin (~3 min)")
+    ap.add_argument("--part", choices=(*PARTS, "all"), default="tune")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: a leak and a look-alike on the smallest pool (~20 s)")
     ap.add_argument("--out", type=Path,
                     default=Path(tempfile.gettempdir()) / "kvtop-leak-never-idle")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--reuse", action="store_true",
                     help="score the recordings already in --out (they are seeded)")
+    ap.add_argument("--record-only", action="store_true",
+                    help="make the recordings, score nothing (a held-aside part, early)")
     args = ap.parse_args()
-    parts: list[Part] = ["tune", "held"] if args.part == "both" else [args.part]
+    parts: list[Part] = list(PARTS) if args.part == "all" else [args.part]
     chosen = [c for part in parts for c in cases(part)
               if (c.quick or not args.quick) and (not args.only or c.name in args.only.split(","))]
     if not twin_python().exists():
@@ -207,11 +223,18 @@ def main() -> int:
     # The twin's first (longest), so that the two workers finish together.
     order = sorted(chosen, key=lambda c: (c.engine != "twin", -c.blocks))
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_one, c, args.out, args.reuse) for c in order]
+        futures = {pool.submit(run_one, c, args.out, args.reuse, args.record_only): c
+                   for c in order}
         for future in as_completed(futures):
             result = future.result()
+            if result is None:
+                print(f"  {futures[future].name}: recorded", file=sys.stderr, flush=True)
+                continue
             done[result.name] = result
             print(f"  {result.name}: {result.seconds:.0f} s", file=sys.stderr, flush=True)
+    if args.record_only:
+        print(f"{len(chosen)} recordings in {args.out}, {time.perf_counter() - began:.0f} s")
+        return 0
     results = [done[c.name] for c in chosen]
     (args.out / "results.json").write_text(json.dumps([asdict(r) for r in results]))
     print(table(results))

@@ -56,7 +56,7 @@ def lumpy(name: str, source: str, params: dict[str, Any], what: str,
 
 
 SCENARIOS: list[Scenario] = [
-    leak("syn-cont-2h", "synthetic", "continuous", 2, CONT, "finished requests leak", quick=True),
+    leak("syn-cont-2h", "synthetic", "continuous", 2, CONT, "finished requests leak"),
     leak("syn-cont-6h", "synthetic", "continuous", 6, CONT, "finished requests leak"),
     leak("syn-cont-12h", "synthetic", "continuous", 12, CONT, "finished requests leak"),
     leak("syn-abort-cont-6h", "synthetic", "continuous", 6, {**CONT, **ABORTS},
@@ -74,10 +74,10 @@ SCENARIOS: list[Scenario] = [
          "Mooncake trace at half rate (idle now and then)"),
     leak("twin-burst-2h", "twin", "idle gaps", 2, TWIN_BURSTY,
          "vLLM 0.33 twin, KVCacheManager.free skips finished requests", blocks=2000,
-         max_num_seqs=32, duration_s=1500.0, leak_at_s=300.0, interval_s=5.0, quick=True),
+         max_num_seqs=32, duration_s=1500.0, leak_at_s=300.0, interval_s=5.0),
     lumpy("azure-lumps-2x3", "azure", {"rate_scale": 1.0},
           "Azure conv trace, 2 lumps of 3 % 30 min apart", ((1200.0, 0.03), (3000.0, 0.03)),
-          blocks=7000, quick=True),
+          blocks=7000),
     lumpy("mooncake-lumps-2x3", "mooncake", {"rate_scale": 1.0},
           "Mooncake trace, 2 lumps of 3 % 30 min apart", ((1200.0, 0.03), (3000.0, 0.03)),
           blocks=7000),
@@ -94,7 +94,7 @@ SCENARIOS: list[Scenario] = [
           "vLLM 0.33 twin, 2 lumps of 3 % 30 min apart (its free path skips whole requests)",
           ((1200.0, 0.03), (3000.0, 0.03)), blocks=2000, interval_s=5.0),
     Scenario("healthy-ramp", "synthetic", "continuous", "load ramp 1 -> 6 req/s",
-             {"output_mean": 300.0}, ramp=(1.0, 6.0), quick=True),
+             {"output_mean": 300.0}, ramp=(1.0, 6.0)),
     Scenario("healthy-ramp-3x", "synthetic", "continuous",
              "load ramp 1x -> 3x (2 -> 6 req/s) over an hour, usage 0.3 -> 0.9, queue at the end",
              {"output_mean": 300.0}, blocks=1100, ramp=(2.0, 6.0), quick=True),
@@ -107,7 +107,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("healthy-pressure", "synthetic", "continuous",
              "long contexts near 100 % usage, preemptions",
              {"rate": 1.5, "prompt_mean": 3000.0, "output_mean": 500.0, "shared_frac": 0.2},
-             blocks=2000, quick=True),
+             blocks=2000),
     Scenario("healthy-burst", "synthetic", "idle gaps", "bursts with idle gaps", BURSTY),
     Scenario("healthy-null-block", "synthetic", "idle gaps",
              "bursts, served as vLLM 0.10.1 (the null block: idle reads 1/N)", BURSTY,
@@ -134,6 +134,9 @@ def run_one(scenario: Scenario, out: Path, reuse: bool = False
     start = time.perf_counter()
     rec, truth = out / f"{scenario.name}.jsonl.gz", out / f"{scenario.name}.truth.json"
     if not (reuse and rec.exists() and truth.exists()):
+        # kvtop's writer never overwrites a file: a run made anew clears the last one's.
+        rec.unlink(missing_ok=True)
+        truth.unlink(missing_ok=True)
         make = generate_twin if scenario.source == "twin" else generate
         # A seed per scenario, stable across runs: scenarios that differ only in leak size
         # must not share one traffic sample.
@@ -268,7 +271,8 @@ def commit() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a subset (about 3 min)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: an idle-gap leak and a ramp (~20 s of CPU)")
     ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "kvtop-leak-eval")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", help="comma-separated scenario names")

@@ -11,7 +11,7 @@ least half of it. A figure the server does not export stays unknown: missing is 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -132,8 +132,8 @@ class _EngineRun:
         _add_deltas(windows, reading, previous, dt)
 
     def summary(self, minute_s: float) -> EngineSummary:
-        full = [w for _, w in sorted(self.minutes.items()) if w.seconds >= minute_s / 2]
-        figures = _engine_figures(self.total, full, self.caching_off)
+        full = [(m, w) for m, w in sorted(self.minutes.items()) if w.seconds >= minute_s / 2]
+        figures, minute_index = _engine_figures(self.total, full, self.caching_off)
         verdict = self.verdict
         worst = verdict.at_worst if verdict else None
         return EngineSummary(
@@ -143,7 +143,7 @@ class _EngineRun:
             duration_s=self.last_t - self.first_t,
             leak=verdict.verdict if verdict else "unknown",
             leak_reason=worst.reason if worst else "not enough data for a verdict",
-            restarts=self.restarts)
+            restarts=self.restarts, minute_index=minute_index)
 
 
 def _add_gauges(windows: Iterable[_Window], stats: EngineStats) -> None:
@@ -169,6 +169,9 @@ def _add_deltas(windows: Iterable[_Window], now: EngineReading, before: EngineRe
         value, previous = getattr(now, name), getattr(before, name)
         if value is not None and previous is not None:
             deltas[name] = max(0.0, value - previous)
+    arrived = _arrivals(now, before)
+    if arrived is not None:
+        deltas["arrivals"] = arrived
     histograms = {}
     for name in HISTOGRAMS:
         value, previous = getattr(now, name), getattr(before, name)
@@ -198,6 +201,21 @@ def _reuse_deltas(now: EngineReading, before: EngineReading) -> dict[str, float]
     else:
         return {}
     return {"prompt_sourced": max(0.0, total), "prompt_computed": max(0.0, computed)}
+
+
+def _arrivals(now: EngineReading, before: EngineReading) -> float | None:
+    """Requests that arrived between two scrapes: those finished, and the change in those
+    running or waiting (the load offered, which a slower server does not lower). Not
+    clipped here: the gauges and counters of one scrape may lag each other by a step, which
+    the next window gives back."""
+    if not now.finished_total or not before.finished_total:
+        return None
+    held = [r.running + r.waiting if r.running is not None and r.waiting is not None else None
+            for r in (now, before)]
+    if held[0] is None or held[1] is None:
+        return None
+    finished = sum(now.finished_total.values()) - sum(before.finished_total.values())
+    return max(0.0, finished) + held[0] - held[1]
 
 
 def engine_config(stats: EngineStats, reading: EngineReading) -> dict[str, ConfigValue]:
@@ -230,53 +248,66 @@ def _float(text: str | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def _at_least_0(value: float | None) -> float | None:
+    return None if value is None else max(0.0, value)
+
+
 def _distribution(samples: list[float]) -> dict[str, float | None]:
     return {"p5": percentile(samples, 0.05), "p50": percentile(samples, 0.5),
             "p95": percentile(samples, 0.95), "max": max(samples, default=None),
             "mean": mean(samples), "samples": float(len(samples))}
 
 
-def _engine_figures(total: _Window, minutes: list[_Window],
-                    caching_off: bool) -> dict[str, Figure]:
-    def series(value_of: object) -> tuple[float, ...]:
-        values = (value_of(m) for m in minutes)  # type: ignore[operator]
-        return tuple(v for v in values if v is not None)
+def _engine_figures(total: _Window, minutes: list[tuple[int, _Window]], caching_off: bool
+                    ) -> tuple[dict[str, Figure], dict[str, tuple[int, ...]]]:
+    """The figures, and for each the minute of each of its per-minute values."""
+    index: dict[str, tuple[int, ...]] = {}
+
+    def series(key: str, value_of: Callable[[_Window], float | None]) -> tuple[float, ...]:
+        values = [(m, value_of(w)) for m, w in minutes]
+        index[key] = tuple(m for m, v in values if v is not None)
+        return tuple(v for _, v in values if v is not None)
 
     usage = total.gauges.get("usage", [])
     idle = total.gauges.get("idle_usage", [])
     figures = {
         "kv_usage": Figure(percentile(usage, 0.5), series(
-            lambda m: mean(m.gauges.get("usage", []))), _distribution(usage)),
+            "kv_usage", lambda m: mean(m.gauges.get("usage", []))), _distribution(usage)),
         "idle_kv_usage": Figure(percentile(idle, 0.5), series(
-            lambda m: percentile(m.gauges.get("idle_usage", []), 0.5)),
+            "idle_kv_usage", lambda m: percentile(m.gauges.get("idle_usage", []), 0.5)),
             {"max": max(idle, default=None), "samples": float(len(idle)),
              "blocks": percentile(total.gauges.get("idle_blocks", []), 0.5)}),
         "preemptions_per_min": Figure(
             total.rate("preemptions_total", MINUTE_S),
-            series(lambda m: m.rate("preemptions_total", MINUTE_S)),
+            series("preemptions_per_min", lambda m: m.rate("preemptions_total", MINUTE_S)),
             {"total": total.counts.get("preemptions_total")}),
         "hit_rate": Figure(total.hit_rate(caching_off),
-                           series(lambda m: m.hit_rate(caching_off))),
-        "reuse_share": Figure(total.reuse_share(), series(lambda m: m.reuse_share())),
+                           series("hit_rate", lambda m: m.hit_rate(caching_off))),
+        "reuse_share": Figure(total.reuse_share(), series("reuse_share",
+                                                          lambda m: m.reuse_share())),
         "kv_limited": Figure(mean(total.gauges.get("kv_limited", [])), series(
-            lambda m: mean(m.gauges.get("kv_limited", []))), _limits(total)),
+            "kv_limited", lambda m: mean(m.gauges.get("kv_limited", []))), _limits(total)),
         "prompt_tps": Figure(total.rate("prompt_tokens_total"),
-                             series(lambda m: m.rate("prompt_tokens_total"))),
-        "generation_tps": Figure(total.rate("generation_tokens_total"),
-                                 series(lambda m: m.rate("generation_tokens_total"))),
+                             series("prompt_tps", lambda m: m.rate("prompt_tokens_total"))),
+        "generation_tps": Figure(total.rate("generation_tokens_total"), series(
+            "generation_tps", lambda m: m.rate("generation_tokens_total"))),
+        # the load offered, requests/s: what compare matches runs on (never judged alone)
+        "arrivals_per_s": Figure(_at_least_0(total.rate("arrivals")), series(
+            "arrivals_per_s", lambda m: _at_least_0(m.rate("arrivals")))),
     }
     for name in ("running", "waiting"):
         samples = total.gauges.get(name, [])
         figures[name] = Figure(mean(samples), series(
-            lambda m, name=name: mean(m.gauges.get(name, []))), _distribution(samples))
+            name, lambda m, name=name: mean(m.gauges.get(name, []))), _distribution(samples))
     for name in HISTOGRAMS:
         observed = total.histograms.get(name)
         summary = {"observations": max(observed.values(), default=0.0)} if observed else {}
         for label, q in QUANTILES:
-            figures[f"{name}_{label}"] = Figure(total.latency(name, q), series(
-                lambda m, name=name, q=q: m.latency(name, q, MIN_LATENCY_OBSERVATIONS)),
+            key = f"{name}_{label}"
+            figures[key] = Figure(total.latency(name, q), series(
+                key, lambda m, name=name, q=q: m.latency(name, q, MIN_LATENCY_OBSERVATIONS)),
                 summary)
-    return figures
+    return figures, index
 
 
 def _limits(window: _Window) -> dict[str, float | None]:
@@ -372,7 +403,8 @@ class Collector:
         for url, run in self.targets.items():
             state = run.tracker.state
             targets.append(TargetSummary(
-                target=url, kind=state.kind, version=state.version, scrapes=run.scrapes,
+                target=url, kind=state.kind, version=state.version,
+                version_inferred=state.version_inferred, scrapes=run.scrapes,
                 failed_scrapes=run.failed, probe=run.probe,
                 engines=[e.summary(self.minute_s) for e in run.engines.values()]))
         duration = (self.last_t - self.first_t) if self.first_t is not None else 0.0

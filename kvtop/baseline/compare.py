@@ -1,30 +1,31 @@
 """Judge a run against a baseline: config changes first, then each figure better, same or
-worse, beyond run-to-run noise (docs/baseline-format.md, "How compare judges").
-
-A figure is judged from its per-minute values in both runs. It changed when all three hold:
-
-* the Mann–Whitney rank test says one run's values tend to be higher (p < ``ALPHA``), and
-  the headline values moved the same way;
-* the move is beyond run-to-run noise: at least ``NOISE_Z`` standard errors of the
-  difference of the per-minute means, their variance multiplied by ``DESIGN_EFFECT``
-  because runs of one server differ by more than their minutes suggest (slow swings of the
-  load: the means of healthy reruns of the simulated server vary 2 to 2.7 times as much as
-  their minutes predict, most for KV usage; benchmarks/baseline_eval);
-* the move matters: at least the figure's ``FigureSpec.rel`` of the baseline and ``floor``.
-
-Fewer than ``MIN_VALUES`` values on either side, or a value not exported on one side,
-leaves the figure unknown: never "same", never 0.
-"""
+worse beyond run-to-run noise (``kvtop.baseline.judge``), the figures the load drives at
+matched load when the load changed (``kvtop.baseline.matched_load``), and the leak detector
+(docs/baseline-format.md, "How compare judges")."""
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from kvtop.baseline.figures import ENGINE_FIGURES, GPU_MEMORY, PROBE_FIGURES, FigureSpec
+from kvtop.baseline.figures import ENGINE_FIGURES, GPU_MEMORY, PROBE_FIGURES
+from kvtop.baseline.judge import (
+    ALPHA,
+    DESIGN_EFFECT,
+    MIN_VALUES,
+    NOISE_Z,
+    FigureResult,
+    Verdict,
+    judge,
+)
+from kvtop.baseline.matched_load import (
+    LOAD_DRIVEN,
+    at_matched_load,
+    common_range,
+    load_figure,
+    load_per_minute,
+    load_spec,
+)
 from kvtop.baseline.model import (
     Baseline,
     BaselineError,
@@ -34,16 +35,10 @@ from kvtop.baseline.model import (
     ProbeSummary,
     TargetSummary,
 )
-from kvtop.baseline.stats import mann_whitney
 from kvtop.contract import json_number
 from kvtop.exits import EXIT_NO_DATA, EXIT_OK, EXIT_WORSE
 
-ALPHA = 0.01
-NOISE_Z = 2.576  # two-sided 1 %, as ALPHA
-DESIGN_EFFECT = 3.0
-MIN_VALUES = 3
 COMPARE_VERSION = 1
-Verdict = Literal["better", "same", "worse", "higher", "lower", "unknown"]
 CONFIG_LABELS: dict[str, str] = {
     "kind": "server", "version": "server version", "num_gpu_blocks": "KV blocks (num_gpu_blocks)",
     "blocks_total": "usable KV blocks", "kv_tokens_total": "KV capacity (tokens)",
@@ -57,80 +52,6 @@ DERIVED = {"blocks_total": "num_gpu_blocks", "kv_tokens_total": "num_gpu_blocks"
 
 class ModelMismatch(BaselineError):
     """The run serves none of the baseline's models: comparing them would mean nothing."""
-
-
-@dataclass(frozen=True, slots=True)
-class FigureResult:
-    spec: FigureSpec
-    baseline: float | None
-    now: float | None
-    verdict: Verdict
-    p_value: float | None = None
-    n_baseline: int = 0
-    n_now: int = 0
-    note: str | None = None
-    threshold: float | None = None  # the smallest change that would have counted
-
-    @property
-    def delta(self) -> float | None:
-        if self.baseline is None or self.now is None:
-            return None
-        return self.now - self.baseline
-
-    @property
-    def delta_pct(self) -> float | None:
-        delta = self.delta
-        if delta is None or self.baseline is None or self.baseline == 0:
-            return None
-        return 100 * delta / abs(self.baseline)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"figure": self.spec.key, "label": self.spec.label, "unit": self.spec.unit,
-                "worse_when": self.spec.worse, "baseline": json_number(self.baseline),
-                "now": json_number(self.now), "delta": json_number(self.delta),
-                "delta_pct": json_number(self.delta_pct, 1),
-                "p_value": json_number(self.p_value, 6),
-                "values": [self.n_baseline, self.n_now],
-                "threshold": json_number(self.threshold), "verdict": self.verdict,
-                "note": self.note}
-
-
-def judge(spec: FigureSpec, base: Figure, now: Figure, *, alpha: float = ALPHA,
-          min_values: int = MIN_VALUES) -> FigureResult:
-    """One figure, baseline vs now."""
-    counts = {"n_baseline": len(base.values), "n_now": len(now.values)}
-    if base.value is None or now.value is None:
-        side = ("either run" if base.value is None and now.value is None
-                else "the baseline" if base.value is None else "this run")
-        return FigureResult(spec, base.value, now.value, "unknown",
-                            note=f"not known in {side}", **counts)
-    if min(len(base.values), len(now.values)) < min_values:
-        return FigureResult(spec, base.value, now.value, "unknown",
-                            note=f"too few minutes to judge (needs {min_values} each)",
-                            **counts)
-    u, p = mann_whitney(base.values, now.values)
-    effect = now.value - base.value
-    ranks_up = u > len(base.values) * len(now.values) / 2
-    spread = noise(base.values, base.values if spec.steady else now.values, len(now.values))
-    threshold = max(spec.floor, spec.rel * abs(base.value), spread)
-    if p >= alpha or abs(effect) < threshold or ranks_up != (effect > 0):
-        return FigureResult(spec, base.value, now.value, "same", p, threshold=threshold,
-                            **counts)
-    direction: Verdict = "higher" if effect > 0 else "lower"
-    if spec.worse == "load":
-        verdict = direction
-    else:
-        verdict = "worse" if spec.worse == direction else "better"
-    return FigureResult(spec, base.value, now.value, verdict, p, threshold=threshold,
-                        **counts)
-
-
-def noise(base: Sequence[float], now: Sequence[float], n_now: int) -> float:
-    """The change two runs of one server show without a cause: ``NOISE_Z`` standard errors
-    of the difference of their per-minute means (``n_now`` of them now, with the spread of
-    ``now``), the variance times ``DESIGN_EFFECT``."""
-    variance = statistics.variance(base) / len(base) + statistics.variance(now) / n_now
-    return NOISE_Z * math.sqrt(DESIGN_EFFECT * variance)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +86,8 @@ class EngineComparison:
     leak_baseline: str
     leak_now: str
     leak_reason: str
+    load: FigureResult | None = None  # the token throughput, judged as a load figure
+    load_range: tuple[float, float] | None = None  # the load both runs covered
 
     @property
     def leak_verdict(self) -> Verdict:
@@ -184,6 +107,10 @@ class EngineComparison:
                 "config_changes": [c.to_json() for c in self.config_changes],
                 "leak": {"baseline": self.leak_baseline, "now": self.leak_now,
                          "verdict": self.leak_verdict, "reason": self.leak_reason},
+                "load": None if self.load is None else {
+                    **self.load.to_json(), "changed": self.load.verdict in ("higher", "lower"),
+                    "matched_range": (None if self.load_range is None
+                                      else [json_number(v, 1) for v in self.load_range])},
                 "figures": [f.to_json() for f in self.figures]}
 
 
@@ -264,7 +191,11 @@ class Comparison:
             "regression": self.verdict == "worse",
             "method": {"test": "mann-whitney-u", "alpha": self.alpha,
                        "noise_z": NOISE_Z, "design_effect": DESIGN_EFFECT,
-                       "minute_s": self.baseline.minute_s, "min_values": MIN_VALUES},
+                       "minute_s": self.baseline.minute_s, "min_values": MIN_VALUES,
+                       "load": "arrivals/s per minute (else prompt + generation tokens/s); "
+                               "when it changed, load-driven figures are judged on the "
+                               "minutes both runs share a load range in",
+                       "load_driven": sorted(LOAD_DRIVEN)},
             "baseline": _run_json(self.baseline), "now": _run_json(self.now),
             "config_changes": self.all_config_changes(),
             "engines": [e.to_json() for e in self.engines],
@@ -343,13 +274,37 @@ def _names(models: set[str | None]) -> str:
 
 def _compare_engine(bt: TargetSummary, be: EngineSummary, nt: TargetSummary,
                     ne: EngineSummary, alpha: float) -> EngineComparison:
-    base_config = {"kind": bt.kind, "version": bt.version, **be.config}
-    now_config = {"kind": nt.kind, "version": nt.version, **ne.config}
-    figures = [judge(spec, be.figure(spec.key), ne.figure(spec.key), alpha=alpha)
-               for spec in ENGINE_FIGURES]
+    base_version, now_version = _versions(bt, nt)
+    base_config = {"kind": bt.kind, "version": base_version, **be.config}
+    now_config = {"kind": nt.kind, "version": now_version, **ne.config}
+    spec = load_spec(be, ne)
+    base_load, now_load = load_per_minute(be, spec), load_per_minute(ne, spec)
+    load = judge(spec, load_figure(base_load), load_figure(now_load), alpha=alpha)
+    changed = load.verdict in ("higher", "lower")
+    window = common_range(base_load, now_load) if changed else None
+    figures = []
+    for figure in ENGINE_FIGURES:
+        if changed and figure.key in LOAD_DRIVEN:
+            figures.append(at_matched_load(figure, be, ne, base_load, now_load, window, load,
+                                           alpha))
+        else:
+            figures.append(judge(figure, be.figure(figure.key), ne.figure(figure.key),
+                                 alpha=alpha))
     return EngineComparison(nt.target, bt.target, ne.model, ne.engine,
                             config_changes(base_config, now_config), figures,
-                            be.leak, ne.leak, ne.leak_reason)
+                            be.leak, ne.leak, ne.leak_reason, load=load, load_range=window)
+
+
+def _versions(base: TargetSummary, now: TargetSummary) -> tuple[str | None, str | None]:
+    """The versions to compare: an era guessed from the metric names ("0.10.2+") says
+    nothing against an exact one, so one inferred side makes both unknown (no change);
+    both inferred are compared, and marked so."""
+    if base.version_inferred != now.version_inferred:
+        return None, None
+    if base.version_inferred:
+        return (None if base.version is None else f"{base.version} (inferred)",
+                None if now.version is None else f"{now.version} (inferred)")
+    return base.version, now.version
 
 
 def _compare_probe(base: ProbeSummary, now: ProbeSummary | None, target: str,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Unit = Literal["fraction", "count", "per_min", "tokens_per_s", "seconds", "bytes"]
+Unit = Literal["fraction", "count", "per_min", "per_s", "tokens_per_s", "seconds", "bytes"]
 # Which way is worse; "load" figures (throughput, requests running) describe the workload
 # more than the server, so they are marked higher/lower, never worse: they explain the rest.
 Worse = Literal["higher", "lower", "load"]

@@ -54,6 +54,9 @@ class EngineSummary:
     leak: str = "unknown"  # the leak detector's worst state: unknown, ok, watch, leak
     leak_reason: str = ""
     restarts: int = 0
+    # per figure, the minute (0 = the run's first) of each per-minute value: what lines a
+    # figure up with the load of its minute; empty in baselines saved before it was kept
+    minute_index: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def figure(self, key: str) -> Figure:
         return self.figures.get(key, MISSING)
@@ -78,6 +81,7 @@ class TargetSummary:
     target: str
     kind: str | None = None
     version: str | None = None
+    version_inferred: bool = False  # guessed from the metric names, not read from /version
     scrapes: int = 0
     failed_scrapes: int = 0
     engines: list[EngineSummary] = field(default_factory=list)
@@ -135,7 +139,8 @@ def _engine_json(engine: EngineSummary) -> dict[str, Any]:
             "minutes": engine.minutes, "duration_s": json_number(engine.duration_s, 3),
             "restarts": engine.restarts, "config": engine.config,
             "leak": {"verdict": engine.leak, "reason": engine.leak_reason},
-            "figures": {k: f.to_json() for k, f in engine.figures.items()}}
+            "figures": {k: f.to_json() for k, f in engine.figures.items()},
+            "minute_index": {k: list(v) for k, v in engine.minute_index.items()}}
 
 
 def _probe_json(probe: ProbeSummary) -> dict[str, Any]:
@@ -146,7 +151,8 @@ def _probe_json(probe: ProbeSummary) -> dict[str, Any]:
 
 
 def _target_json(target: TargetSummary) -> dict[str, Any]:
-    return {"target": target.target, "server": {"kind": target.kind, "version": target.version},
+    return {"target": target.target, "server": {"kind": target.kind, "version": target.version,
+                                                "version_inferred": target.version_inferred},
             "scrapes": target.scrapes, "failed_scrapes": target.failed_scrapes,
             "engines": [_engine_json(e) for e in target.engines],
             "probe": None if target.probe is None else _probe_json(target.probe)}
@@ -233,17 +239,36 @@ def _figures(reader: _Reader, series: str = "per_minute") -> dict[str, Figure]:
             if (sub := table.child(key)) is not None}
 
 
+def _minute_index(reader: _Reader, figures: dict[str, Figure]) -> dict[str, tuple[int, ...]]:
+    """Each figure's minute numbers; one that does not line up with its values (a hand-edited
+    file) is refused, since a comparison at matched load would pair the wrong minutes."""
+    table = reader.child("minute_index", optional=True)
+    if table is None:
+        return {}
+    out = {}
+    for key in table.data:
+        minutes = table.numbers(key)
+        if any(m != int(m) or m < 0 for m in minutes) or len(minutes) != len(
+                figures.get(key, MISSING).values):
+            raise BaselineError(f"{table._name(key)}: expected a minute (a whole number >= 0) "
+                                "for each per-minute value")
+        out[key] = tuple(int(m) for m in minutes)
+    return out
+
+
 def _engine(reader: _Reader) -> EngineSummary:
     leak = reader.child("leak", optional=True)
+    figures = _figures(reader)
     return EngineSummary(
         model=reader.text("model", optional=True), engine=reader.text("engine", optional=True),
-        config=reader.scalars("config"), figures=_figures(reader),
+        config=reader.scalars("config"), figures=figures,
         samples=reader.integer("samples", optional=True) or 0,
         minutes=reader.integer("minutes", optional=True) or 0,
         duration_s=reader.number("duration_s", optional=True) or 0.0,
         leak=(leak.text("verdict", optional=True) if leak else None) or "unknown",
         leak_reason=(leak.text("reason", optional=True) if leak else None) or "",
-        restarts=reader.integer("restarts", optional=True) or 0)
+        restarts=reader.integer("restarts", optional=True) or 0,
+        minute_index=_minute_index(reader, figures))
 
 
 def _probe(reader: _Reader | None) -> ProbeSummary | None:
@@ -263,6 +288,7 @@ def _target(reader: _Reader) -> TargetSummary:
         target=reader.text("target") or "",
         kind=server.text("kind", optional=True) if server else None,
         version=server.text("version", optional=True) if server else None,
+        version_inferred=bool(server.data.get("version_inferred") is True) if server else False,
         scrapes=reader.integer("scrapes", optional=True) or 0,
         failed_scrapes=reader.integer("failed_scrapes", optional=True) or 0,
         engines=[_engine(e) for e in reader.items("engines")],

@@ -211,7 +211,8 @@ def _delta(band: Band, kv_now: float | None, ttft_now: float | None) -> Delta:
         """The change matters (the smallest change compare counts), in direction ``sign``."""
         if change is None or base is None:
             return False
-        return sign * change >= max(spec.floor, spec.rel * abs(base))
+        limit = max(spec.floor, spec.rel * abs(base))
+        return sign * change >= limit - 1e-9 * limit  # at the limit, whatever the float says
 
     ttft_abs = None if ttft_now is None or band.ttft_p99 is None else ttft_now - band.ttft_p99
     return Delta(

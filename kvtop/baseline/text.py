@@ -27,6 +27,8 @@ def number(value: float | None, unit: str) -> str:
         return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
     if unit == "per_min":
         return f"{value:.2f}/min"
+    if unit == "per_s":
+        return f"{value:.2f}/s"
     if unit == "tokens_per_s":
         return f"{value:.1f}/s" if abs(value) < 10 else f"{value:.0f}/s"
     if unit == "bytes":
@@ -82,15 +84,28 @@ def _config_value(value: Any) -> str:
 
 
 def _figure_rows(figures: list[dict[str, Any]]) -> list[str]:
-    rows = [f"  {'figure':24} {'baseline':>12} {'now':>12} {'change':>20} {'p':>7}  verdict"]
+    rows = [f"  {'figure':24} {'baseline':>12} {'now':>12} {'change':>20} {'counts at':>12} "
+            f"{'p':>7}  verdict"]
     for f in figures:
         verdict = _verdict(f["verdict"])
         note = f"  ({display_text(f['note'], 120)})" if f.get("note") else ""
         rows.append(f"  {f['label']:24} {number(f['baseline'], f['unit']):>12} "
                     f"{number(f['now'], f['unit']):>12} "
                     f"{change(f['delta'], f['delta_pct'], f['unit']):>20} "
-                    f"{_p(f['p_value']):>7}  {verdict}{note}")
+                    f"{_threshold(f):>12} {_p(f['p_value']):>7}  {verdict}{note}")
     return rows
+
+
+def _threshold(figure: dict[str, Any]) -> str:
+    """The smallest change that would have counted, as a move either way."""
+    value = figure.get("threshold")
+    if value is None:
+        value = figure.get("matters")
+    if value is None:
+        return ""
+    if figure["unit"] == "fraction":
+        return f"±{value * 100:.1f} pts"
+    return "±" + number(value, figure["unit"])
 
 
 def _verdict(verdict: str) -> str:
@@ -101,6 +116,19 @@ def _leak_row(leak: dict[str, Any]) -> str:
     reason = f"  ({display_text(leak['reason'], 160)})" if leak["now"] == "leak" else ""
     return (f"  {'leak detector':24} {leak['baseline']:>12} {leak['now']:>12} {'':>20} "
             f"{'':>7}  {_verdict(leak['verdict'])}{reason}")
+
+
+def _load_lines(load: dict[str, Any] | None) -> list[str]:
+    if not load or not load.get("changed"):
+        return []
+    matched = load.get("matched_range")
+    how = (f"load-driven figures are compared on the minutes both runs spent at "
+           f"{matched[0]:.4g}-{matched[1]:.4g}" if matched else
+           "no minute of one run saw the other's load: what follows the load is marked "
+           "higher or lower, not worse")
+    unit = "arrivals/s" if load["figure"] == "arrivals_per_s" else "tokens/s"
+    return [f"  the load changed: {load['baseline']:.4g} -> {load['now']:.4g} {unit} "
+            f"({load['verdict']}); {how}"]
 
 
 def render_comparison(doc: dict[str, Any]) -> str:
@@ -117,8 +145,14 @@ def render_comparison(doc: dict[str, Any]) -> str:
     for engine in doc["engines"]:
         lines += ["", f"{_engine_name(engine['target'], engine['model'], engine['engine'])}: "
                       f"{engine['verdict'].upper()}"]
+        lines += _load_lines(engine.get("load"))
         lines += _figure_rows(engine["figures"])
         lines.append(_leak_row(engine["leak"]))
+        unjudged = [f["label"] for f in engine["figures"]
+                    if f["verdict"] == "unknown" and f.get("matters") is not None]
+        if unjudged:
+            lines.append(f"  not judged (too little evidence: see each row): "
+                         f"{', '.join(unjudged)}")
     for probe in doc["probes"]:
         lines += ["", f"probe {display_text(probe['target'])} (model "
                       f"{display_text(probe['model'])}): {probe['verdict'].upper()}"]
@@ -135,7 +169,9 @@ def render_comparison(doc: dict[str, Any]) -> str:
     lines += [f"note: {display_text(note, 300)}" for note in doc.get("notes", [])]
     method = doc["method"]
     lines += ["", f"Judged on per-minute values: Mann-Whitney rank test, p < {method['alpha']}, "
-                  "and a change large enough to matter (docs/baseline-format.md)."]
+                  "beyond run-to-run noise and large enough to matter (the 'counts at' "
+                  "column); SAME only where the runs could have seen such a change, else "
+                  "unknown (docs/baseline-format.md)."]
     return "\n".join(lines) + "\n"
 
 
@@ -169,7 +205,9 @@ def render_baseline(baseline: Baseline, path: str) -> str:
                           f"{_minutes(baseline.duration_s)} {source.get('kind')}"
                           + (f" {where}" if where else ""))]
     for target in baseline.targets:
-        server = " ".join(str(v) for v in (target.kind, target.version) if v)
+        version = (f"{target.version} (inferred)" if target.version and target.version_inferred
+                   else target.version)
+        server = " ".join(str(v) for v in (target.kind, version) if v)
         lines += ["", display_text(f"{target.target}  {server}  ({target.scrapes} scrapes, "
                                    f"{target.failed_scrapes} failed)")]
         for engine in target.engines:

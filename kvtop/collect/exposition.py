@@ -266,7 +266,10 @@ def _series_id(name: str, labels: dict[str, str]) -> int:
     known = _series_ids.get(key)
     if known is None:
         if len(_series_ids) >= _MAX_CACHED_LABEL_BLOCKS:
+            # the stored heads carry ids from this map: forgotten with it, or a series read
+            # once through a head and once in full would be two series (a copy never seen)
             _series_ids.clear()
+            _sample_heads.clear()
         known = _series_ids[key] = next(_next_series_id)
     return known
 

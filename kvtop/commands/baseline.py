@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtop.cli_args import add_target_arguments, parse_duration, positive_number, resolve_targets
+from kvtop.cli_args import (
+    add_target_arguments,
+    add_time_range_arguments,
+    parse_duration,
+    positive_number,
+    resolve_targets,
+    time_range,
+)
 from kvtop.config import ConfigError, leak_params, load_config
 from kvtop.exits import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE
 from kvtop.report.output import emit
@@ -20,6 +27,9 @@ if TYPE_CHECKING:
     from kvtop.baseline.probe import ProbeSettings
 
 DEFAULT_DURATION = "20m"
+# Fewer minutes than this and compare's rank test can never reach p < 0.01 against a run of
+# the same length (2 / C(10, 5) = 0.008): every figure would be unknown.
+SHORTEST_USEFUL_MIN = 5
 
 
 def _count(text: str) -> int:
@@ -75,6 +85,7 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
     live_arguments(save, "also ", "NAME")
     save.add_argument("--from", dest="recording", type=Path, metavar="RECORDING",
                       help="summarise a recording instead of watching live targets")
+    add_time_range_arguments(save, "--from")
     save.add_argument("--force", action="store_true", help="replace a baseline of that name")
     save.add_argument("--json", dest="as_json", action="store_true",
                       help="print the saved baseline")
@@ -104,19 +115,25 @@ def run(args: argparse.Namespace) -> int:
 # -- the run to summarise -------------------------------------------------------------------
 
 
-def from_recording(path: Path, args: argparse.Namespace, name: str | None) -> Baseline:
+def from_recording(path: Path, args: argparse.Namespace, name: str | None,
+                   option: str = "--from") -> Baseline:
+    """The recording summarised, within ``--since``/``--until`` when given."""
     from kvtop.baseline.collect import summarise
     from kvtop.store.recording import RecordingError, open_recording
 
+    span = time_range(args, path, option)
     try:
         recording = open_recording(path)
     except RecordingError as exc:
         raise ConfigError(str(exc)) from None
     for warning in recording.warnings:
         warn(f"kvtop: {path}: {warning}")
-    return summarise(recording.in_time_order(), targets=recording.targets(), name=name,
-                     source={"kind": "recording", "recording": str(path)},
-                     interval_s=recording.interval_s,
+    source: dict[str, str | int | float | bool | None] = {"kind": "recording",
+                                                          "recording": str(path)}
+    if span:
+        source["range"] = span.describe()
+    return summarise(span.within(recording.in_time_order()), targets=recording.targets(),
+                     name=name, source=source, interval_s=recording.interval_s,
                      leak_params=leak_params(load_config(args.config)), in_time_order=True)
 
 
@@ -161,6 +178,16 @@ def live(args: argparse.Namespace, name: str | None,
                               interval_s=args.interval)
 
 
+def too_short(run: Baseline) -> str | None:
+    """A warning when the run is too short to judge a later one against, else None."""
+    minutes = max((engine.minutes for _, engine in run.engines()), default=0)
+    if minutes >= SHORTEST_USEFUL_MIN:
+        return None
+    return (f"{minutes} whole minute(s) is too short to judge against: kvtop compare needs "
+            f"{SHORTEST_USEFUL_MIN} a side before its rank test can find any change, and "
+            f"says unknown until then; save one of {DEFAULT_DURATION} (the default)")
+
+
 class NoData(Exception):
     """Nothing could be read or probed: exit 3."""
 
@@ -188,6 +215,7 @@ def run_save(args: argparse.Namespace) -> int:
     if args.recording is not None and (args.targets or args.duration or args.probe):
         raise ConfigError("--from reads a recording: give no targets, --duration or --probe "
                           "with it (a probe needs a live server)")
+    time_range(args, args.recording, "--from")
     try:
         path = store.baseline_path(args.name)
     except BaselineError as exc:
@@ -204,6 +232,8 @@ def run_save(args: argparse.Namespace) -> int:
     if not has_data(run):
         warn("kvtop baseline: no engine was read; nothing saved")
         return EXIT_NO_DATA
+    if (short := too_short(run)) is not None:
+        warn(f"kvtop baseline: {short}")
     try:
         store.save(run, args.name, overwrite=args.force)
     except OSError as exc:

@@ -25,11 +25,14 @@ from kvtop.cli_args import (
     add_output_arguments,
     add_prometheus_arguments,
     add_target_arguments,
+    add_time_range_arguments,
     open_source,
     parse_duration,
     positive_seconds,
     size,
+    time_range,
 )
+from kvtop.collect.clock import stop_event
 from kvtop.collect.kv_endpoint import TargetKvEvents
 from kvtop.collect.source import KvEventSource, ScrapeSource, Source, SourceError, opened
 from kvtop.collect.target import Scrape
@@ -37,11 +40,12 @@ from kvtop.collect.watch import watch
 from kvtop.config import ConfigError, leak_params, load_config
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.limits import LimitParams
-from kvtop.derive.worst import CheckRun
+from kvtop.derive.worst import CheckRun, describe_size
 from kvtop.exits import EXIT_NO_DATA, EXIT_USAGE
 from kvtop.report.output import emit
 from kvtop.safe_text import display_text, erase_line, rewrite_line, warn
 from kvtop.store.recording import DEFAULT_MAX_BYTES, RecordingError, RecordingWriter
+from kvtop.store.time_range import TimeRange
 
 DEFAULT_DURATION_S = 1800.0
 PROGRESS_PERIOD_S = 1.0
@@ -54,16 +58,25 @@ def _render_text(document: dict[str, Any]) -> str:
                 f"{document['ended_at']})")
     stall = document["stall"]
     stall_text = f", {stall.upper()}" if stall in ("stalled", "saturated") else ""
-    lines = [f"kvtop check: {document['verdict'].upper()}{stall_text}{span}"]
-    for target in document["targets"]:
-        for engine in target["engines"]:
-            name = display_text(
-                f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}".strip())
-            lines.append(f"  {engine['verdict'].upper():7} {name}: "
-                         f"{display_text(engine['reason'])}")
-            if engine["stall"]["verdict"] in ("stalled", "saturated"):
-                lines.append(f"  {engine['stall']['verdict'].upper():7} {name}: "
-                             f"{display_text(engine['stall']['reason'])}")
+    interrupted = " (interrupted: the verdict so far)" if document.get("interrupted") else ""
+    lines = [f"kvtop check: {document['verdict'].upper()}{stall_text}{span}{interrupted}"]
+    engines = [(t, e) for t in document["targets"] for e in t["engines"]]
+    if document.get("needs") and not engines:
+        lines.append(f"  no verdict: {display_text(document['needs'])}")
+    for target, engine in engines:
+        name = display_text(
+            f"{target['target']} {engine['model'] or ''} {engine['engine'] or ''}".strip())
+        needs = f"; {engine['needs']}" if engine.get("needs") else ""
+        lines.append(f"  {engine['verdict'].upper():7} {name}: "
+                     f"{display_text(engine['reason'] + needs)}")
+        if engine["verdict"] == "leak":
+            size = {"blocks": engine["leaked_blocks"], "tokens": engine["leaked_tokens"],
+                    "gib": engine["leaked_gib"]}
+            lines.append(f"          leaked {describe_size(size)}; next: "
+                         f"{engine['next_step']}")
+        if engine["stall"]["verdict"] in ("stalled", "saturated"):
+            lines.append(f"  {engine['stall']['verdict'].upper():7} {name}: "
+                         f"{display_text(engine['stall']['reason'])}")
     return "\n".join(lines) + "\n"
 
 
@@ -128,6 +141,7 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
     add_kv_events_argument(parser)
     parser.add_argument("--replay", type=Path, metavar="FILE",
                         help="judge a recording instead of live targets")
+    add_time_range_arguments(parser, "--replay")
     parser.add_argument("--duration", type=parse_duration, default=None, metavar="D",
                         help="how long to watch live targets, or with --prometheus how far "
                              "back to judge (90s, 30m, 2h; default 30m)")
@@ -153,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
                                     or args.kv_events):
         raise ConfigError("--replay reads a recording: give no targets, --duration, "
                           "--kv-events or --record with it")
+    span = time_range(args, args.replay, "--replay")
     try:
         with open_source(args, config, interval_s=args.interval, replay=args.replay) as source:
             if args.record and isinstance(source, PrometheusFeed):
@@ -161,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
             duration = None if args.replay else args.duration or DEFAULT_DURATION_S
             return check(source, params=leak_params(config), limits=config.limits,
                          duration_s=duration, until_leak=args.until_leak, record=args.record,
-                         record_max_bytes=args.record_max_size, as_json=args.as_json)
+                         record_max_bytes=args.record_max_size, as_json=args.as_json,
+                         span=span)
     except RecordingError as exc:
         warn(f"kvtop check: {exc}")
         return EXIT_USAGE
@@ -170,9 +186,10 @@ def run(args: argparse.Namespace) -> int:
 def check(source: Source, *, params: LeakParams | None, duration_s: float | None,
           as_json: bool | None, until_leak: bool = False, record: Path | None = None,
           record_max_bytes: int | None = DEFAULT_MAX_BYTES,
-          limits: dict[str, LimitParams] | None = None) -> int:
+          span: TimeRange | None = None, limits: dict[str, LimitParams] | None = None) -> int:
     """Judge ``source`` over ``duration_s`` (None: all it has stored, nothing live), print
-    the verdicts; the exit code. ``record`` also writes the live scrapes to a new recording."""
+    the verdicts; the exit code (130 after Ctrl-C, with the verdict so far). ``record`` also
+    writes the live scrapes to a new recording; ``span`` cuts what is stored."""
     for warning in source.warnings:
         warn(f"kvtop check: {warning}")
     run = CheckRun(params, dict(limits or {}))
@@ -188,7 +205,7 @@ def check(source: Source, *, params: LeakParams | None, duration_s: float | None
                 return EXIT_USAGE
         try:
             asyncio.run(_judge(run, source, duration_s=duration_s, until_leak=until_leak,
-                               writer=writer))
+                               writer=writer, span=span or TimeRange()))
         except SourceError as exc:
             warn(f"kvtop check: {exc}")  # it may quote what Prometheus said
             return EXIT_NO_DATA
@@ -199,24 +216,26 @@ def check(source: Source, *, params: LeakParams | None, duration_s: float | None
 
 
 async def _judge(run: CheckRun, source: Source, *, duration_s: float | None,
-                 until_leak: bool, writer: RecordingWriter | None) -> None:
-    """What the source stored over ``duration_s`` at once, then what is left of it live."""
+                 until_leak: bool, writer: RecordingWriter | None,
+                 span: TimeRange) -> None:
+    """What the source stored over ``duration_s`` at once (within ``span``), then what is
+    left of it live."""
     async with opened(source):
         for target in await source.discover():
             run.add_target(target)
-        stored, span = await source.stored(duration_s, kv_events=True)
-        for item in stored:
+        stored, covered = await source.stored(duration_s, kv_events=True)
+        for item in span.within(stored) if span else stored:
             if isinstance(item, TargetKvEvents):
                 run.feed_kv_events(item.target, item.batch)
             else:
                 run.feed(item)
-        rest = 0.0 if duration_s is None else duration_s - span
+        rest = 0.0 if duration_s is None else duration_s - covered
         live = source.live()
         if live is None or rest <= 0 or (until_leak and run.leak_found):
             return
-        if span > 0:
-            warn(f"kvtop check: {source.name} keeps {span:.0f} s of history; watching live "
-                 f"for the other {rest:.0f} s")
+        if covered > 0:
+            warn(f"kvtop check: {source.name} keeps {covered:.0f} s of history; watching "
+                 f"live for the other {rest:.0f} s")
         await _watch(run, live, source.kv_live(), duration_s=rest, until_leak=until_leak,
                      writer=writer)
 
@@ -224,6 +243,9 @@ async def _judge(run: CheckRun, source: Source, *, duration_s: float | None,
 async def _watch(run: CheckRun, live: ScrapeSource, kv_events: KvEventSource | None, *,
                  duration_s: float, until_leak: bool, writer: RecordingWriter | None) -> None:
     progress = Progress(duration_s)
+    interrupted = stop_event()  # Ctrl-C, SIGTERM: told apart from the duration's end
+    stop = asyncio.Event()
+    relay = asyncio.create_task(_relay(interrupted, stop))
 
     def on_scrape(scrape: Scrape) -> None:
         run.feed(scrape)
@@ -239,7 +261,14 @@ async def _watch(run: CheckRun, live: ScrapeSource, kv_events: KvEventSource | N
 
     try:
         await watch(live, on_scrape, duration_s=duration_s,
-                    until=(lambda: run.leak_found) if until_leak else None,
+                    until=(lambda: run.leak_found) if until_leak else None, stop=stop,
                     kv_events=kv_events, on_kv_events=on_kv_events)
     finally:
+        relay.cancel()
         progress.close()
+    run.interrupted = interrupted.is_set()
+
+
+async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvtop.cli_args import add_time_range_arguments, time_range
 from kvtop.commands.baseline import (
     NoData,
     first,
@@ -38,6 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
     live_arguments(parser, "", "BASELINE")
     parser.add_argument("--replay", type=Path, metavar="RECORDING",
                         help="compare a recording instead of live targets")
+    add_time_range_arguments(parser, "--replay")
     parser.add_argument("--json", dest="as_json", action="store_true", default=None,
                         help="JSON (the default when stdout is not a terminal)")
     return parser
@@ -62,9 +64,10 @@ def run(args: argparse.Namespace) -> int:
     if args.replay is not None and (args.targets or args.duration or args.probe):
         raise ConfigError("--replay reads a recording: give no targets, --duration or "
                           "--probe with it")
+    time_range(args, args.replay, "--replay")
     try:
         if args.replay is not None:
-            now = from_recording(args.replay, args, None)
+            now = from_recording(args.replay, args, None, "--replay")
         elif (other := _other_baseline(args)) is not None:
             now = load(other)
         else:

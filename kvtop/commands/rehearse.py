@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import math
+import shutil
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -53,9 +54,12 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
         description="Drive load through the server's OpenAI-compatible API (or only watch, "
                     "with --watch-only), watch its /metrics and the local GPUs, and judge "
                     "three criteria: GPU memory stable, free KV not falling, slow-request "
-                    "share not rising. NO-GO when two fail (--strict: one) or over "
-                    "--max-errors % of requests fail. Writes a recording, a per-request log "
-                    "and the report to --out. docs/rehearse.md has the rules.")
+                    "share not rising. NO-GO on a leak, a stalled engine, over --max-errors "
+                    "% of requests failed, a server that answers nothing, or two soft "
+                    "signals (--strict: one); GO only when free KV and latency were judged, "
+                    "else no verdict (exit 3) with what is missing. Writes a recording, a "
+                    "per-request log and the report to --out. docs/rehearse.md has the "
+                    "rules.")
     add_target_arguments(parser)
     for action in parser._actions:  # the shared positional describes /metrics endpoints
         if action.dest == "targets":
@@ -72,7 +76,11 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
     parser.add_argument("--model", metavar="NAME", help="default: the one /v1/models lists")
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="where the files go (default ./rehearsal-DATE-TIME)")
-    parser.add_argument("--strict", action="store_true", help="NO-GO when any criterion fails")
+    parser.add_argument("--strict", action="store_true",
+                        help="NO-GO when GPU memory or latency fails alone")
+    parser.add_argument("--full-duration", action="store_true",
+                        help="run the whole duration even after a confirmed leak or stall "
+                             "(by default the load stops then: the verdict is NO-GO)")
     parser.add_argument("--watch-only", action="store_true",
                         help="drive no load (bring your own tool); watch and judge the same")
     parser.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
@@ -127,6 +135,7 @@ def settings_from_args(args: argparse.Namespace) -> RehearsalSettings:
         token_ids=args.token_ids, interval_s=args.interval, scrape_timeout_s=args.timeout,
         request_timeout_s=args.request_timeout, retries=args.retries,
         time_scale=args.time_scale, max_error_rate=args.max_errors / 100,
+        full_duration=args.full_duration,
         insecure=args.insecure, full_metrics=args.full_metrics,
         leak_params=leak_params(config))
 
@@ -177,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     except CannotRun as exc:  # may quote the server: made safe for the terminal
         print(f"kvtop rehearse: {display_text(exc)}", file=sys.stderr)
         return EXIT_CANNOT_RUN
-    emit(doc, args.as_json, render_text)
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    emit(doc, args.as_json, lambda d: render_text(d, width))
     return EXIT_FOR[doc["verdict"]]
 

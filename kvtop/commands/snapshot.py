@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -84,10 +85,14 @@ def print_snapshot(states: list[TargetState], *, as_json: bool | None, with_gpus
     from kvtop.report.gpus import gpu_report
     from kvtop.report.output import emit
     from kvtop.report.snapshot import snapshot_document
-    from kvtop.view.table import table_text
+    from kvtop.view.table import note_lines, table_text
 
     gpus, sources = gpu_report(states, with_nvml=with_gpus)
     document: dict[str, Any] = snapshot_document(
         states, gpus, taken_at=datetime.now(timezone.utc), gpu_sources=sources)
+    as_json = not sys.stdout.isatty() if as_json is None else as_json
     emit(document, as_json, lambda doc: table_text(states, doc))
+    if not as_json:  # the JSON says it all; a table's notes go to stderr, rows alone to a pipe
+        for note in note_lines(states, document):
+            warn(f"kvtop: {note}")
     return snapshot_exit_code(states)

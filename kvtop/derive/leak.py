@@ -72,8 +72,12 @@ def median(values: list[float]) -> float:
 def theil_sen(xs: list[float], ys: list[float], z: float) -> tuple[float, float, float]:
     """(slope, lower, upper): median pairwise slope and Sen's distribution-free bounds."""
     n = len(xs)
-    slopes = sorted((ys[j] - ys[i]) / (xs[j] - xs[i])
-                    for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i])
+    slopes = []
+    for i in range(n - 1):  # every pair once; one list per i is faster than one generator
+        xi, yi = xs[i], ys[i]
+        slopes += [(y - yi) / (x - xi) for x, y in zip(xs[i + 1:], ys[i + 1:], strict=True)
+                   if x != xi]
+    slopes.sort()
     if not slopes:
         return 0.0, -math.inf, math.inf
     count = len(slopes)
@@ -519,6 +523,10 @@ class LeakDetector:
                 return level, (f"{held} with nothing running; {self._idle_waiting:.0f} "
                                "waiting requests can't get blocks")
             return level, f"{held} with nothing running or waiting"
+        if now is not None and level == "leak":  # the verdict stands on the idles before
+            return level, (f"{self._held_blocks(now[0])} with nothing running now; "
+                           f"{self._amount(blocks)} at the last confirmed idle"
+                           f"{self._floor_note}")
         if now is not None:  # idle again, not confirmed yet: say what the pool holds now
             return level, (f"{self._held_blocks(now[0])} with nothing running (confirming; "
                            f"{self._amount(blocks)} at the last idle){self._floor_note}")
@@ -660,6 +668,8 @@ class LeakDetector:
         if found is not None:
             evidence.update(
                 unexplained_rise=found.rise, unexplained_now=found.now,
+                unexplained_base=found.base, unexplained_step=found.step,
+                unexplained_drift=found.drift, unexplained_leaked=found.leaked,
                 unexplained_noise=found.noise, unexplained_z=found.z,
                 tokens_in_flight=found.in_flight_now, explained_blocks=found.explained_now,
                 blocks_per_token=found.per_token, ledger_lost_tokens=found.lost_tokens,

@@ -10,11 +10,13 @@ block belongs to no request in flight, so the level the load does not explain,
     unexplained = used blocks − (b · tokens in flight + c · running + d · tokens in flight
                   × prefix hit rate + e · prompt tokens/s + f · deferred waiting),
 
-is the leak plus noise. The coefficients come from bucket-to-bucket *changes* (a leak adds
-blocks at its own pace, unrelated to the load's ups and downs, so it barely moves them;
-changes no load explains, the lumps, are trimmed and the fit redone). A leak shows as the
-unexplained level stepping or drifting up and staying up: the split of the window into
-"before" and "after" whose rank test says "after is higher" most surely.
+is the leak plus noise. The coefficients come from the levels, fitted together with a
+hinge — a leak that begins at some τ and grows from then on — so that the load is not asked
+to explain the leak (the bucket-to-bucket changes the first pass fitted on doubled the
+noise and read a leak that grew through a diurnal swing's peak as load). A leak shows as
+the unexplained level stepping up and staying up (the split of the window into "before" and
+"after" whose rank test says "after is higher" most surely), or drifting up from τ (the
+hinge: a smooth leak's split lands inside it, so "after less before" sees only part).
 
 What the tokens in flight miss is kept out, never guessed: a bucket with a preemption (and
 the one after it: preempted requests wait with their tokens counted and no blocks) or with
@@ -34,9 +36,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from kvtop.derive.leak_estimate import _ridge_solve
+from kvtop.derive.leak_estimate import RIDGE
 
-TRIM_SIGMAS = 3.5  # a change this many robust σ from the fit is a lump (or a burst): refit
+MIN_AFTER = 3  # buckets after the hinge's τ: a single outlier at the end is no drift
+TRIM_SIGMAS = 3.5  # a change this many robust σ above what the load explains is a lump
+MAX_LUMPS = 3  # lumps fitted as steps, the largest (each a column of the fit)
+TAU_EVERY = 2  # the hinge's τ tried at every other bucket: half the cost, a minute's error
 MAD_TO_SIGMA = 1.4826  # a normal distribution's σ per median absolute deviation
 
 
@@ -61,11 +66,14 @@ class Unexplained:
 
     now: float  # unexplained blocks, median of the latest buckets
     base: float  # ...and before the split
-    rise: float  # now − base
+    rise: float  # now − base, or the drift if larger
+    drift: float  # blocks the fit's hinge adds from τ to now: a smooth leak's split lands
+    # inside it, so now − base sees only its part after the split
     leaked: float  # now − the lower of base and the window's first buckets: a smooth leak's
     # split lands inside it, so its base already holds part of the leak
     z: float  # the split's rank statistic (0: no split)
     split_t: float | None  # time of the first bucket after the split
+    step: float  # the split's step: median after it less median before (0: no split)
     still_up: bool  # the latest buckets hold at least half the split's step
     explained_now: float  # blocks the load explains now (mean of the latest buckets)
     in_flight_now: float  # tokens in flight now (the same buckets)
@@ -91,27 +99,36 @@ def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
         lost += bucket.lost
         if bucket.usable:
             rows.append(_features(bucket, lost))
-    coef = _fit_changes([b.level for b in usable], rows)
-    explained = [sum(c * x for c, x in zip(coef, row, strict=True)) for row in rows]
+    hours = [(b.t - usable[0].t) / 3600 for b in usable]
+    levels = [b.level for b in usable]
+    lumps = _lumps(levels, rows)  # fitted as steps, so that the load does not take them in
+    stepped = [[*row, *(float(j >= i) for i in lumps)] for j, row in enumerate(rows)]
+    fit = _fit_levels(levels, stepped, hours)
+    coef = fit.per_unit[:len(rows[0])]
+    explained = [_dot(coef, row) for row in rows]
     residual = [b.level - e for b, e in zip(usable, explained, strict=True)]
-    split = best_split(residual, min_side)
+    # Buckets from before the last clean point held no leak: with the same fit, they are
+    # the "before" of a leak that began right after it (the window restarted there).
+    earlier = [b.level - _dot(coef, _features(b, 0.0)) for b in clean]
+    judged = earlier + residual
+    split = best_split(judged, min_side)
     tail = residual[-recent:]
     now = statistics.median(tail)
-    k, z = split if split is not None else (len(residual), 0.0)
-    base = statistics.median(residual[:k])
-    step = statistics.median(residual[k:]) - base if k < len(residual) else 0.0
-    before = residual[:k]
-    noise = MAD_TO_SIGMA * statistics.median(abs(v - base) for v in before)
-    start = statistics.median(residual[:recent])
-    if clean:  # the same fit, on buckets known to hold no leak
-        start = min(start, statistics.median(
-            b.level - sum(c * x for c, x in zip(coef, _features(b, 0.0), strict=True))
-            for b in clean))
+    k, z = split if split is not None else (len(judged), 0.0)
+    base = statistics.median(judged[:k])
+    step = statistics.median(judged[k:]) - base if k < len(judged) else 0.0
+    noise = MAD_TO_SIGMA * statistics.median(abs(v - base) for v in judged[:k])
+    start = statistics.median(judged[:recent])
+    times = [b.t for b in clean] + [b.t for b in usable]
+    leaked = statistics.fmean(residual[-latest:]) - min(base, start)
+    # A smooth leak's split lands inside it: now − base sees only its part after the
+    # split. The fit's hinge sees it from τ on, but a line overshoots a lump at its end:
+    # the drift counts only as far as the leaked-block estimate.
     return Unexplained(
-        now=now, base=base, rise=now - base,
-        leaked=statistics.fmean(residual[-latest:]) - min(base, start), z=z,
-        split_t=usable[k].t if k < len(usable) else None,
-        still_up=step > 0 and now - base >= step / 2,
+        now=now, base=base, rise=max(now - base, min(fit.drift, leaked)), drift=fit.drift,
+        leaked=leaked, z=z,
+        split_t=times[k] if k < len(times) else None,
+        step=step, still_up=step > 0 and now - base >= step / 2,
         explained_now=statistics.fmean(explained[-recent:]),
         in_flight_now=statistics.fmean(b.in_flight for b in usable[-recent:]),
         per_token=coef[0], noise=noise, buckets=len(usable), lost_tokens=lost)
@@ -122,43 +139,133 @@ def _features(bucket: LoadBucket, lost: float) -> list[float]:
             bucket.deferred]
 
 
-def _fit_changes(levels: list[float], rows: list[list[float]]) -> list[float]:
-    """Blocks per unit of each feature, from consecutive buckets' changes by least squares
-    with an intercept (a steady leak's pace), refitted once without the changes the first
-    fit leaves more than TRIM_SIGMAS robust σ away (lumps, bursts the load missed)."""
+def _lumps(levels: list[float], rows: list[list[float]]) -> list[int]:
+    """Buckets the level jumped into by more than the load's change explains — by over
+    TRIM_SIGMAS robust σ of what a least-squares fit of the bucket-to-bucket changes on the
+    load's changes misses (at most MAX_LUMPS, the largest): lumps. A hinge fits a lump
+    badly, and where the load ramps a levels fit takes a lump in as load; in changes, a
+    lump is one change, whatever the load did."""
     d_level = [b - a for a, b in pairwise(levels)]
-    d_rows = [[x1 - x0 for x0, x1 in zip(r0, r1, strict=True)]
-              for r0, r1 in pairwise(rows)]
-    coef = _least_squares(d_rows, d_level)
-    misses = [y - _predict(coef, x) for x, y in zip(d_rows, d_level, strict=True)]
+    d_rows = [[x1 - x0 for x0, x1 in zip(r0, r1, strict=True)] for r0, r1 in pairwise(rows)]
+    columns = [[1.0] * len(d_rows), *(list(col) for col in zip(*d_rows, strict=True)
+                                      if any(col))]
+    scale = [math.sqrt(_dot(col, col) / len(col)) or 1.0 for col in columns]
+    scaled = [[v / sd for v in col] for col, sd in zip(columns, scale, strict=True)]
+    inverse = _inverse([[_dot(a, b) for b in scaled] for a in scaled])
+    if inverse is None:
+        return []
+    coef = [_dot(row, [_dot(col, d_level) for col in scaled]) for row in inverse]
+    misses = [y - _dot(coef, row)
+              for y, row in zip(d_level, zip(*scaled, strict=True), strict=True)]
     spread = MAD_TO_SIGMA * statistics.median(abs(m) for m in misses)
-    kept = [i for i, m in enumerate(misses) if abs(m) <= TRIM_SIGMAS * spread] if spread else []
-    if len(kept) > len(rows[0]) + 1 and len(kept) < len(misses):
-        coef = _least_squares([d_rows[i] for i in kept], [d_level[i] for i in kept])
-    return coef[1:]  # the intercept is the leak's pace, not the load's
+    jumps = sorted((m, i + 1) for i, m in enumerate(misses) if m > TRIM_SIGMAS * spread)
+    return sorted(i for _, i in jumps[-MAX_LUMPS:])
 
 
-def _least_squares(rows: list[list[float]], ys: list[float]) -> list[float]:
-    """[intercept, *blocks per unit of each feature] in the features' own units: solved on
-    centred, scaled features with leak_estimate's tiny ridge (a feature that never moves,
-    such as deferred requests where none are, gets 0)."""
-    n, width = len(rows), len(rows[0])
-    columns = [list(col) for col in zip(*rows, strict=True)]
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    per_unit: list[float]  # blocks per unit of each feature
+    drift: float  # blocks the hinge adds from τ to the last bucket (≥ 0)
+
+
+def _fit_levels(levels: list[float], rows: list[list[float]], hours: list[float]) -> _Fit:
+    """Least squares of the levels on an intercept, the load features and a *hinge* from a
+    bucket τ on, the hinge ``s · max(0, t − τ)`` (at least MIN_AFTER buckets after τ, τ where
+    it fits best, s of either sign): a leak only adds blocks from some time on, so the
+    load's coefficients are not asked to explain it — without the hinge a leak that grows
+    while the load is high (a diurnal swing's peak) is read as blocks per unit of load. A
+    hinge, not a step: on the tuning part a step (or a step and a hinge) also fitted the
+    turn of a load ramp into a full batch, and raised WATCH on it.
+
+    Partitioned: the fit without the hinge once, then for each τ the hinge's gain in closed
+    form from suffix sums, (h'e)² / h'Mh with M the residual maker of the load columns, so
+    each τ costs O(features²), not a solve."""
+    n, every = len(levels), [list(col) for col in zip(*rows, strict=True)]
+    # A feature that never moves in the window (no deferred requests) explains nothing: 0.
+    moving = [j for j, col in enumerate(every) if max(col) > min(col)]
+    columns = [every[j] for j in moving]
     means = [sum(col) / n for col in columns]
     spreads = [math.sqrt(sum((v - m) ** 2 for v in col) / n) or 1.0
                for col, m in zip(columns, means, strict=True)]
-    scaled = [[1.0] * n] + [[(v - m) / s for v in col]
-                            for col, m, s in zip(columns, means, spreads, strict=True)]
-    ata = [[sum(map(operator.mul, a, b)) for b in scaled] for a in scaled]
-    aty = [sum(map(operator.mul, a, ys)) for a in scaled]
-    solved = _ridge_solve(ata, aty) or [0.0] * (width + 1)
-    slopes = [c / s for c, s in zip(solved[1:], spreads, strict=True)]
-    intercept = solved[0] - sum(c * m for c, m in zip(slopes, means, strict=True))
-    return [intercept, *slopes]
+    cols = [[1.0] * n, *([(v - m) / sd for v in col]
+                         for col, m, sd in zip(columns, means, spreads, strict=True))]
+    x = [list(row) for row in zip(*cols, strict=True)]
+    width = len(cols)
+    inverse = _inverse([[_dot(a, b) for b in cols] for a in cols])
+    if inverse is None:
+        return _Fit([0.0] * len(every), 0.0)
+    xty = [_dot(col, levels) for col in cols]
+    coef = [_dot(row, xty) for row in inverse]
+    errors = [y - _dot(coef, a) for a, y in zip(x, levels, strict=True)]
+    best: tuple[float, int] | None = None  # the hinge's gain, k
+    sums: dict[int, tuple[list[float], list[float], float, float, float, float]] = {}
+    sum_x, sum_tx = [0.0] * width, [0.0] * width
+    sum_t = sum_tt = sum_e = sum_te = 0.0
+    for k in range(n - 1, 0, -1):  # the hinge is 0 up to and including bucket k − 1
+        t, a, e = hours[k], x[k], errors[k]
+        sum_x = [s + v for s, v in zip(sum_x, a, strict=True)]
+        sum_tx = [s + t * v for s, v in zip(sum_tx, a, strict=True)]
+        sum_t, sum_tt, sum_e, sum_te = sum_t + t, sum_tt + t * t, sum_e + e, sum_te + t * e
+        if n - k < MIN_AFTER or (n - k - MIN_AFTER) % TAU_EVERY:
+            continue
+        sums[k] = (sum_x, sum_tx, sum_t, sum_tt, sum_e, sum_te)
+        tau = hours[k - 1]
+        xh = [tx - tau * v for tx, v in zip(sum_tx, sum_x, strict=True)]
+        hmh = sum_tt - 2 * tau * sum_t + tau * tau * (n - k) - _quad(inverse, xh, xh)
+        he = sum_te - tau * sum_e
+        if hmh > 1e-12 and (best is None or he * he / hmh > best[0]):
+            best = (he * he / hmh, k)
+    drift = 0.0
+    if best is not None:
+        coef, drift = _shifted(coef, inverse, sums[best[1]], hours, best[1])
+    per_unit = [0.0] * len(every)
+    for j, c, sd in zip(moving, coef[1:], spreads, strict=True):
+        per_unit[j] = c / sd
+    return _Fit(per_unit, drift)
 
 
-def _predict(coef: list[float], row: list[float]) -> float:
-    return coef[0] + sum(c * x for c, x in zip(coef[1:], row, strict=True))
+def _shifted(coef: list[float], inverse: list[list[float]],
+             sums: tuple[list[float], list[float], float, float, float, float],
+             hours: list[float], k: int) -> tuple[list[float], float]:
+    """The load columns' coefficients with the hinge from bucket k on, and the blocks it
+    adds by the last bucket (never below 0: a leak only adds)."""
+    sum_x, sum_tx, sum_t, sum_tt, sum_e, sum_te = sums
+    tau, count = hours[k - 1], len(hours) - k
+    xh = [tx - tau * v for tx, v in zip(sum_tx, sum_x, strict=True)]
+    hmh = sum_tt - 2 * tau * sum_t + tau * tau * count - _quad(inverse, xh, xh)
+    slope = (sum_te - tau * sum_e) / hmh
+    coef = [c - slope * _dot(row, xh) for c, row in zip(coef, inverse, strict=True)]
+    return coef, max(slope * (hours[-1] - tau), 0.0)
+
+
+def _quad(inverse: list[list[float]], a: list[float], b: list[float]) -> float:
+    """a' G b."""
+    return _dot(a, [_dot(row, b) for row in inverse])
+
+
+def _dot(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(map(operator.mul, a, b))
+
+
+def _inverse(matrix: list[list[float]]) -> list[list[float]] | None:
+    """The inverse by Gauss–Jordan with partial pivoting, with leak_estimate's tiny ridge on
+    all but the intercept (a feature that never moves, such as deferred requests where none
+    are, then gets 0); None if singular all the same."""
+    size, n = len(matrix), matrix[0][0]
+    aug = [[v + (RIDGE * n if i == j and i else 0.0) for j, v in enumerate(row)]
+           + [1.0 if i == j else 0.0 for j in range(size)] for i, row in enumerate(matrix)]
+    for col in range(size):
+        pivot = max(range(col, size), key=lambda r: abs(aug[r][col]))
+        if abs(aug[pivot][col]) < 1e-12:
+            return None
+        aug[col], aug[pivot] = aug[pivot], aug[col]
+        lead = aug[col][col]
+        aug[col] = [v / lead for v in aug[col]]
+        for r in range(size):
+            if r != col and aug[r][col]:
+                factor = aug[r][col]
+                aug[r] = [a - factor * b for a, b in zip(aug[r], aug[col], strict=True)]
+    return [row[size:] for row in aug]
 
 
 def best_split(values: Sequence[float], side: int) -> tuple[int, float] | None:
@@ -186,8 +293,12 @@ def _ranks(values: Sequence[float]) -> list[float]:
     """1-based ranks, ties sharing their mean rank."""
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)
+    for position, index in enumerate(order, 1):
+        ranks[index] = float(position)
+    if len(set(values)) == len(values):
+        return ranks
     i = 0
-    while i < len(order):
+    while i < len(order):  # ties: measured levels seldom tie, constructed ones do
         j = i
         while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
             j += 1

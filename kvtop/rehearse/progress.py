@@ -1,5 +1,12 @@
 """Progress while a rehearsal runs: one line kept up to date on a terminal (every second),
-a plain line a minute otherwise (logs, CI). Written to stderr; the report goes to stdout."""
+a plain line a minute otherwise (logs, CI). Written to stderr; the report goes to stdout.
+
+The line shows the rate achieved (answers a second over the last minute, target time), and
+the criteria's states so far: provisional ("ok?", "fail?") until the load has ended and
+they are judged, except what is certain already ("KV LEAK", "STALL").
+After the load it says what the run waits for: the requests still in flight (draining, up
+to the request timeout) and then the server going idle for the last reading, so the line
+never stands still for a minute without saying why."""
 
 from __future__ import annotations
 
@@ -36,11 +43,43 @@ class Progress:
         self.tty = stream.isatty()
         self.load_start = 0.0
         self._recent: deque[tuple[float, float]] = deque()
+        self._answers: deque[float] = deque()  # when each first attempt was answered
         self._states: dict[str, str] = {}
+        self._draining: tuple[float, Callable[[], int]] | None = None
+        self._settling = False
+
+    def drain(self, until: float, in_flight: Callable[[], int]) -> None:
+        """The load stopped: requests in flight are waited for until ``until`` (the run's
+        clock), then cut."""
+        self._draining = (until, in_flight)
+
+    def settle(self) -> None:
+        """Every request is done: the run waits for the server to go idle."""
+        self._settling = True
 
     def add(self, record: RequestRecord) -> None:
-        if record.status == "ok" and record.attempt == 1 and record.ttft_s is not None:
-            self._recent.append((self.clock.now(), record.ttft_s))
+        if record.status != "ok" or record.attempt != 1:
+            return
+        now = self.clock.now()
+        self._answers.append(now)
+        if record.ttft_s is not None:
+            self._recent.append((now, record.ttft_s))
+
+    def say(self, text: str) -> None:
+        """A line of its own (stopping early, say), above the progress line."""
+        if self.tty:
+            rewrite_line(self.stream, text)
+            self.stream.write("\n")
+        else:
+            out(text + "\n", self.stream)
+        self.stream.flush()
+
+    def rate(self, now: float) -> float:
+        """Answers a second over the last RECENT_S (since the load began, if sooner)."""
+        while self._answers and self._answers[0] < now - RECENT_S:
+            self._answers.popleft()
+        seconds = min(RECENT_S, now - self.load_start)
+        return len(self._answers) / seconds if seconds > 0 else 0.0
 
     async def run(self) -> None:
         every = TTY_EVERY_S if self.tty else LINE_EVERY_S
@@ -62,18 +101,27 @@ class Progress:
         while self._recent and self._recent[0][0] < now - RECENT_S:
             self._recent.popleft()
         ttfts = [v for _, v in self._recent]
-        parts = [f"{hms(now - self.load_start)} / {hms(self.duration_s)}"]
+        parts = [self._phase(now)]
         if self.table is not None:
             table = self.table
             parts.append(f"{table.statuses['ok']} done, {table.failed} failed, "
-                         f"{table.statuses['dropped']} dropped")
+                         f"{table.statuses['dropped']} dropped, {self.rate(now):.2f} req/s")
             parts.append(f"TTFT p50 {_ms(percentile(ttfts, 0.5))} "
                          f"p99 {_ms(percentile(ttfts, 0.99))}")
         usage = self.kv_usage()
         parts.append(f"KV {'-' if usage is None else f'{usage:.0%}'}")
         if self._states:
-            parts.append(" ".join(f"{k} {v}" for k, v in self._states.items()))
+            parts.append(" ".join(f"{k} {v}".rstrip() for k, v in self._states.items()))
         return " | ".join(parts)
+
+    def _phase(self, now: float) -> str:
+        if self._settling:
+            return "load done; waiting for the server to go idle for the last reading"
+        if self._draining is not None:
+            until, in_flight = self._draining
+            return (f"load done ({hms(self.duration_s)}); draining {in_flight()} in flight, "
+                    f"{hms(max(until - now, 0.0))} at most")
+        return f"{hms(now - self.load_start)} / {hms(self.duration_s)}"
 
     def _print(self, line: str) -> None:
         if self.tty:

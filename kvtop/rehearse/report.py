@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 from typing import Any
 
-from kvtop.rehearse.judge import TITLES
+from kvtop.rehearse.criteria import TITLES
 from kvtop.safe_text import display_text
 
 FORMAT_VERSION = 1
 STATE_WORDS = {"ok": "OK", "watch": "WATCH", "fail": "FAIL", "not_judged": "-"}
 CRITERIA_ORDER = ("gpu_memory", "kv_free", "latency")
+STOPPED = {"interrupted": "stopped by Ctrl-C", "leak": "stopped early: a confirmed leak",
+           "stalled": "stopped early: stalled", "duration": "full length"}
 
 
-def render_text(doc: dict[str, Any]) -> str:
-    """The report for people; every string from outside goes through display_text."""
+def render_text(doc: dict[str, Any], width: int | None = None) -> str:
+    """The report for people; every string from outside goes through display_text. With
+    ``width`` (a terminal's), each line is wrapped to it under its own text."""
     lines = [f"kvtop rehearse: {doc['verdict'].upper()}"]
     lines += [f"  because {display_text(r)}" for r in doc["reasons"]]
+    lines += [f"  rests on {display_text(e)}" for e in doc.get("evidence", [])]
     lines.append(f"  rule: {doc['rule']}")
     lines += ["", *_setting_lines(doc), ""]
     for name in CRITERIA_ORDER:
         criterion = doc["criteria"][name]
         lines.append(f"  {STATE_WORDS[criterion['state']]:<6} {TITLES[name]}: "
                      f"{display_text(criterion['reason'])}")
+    stall = doc.get("stall") or {}
+    if stall.get("state") in ("stalled", "saturated"):
+        where = f"{stall['engine']}: " if stall.get("engine") else ""
+        lines.append(f"  {stall['state'].upper():<6} stall verdict: "
+                     f"{display_text(where + stall['reason'])}")
     lines.append("")
     lines += _request_lines(doc.get("requests"), doc["criteria"]["latency"]["figures"])
     lines += _server_lines(doc)
@@ -35,13 +46,30 @@ def render_text(doc: dict[str, Any]) -> str:
     files = [display_text(path) for path in doc["files"].values() if path]
     if files:
         lines += ["", "Files: " + ", ".join(files)]
+    if width is not None:
+        lines = [part for line in lines for part in wrapped(line, width)]
     return "\n".join(lines) + "\n"
+
+
+LABEL = re.compile(r" *(?:[A-Za-z]+ +|\[[^]]*\] |[A-Z]+ +)?")  # "  requests  ", "  [lever] "
+
+
+def wrapped(line: str, width: int) -> list[str]:
+    """``line`` wrapped to ``width`` cells, its continuations under the text after its
+    label ("  requests  …"), so the report's columns hold at 80 columns."""
+    if len(line) <= width:
+        return [line]
+    indent = " " * min(len(LABEL.match(line).group()), width // 2)  # type: ignore[union-attr]
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
 
 
 def _setting_lines(doc: dict[str, Any]) -> list[str]:
     target, settings, run = doc["target"], doc["settings"], doc["run"]
     server = target.get("server") or {}
-    kind = " ".join(str(v) for v in (server.get("kind"), server.get("version")) if v)
+    version = server.get("version")
+    if version and server.get("version_inferred"):
+        version = f"{version} (inferred from the metric names)"
+    kind = " ".join(str(v) for v in (server.get("kind"), version) if v)
     where = target.get("api") or target["metrics"]
     lines = [f"  target    {display_text(where)}" + (f" ({display_text(kind)})" if kind else "")
              + (f", model {display_text(target['model'])}" if target.get("model") else "")]
@@ -51,9 +79,12 @@ def _setting_lines(doc: dict[str, Any]) -> list[str]:
         pace = (f"{settings['rate']:g} req/s, at most {settings['concurrency']} in flight"
                 if settings["rate"] else f"{settings['concurrency']} in flight")
         load = f"workload {display_text(settings['workload'])}, {pace}"
-    stopped = "stopped by Ctrl-C" if run["stopped"] == "interrupted" else "full length"
+    stopped = STOPPED.get(run["stopped"], "full length")
     lines.append(f"  load      {load}; {clock(run['load_s'])} of "
                  f"{clock(settings['duration_s'])} ({stopped})")
+    if run.get("stopped_reason"):
+        lines.append(f"  stopped   early, the verdict could no longer change: "
+                     f"{display_text(run['stopped_reason'])} (--full-duration runs on)")
     if settings["time_scale"] != 1:
         lines.append(f"  time      the target's clock, {settings['time_scale']:g}x wall time")
     if run["restarts_s"]:
@@ -68,11 +99,14 @@ def _request_lines(requests: dict[str, Any] | None, latency: dict[str, Any]) -> 
     lines = []
     if requests is not None:
         rate = requests["error_rate"]
+        # "sent" in the JSON leaves out the cut (the error rate's denominator); a person
+        # counts every request that went out
         lines.append(
-            f"  requests  {requests['sent']} sent, {requests['ok']} answered, "
-            f"{requests['failed']} failed" + (f" ({rate:.1%})" if rate else "")
-            + f", {requests['dropped']} dropped, {requests['cut']} cut; retries "
-            f"{requests['retries']['sent']} ({requests['retries']['ok']} answered)")
+            f"  requests  {requests['sent'] + requests['cut']} sent: {requests['ok']} "
+            f"answered, {requests['failed']} failed" + (f" ({rate:.1%})" if rate else "")
+            + f", {requests['cut']} cut by the end of the run; {requests['dropped']} dropped "
+            f"before sending; retries {requests['retries']['sent']} "
+            f"({requests['retries']['ok']} answered)")
         for error, count in list(requests["errors"].items())[:3]:
             lines.append(f"            {count} x {display_text(error, 120)}")
     ttft = latency.get("ttft_s")

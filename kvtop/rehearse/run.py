@@ -2,7 +2,10 @@
 watch) the load for the duration, let it drain, read it idle again, judge, write the files.
 
 Ctrl-C (or SIGTERM) ends the load early: requests in flight are cut, the "after" reading is
-skipped, and the report is written on what was gathered.
+skipped, and the report is written on what was gathered. So does a verdict that can no
+longer change (the leak detector's LEAK, a STALLED engine: each is NO-GO by itself), unless
+``full_duration``: after a leak the load drains and the floor is read again, after a stall
+requests in flight are cut.
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ from kvtop.derive.leak import LeakParams
 from kvtop.load.driver import DriverSettings, LoadDriver, RequestRecord, RunClock
 from kvtop.load.openai_client import NotOpenAI, ServedModel, list_models, make_session
 from kvtop.load.workloads import Workload, WorkloadError, make_workload
-from kvtop.rehearse import judge
+from kvtop.rehearse.advice import advise, load_figures
+from kvtop.rehearse.criteria import Criterion, Span
+from kvtop.rehearse.gpu_memory import judge_gpu
+from kvtop.rehearse.kv_free import judge_kv
+from kvtop.rehearse.latency import judge_latency, judge_latency_histograms
 from kvtop.rehearse.progress import Progress
 from kvtop.rehearse.report import FORMAT_VERSION, render_text
 from kvtop.rehearse.requests import CODE, RequestTable
+from kvtop.rehearse.verdict import DEFAULT_MAX_ERROR_RATE, Requests, decide, judge_stall
 from kvtop.rehearse.watch import EnginePoint, GpuPoint, Watcher
 from kvtop.safe_text import file_text, json_bytes
 from kvtop.store.recording import RecordingWriter
@@ -43,6 +51,7 @@ MODELS_TIMEOUT_S = 10.0
 CLOSED_LOOP_CONCURRENCY = 8
 OPEN_LOOP_CONCURRENCY = 256
 PROGRESS_NAMES = {"gpu_memory": "GPU", "kv_free": "KV", "latency": "latency"}
+PROGRESS_STATES = {"ok": "ok", "watch": "watch", "fail": "fail", "not_judged": "-"}
 FILES = {"recording": "recording.jsonl.gz", "requests": "requests.jsonl",
          "gpus": "gpus.jsonl", "report_json": "report.json", "report_text": "report.txt"}
 
@@ -74,12 +83,13 @@ class RehearsalSettings:
     request_timeout_s: float = 300.0
     retries: int = 1
     time_scale: float = 1.0
-    max_error_rate: float = judge.DEFAULT_MAX_ERROR_RATE
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE
     insecure: bool = False
     full_metrics: bool = False
     leak_params: LeakParams | None = None
     seed: int = 0
     drain_s: float = DRAIN_GRACE_S  # how long requests in flight at the end may finish in
+    full_duration: bool = False  # run on after a confirmed leak or stall
 
     @property
     def in_flight(self) -> int:
@@ -150,10 +160,12 @@ class _Rehearsal:
             on_gpu=outputs.gpu)
         self.progress_stream = progress
         self.progress: Progress | None = None
+        self._progress_task: asyncio.Task[None] | None = None
         self.model: ServedModel | None = None
         self.workload: Workload | None = None
         self.load_start = self.load_end = 0.0
         self.interrupted = asyncio.Event()
+        self.stopped_early: tuple[str, str] | None = None  # ("leak" | "stalled", why)
 
     async def run(self) -> dict[str, Any]:
         self.interrupted = stop_event()
@@ -170,7 +182,10 @@ class _Rehearsal:
                 await self._after()
             finally:
                 watch_stop.set()
-                await asyncio.gather(watching, return_exceptions=True)
+                if self._progress_task is not None:  # it says what the drain and after wait for
+                    self._progress_task.cancel()
+                await asyncio.gather(*(t for t in (watching, self._progress_task) if t),
+                                     return_exceptions=True)
         return self._report()
 
     async def _identify(self, session: aiohttp.ClientSession) -> None:
@@ -217,7 +232,9 @@ class _Rehearsal:
         loop = asyncio.get_running_loop()
         timer = loop.call_later(clock.wall(settings.duration_s), stop.set)
         relay = asyncio.create_task(_relay(self.interrupted, stop))
-        progress = self._start_progress()
+        certain = (None if settings.full_duration
+                   else asyncio.create_task(self._stop_when_certain(stop)))
+        self._progress_task = self._start_progress()
         try:
             if self.workload is None:
                 await stop.wait()
@@ -226,15 +243,41 @@ class _Rehearsal:
                 driver = self._driver(session)
                 await driver.run(stop)
                 self.load_end = clock.now()
-                grace = 0.0 if self.interrupted.is_set() else min(
-                    settings.request_timeout_s, settings.drain_s)
+                cut_now = self.interrupted.is_set() or self._stopped_by("stalled")
+                grace = 0.0 if cut_now else min(settings.request_timeout_s, settings.drain_s)
+                if self.progress is not None:
+                    self.progress.drain(self.load_end + grace, lambda: driver.counts.in_flight)
                 await driver.finish(grace)
         finally:
             timer.cancel()
-            for task in (relay, progress):
-                if task is not None:
-                    task.cancel()
-            await asyncio.gather(*(t for t in (relay, progress) if t), return_exceptions=True)
+            tasks = [t for t in (relay, certain) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stop_when_certain(self, stop: asyncio.Event) -> None:
+        """End the load once a confirmed LEAK or a STALLED engine makes it NO-GO whatever
+        follows; the progress line says so."""
+        while not stop.is_set():
+            await self.clock.sleep_until(self.clock.now() + self.settings.interval_s, stop)
+            found = self._certain()
+            if found is not None and not stop.is_set():
+                self.stopped_early = found
+                if self.progress is not None:
+                    self.progress.say(f"stopping early: {found[1]} (--full-duration runs on)")
+                stop.set()
+
+    def _certain(self) -> tuple[str, str] | None:
+        for verdict in self.watcher.data.verdicts.values():
+            name = " ".join(p for p in (verdict.model, verdict.engine) if p) or "engine"
+            if verdict.verdict == "leak" and verdict.at_worst is not None:
+                return "leak", f"{name}: LEAK confirmed ({verdict.at_worst.reason})"
+            if verdict.stall == "stalled" and verdict.stall_at_worst is not None:
+                return "stalled", f"{name}: STALLED ({verdict.stall_at_worst.reason})"
+        return None
+
+    def _stopped_by(self, kind: str) -> bool:
+        return self.stopped_early is not None and self.stopped_early[0] == kind
 
     def _driver(self, session: aiohttp.ClientSession) -> LoadDriver:
         settings = self.settings
@@ -268,15 +311,25 @@ class _Rehearsal:
         return max(usages) if usages else None
 
     def _criteria_now(self) -> dict[str, str]:
-        span = judge.Span(self.load_start, self.clock.now())
-        return {PROGRESS_NAMES[c.name]: c.state.replace("not_judged", "-")
-                for c in self._criteria(span)}
+        """The criteria so far: provisional ("ok?") until the load ends, except what is
+        certain already (the detector's LEAK, a STALLED engine)."""
+        span = Span(self.load_start, self.clock.now())
+        states = {PROGRESS_NAMES[c.name]: PROGRESS_STATES[c.state] + ("" if c.state ==
+                                                                      "not_judged" else "?")
+                  for c in self._criteria(span)}
+        certain = self._certain()
+        if certain is not None:
+            states["KV" if certain[0] == "leak" else "STALL"] = (
+                "LEAK" if certain[0] == "leak" else "")
+        return states
 
     async def _after(self) -> None:
         """Wait for the server to go idle so the floor can be read again (driven runs)."""
         watcher = self.watcher
         watcher.phase = "after"
-        if self.interrupted.is_set():
+        if self.progress is not None:
+            self.progress.settle()
+        if self.interrupted.is_set() or self._stopped_by("stalled"):
             return
         if self.settings.watch_only:
             seen = self.watcher.data.scrapes
@@ -291,32 +344,37 @@ class _Rehearsal:
 
     # -- the report ---------------------------------------------------------------------
 
-    def _span(self) -> judge.Span:
-        return judge.Span(self.load_start, max(self.load_end, self.load_start))
+    def _span(self) -> Span:
+        return Span(self.load_start, max(self.load_end, self.load_start))
 
-    def _criteria(self, span: judge.Span) -> list[judge.Criterion]:
+    def _criteria(self, span: Span) -> list[Criterion]:
         data = self.watcher.data
         params = self.settings.leak_params or LeakParams()
-        latency = (judge.judge_latency(self.table, span) if self.table is not None
-                   else judge.judge_latency_histograms(data.ttft, span))
-        return [judge.judge_gpu(data.gpus, span, data.gpu_unavailable),
-                judge.judge_kv(data, params, span), latency]
+        latency = (judge_latency(self.table, span) if self.table is not None
+                   else judge_latency_histograms(data.ttft, span))
+        return [judge_gpu(data.gpus, span, data.gpu_unavailable),
+                judge_kv(data, params, span), latency]
 
     def _report(self) -> dict[str, Any]:
         settings, data, table = self.settings, self.watcher.data, self.table
         criteria = self._criteria(self._span())
         by_name = {c.name: c for c in criteria}
         error_rate = table.error_rate() if table is not None else None
-        decision = judge.decide(criteria, strict=settings.strict, error_rate=error_rate,
-                                max_error_rate=settings.max_error_rate)
-        figures = judge.load_figures(data, self._span(), table)
+        stall = judge_stall(data)
+        load_s = self.load_end - self.load_start
+        requests = (Requests(len(table), table.statuses["ok"], error_rate)
+                    if table is not None else None)
+        decision = decide(criteria, strict=settings.strict, error_rate=error_rate,
+                          max_error_rate=settings.max_error_rate, stall=stall,
+                          requests=requests, load_s=load_s)
+        figures = load_figures(data, self._span(), table)
         model_len = self.model.max_model_len if self.model else None
         expected = self.workload.expected_hit_rate if self.workload else None
         advice = []
         if decision.verdict == "no-go":
-            advice = judge.advise(by_name, figures, model_len=model_len,
-                                  expected_hit_rate=expected, error_rate=error_rate,
-                                  errors=dict(table.errors) if table else {})
+            advice = advise(by_name, figures, model_len=model_len,
+                            expected_hit_rate=expected, error_rate=error_rate,
+                            errors=dict(table.errors) if table else {}, stall=stall)
         doc = {
             "kvtop_rehearse": FORMAT_VERSION,
             "started_at": self.started_at.isoformat(timespec="seconds"),
@@ -324,15 +382,17 @@ class _Rehearsal:
             "target": {"api": settings.api_base, "metrics": settings.metrics.url,
                        "model": self.model.id if self.model else None,
                        "max_model_len": model_len,
-                       "server": {"kind": data.kind, "version": data.version}},
+                       "server": {"kind": data.kind, "version": data.version,
+                                  "version_inferred": data.version_inferred}},
             "settings": self._settings_json(),
-            "run": {"load_s": _num(self.load_end - self.load_start, 3),
-                    "stopped": "interrupted" if self.interrupted.is_set() else "duration",
+            "run": {"load_s": _num(load_s, 3), "stopped": self._stopped(),
+                    "stopped_reason": self.stopped_early[1] if self.stopped_early else None,
                     "restarts_s": [_num(t - self.load_start, 3) for t in data.restarts],
                     "failed_across_restarts": self._failed_across_restarts(),
                     "scrapes": data.scrapes, "failed_scrapes": data.failed_scrapes},
             "verdict": decision.verdict, "rule": decision.rule, "failed": decision.failed,
-            "reasons": decision.reasons,
+            "reasons": decision.reasons, "evidence": decision.evidence,
+            "missing": decision.missing, "stall": stall.to_json(self.load_start),
             "criteria": {c.name: {"title": c.title, "state": c.state, "reason": c.reason,
                                   "figures": c.figures} for c in criteria},
             "requests": _requests_json(table) if table is not None else None,
@@ -344,6 +404,11 @@ class _Rehearsal:
         }
         self._write(doc)
         return doc
+
+    def _stopped(self) -> str:
+        if self.interrupted.is_set():
+            return "interrupted"
+        return self.stopped_early[0] if self.stopped_early else "duration"
 
     def _failed_across_restarts(self) -> int | None:
         """First attempts that failed while a restart happened (within a scrape interval)."""
@@ -364,7 +429,8 @@ class _Rehearsal:
                 "request_timeout_s": s.request_timeout_s, "retries": s.retries,
                 "strict": s.strict, "watch_only": s.watch_only,
                 "api": "chat" if s.chat else "completions", "token_ids": s.token_ids,
-                "time_scale": s.time_scale, "max_error_rate": s.max_error_rate}
+                "time_scale": s.time_scale, "max_error_rate": s.max_error_rate,
+                "full_duration": s.full_duration}
 
     def _files(self) -> dict[str, str | None]:
         out = {key: str(self.outputs.path(key)) for key in FILES}

@@ -81,6 +81,7 @@ class WatchData:
     last_failure: str | None = None  # its kind: down, timeout, auth, bad_payload
     kind: str | None = None
     version: str | None = None
+    version_inferred: bool = False  # guessed from the metric names, not read from /version
     cache_config: dict[str, str] = field(default_factory=dict)
     prefix_caching: bool | None = None
 
@@ -165,6 +166,7 @@ class Watcher:
         else:
             data.scrapes += 1
             data.kind, data.version = state.kind, state.version
+            data.version_inferred = state.version_inferred
             self._fold(scrape, state.engines)
         self.changed.set()
 
@@ -178,8 +180,11 @@ class Watcher:
                 stats.running, stats.waiting, stats.preemptions_total,
                 stats.prefix_queries_total, stats.prefix_hits_total, stats.idle_floor_blocks))
             verdict = data.verdicts.setdefault(key, EngineVerdict(stats.model, stats.engine))
+            verdict.seen(t, stats.block_size, stats.cache_config)
             if stats.leak is not None:
                 verdict.observe(t, stats.leak)
+            if stats.stall is not None:
+                verdict.observe_stall(t, stats.stall)
             if stats.restarted and (not data.restarts or data.restarts[-1] != t):
                 data.restarts.append(t)
             if stats.cache_config:

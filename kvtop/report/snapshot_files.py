@@ -1,5 +1,9 @@
 """Writing the `s` snapshot: JSON, raw /metrics bodies and an SVG screenshot, atomically.
 
+By default under the XDG state directory (``$XDG_STATE_HOME/kvtop/snapshots``, else
+``~/.local/state/kvtop/snapshots``), as k9s keeps its dumps: never into whatever directory
+kvtop was started in (a git checkout). ``--snapshot-dir`` names another.
+
 Everything goes into a temporary folder that is renamed into place at the end, so a reader
 never sees half a snapshot and a failure leaves nothing behind. Target labels come from
 outside (a recording, Prometheus's instance labels): each becomes a short file name of its
@@ -12,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -67,11 +72,25 @@ def xml_safe(svg: str) -> str:
     return _NOT_XML.sub("\ufffd", svg)
 
 
-def write_snapshot(folder: Path, files: SnapshotFiles) -> Path:
-    """Write ``kvtop-snapshot-<UTC stamp>/`` under ``folder``; returns its path.
+def default_snapshot_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$XDG_STATE_HOME/kvtop/snapshots``; ``~/.local/state/kvtop/snapshots`` when it is
+    unset, empty or relative (the XDG spec says to ignore a relative one)."""
+    state = environ.get("XDG_STATE_HOME", "")
+    base = Path(state) if state and Path(state).is_absolute() else (
+        Path.home() / ".local" / "state")
+    return base / "kvtop" / "snapshots"
+
+
+def write_snapshot(folder: Path | None, files: SnapshotFiles) -> Path:
+    """Write ``kvtop-snapshot-<UTC stamp>/`` under ``folder`` (None: the default, made if
+    missing, private to the user); returns its absolute path.
 
     Raises OSError when the folder can't be written; the caller says so to the user.
     """
+    if folder is None:
+        folder = default_snapshot_dir()
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = folder.absolute()
     name = f"kvtop-snapshot-{stamp(files.taken_at)}"
     final = folder / name
     n = 1

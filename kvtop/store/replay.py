@@ -90,6 +90,7 @@ class ReplaySource:
         self._scrapes: Iterator[Scrape | TargetKvEvents] = iter(())
         self._next: Scrape | TargetKvEvents | None = None  # the next one to deliver
         self._last_t = -math.inf  # the time of the last one delivered
+        self._round_end = -math.inf  # a step delivers every scrape up to here
         self._restart()
         self._now = self.start_t
         self._pending_rewind = False
@@ -125,15 +126,20 @@ class ReplaySource:
         self._changed.set()
 
     def step(self) -> None:
-        """Deliver the next scrape now (meant for a paused replay)."""
+        """Deliver the next round of scrapes now (meant for a paused replay): the next one
+        and every other within half an interval of it (each target's of that round), the
+        clock at the last of them. A fleet's scrapes of one round are milliseconds apart:
+        one step is one round, and the clock moves by an interval, not by milliseconds."""
         if self._next is not None:
             self._now = self._next.t
+            self._round_end = self._next.t + self.interval_s / 2
             self._moves += 1
             self._changed.set()
 
     def seek(self, t: float) -> None:
         """Jump to recording time ``t`` (clamped to the recording)."""
         t = min(self.end_t, max(self.start_t, t))
+        self._round_end = -math.inf
         if t < self._last_t:  # behind what was delivered: everything again from the start
             self._pending_rewind = True
             self._restart()
@@ -158,18 +164,20 @@ class ReplaySource:
             self._pending_rewind = False
             if self.on_rewind is not None:
                 self.on_rewind()
-        while (scrape := self._next) is not None and scrape.t <= self._now:
+        while (scrape := self._next) is not None and scrape.t <= max(self._now, self._round_end):
             if isinstance(scrape, TargetKvEvents):
                 assert self.on_kv_events is not None
                 result = self.on_kv_events(scrape)
             else:
                 result = on_scrape(scrape)
             self._last_t = scrape.t
+            self._now = max(self._now, scrape.t)  # a step's round moves the clock along
             self._next = next(self._scrapes, None)
             if inspect.isawaitable(result):
                 await result
             if self._pending_rewind:  # a seek back came in meanwhile: rewind first
                 return
+        self._round_end = -math.inf
 
     async def _wait_for_time(self, stop: asyncio.Event) -> None:
         """Sleep until the next scrape is due (or something changes), advancing the clock."""

@@ -58,6 +58,7 @@ from kvtop.ui.widgets.cache_pane import CachePane
 from kvtop.ui.widgets.engine_panel import EnginePanel
 from kvtop.ui.widgets.fleet_table import FleetTable
 from kvtop.ui.widgets.gpu_pane import GpuPane
+from kvtop.ui.widgets.message_line import MessageLine, show_messages
 from kvtop.ui.widgets.panes import EnginePanes
 from kvtop.ui.widgets.summary import SummaryBar
 from kvtop.view.groups import NONE
@@ -119,7 +120,8 @@ class AppConfig:
     targets: list[Target]
     interval_s: float = 1.0
     no_gpu: bool = False
-    snapshot_dir: Path = field(default_factory=Path.cwd)
+    demo: bool = False  # the servers are simulated: no GPU of this machine is theirs
+    snapshot_dir: Path | None = None  # None: $XDG_STATE_HOME/kvtop/snapshots
     low_bandwidth: bool = False  # no charts, slower redraw
     insecure: bool = False  # passed to the default poller (self-signed TLS)
     full_metrics: bool = False  # the default poller reads every family, not only kvtop's
@@ -159,13 +161,14 @@ class KvtopApp(App[None]):
         self.recording = RecordingTap(self, None if config.record is None else RecordingWriter(
             config.record, interval_s=config.interval_s, targets=config.targets,
             max_bytes=config.record_max_bytes), on_trouble=self.draw_clock.request)
-        nvml = None if config.no_gpu else config.gpu_reader or NvmlReader()
+        nvml = None if config.no_gpu or config.demo else config.gpu_reader or NvmlReader()
         self.gpu_watch = GpuWatch(self, nvml, history_s=config.history_s, clock=config.clock,
                                   states=self.states, period_s=lambda: self.interval_s,
                                   on_screen=self._on_screen, on_refresh=self._gpus_refreshed)
         self.selected_engine = SelectedEngine(
             lambda: self.trackers, self.gpu_watch, self.overlay, clock=config.clock,
-            span_s=config.history_s, charts=not config.low_bandwidth)
+            span_s=config.history_s, charts=not config.low_bandwidth,
+            interval_s=lambda: self.interval_s)
         self.alert_tap = AlertTap(self, config.alerts, config.clock)
         self.frame = FramePainter(self.view, self.gpu_watch, self.selected_engine, self.overlay)
         self.snapshots = SnapshotTaker(self, config.snapshot_dir, config.history_s)
@@ -187,6 +190,7 @@ class KvtopApp(App[None]):
             yield EnginePanes(CachePane(id="cache"), GpuPane(id="gpu"), id="panes")  # charts
         yield Input(placeholder="search: words that every row shown must contain", id="filter")
         yield Footer()
+        yield MessageLine(id="message")
 
     def on_mount(self) -> None:
         # Held, not queried: app queries look at the active screen, which may be the detail.
@@ -287,18 +291,18 @@ class KvtopApp(App[None]):
 
     def _show_panel(self) -> None:
         self.selected_engine.show(self.table.selected_row, self.config.clock(),
-                                  charts=self.charts_shown)
+                                  charts=self.charts_shown, search=self.view.filter_text)
 
     def _redraw_panel(self) -> None:
         if self._on_screen():
             self._show_panel()
             self.frame.show_gpu_pane(self.config.clock())
 
-    def _gpus_refreshed(self, owners_changed: bool) -> None:
+    def _gpus_refreshed(self, redraw: bool) -> None:
         if not self.view.paused:
             self.frame.show_gpu_pane(self.config.clock())
-            if owners_changed:
-                self.draw_clock.soon()  # a server's GPU column and line appear now
+            if redraw:
+                self.draw_clock.soon()  # a server's GPU column and line, the note: now
 
     # -- events and keys --------------------------------------------------------------------
 
@@ -336,7 +340,7 @@ class KvtopApp(App[None]):
 
     def action_sort_menu(self) -> None:
         if not isinstance(self.screen, SortMenu):
-            self.push_screen(SortMenu(self.view.sort_key, self.view.sort_reverse),
+            self.push_screen(SortMenu(self.view.sort_key, self.view.ascending),
                              self.sort_by)
 
     def action_group(self) -> None:
@@ -374,9 +378,13 @@ class KvtopApp(App[None]):
             self.view.search("")
             self._draw(force=True)
 
+    def _refresh_notifications(self) -> None:
+        """Messages take the active screen's footer line, never a toast over the panes."""
+        show_messages(self, list(self._notifications))
+
     def action_toggle_gpu(self) -> None:
-        if self.config.no_gpu:
-            self.notify("GPU pane off (--no-gpu)", markup=False)
+        if (why := self.gpu_watch.why_no_pane(demo=self.config.demo)) is not None:
+            self.notify(display_text(why), timeout=4, markup=False)
             return
         self.view.gpu_wanted = not self.view.gpu_wanted
         self.frame.show_gpu_pane(self.config.clock())

@@ -1,6 +1,7 @@
 """One frame of the main screen, painted from what the app holds: the rows the view state
 asks for (searched, sorted, grouped) with their GPU and baseline cells, the header's sums
-over the rows shown, the selected engine's panes, and the GPU pane. When to paint is the
+over the whole fleet (a search says how many rows it shows, never narrows the header), the
+selected engine's panes, and the GPU pane. When to paint is the
 draw clock's business; the painter only reads what it is given and feeds the widgets."""
 
 from __future__ import annotations
@@ -48,17 +49,17 @@ class FramePainter:
         recording's status for the header (None: not recording)."""
         assert self._table is not None and self._summary is not None
         view, table = self._view, self._table
-        rows = view.shown(self.rows(states, now))
+        every = self.rows(states, now)
+        rows = view.shown(every)
         self._set_gpu_cells(table, rows)
         self._set_delta_cells(table, rows)
         table.show(view.arrange(rows))
         table.show_sort(view.sort_column, view.ascending)
-        self._selected.show(table.selected_row, now, charts=charts)
+        self._selected.show(table.selected_row, now, charts=charts, search=view.filter_text)
         self._summary.show(
-            summarise(rows), interval_s=interval_s, sort_label=view.sort_label,
-            filter_text=view.filter_text, paused=view.paused, recording=recording,
-            group_label=view.group_label,
-            gpu_note=self._gpus.note())
+            summarise(every), interval_s=interval_s, sort_label=view.sort_label,
+            filter_text=view.filter_text, shown=(len(rows), len(every)), paused=view.paused,
+            recording=recording, group_label=view.group_label, gpu_note=self._gpus.note())
 
     def show_gpu_pane(self, now: float) -> None:
         """Beside the KV chart while some GPU is known (NVML's absence is a note in the

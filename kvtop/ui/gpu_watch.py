@@ -27,6 +27,7 @@ from kvtop.derive.gpu_owners import (
     nvml_source,
     owned_memory,
 )
+from kvtop.safe_text import display_text
 from kvtop.view.gpus import GpuTrails, failed_sources, gpu_note
 
 if TYPE_CHECKING:
@@ -46,8 +47,8 @@ class GpuWatch:
                  on_refresh: Callable[[bool], None]) -> None:
         """``reader``: NVML's (None: --no-gpu, exporters only); ``states``: the servers
         now; ``period_s``: the poll interval (reads come at most that often, and never more
-        than every 2 s); ``on_refresh(owners_changed)``: called after each refresh while the
-        app is on screen."""
+        than every 2 s); ``on_refresh(redraw)``: called after each refresh while the app is on
+        screen, redraw True when the rows or header say something new (owners, the NVML note)."""
         self._app = app
         self._reader = reader
         self._clock = clock
@@ -126,13 +127,13 @@ class GpuWatch:
         """Said once (in the header), not retried every tick."""
         self.unavailable = reason
         self._nvml_failed = failed
-        self.refresh()
+        self.refresh(news=True)  # the header's GPU note: drawn now, not at the next scrape
 
     # -- owners ---------------------------------------------------------------------------
 
-    def refresh(self) -> None:
+    def refresh(self, *, news: bool = False) -> None:
         """Work out every GPU's owners again (new GPU readings or servers) and remember
-        what each server's GPUs use."""
+        what each server's GPUs use; ``news``: what the header says of GPUs changed."""
         self._exporters_changed = self._servers_changed = False
         self._refreshed_at = time.monotonic()
         if not self._on_screen():
@@ -144,7 +145,7 @@ class GpuWatch:
         self.history.record(self._clock(), self.owned)
         self.trails.record(self._clock(), self.views)
         self.failed_sources = failed_sources(exporter_sources(states))
-        self._on_refresh(self.owned.keys() != owners_before)
+        self._on_refresh(news or self.owned.keys() != owners_before)
 
     # -- what it says ---------------------------------------------------------------------
 
@@ -154,6 +155,20 @@ class GpuWatch:
         if self._reader is None:
             return None
         return gpu_note(self.unavailable, self.failed_sources, bool(self.views))
+
+    def why_no_pane(self, *, demo: bool) -> str | None:
+        """Why ``g`` has no GPU pane to show (None: it has one)."""
+        if self.views or self.failed_sources:
+            return None
+        if demo:
+            return "no GPU pane: the demo's servers are simulated and own no GPU"
+        if self._reader is None:
+            return "no GPU pane: --no-gpu (a GPU exporter as a target still shows its GPUs)"
+        if self.unavailable is not None:
+            return (f"no GPU pane: no local GPU ({display_text(self.unavailable, 80)}); add "
+                    "a GPU exporter "
+                    "(dcgm-exporter, nvidia_gpu_exporter) as a target")
+        return "no GPU pane: no GPU read yet"
 
     def sources(self, states: list[TargetState]) -> list[GpuSource]:
         """Where GPUs were read from, for the snapshot: NVML (read, absent or broken;

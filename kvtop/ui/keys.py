@@ -35,8 +35,7 @@ REPLAY_BINDINGS: list[BindingType] = [
     Binding("slash", "filter", "Filter", show=False),
     Binding("o", "sort", "Sort", show=False),
     Binding("space", "play_pause", "Pause", key_display="space"),
-    Binding("full_stop", "step", "Step", key_display="."),
-    Binding("right", "step", "Step", show=False, priority=True),  # the table's own right
+    Binding("full_stop", "step", "Step", key_display="."),  # → keeps its meaning: a group
     Binding("left_square_bracket", "seek(-1)", "Seek", key_display="[ ]"),
     Binding("right_square_bracket", "seek(1)", "Seek", show=False),
     Binding("left_curly_bracket", "seek(-10)", show=False),

@@ -36,7 +36,7 @@ SEEK_FAR_S = 600.0  # { }
 YIELD_EVERY = 100  # scrapes folded between yields while a seek catches up
 REPLAY_KEYS = (
     ("space", "pause / resume the replay"),
-    (". →", "step one scrape (pauses first)"),
+    (".", "step a round of scrapes"),
     ("[ ]", f"seek back / forward {fmt.age(SEEK_S)}"),
     ("{ }", f"seek back / forward {fmt.age(SEEK_FAR_S)}"),
     ("< >", "replay speed ×0.5 / ×2"),
@@ -99,9 +99,9 @@ class ReplayApp(KvtopApp):
         super().on_mount()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "interval":  # the recording's interval is fixed
+        """The recording's interval is fixed; keys typed into the search are the search's."""
+        if action == "interval":
             return False
-        # → moves the filter's cursor while one is typed
         return not (action == "step" and isinstance(self.focused, Input))
 
     @work(group="collect", exit_on_error=False)
@@ -173,7 +173,7 @@ def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
         # the redraw period follows the interval: kept to what the live app offers
         interval_s=min(max(recording.interval_s, INTERVALS[0]), INTERVALS[-1]),
         no_gpu=True,  # this machine's GPUs say nothing about the recording
-        snapshot_dir=snapshot_dir or Path.cwd(),
+        snapshot_dir=snapshot_dir,
         source_factory=lambda _: source,
         clock=source.now,
         baseline=baseline,

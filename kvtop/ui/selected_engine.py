@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from kvtop.ui.screens.detail import DetailScreen, DetailSource
-from kvtop.view.engine import engine_view, group_view
+from kvtop.view.engine import engine_view, group_view, no_match_view
 from kvtop.view.groups import GroupRow
 
 if TYPE_CHECKING:
@@ -35,10 +35,11 @@ class Followed(Protocol):
 class SelectedEngine:
     def __init__(self, trackers: Callable[[], Mapping[str, Followed]], gpu_watch: GpuWatch,
                  overlay: BaselineOverlay | None, *, clock: Callable[[], float], span_s: float,
-                 charts: bool) -> None:
+                 charts: bool, interval_s: Callable[[], float]) -> None:
         """``trackers`` is asked each time (a replay's rewind replaces them); ``charts``:
         False with --low-bandwidth (numbers and verdicts, no sparklines nor plots)."""
         self._trackers = trackers
+        self._interval_s = interval_s
         self._gpus = gpu_watch
         self._overlay = overlay
         self._clock = clock
@@ -51,7 +52,8 @@ class SelectedEngine:
         """Where to draw: the charts, or the small terminal's panel."""
         self._panes, self._panel = panes, panel
 
-    def show(self, row: FleetRow | None, now: float, *, charts: bool) -> None:
+    def show(self, row: FleetRow | None, now: float, *, charts: bool, search: str = "") -> None:
+        """``search``: the search now (a search that leaves no row says so)."""
         group = row if isinstance(row, GroupRow) else None
         if group is not None:
             row = max(group.members, key=lambda m: m.sort_value("worst") or -1.0)
@@ -60,9 +62,12 @@ class SelectedEngine:
         owned = self._gpus.owned.get(url)
         view = engine_view(row, tracker.state if tracker else None, self._history(row), now,
                            self._span_s, gpu=owned, with_gpu=charts and bool(self._gpus.views),
-                           band=self.band(url, row.engine if row is not None else None))
+                           band=self.band(url, row.engine if row is not None else None),
+                           interval_s=self._interval_s())
         if group is not None:
             view = group_view(group, view)
+        elif row is None and search:
+            view = no_match_view(search)
         if charts:
             assert self._panes is not None
             self._panes.show(view)

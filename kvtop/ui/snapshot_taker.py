@@ -24,8 +24,9 @@ Histories = Mapping[str, Mapping["EngineKey", Iterable["EngineStats"]]]  # url -
 
 
 class SnapshotTaker:
-    def __init__(self, app: App[Any], folder: Path, span_s: float) -> None:
-        """``span_s``: how much of each engine's history the document holds."""
+    def __init__(self, app: App[Any], folder: Path | None, span_s: float) -> None:
+        """``folder``: where snapshots go (None: the XDG state directory's);
+        ``span_s``: how much of each engine's history the document holds."""
         self._app = app
         self._folder = folder
         self._span_s = span_s
@@ -50,15 +51,16 @@ class SnapshotTaker:
                              group="snapshot", thread=True, exit_on_error=False)
 
     def _write(self, files: SnapshotFiles) -> None:
-        from kvtop.report.snapshot_files import write_snapshot
+        from kvtop.report.snapshot_files import default_snapshot_dir, write_snapshot
 
         try:
             path = write_snapshot(self._folder, files)
         except OSError as exc:
             reason = exc.strerror or str(exc)
+            where = self._folder or default_snapshot_dir()
             self._app.call_from_thread(
-                self._app.notify, display_text(f"Snapshot not written: {self._folder} ({reason})"),
+                self._app.notify, display_text(f"Snapshot not written: {where} ({reason})"),
                 severity="error", timeout=8, markup=False)
             return
         self._app.call_from_thread(self._app.notify, display_text(f"Snapshot saved to {path}"),
-                                   timeout=6, markup=False)
+                                   timeout=8, markup=False)

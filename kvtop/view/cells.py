@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 Level = Literal["ok", "warn", "bad", "alarm", "dim"]
 NOT_INFERENCE = "not an inference server?"
+NARROW_BAR = 3  # cells of the KV bar in a narrowed KV column
 RESTART_BADGE_S = 300.0  # how long a restart stays flagged in the status column
 
 
@@ -32,6 +33,7 @@ class Cell:
     text: str
     level: Level | None = None  # mapped to a style by the table's .tcss component classes
     keep: int = 0  # last characters that survive when the cell is cut (a DP engine's " e1")
+    short: str | None = None  # what a narrowed column shows instead of cutting ``text``
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,24 +42,31 @@ class Column:
     label: str
     width: int
     priority: int  # lower survives longer when the terminal is narrow
+    narrow: int = 0  # the width it shrinks to on a small terminal (0: its width)
+    narrow_label: str = ""  # its label then ("": the label)
+    pad: int = 2  # spaces around it: one each side; narrowed, one before (as htop's)
+
+    def narrowed(self) -> Column:
+        return Column(self.key, self.narrow_label or self.label, self.narrow or self.width,
+                      self.priority, pad=1)
 
 
 COLUMNS: tuple[Column, ...] = (
     Column("name", "NAME", 16, 0),
     Column("model", "MODEL", 24, 5),
-    Column("status", "STATUS", 10, 0),
-    Column("kv", "KV BLOCKS", 17, 0),
-    Column("leak", "LEAK", 13, 0),  # the reason kvtop exists: never dropped
+    Column("status", "STATUS", 11, 0),  # "timeout 12s" keeps its age
+    Column("kv", "KV BLOCKS", 17, 0, narrow=15),  # a 3-cell bar: "█▌░ 10.1k/20.2k"
+    Column("leak", "LEAK", 12, 0, narrow=9),  # never dropped; narrow: the state alone
     Column("running", "RUN", 4, 1),
     Column("waiting", "WAIT", 4, 1),
     Column("limit", "LIMIT", 8, 2),  # what holds the queue back (derive/limits.py)
     Column("preempt", "PRE/s", 5, 3),
     Column("hit", "HIT", 5, 2),
     Column("prompt", "PP t/s", 6, 4),
-    Column("gen", "GEN t/s", 7, 2),
+    Column("gen", "GEN t/s", 7, 2, narrow=5, narrow_label="GEN/s"),
     Column("ttft", "TTFT 50/99", 11, 3),
 )
-CELL_PADDING = 2  # one space on each side of a cell
+NARROW_AFTER = 3  # columns of a priority above this go before the others are narrowed
 # GPU memory of the server's GPUs (what nvidia-smi sees), shown once some GPU has an owner
 GPU_COLUMN = Column("gpu", "GPU MEM", 9, 2)
 NO_GPU = Cell(fmt.DASH, "dim")
@@ -75,11 +84,21 @@ def visible_columns(width: int, *, gpu: bool = False, delta: bool = False) -> li
         shown.insert(next(i for i, c in enumerate(shown) if c.key == "kv") + 1, GPU_COLUMN)
     if delta:
         shown.insert(next(i for i, c in enumerate(shown) if c.key == "leak") + 1, DELTA_COLUMN)
+    def fits() -> bool:
+        return sum(c.width + c.pad for c in shown) <= width
+
     by_priority = sorted(shown, key=lambda c: -c.priority)
     for column in by_priority:
-        if sum(c.width + CELL_PADDING for c in shown) <= width or column.priority == 0:
+        if fits() or column.priority <= NARROW_AFTER:
             break
         shown.remove(column)
+    if not fits():  # 80x24: HIT and GEN beside the verdict, one space apart as in htop
+        shown = [c.narrowed() for c in shown]
+    for column in by_priority:
+        if fits() or column.priority == 0:
+            break
+        if column.priority <= NARROW_AFTER:
+            shown = [c for c in shown if c.key != column.key]
     return shown
 
 
@@ -88,7 +107,8 @@ FAILURE_LABEL: dict[str, str] = {"down": "down", "timeout": "timeout", "auth": "
 NOT_FOUND = "HTTP 404"  # how the poller's message for a 404 starts
 
 # The leak indicator's text and colour level per detector state, in one place.
-LEAK_LABEL: dict[str, str] = {"warmup": "…", "ok": "OK", "watch": "WATCH", "leak": "LEAK"}
+# One name per state, on every screen (the JSON contracts spell them in lower case).
+LEAK_LABEL: dict[str, str] = {"warmup": "WARMUP", "ok": "OK", "watch": "WATCH", "leak": "LEAK"}
 LEAK_LEVEL: dict[str, Level] = {"warmup": "dim", "ok": "ok", "watch": "warn", "leak": "alarm"}
 
 
@@ -139,11 +159,11 @@ def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) ->
         return Cell("SATURATED", "warn")
     if verdict is None:
         return Cell(fmt.DASH, "dim")
-    text = LEAK_LABEL[verdict.state]
+    label = LEAK_LABEL[verdict.state]
     slope = verdict.slope_blocks_per_hour
     if verdict.state in ("watch", "leak") and slope is not None and slope > 0:
-        text = f"{text} {fmt.slope(slope)}"
-    return Cell(text, LEAK_LEVEL[verdict.state])
+        return Cell(f"{label} {fmt.slope(slope)}", LEAK_LEVEL[verdict.state], short=label)
+    return Cell(label, LEAK_LEVEL[verdict.state])
 
 
 # The limit words in the LIMIT column (8 cells), and the limits that hold requests back
@@ -206,7 +226,8 @@ def engine_cells(stats: EngineStats, *, live: bool = True) -> dict[str, Cell]:
     waiting = stats.waiting
     preempt = stats.preemptions_per_s
     cells = {
-        "kv": Cell(fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total), _kv_level(usage)),
+        "kv": Cell(fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total), _kv_level(usage),
+                   short=fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total, NARROW_BAR)),
         "running": Cell(fmt.count(stats.running)),
         "waiting": Cell(fmt.count(waiting), "warn" if waiting else None),
         "limit": limit_cell(stats),

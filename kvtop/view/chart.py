@@ -25,6 +25,7 @@ _DOT = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 BRAILLE = 0x2800
 BLOCKS = " ▁▂▃▄▅▆▇█"  # a cell filled 0/8 .. 8/8 from the bottom
 AXIS, TICKS = "axis", "ticks"  # the roles of the frame
+ZERO_LEVEL = 1  # eighths a sparkline draws for zero: a floor, unlike no number at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,7 @@ class Series:
     label: str
     role: str  # its colour: the widget's component class
     points: Sequence[Point]
+    join_s: float = 0.0  # silences up to this long are joined too (beyond 2.5 intervals)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,10 +199,12 @@ def _tick_age(seconds: float) -> str:
 
 def time_ticks(span_s: float, width: int) -> str:
     """``-5m   -4m   -3m   -2m   -1m   now`` under a plot ``width`` cells wide: round
-    steps, as many as fit with room between them."""
+    steps that divide the span, as many as fit with room between them, so the oldest
+    label is the span itself and panes of different widths agree on it."""
     line = [" "] * width
     most = max(1, min(6, width // 8))
-    step = next((s for s in TICK_STEPS_S if span_s / s <= most), TICK_STEPS_S[-1])
+    fitting = [s for s in TICK_STEPS_S if span_s / s <= most]
+    step = next((s for s in fitting if span_s % s == 0), fitting[0] if fitting else span_s)
     ago = 0.0
     while ago <= span_s + 1e-9:
         label = "now" if ago == 0 else f"-{_tick_age(ago)}"
@@ -210,6 +214,18 @@ def time_ticks(span_s: float, width: int) -> str:
             line[start:start + len(label)] = label
         ago += step
     return "".join(line)
+
+
+def joined_bins(points: Sequence[Point], now: float, span_s: float, count: int,
+                join_s: float = 0.0) -> list[float | None]:
+    """:func:`bins` with the columns between two scrapes joined (:func:`join_gaps`), so a
+    slow interval is a line, not dots; a silence longer than 2.5 intervals (or ``join_s``)
+    stays a gap."""
+    values = bins(points, now, span_s, count)
+    if count <= 0 or span_s <= 0:
+        return values
+    longest = max(2.5 * spacing_s(points), join_s)
+    return join_gaps(values, math.ceil(longest / (span_s / count)))
 
 
 def render(chart: Chart, width: int, height: int) -> list[Row]:
@@ -232,9 +248,8 @@ def render(chart: Chart, width: int, height: int) -> list[Row]:
             canvas.rule(round(rule.value / top * (dots - 1)), rule.role)
     columns = plot_w * 2
     for series in chart.series:
-        values = bins(series.points, chart.now, chart.span_s, columns)
-        most = math.ceil(2.5 * spacing_s(series.points) / (chart.span_s / columns))
-        canvas.line(_dot_rows(join_gaps(values, most), top, dots), series.role)
+        values = joined_bins(series.points, chart.now, chart.span_s, columns, series.join_s)
+        canvas.line(_dot_rows(values, top, dots), series.role)
     rows = []
     for y, plotted in enumerate(canvas.rows()):
         tick = "┤" if y in labels else "│"
@@ -245,17 +260,18 @@ def render(chart: Chart, width: int, height: int) -> list[Row]:
 
 
 def spark_rows(values: Sequence[float | None], top: float, height: int) -> list[str]:
-    """Block sparkline ``height`` cells tall with eighth-cell steps, top row first; any
-    use shows at least an eighth, an unknown value is blank (never a floor)."""
+    """Block sparkline ``height`` cells tall with eighth-cell steps, top row first. Zero is
+    the floor (an eighth), any use shows at least two eighths, so a quiet server never looks
+    like one with no numbers: an unknown value is blank."""
     if height <= 0:
         return []
     eighths = height * 8
     levels = []
     for v in values:
-        if v is None or top <= 0:
+        if v is None:
             levels.append(0)
             continue
-        level = round(min(max(v / top, 0.0), 1.0) * eighths)
-        levels.append(max(level, 1) if v > 0 else 0)
+        level = round(min(max(v / top, 0.0), 1.0) * eighths) if top > 0 else 0
+        levels.append(max(level, ZERO_LEVEL + 1) if v > 0 else ZERO_LEVEL)
     return ["".join(BLOCKS[min(max(level - r * 8, 0), 8)] for level in levels)
             for r in range(height - 1, -1, -1)]

@@ -1,5 +1,8 @@
 """The header's numbers: the fleet's KV blocks weighed by capacity, hosts up, verdict counts,
-load and rates, over the rows shown (a filter narrows them too) or every engine of states."""
+load and rates, over the rows given (the app gives every row: the header is the fleet's,
+whatever a search shows, as htop's is the system's) or every engine of states. Only servers
+answering now count: a server that stopped answering keeps its last numbers in its own
+(dimmed) row, never in the fleet's sums."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ INFERENCE_KINDS = frozenset({"vllm", "sglang", "llamacpp", "trtllm"})
 
 @dataclass(frozen=True, slots=True)
 class FleetSummary:
-    """The header's numbers, over the rows shown (a filter narrows them too)."""
+    """The header's numbers, over the rows given."""
 
     hosts_up: int  # inference servers answering now (not GPU exporters, not unknown ones)
     hosts_total: int  # targets that are not GPU exporters
@@ -113,13 +116,14 @@ def _states_of(rows: list[FleetRow] | list[TargetState]) -> list[TargetState]:
 
 
 def _engines_of(rows: list[FleetRow] | list[TargetState]) -> list[EngineStats]:
-    """The engines whose numbers count: those of servers up or just missed (stale)."""
+    """The engines whose numbers count: those of servers that answered the last scrape (a
+    stale server's last numbers are a minute old at most, but no longer the fleet's now)."""
     engines: list[EngineStats] = []
     for row in rows:
         if isinstance(row, FleetRow):
-            if row.stats is not None and row.state.status in ("up", "stale"):
+            if row.stats is not None and row.state.status == "up":
                 engines.append(row.stats)
-        elif row.status in ("up", "stale"):
+        elif row.status == "up":
             engines += row.engines
     return engines
 

@@ -18,12 +18,15 @@ def count(value: float | None) -> str:
 
 
 def rate(value: float | None) -> str:
-    """A per-second rate: one decimal below 10, whole numbers above."""
+    """A per-second rate: one decimal below 10 (0.4, never a bare 0 for something that
+    happens), whole numbers above; a rate too small for one decimal is "<0.1"."""
     if value is None:
         return DASH
     if value == 0:
         return "0"
-    return f"{value:.1f}" if abs(value) < 10 else count(value)
+    if abs(value) < 0.05:
+        return "<0.1" if value > 0 else "-<0.1"
+    return f"{value:.1f}" if round(abs(value), 1) < 10 else count(value)
 
 
 def percent(fraction: float | None) -> str:
@@ -95,19 +98,6 @@ def bar(fraction: float | None, cells: int = BAR_CELLS) -> str:
     full, part = divmod(eighths, 8)
     text = "█" * full + (EIGHTHS[part] if part else "")
     return text + "░" * (cells - len(text))
-
-
-SPARK = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: list[float | None], top: float) -> str:
-    """One cell per value scaled to ``0..top``; an unknown value is a blank, never a floor."""
-    if top <= 0:
-        return " " * len(values)
-    last = len(SPARK) - 1
-    return "".join(
-        " " if v is None else SPARK[min(last, max(0, round(v / top * last)))] for v in values
-    )
 
 
 def kv_cell(

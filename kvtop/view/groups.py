@@ -12,7 +12,7 @@ from kvtop.collect.exposition import Exposition, Sample
 from kvtop.derive.verdicts import LEAK_RANK
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
-from kvtop.view.cells import Cell, Level
+from kvtop.view.cells import NARROW_BAR, Cell, Level
 from kvtop.view.fleet import FleetRow, order_rows
 from kvtop.view.fleet_summary import summarise
 from kvtop.view.sort_keys import TEXT_SORTS
@@ -156,7 +156,9 @@ def group_cells(name: str, members: list[FleetRow]) -> dict[str, Cell]:
         "name": Cell(name, keep=len(name) - name.rfind(" (")),
         "status": _status(members),
         "model": Cell(model),
-        "kv": Cell(fmt.kv_cell(summary.kv_usage, summary.blocks_used, summary.blocks_total)),
+        "kv": Cell(fmt.kv_cell(summary.kv_usage, summary.blocks_used, summary.blocks_total),
+                   short=fmt.kv_cell(summary.kv_usage, summary.blocks_used,
+                                     summary.blocks_total, NARROW_BAR)),
         "leak": _worst_leak(members),
         "running": Cell(fmt.count(summary.running)),
         "waiting": Cell(fmt.count(summary.waiting), "warn" if summary.waiting else None),

@@ -15,6 +15,12 @@ from kvtop.view.sort_keys import COLUMN_SORT, LARGE_FLEET, SORT_CYCLE, SORT_LABE
 COLUMN_KEYS = frozenset(c.key for c in COLUMNS)
 
 
+def sort_marker(ascending: bool) -> str:
+    """▲ smallest (or A) first, ▼ biggest first: one marker on the header, the column and
+    the F6 menu."""
+    return "▲" if ascending else "▼"
+
+
 @dataclass
 class ViewState:
     sort_key: str = "name"
@@ -56,9 +62,8 @@ class ViewState:
 
     @property
     def sort_label(self) -> str:
-        natural = "A-Z" if self.sort_key in TEXT_SORTS else "↓"
-        turned = "Z-A" if self.sort_key in TEXT_SORTS else "↑"
-        return f"{SORT_LABELS[self.sort_key]} {turned if self.sort_reverse else natural}"
+        """``name ▲``: the key and the same marker as its column's header and the F6 menu."""
+        return f"{SORT_LABELS[self.sort_key]} {sort_marker(self.ascending)}"
 
     @property
     def group_label(self) -> str:

@@ -92,9 +92,11 @@ def test_a_selector_built_by_the_quoting_function_picks_the_hostile_namespace(
 def test_any_label_value_round_trips_through_prometheus(
         hostile_prom: tuple[str, str, str], value: str) -> None:
     """string() is read back by PromQL as the value; literal_regex() matches exactly it
-    (label_replace's regex is anchored RE2)."""
+    (label_replace's regex is anchored RE2). The first label_replace writes the value as
+    its replacement, where Go expands `$0`: `$$` writes one `$`."""
     url = hostile_prom[0]
-    query = (f'label_replace(label_replace(vector(1), "v", {string(value)}, "", ""), '
+    replacement = string(value.replace("$", "$$"))
+    query = (f'label_replace(label_replace(vector(1), "v", {replacement}, "", ""), '
              f'"hit", "yes", "v", {string(literal_regex(value))})')
     answer = httpx.post(f"{url}/api/v1/query", data={"query": query}, timeout=10).json()
     assert answer["status"] == "success", (value, answer)

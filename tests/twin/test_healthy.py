@@ -67,8 +67,9 @@ def run(twin_healthy: TwinServer) -> HealthyRun:
     fresh = kvtop_snapshot(twin_healthy.metrics_url)
     fresh_metrics = read_metrics(base)
     version = json.loads(http_get(base + "/version"))["version"]
-    # 96 requests, half sharing a 256-token prefix (prefix hits), 48 in flight (32 run).
-    load = Load(base, requests=96, concurrency=48, seed=1, shared_frac=0.5).start()
+    # 192 requests (a load that outlasts two snapshots on a busy machine), half sharing a
+    # 256-token prefix (prefix hits), 48 in flight (32 run).
+    load = Load(base, requests=192, concurrency=48, seed=1, shared_frac=0.5).start()
     loaded = []
     try:
         wait_until_busy(base)

@@ -311,7 +311,7 @@ def test_bash_completes_commands_and_options() -> None:
 
     assert complete("kvtop", "sn") == ["snapshot"]
     assert "completion" in complete("kvtop", "")
-    assert complete("kvtop", "check", "--unt") == ["--until-leak"]
+    assert complete("kvtop", "check", "--unt") == ["--until", "--until-leak"]
     assert set(complete("kvtop", "completion", "")) == {"bash", "zsh", "fish"}
     assert set(complete("kvtop", "baseline", "")) == {"save", "list", "show", "rm"}
     assert "--probe" in complete("kvtop", "compare", "--pro")
@@ -324,7 +324,7 @@ def test_fish_completes_commands_and_options() -> None:
                            "source; complete -C'kvtop sn'; complete -C'kvtop check --unt'"],
                           input=script, capture_output=True, text=True, timeout=30)
     names = [line.split("\t")[0] for line in done.stdout.splitlines()]
-    assert names == ["snapshot", "--until-leak"], done.stdout + done.stderr
+    assert names == ["snapshot", "--until", "--until-leak"], done.stdout + done.stderr
 
 
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")

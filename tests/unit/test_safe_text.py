@@ -373,6 +373,8 @@ REVIEWED = {
     ("kvtop.rehearse.watch", "Watcher._on_scrape", ".write"): "RecordingWriter.write, as above",
     ("kvtop.ui.app", "KvtopApp.on_scrape", ".write"): "RecordingWriter.write, as above",
     ("kvtop.ui.recording_tap", "RecordingTap.write", ".write"): "RecordingWriter.write, as above",
+    ("kvtop.ui.widgets.message_line", "MessageLine.show", ".update (widget content)"):
+        "message_text: the notify messages (which the walk checks) as plain() parts",
     ("kvtop.report.snapshot_files", "write_snapshot", ".write_text"):
         "screen.svg: what the screen showed (already safe), made XML-safe by xml_safe",
     ("kvtop.sim.openai_api", "OpenAIRoutes._stream", ".write"):
@@ -387,8 +389,6 @@ REVIEWED = {
         "view.cache lines: reasons, labels and a channel's error through display_text there",
     ("kvtop.ui.widgets.gpu_pane", "GpuPane._set", ".update (widget content)"):
         "view.gpus.pane_lines: every outside string through display_text there",
-    ("kvtop.ui.widgets.history_plot", "HistoryPlot._draw", ".update (widget content)"):
-        "render_plot draws kvtop's numbers; its title is a plain() Text",
     ("kvtop.ui.widgets.panes", "EngineHead.show", ".update (widget content)"):
         "view lines whose outside strings went through display_text in kvtop/view",
     ("kvtop.ui.widgets.summary", "SummaryBar.show", ".update (widget content)"):

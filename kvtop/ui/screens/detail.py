@@ -1,8 +1,9 @@
-"""The detail view of one engine: history plots, KV capacity and config, raw state."""
+"""The detail view of one engine: its identity, KV capacity and config, the leak detector's
+evidence, and the main screen's charts at full size over the history's span."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -13,10 +14,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from kvtop.safe_text import display_text as shown
-from kvtop.ui.widgets.history_plot import HistoryPlot, Reference, Series
+from kvtop.ui.widgets.message_line import MessageLine
+from kvtop.ui.widgets.panes import ChartPane
 from kvtop.view import format as fmt
 from kvtop.view.cache_detail import cache_detail_lines
-from kvtop.view.cells import LEAK_LABEL, lifetime_hit, status_cell, window_hit, window_quantiles
+from kvtop.view.cells import LEAK_LABEL, lifetime_hit, status_cell, window_hit
+from kvtop.view.chart import Rule
+from kvtop.view.engine import PANES_AFTER_KV, PaneView, kv_pane, leak_growth, with_rules
 from kvtop.view.fleet import shown_label
 
 if TYPE_CHECKING:
@@ -25,51 +29,31 @@ if TYPE_CHECKING:
     from kvtop.derive.tracker import EngineKey, TargetState
     from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 
-Getters = tuple[tuple[str, Callable[["EngineStats"], "float | None"]], ...]
-# (plot id, title, ((series label, value getter), ...))
-PLOTS: tuple[tuple[str, str, Getters], ...] = (
-    ("plot-kv", "KV used blocks", (("used", lambda s: s.blocks_used),)),
-    ("plot-queue", "running vs waiting", (("running", lambda s: s.running),
-                                          ("waiting", lambda s: s.waiting))),
-    ("plot-hit", "prefix hit % (window)", (("hit", lambda s: _pct(window_hit(s))),)),
-    ("plot-tps", "throughput tok/s", (("prompt", lambda s: s.prompt_tps),
-                                      ("generation", lambda s: s.generation_tps))),
-    ("plot-lat", "latency s (window estimates)", (
-        ("TTFT p50", lambda s: _window(s.ttft, "p50")),
-        ("TTFT p99", lambda s: _window(s.ttft, "p99")),
-        ("ITL p50", lambda s: _window(s.itl, "p50")))),
-)
+# The baseline's levels drawn in each pane: (legend label, value of the band given the
+# pool's size now); "" is the other edge of a band already in the legend
+REFERENCES: dict[str, tuple[tuple[str, Callable[[Band, int | None], float | None]], ...]] = {
+    "kv": (("base p5-95", lambda b, pool: b.blocks(b.kv_p5, pool)),
+           ("", lambda b, pool: b.blocks(b.kv_p95, pool))),
+    "queue": (("base run", lambda b, _: b.running), ("base wait", lambda b, _: b.waiting)),
+    "hit": (("base hit", lambda b, _: _pct(b.hit_rate)),),
+    "tps": (("base in", lambda b, _: b.prompt_tps), ("base out", lambda b, _: b.generation_tps)),
+    "lat": (("base p50", lambda b, _: b.ttft_p50), ("base p99", lambda b, _: b.ttft_p99),
+            ("base ITL", lambda b, _: b.itl_p50)),
+}
 
 # -> (state, history of the engine, the engine shown); called at each redraw
+PANE_KEYS = ("kv", "queue", "hit", "tps", "lat")
 DetailSource = Callable[[], "tuple[TargetState, list[EngineStats], EngineKey | None]"]
 # -> the engine's baseline (--baseline), or None
 BandSource = Callable[[], "Band | None"]
 
-# The baseline's levels drawn in each plot: (legend label or None, value of the band, given
-# the pool's size now)
-REFERENCES: dict[str, tuple[tuple[str | None, Callable[[Band, int | None], float | None]],
-                            ...]] = {
-    "plot-kv": (("base p50", lambda b, pool: b.blocks(b.kv_p50, pool)),
-                ("base p5-95", lambda b, pool: b.blocks(b.kv_p5, pool)),
-                (None, lambda b, pool: b.blocks(b.kv_p95, pool))),
-    "plot-queue": (("base running", lambda b, _: b.running),
-                   ("base waiting", lambda b, _: b.waiting)),
-    "plot-hit": (("base hit", lambda b, _: _pct(b.hit_rate)),),
-    "plot-tps": (("base prompt", lambda b, _: b.prompt_tps),
-                 ("base generation", lambda b, _: b.generation_tps)),
-    "plot-lat": (("base TTFT p50", lambda b, _: b.ttft_p50),
-                 ("base TTFT p99", lambda b, _: b.ttft_p99),
-                 ("base ITL p50", lambda b, _: b.itl_p50)),
-}
 
-
-def references(plot_id: str, band: Band | None,
-               pool: int | None = None) -> tuple[Reference, ...]:
-    """The baseline's levels for one plot (KV use as the same fullness of the pool now);
-    those it does not know are left out."""
+def references(pane_key: str, band: Band | None, pool: int | None = None) -> tuple[Rule, ...]:
+    """The baseline's levels for one pane beyond the KV pane's median (KV use as the same
+    fullness of the pool now); those it does not know are left out."""
     if band is None:
         return ()
-    return tuple(Reference(label, value) for label, get in REFERENCES.get(plot_id, ())
+    return tuple(Rule(label, "base", value) for label, get in REFERENCES.get(pane_key, ())
                  if (value := get(band, pool)) is not None)
 
 
@@ -77,30 +61,19 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else value * 100
 
 
-def _window(q: Quantiles | None, part: str) -> float | None:
-    """A percentile of the last window only: the lifetime figures of a first scrape are
-    another measure, never a point on the same line."""
-    q = window_quantiles(q)
-    return None if q is None else getattr(q, part)
-
-
-def series_for(
-    history: Iterable[EngineStats],
-    getters: Getters,
-    now: float,
-    span_s: float,
-) -> list[Series]:
-    """Points within the last ``span_s`` seconds, unknown values left out (no fake zeros)."""
-    recent = [s for s in history if now - s.t <= span_s]
-    result = []
-    for label, get in getters:
-        points = tuple((s.t - now, v) for s in recent if (v := get(s)) is not None)
-        result.append(Series(label, points))
-    return result
+def detail_panes(stats: EngineStats | None, history: list[EngineStats], now: float,
+                 span_s: float, band: Band | None) -> list[PaneView]:
+    """The main screen's panes over the detail's span, with every baseline level: the KV
+    axis runs to the pool, axes in plain units, legends in the borders."""
+    if stats is None:
+        return []
+    panes = [kv_pane(stats, history, now, span_s, band),
+             *(pane(stats, history, now, span_s) for pane in PANES_AFTER_KV)]
+    return [with_rules(pane, references(pane.key, band, stats.blocks_total)) for pane in panes]
 
 
 def describe(state: TargetState, stats: EngineStats | None, now: float,
-             band: Band | None = None) -> Text:
+             band: Band | None = None, history: Sequence[EngineStats] = ()) -> Text:
     """The text beside the plots: identity, status with age, KV capacity and config.
     Every string from outside goes through ``shown`` (the display boundary), so a name with
     a newline can't add a line and the result is one plain Text, never markup."""
@@ -121,7 +94,7 @@ def describe(state: TargetState, stats: EngineStats | None, now: float,
             f"KV      {fmt.kv_cell(stats.kv_usage, stats.blocks_used, stats.blocks_total)}"
             f"  ({fmt.percent(stats.kv_usage)})",
             *config_lines(stats),
-            *leak_lines(stats.leak),
+            *leak_lines(stats.leak, history),
             *stall_lines(stats.stall),
             *cache_detail_lines(stats, state.kv_channel),
             f"now     run {fmt.count(stats.running)}  wait {fmt.count(stats.waiting)}"
@@ -156,20 +129,27 @@ def config_lines(stats: EngineStats) -> list[str]:
     }
     main = "  ".join(f"{k} {shown(config.get(k, derived[k]))}" for k in CONFIG_KEYS)
     rest = "  ".join(f"{shown(k)} {shown(v)}" for k, v in sorted(config.items())
-                     if k not in CONFIG_KEYS and k != "engine")
+                     if k not in CONFIG_KEYS and k != "engine" and not k.startswith("_"))
     return [f"config  {main}"] + ([f"        {rest}"] if rest else [])
 
 
-def leak_lines(verdict: LeakVerdict | None) -> list[str]:
-    """The leak verdict: state, reason, the estimate and the evidence behind it."""
+def leak_lines(verdict: LeakVerdict | None, history: Sequence[EngineStats] = ()) -> list[str]:
+    """The leak verdict: state, reason, the estimate and the evidence behind it. Before the
+    detector has a slope of its own (it wants 5 minutes of idle points), the growth of its
+    estimate over the history shown says how fast, labelled as such."""
     if verdict is None:
         return ["leak    not judged for this server"]
-    lines = [
-        f"leak    {LEAK_LABEL[verdict.state]}  {verdict.reason}",
-        f"        leaked {fmt.count(verdict.leaked_blocks)} blocks"
-        f"  slope {fmt.slope(verdict.slope_blocks_per_hour)}"
-        f"  full in {fmt.hours(verdict.hours_to_full)}",
-    ]
+    lines = [f"leak    {LEAK_LABEL[verdict.state]}  {shown(verdict.reason)}"]
+    if verdict.state in ("watch", "leak"):
+        figures = (f"        leaked {fmt.count(verdict.leaked_blocks)} blocks"
+                   f"  slope {fmt.slope(verdict.slope_blocks_per_hour)}"
+                   f"  full in {fmt.hours(verdict.hours_to_full)}")
+        growth = leak_growth(history) if verdict.slope_blocks_per_hour is None else None
+        if growth is not None:
+            figures = (f"        leaked {fmt.count(growth.first)} → {fmt.count(growth.last)}"
+                       f" blocks in {fmt.age(growth.seconds)}: {fmt.slope(growth.per_hour)}"
+                       f" here, full in {fmt.hours(growth.hours_to_full)} at that pace")
+        lines.append(figures)
     items = [f"{k}={_evidence_value(v)}" for k, v in verdict.evidence.items()]
     for start in range(0, len(items), EVIDENCE_PER_LINE):
         head = "evidence" if start == 0 else ""
@@ -190,7 +170,12 @@ EVIDENCE_PER_LINE = 4
 
 
 def _evidence_value(value: float | str) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    """A number in plain digits (never 1.5e+03), at most four decimals."""
+    if not isinstance(value, float):
+        return shown(value)
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.4f}".rstrip("0").rstrip(".") or "0"
 
 
 def _ago(age: float | None) -> str:
@@ -226,11 +211,12 @@ class DetailScreen(Screen[None]):
             yield Static(id="detail-info")
             if self._charts:
                 with Grid(id="detail-plots"):
-                    for plot_id, title, _ in PLOTS:
-                        yield HistoryPlot(title, id=plot_id, classes="plot")
+                    for key in PANE_KEYS:
+                        yield ChartPane(id=f"plot-{key}", classes="pane plot")
             else:
                 yield Static("charts off (--low-bandwidth)", id="detail-nocharts")
         yield Footer()
+        yield MessageLine()
 
     def on_mount(self) -> None:
         self._fill(self._clock())  # at once, not at the app's next draw
@@ -248,10 +234,11 @@ class DetailScreen(Screen[None]):
             history[-1] if history else None,
         )
         band = self._band() if self._band is not None else None
-        self.query_one("#detail-info", Static).update(describe(state, stats, now, band))
+        self.query_one("#detail-info", Static).update(describe(state, stats, now, band,
+                                                               history))
         if not self._charts:
             return
-        for plot_id, _, getters in PLOTS:
-            plot = self.query_one(f"#{plot_id}", HistoryPlot)
-            plot.show_series(series_for(history, getters, now, self._span_s), self._span_s,
-                             references(plot_id, band, stats.blocks_total if stats else None))
+        panes = {pane.key: pane for pane in detail_panes(stats, history, now, self._span_s,
+                                                         band)}
+        for key in PANE_KEYS:
+            self.query_one(f"#plot-{key}", ChartPane).show(panes.get(key), "no numbers yet")

@@ -10,24 +10,26 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from kvtop.view.sort_keys import SORT_LABELS
+from kvtop.view.view_state import sort_marker
 
 
 class SortMenu(ModalScreen["str | None"]):
-    """Returns the sort key chosen, or None; the current one again turns the order round."""
+    """Returns the sort key chosen, or None; the current one again turns the order round.
+    The current key carries the header's marker (▲ smallest or A first, ▼ biggest)."""
 
     BINDINGS = [  # noqa: RUF012 - Textual's class-level binding list
         Binding("escape,f6,q", "dismiss(None)", "Close"),
     ]
 
-    def __init__(self, current: str, reverse: bool) -> None:
+    def __init__(self, current: str, ascending: bool) -> None:
         super().__init__()
         self._current = current
-        self._reverse = reverse
+        self._ascending = ascending
 
     def compose(self) -> ComposeResult:
         options = []
         for key, label in SORT_LABELS.items():
-            mark = (" ▲" if self._reverse else " ▼") if key == self._current else ""
+            mark = f" {sort_marker(self._ascending)}" if key == self._current else ""
             options.append(Option(f"{label}{mark}", id=key))
         with Vertical(id="sort-body"):
             yield Static("Sort by  (the same again: the other way round)", id="sort-title")

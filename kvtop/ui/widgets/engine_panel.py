@@ -1,7 +1,9 @@
-"""The selected engine on a small terminal: its verdict lines and the cache pane in one
-line, then each chart shrunk to a sparkline (KV over the GPU memory of its GPUs on one time
-axis, blocks stored a second from its KV events, requests, hit rate, tokens/s, latency), as
-many rows tall as the space under the table allows."""
+"""The selected engine on a small terminal: its verdict lines, then each chart shrunk to a
+one-row sparkline with its number and unit beside it (KV over the GPU memory of its GPUs on
+one time axis, blocks stored a second from its KV events, requests, hit rate, tokens/s,
+latency), then as many of the engine's other figures (the cache pane in one line, the pool's
+make-up, evictions, latency in full, the server) as the rows left hold: at 80x24 every row
+says something. With --low-bandwidth the numbers come without the sparklines."""
 
 from __future__ import annotations
 
@@ -13,26 +15,19 @@ from rich.text import Text
 from textual.widgets import Static
 
 from kvtop.ui.widgets.panes import ROLES, Styled
-from kvtop.view.chart import Point, bins, spark_rows
+from kvtop.view.chart import Point, joined_bins, spark_rows
 from kvtop.view.engine import EngineView, Line, PaneView
 from kvtop.view.gpus import memory_tail, memory_top
 
 if TYPE_CHECKING:
-    from kvtop.derive.stats import EngineStats
+    pass
 
 GpuSeries = Sequence[tuple[float, "int | None", "int | None"]]  # (t, used, total) bytes
-LABEL_W = 5  # "KV   ", "wait "
-MAX_ROWS = 4  # a sparkline taller than this says nothing more
+LABEL_W = 6  # "KV    ", "tok/s "
 # (pane, series label, sparkline label): in the order they are shown and kept
 SPARKS = (("kv", "used", "KV"), ("gpu", "", "GPU"), ("cache", "stored", "blk"),
-          ("queue", "running", "run"), ("queue", "waiting", "wait"), ("hit", "window", "hit"),
-          ("tps", "generated", "gen"), ("lat", "p99", "TTFT"))
-
-
-def kv_points(history: Sequence[EngineStats], now: float, span_s: float,
-              cells: int) -> list[float | None]:
-    """Mean used blocks per cell over the last ``span_s`` (cells on the wall clock)."""
-    return bins([(s.t, s.blocks_used) for s in history], now, span_s, cells)
+          ("queue", "run", "run"), ("queue", "wait", "wait"), ("hit", "window", "hit"),
+          ("tps", "out", "tok/s"), ("lat", "p99", "TTFT"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +37,7 @@ class Spark:
     top: float
     tail: Line
     role: str = "s1"
+    join_s: float = 0.0  # as its chart series
 
 
 def sparks(view: EngineView, gpu_series: GpuSeries,
@@ -71,7 +67,7 @@ def _pane_spark(pane: PaneView, series_label: str, label: str) -> Spark | None:
     series = next((s for s in chart.series if s.label == series_label), None)
     if series is None:
         return None
-    return Spark(label, series.points, chart.axis_top(), tail, series.role)
+    return Spark(label, series.points, chart.axis_top(), tail, series.role, series.join_s)
 
 
 def _tail(pane: PaneView, series_label: str) -> Line:
@@ -81,21 +77,12 @@ def _tail(pane: PaneView, series_label: str) -> Line:
     return own if own is not None else pane.latest
 
 
-def allot_rows(count: int, height: int) -> list[int]:
-    """Rows per sparkline: one each while they fit; the rest to KV first (up to
-    :data:`MAX_ROWS`), then to the others in turn."""
-    rows = [1] * min(count, max(height, 0))
-    spare = height - len(rows)
-    if rows:
-        extra = min(spare, MAX_ROWS - 1)
-        rows[0] += extra
-        spare -= extra
-    while spare > 0 and any(r < MAX_ROWS for r in rows[1:]):
-        for i in range(1, len(rows)):
-            if spare and rows[i] < MAX_ROWS:
-                rows[i] += 1
-                spare -= 1
-    return rows
+def panel_lines(view: EngineView, items: list[Spark], height: int) -> tuple[int, int]:
+    """How many sparklines and figure lines go under ``view``'s verdict lines in
+    ``height`` rows: the sparklines first, then the figures, each a row."""
+    room = max(height - len(view.lines), 0)
+    shown = min(len(items), room)
+    return shown, min(len(view.facts), room - shown)
 
 
 class EnginePanel(Styled, Static):
@@ -126,30 +113,28 @@ class EnginePanel(Styled, Static):
             return
         view, gpu_series, gpu_owned, now, span_s, charts = self._args
         width, height = self.content_size
-        lines = [self.line_text(line) for line in (*view.lines, *view.compact)]
-        if charts and view.panes:
-            lines += self._spark_lines(sparks(view, gpu_series, gpu_owned), now, span_s,
-                                       width, height - len(lines))
+        items = sparks(view, gpu_series, gpu_owned)
+        spark_count, fact_count = panel_lines(view, items, height)
+        lines = [self.line_text(line) for line in view.lines]
+        lines += self._spark_lines(items[:spark_count], now, span_s, width, charts)
+        lines += [self.line_text(line) for line in view.facts[:fact_count]]
         text = Text("\n").join(lines)
         if text != self._shown:  # the panel's height is fixed: repaint, no layout
             self._shown = text
             self.update(text, layout=False)
 
     def _spark_lines(self, items: list[Spark], now: float, span_s: float, width: int,
-                     height: int) -> list[Text]:
-        rows = allot_rows(len(items), height)
+                     drawn: bool) -> list[Text]:
+        """A row per sparkline: label, the line (``drawn``; else the number alone), its
+        number and unit."""
         tail_w = max((sum(len(p) for p, _ in s.tail) for s in items), default=0) + 1
-        cells = max(width - LABEL_W - tail_w, 0)
+        cells = max(width - LABEL_W - tail_w, 0) if drawn else 0
         out: list[Text] = []
-        for spark, count in zip(items, rows, strict=False):
-            values = bins(spark.points, now, span_s, cells)
-            blocks = spark_rows(values, spark.top, count)
-            for i, block in enumerate(blocks):
-                last = i == len(blocks) - 1
-                line: Line = [(spark.label.ljust(LABEL_W) if last else " " * LABEL_W, "key"),
-                              (block, spark.role)]
-                if last:
-                    line += [(" ", ""), *spark.tail]
-                out.append(self.line_text(line))
+        for spark in items:
+            values = joined_bins(spark.points, now, span_s, cells, spark.join_s)
+            [block] = spark_rows(values, spark.top, 1)
+            line: Line = [(spark.label.ljust(LABEL_W), "key"), (block, spark.role)]
+            line += [(" " if drawn else "", ""), *spark.tail]
+            out.append(self.line_text(line))
         return out
 

@@ -17,10 +17,10 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from kvtop.view.cells import CELL_PADDING, Cell, Column, visible_columns
+from kvtop.view.cells import Cell, Column, visible_columns
 from kvtop.view.fleet import FleetRow
 
-SCROLLBAR_W = 2  # the vertical scrollbar's cells, kept free so no column is half drawn
+SCROLLBAR_W = 1  # the vertical scrollbar's cells (kvtop.tcss), kept free for it
 ELLIPSIS = "…"
 MAX_STRIPS = 1024  # cached row lines (a few screens' worth); then start afresh
 
@@ -37,17 +37,32 @@ def fit(text: str, width: int, keep: int = 0) -> str:
 
 
 def header_text(columns: list[Column], sorted_by: str, ascending: bool) -> str:
-    """The header's labels, the sorted column's marked ▲ (smallest or A first) or ▼."""
+    """The header's labels, the sorted column's marked ▲ (smallest or A first) or ▼: the
+    marker survives a label cut to make room for it."""
     marker = "▲" if ascending else "▼"
-    return "".join(f" {fit(c.label + marker if c.key == sorted_by else c.label, c.width)} "
-                   for c in columns)
+    return "".join(_padded(fit(c.label[:c.width - 1] + marker, c.width) if c.key == sorted_by
+                           else fit(c.label, c.width), c) for c in columns)
+
+
+def _padded(text: str, column: Column) -> str:
+    """A cell's text with the column's spaces around it."""
+    return f" {text}" + " " * (column.pad - 1)
+
+
+def cell_text(cell: Cell, width: int) -> str:
+    """The cell in ``width`` cells: its short form where the text is wider (a narrowed
+    column), else the text, cut if it must be."""
+    text = cell.text
+    if cell.short is not None and cell_len(text) > width:
+        text = cell.short
+    return fit(text, width, cell.keep)
 
 
 def column_at(columns: list[Column], x: int) -> str | None:
     """The key of the column drawn at cell ``x`` (None: right of the last one)."""
     start = 0
     for column in columns:
-        end = start + column.width + CELL_PADDING
+        end = start + column.width + column.pad
         if start <= x < end:
             return column.key
         start = end
@@ -182,7 +197,7 @@ class FleetTable(ScrollView, can_focus=True):
             self._set_virtual_size()
 
     def _set_virtual_size(self) -> None:
-        width = sum(c.width + CELL_PADDING for c in self._columns)
+        width = sum(c.width + c.pad for c in self._columns)
         self.virtual_size = Size(width, len(self._rows) + 1)
         self.refresh(layout=True)  # height is auto: the table takes the rows it needs
 
@@ -329,14 +344,15 @@ class FleetTable(ScrollView, can_focus=True):
         segments = []
         for column in self._columns:
             cell = row.cells[column.key]
-            text = fit(cell.text, column.width, cell.keep)
+            text = cell_text(cell, column.width)
+            after = " " * (column.pad - 1)
             if cell.level is None:
-                segments.append(Segment(f" {text} ", base))
+                segments.append(Segment(f" {text}{after}", base))
                 continue
             # State colours stay on the cursor's row too: a LEAK cell is red when selected.
             shown = text.rstrip(" ")  # padding stays plain: a LEAK badge is its text only
             segments += [Segment(" ", base), Segment(shown, base + self._style(cell.level)),
-                         Segment(text[len(shown):] + " ", base)]
+                         Segment(text[len(shown):] + after, base)]
         strip = Strip(Segment.simplify(segments)).extend_cell_length(width, plain).crop(0, width)
         self._strips[(row.key, cursor)] = (row.cells, strip)
         return strip

@@ -59,13 +59,18 @@ class ChartPane(Styled, Widget):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self._styles = {}
         self._view: PaneView | None = None
+        self._empty = ""  # said where there is no view
         self._strips: tuple[Size, list[Strip]] | None = None  # drawn at that size
 
-    def show(self, view: PaneView | None) -> None:
-        """Draw ``view``; what did not change is left alone (a title costs a layout)."""
+    def show(self, view: PaneView | None, empty: str = "") -> None:
+        """Draw ``view`` (None: say ``empty``); what did not change is left alone (a title
+        costs a layout)."""
         old, self._view = self._view, view
         if old is not None and view is not None and old == view:
             return
+        if view is None and old is None and empty == self._empty:
+            return
+        self._empty = empty
         if old is None or view is None or old.legend != view.legend:
             self.border_title = self.line_text(view.legend) if view else None
         if old is None or view is None or old.latest != view.latest:
@@ -88,8 +93,8 @@ class ChartPane(Styled, Widget):
 
     def _draw(self, width: int, height: int) -> list[Strip]:
         view = self._view
-        if view is None:  # a server that never answered: no numbers to draw
-            lines: list[Line] = [[("no numbers from this server", "dim")]]
+        if view is None:  # a server that never answered, a search that left no row
+            lines: list[Line] = [[(self._empty, "dim")]] if self._empty else []
         else:
             rows = render(view.chart, width, height) if view.chart is not None else []
             lines = rows or [[(view.empty, "dim")]]
@@ -157,4 +162,4 @@ class EnginePanes(Vertical):
                 show_engine(view)
         panes = {pane.key: pane for pane in view.panes}
         for key, widget in self._panes.items():
-            widget.show(panes.get(key))
+            widget.show(panes.get(key), view.empty)

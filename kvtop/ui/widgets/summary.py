@@ -1,6 +1,8 @@
 """The header's meters, as htop has them: the fleet's KV blocks on a bar with eighth-cell
 resolution, hosts up, leak and stall counts; then requests, hit rate, tokens/s and the
-view's settings. Every number is over the rows shown (a filter narrows them too)."""
+view's settings. The numbers are the fleet's: a search says how many rows it shows
+("3 of 40 shown") and changes no number. Where the line is too narrow, the view's settings
+and then a GPU note go first; the fleet's load, hit rate and tokens/s stay."""
 
 from __future__ import annotations
 
@@ -46,12 +48,14 @@ class SummaryBar(Static):
         sort_label: str,
         filter_text: str,
         paused: bool,
+        shown: tuple[int, int] | None = None,
         recording: str | None = None,
         group_label: str = "",
         gpu_note: tuple[str, str] | None = None,
     ) -> None:
+        """``shown``: (rows the search leaves, rows in all), said while searching."""
         self._last = (summary, {"interval_s": interval_s, "sort_label": sort_label,
-                                "filter_text": filter_text, "paused": paused,
+                                "filter_text": filter_text, "shown": shown, "paused": paused,
                                 "recording": recording, "group_label": group_label,
                                 "gpu_note": gpu_note})
         width = self.content_size.width or 200
@@ -62,7 +66,9 @@ class SummaryBar(Static):
         if group_label:
             settings.append((2, [("groups ", "key"), (group_label, "")]))
         if filter_text:
-            settings.append((0, [("filter ", "key"), (repr(filter_text), "warn")]))
+            count = f" {shown[0]} of {shown[1]} shown" if shown is not None else ""
+            settings.append((0, [("filter ", "key"), (repr(filter_text), "warn"),
+                                 (count, "key")]))
         if paused:
             settings.append((0, [("PAUSED", "flag")]))
         if recording is not None:  # "" while recording well; else what went wrong
@@ -154,17 +160,19 @@ def _load_parts(summary: FleetSummary) -> list[Part]:
     ]
 
 
+NOTE_PRIORITY = 9  # the first part to go: a GPU that can't be read is a note, not news
+
+
 def _with_note(parts: list[Part], note: tuple[str, str] | None, width: int) -> list[Part]:
     """``parts`` fitted to ``width`` with the GPU note (short, full): the full one where it
-    fits, else the short one."""
+    fits, else the short one, else none; never at the cost of another part."""
+    fitted = _fit(parts, width)
     if note is None:
-        return _fit(parts, width)
-    short, full = note
-    for text in (full, short):
-        part: Part = (1, [("GPU ", "key"), (text, "warn")])
-        fitted = _fit([*parts, part], width)
-        if part in fitted:
-            return fitted
+        return fitted
+    for text in note[::-1]:
+        with_note = [*fitted, (NOTE_PRIORITY, [("GPU ", "key"), (text, "warn")])]
+        if _fit(with_note, width) == with_note:
+            return with_note
     return fitted
 
 

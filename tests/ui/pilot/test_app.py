@@ -88,8 +88,9 @@ async def test_compact_layout_keeps_the_key_columns(tmp_path: Path) -> None:
     app, _ = live_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         assert await live_data_shown(pilot)
+        # the verdict, the queue, and the hit rate and tokens/s beside them (narrowed)
         assert list(table_rows(app)[0]) == [
-            "name", "status", "kv", "leak", "running", "waiting"
+            "name", "status", "kv", "leak", "running", "waiting", "hit", "gen"
         ]
         assert app.has_class("compact")
 
@@ -184,9 +185,30 @@ async def test_filter_and_sort(tmp_path: Path) -> None:
         assert len(table_rows(app)) == 3
         await pilot.press("o")  # by KV use, fullest first, unknown last
         assert _names(app) == ["10.0.0.5:8000", "10.0.0.5:8001", "gateway"]
-        assert "sort KV use ↓" in str(app.query_one("#summary").render())
+        assert "sort KV use ▼" in str(app.query_one("#summary").render())
         await pilot.press("o")  # by queue
         assert _names(app)[0] == "10.0.0.5:8000"
+
+
+async def test_a_message_takes_the_footer_s_line_never_a_pane_s(tmp_path: Path) -> None:
+    from textual.widgets import Footer
+    from textual.widgets._toast import Toast
+
+    from kvtop.ui.widgets.message_line import MessageLine
+
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await live_data_shown(pilot)
+        panel_before = app.engine_panel.region
+        await pilot.press("plus")
+        line = app.query_one(MessageLine)
+        assert await until(pilot, lambda: line.display and "polling every 2s" in str(
+            line.render()))
+        assert line.region.y == 23 and not app.query_one(Footer).display
+        assert not app.screen.query(Toast)  # nothing drawn over the panes
+        assert app.engine_panel.region == panel_before
+        app.clear_notifications()  # expired: the key hints come back
+        assert await until(pilot, lambda: app.query_one(Footer).display and not line.display)
 
 
 async def test_interval_keys_reach_the_source(tmp_path: Path) -> None:
@@ -221,6 +243,23 @@ async def test_snapshot_writes_json_bodies_and_svg(tmp_path: Path) -> None:
         if path.is_file():
             assert TOKEN not in path.read_text()
     assert not list(tmp_path.glob(".kvtop-snapshot-*"))  # no temp folder left behind
+
+
+async def test_s_writes_under_the_state_directory_and_says_the_whole_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a snapshot in the directory kvtop was started in showed up in a git checkout
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    app, _ = live_app(tmp_path, snapshot_dir=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await live_data_shown(pilot)
+        await pilot.press("s")
+        folder = tmp_path / "state/kvtop/snapshots/kvtop-snapshot-20260101T000002Z"
+        await eventually(lambda: any(n.message == f"Snapshot saved to {folder}"
+                                     for n in app._notifications),
+                         "the snapshot's whole path told", pause=pilot.pause)
+    assert (folder / "screen.svg").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
 
 
 async def test_snapshot_to_unwritable_folder_is_a_message(tmp_path: Path) -> None:

@@ -96,12 +96,13 @@ async def test_the_app_draws_the_baseline(overlay: BaselineOverlay, tmp_path: Pa
         assert await until(pilot, lambda: "base    KV p50" in str(
             app.screen.query_one("#detail-info").render()))
         # the KV plot as drawn: the baseline's levels are in its legend
-        assert await until(pilot, lambda: "base p50" in str(
-            app.screen.query_one("#plot-kv").render()))
+        assert await until(pilot, lambda: "base p5-95" in str(
+            app.screen.query_one("#plot-kv", ChartPane).border_title))
+        assert "base p50 (healthy)" in str(app.screen.query_one("#plot-kv").border_title)
     band = overlay.band(target.url, KEY)
-    kv_levels = references("plot-kv", band)
-    assert [r.label for r in kv_levels] == ["base p50", "base p5-95", None]
-    assert references("plot-kv", None) == ()
+    kv_levels = references("kv", band)
+    assert [r.label for r in kv_levels] == ["base p5-95", ""]  # beyond the KV pane's p50
+    assert references("kv", None) == ()
 
 
 def test_app_without_a_baseline_has_no_delta_column() -> None:

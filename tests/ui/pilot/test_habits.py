@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from textual.events import MouseScrollDown
+from textual.widgets import OptionList
 
 from kvtop.collect.target import Scrape, Target
 from kvtop.ui.app import AppConfig, KvtopApp
@@ -86,16 +87,16 @@ async def test_clicking_a_header_sorts_by_it_and_again_reverses(tmp_path: Path) 
         for column in app.table.columns:
             if column.key == "running":
                 break
-            x += column.width + 2
+            x += column.width + column.pad
         await pilot.click("#fleet", offset=(x + 2, 0))
         # HOST_A runs 30, HOST_B none; the gateway has no number: last either way
         assert await until(pilot, lambda: _names(app) == ["10.0.0.5:8000", "10.0.0.5:8001",
                                                           "gateway"])
-        assert "RUN▼" in _header(app) and "running ↓" in _summary(app)
+        assert "RUN▼" in _header(app) and "running ▼" in _summary(app)
         await pilot.click("#fleet", offset=(x + 2, 0))
         assert await until(pilot, lambda: _names(app) == ["10.0.0.5:8001", "10.0.0.5:8000",
                                                           "gateway"])
-        assert "RUN▲" in _header(app) and "NAME" in _header(app)
+        assert "RUN▲" in _header(app) and "NAME" in _header(app) and "running ▲" in _summary(app)
 
 
 async def test_f6_picks_a_sort_and_f3_searches(tmp_path: Path) -> None:
@@ -105,12 +106,22 @@ async def test_f6_picks_a_sort_and_f3_searches(tmp_path: Path) -> None:
         await pilot.press("f6")
         assert await until(pilot, lambda: isinstance(app.screen, SortMenu))
         await pilot.press("down", "down", "down", "enter")  # name, model, worst, KV use
-        assert await until(pilot, lambda: "sort KV use ↓" in _summary(app))
+        assert await until(pilot, lambda: "sort KV use ▼" in _summary(app))
+        assert "KV BLOCKS▼" in _header(app)
+        # the menu marks the sort as the column and the header do: ▼ biggest first
+        await pilot.press("f6")
+        assert await until(pilot, lambda: isinstance(app.screen, SortMenu))
+        menu = app.screen.query_one(OptionList)
+        marked = [str(menu.get_option_at_index(i).prompt) for i in range(menu.option_count)]
+        assert [m for m in marked if m.endswith(("▲", "▼"))] == ["KV use ▼"]
+        await pilot.press("enter")  # the same again: the other way round, everywhere
+        assert await until(pilot, lambda: "sort KV use ▲" in _summary(app))
+        assert "KV BLOCKS▲" in _header(app)
         await pilot.press("f3", *"8001")
         assert await until(pilot, lambda: _names(app) == ["10.0.0.5:8001"])
 
 
-async def test_escape_clears_a_confirmed_search_and_the_header_counts_follow(
+async def test_a_search_leaves_the_header_the_fleet_s_and_says_what_it_shows(
         tmp_path: Path) -> None:
     app, _ = live_app(tmp_path)
     async with app.run_test(size=WIDE) as pilot:
@@ -120,9 +131,16 @@ async def test_escape_clears_a_confirmed_search_and_the_header_counts_follow(
         assert await until(pilot, lambda: _names(app) == ["10.0.0.5:8001"])
         assert not app.filter_box.display
         summary = _summary(app)
-        assert "hosts 1/1 up" in summary and "filter '8001'" in summary
-        # the header's KV is the filtered host's pool alone (1000 blocks on 0.10.1)
-        assert "/1000 blocks" in summary
+        # htop keeps its header system-wide: the fleet's hosts and pool (599 + 1000 blocks),
+        # and what the search shows
+        assert "hosts 2/3 up" in summary and "/1599 blocks" in summary
+        assert "filter '8001' 1 of 3 shown" in summary
+        await pilot.press("escape", "slash", *"nothing-matches", "enter")
+        assert await until(pilot, lambda: _names(app) == [])
+        assert "hosts 2/3 up" in _summary(app) and "0 of 3 shown" in _summary(app)
+        assert await until(pilot, lambda: "no row matches 'nothing-matches'" in str(
+            app.panes.head.render()))
+        assert "no numbers" not in app.export_screenshot()
         await pilot.press("escape")
         assert await until(pilot, lambda: len(_names(app)) == 3)
         assert "hosts 2/3 up" in _summary(app) and "filter" not in _summary(app)

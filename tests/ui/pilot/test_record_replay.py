@@ -81,9 +81,9 @@ async def test_replay_keys_pause_step_seek_and_speed(tmp_path: Path) -> None:
         await pilot.press("space")
         assert source.paused and "PAUSED" in _bar(app)
         await pilot.press("full_stop")  # the next scrapes, 5 s on
-        assert await until(pilot, lambda: source.now() == T0 + 5)
-        await pilot.press("right")  # → steps too, though the table has focus
-        assert await until(pilot, lambda: source.now() == T0 + 10)
+        assert await until(pilot, lambda: source.now() == T0 + 5 and "0:05/4:55" in _bar(app))
+        await pilot.press("full_stop")  # the bar's elapsed time moves with each step
+        assert await until(pilot, lambda: source.now() == T0 + 10 and "0:10/4:55" in _bar(app))
         await pilot.press("right_square_bracket")  # +1 min: everything up to it folded
         assert await until(pilot, lambda: app.trackers[HOST_A.url].state.last_good_t == T0 + 70)
         assert source.now() == T0 + 70

@@ -1,7 +1,7 @@
-"""SVG snapshots of the main screen at 80x24, 120x40, 160x48 and 200x60, a resize, the
-detail view and the help (fixed clock and data: tests/scenarios/app.py), and of a recording
-replayed through the real adapters and derivations. The README's screenshots are these
-renders (scripts/screenshots.py)."""
+"""SVG snapshots of the main screen at 80x24, 120x40, 160x48 and 200x60 with and without
+NVML, a resize, the detail view and the help (fixed clock and data: tests/scenarios/app.py),
+and of a recording replayed through the real adapters and derivations. The README's
+screenshots are these renders (scripts/screenshots.py)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,13 @@ def test_fleet_view(snap_compare, size: tuple[int, int]) -> None:
     assert snap_compare(static_app(), terminal_size=size, run_before=_then_repaint(_loaded))
 
 
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_fleet_view_without_nvml(snap_compare, size: tuple[int, int]) -> None:
+    # a laptop without an NVIDIA driver: a GPU note at most, the fleet's numbers stay
+    app = static_app(gpu_reader=FakeGpuReader(unavailable="NVML Shared Library Not Found"))
+    assert snap_compare(app, terminal_size=size, run_before=_then_repaint(_loaded))
+
+
 def test_a_server_that_never_answered_selected(snap_compare) -> None:
     assert snap_compare(static_app(), terminal_size=(120, 40), run_before=_then_repaint(_settle))
 
@@ -90,6 +97,7 @@ def test_detail_view(snap_compare, size: tuple[int, int]) -> None:
         await eventually(lambda: isinstance(app.screen, DetailScreen) and "num_gpu_blocks" in
                          str(app.screen.query_one("#detail-info").render()),
                          "the detail screen filled", pause=pilot.pause)
+        app.clear_notifications()  # the STALLED alert takes the footer's line (tested elsewhere)
         await pilot.pause()
 
     assert snap_compare(static_app(), terminal_size=size, run_before=_then_repaint(open_detail))

@@ -72,7 +72,11 @@ def test_fewer_blocks_is_the_config_change_and_fuller_pool(recordings: Recording
     assert [(c["key"], c["baseline"], c["now"]) for c in doc["config_changes"]] == [
         ("num_gpu_blocks", 600, 420)]
     assert "kv_usage" in flagged(result, "worse")
-    assert verdicts(result)["prompt_tps"] == verdicts(result)["generation_tps"] == "same"
+    # the same load: tokens/s not flagged (unknown at 20 minutes: too little power for 10 %)
+    assert {verdicts(result)["prompt_tps"], verdicts(result)["generation_tps"]} <= {
+        "same", "unknown"}
+    assert result.engines[0].load is not None and result.engines[0].load.verdict not in (
+        "higher", "lower")
     assert result.exit_code() == 1
 
 
@@ -89,11 +93,21 @@ def test_prefix_caching_off_on_a_prefix_heavy_workload(recordings: Recordings) -
     assert {"hit_rate", "ttft_p99", "kv_usage"} <= flagged(result, "worse")
 
 
-def test_double_the_arrival_rate(recordings: Recordings, healthy: Any) -> None:
+def test_double_the_arrival_rate_is_a_load_change_not_a_regression(
+        recordings: Recordings, healthy: Any) -> None:
+    """Twice the tokens: the load rose, and the fuller pool, the queue and the slower
+    answers follow it; no minute of the two runs saw the same load, so they are higher,
+    never worse."""
     result = compare(healthy, summarise(recordings.path("double_rate")))
-    assert {"kv_usage", "waiting", "ttft_p99"} <= flagged(result, "worse")
-    # and the load figures say why: twice the tokens, more requests running
+    (engine,) = result.engines
+    assert engine.load is not None and engine.load.verdict == "higher"
+    assert engine.load_range is None  # no minute of one run at the other's load
     assert {"prompt_tps", "generation_tps", "running"} <= flagged(result, "higher")
+    assert {"kv_usage", "waiting", "ttft_p99"} <= flagged(result, "higher")
+    assert not flagged(result, "worse") and result.exit_code() == 0
+    kv = next(f for f in engine.figures if f.spec.key == "kv_usage")
+    assert kv.note is not None and kv.note.startswith("follows the load (1.01 -> 1.94 "
+                                                      "arrivals/s)")
     assert result.all_config_changes() == []
 
 
@@ -207,7 +221,6 @@ def test_text_output_names_the_change_first(recordings: Recordings, data_home: P
     ("leak", "healthy", {"leak"}),
     ("fewer_blocks", "healthy", {"kv_usage"}),
     ("prefix_caching_off", "prefix_heavy", {"hit_rate", "ttft_p99", "kv_usage"}),
-    ("double_rate", "healthy", {"kv_usage", "waiting", "ttft_p99"}),
 ])
 def test_each_change_through_compare_replay(recordings: Recordings, data_home: Path,
                                             capsys: pytest.CaptureFixture[str], change: str,
@@ -241,3 +254,134 @@ def test_reruns_through_compare_replay_flag_nothing(recordings: Recordings, data
         assert code == 0, err
         verdicts_seen[seed] = doc["verdict"]
     assert set(verdicts_seen.values()) == {"same"}, verdicts_seen
+
+
+# -- the load, and the power to say SAME -----------------------------------------------------
+
+
+def part(path: Path, since: float | None = None, until: float | None = None) -> Any:
+    """Minutes of a recording (offsets in seconds from its first scrape), summarised."""
+    from kvtop.baseline import collect
+    from kvtop.store.recording import read_recording
+    from kvtop.store.time_range import Bound, TimeRange
+
+    recording = read_recording(path)
+    span = TimeRange(None if since is None else Bound(since, True),
+                     None if until is None else Bound(until, True))
+    return collect.summarise(span.within(recording.in_time_order()),
+                             targets=recording.targets(), name=None, source={},
+                             interval_s=recording.interval_s, in_time_order=True)
+
+
+def test_the_halves_of_a_load_ramp_are_a_load_change_not_a_regression(
+        recordings: Recordings) -> None:
+    """40 minutes of a rate rising from 1/s to 3/s: the second half against the first is
+    busier, its queue and latency follow the load, and nothing is worse."""
+    from benchmarks.baseline_eval.scenarios import HEALTHY
+
+    ramp = recordings.path("ramp", HEALTHY.but(ramp_to=3.0, minutes=40))
+    result = compare(part(ramp, until=1200), part(ramp, since=1200))
+    (engine,) = result.engines
+    assert engine.load is not None and engine.load.verdict == "higher"
+    assert engine.load.spec.key == "arrivals_per_s"
+    assert not flagged(result, "worse") and result.exit_code() == 0
+    assert {"waiting", "ttft_p99"} <= flagged(result, "higher")
+    waiting = next(f for f in engine.figures if f.spec.key == "waiting")
+    assert waiting.note is not None and waiting.note.startswith("follows the load")
+
+
+def test_a_busier_healthy_server_is_no_regression_and_a_leak_at_its_load_is(
+        recordings: Recordings) -> None:
+    from benchmarks.baseline_eval.scenarios import HEALTHY
+
+    base = summarise(recordings.path("healthy-40", HEALTHY.but(minutes=40)))
+    busier = compare(base, summarise(recordings.path("busier-40", HEALTHY.but(
+        rate=1.5, seed=CHANGED_SEED, minutes=40))))
+    assert busier.engines[0].load is not None
+    assert busier.engines[0].load.verdict == "higher"
+    assert not flagged(busier, "worse") and busier.exit_code() == 0
+    assert {"kv_usage", "ttft_p99"} <= flagged(busier, "higher")
+    leak = compare(base, summarise(recordings.path("leak-40", HEALTHY.but(
+        leak_frac=0.01, seed=CHANGED_SEED, minutes=40))))
+    assert leak.engines[0].load is not None
+    assert leak.engines[0].load.verdict not in ("higher", "lower")  # the same load offered
+    assert "leak" in flagged(leak, "worse") and leak.exit_code() == 1
+
+
+def test_three_minute_runs_are_unknown_where_they_cannot_judge(recordings: Recordings) -> None:
+    """3 minutes a side: the rank test can never reach p < 0.01 (2 / C(6, 3) = 0.1), so
+    no figure is SAME; each says what it would need, and the run exits 3."""
+    from benchmarks.baseline_eval.scenarios import HEALTHY
+
+    short = summarise(recordings.path("short", HEALTHY.but(minutes=3)))
+    other = summarise(recordings.path("short-2", HEALTHY.but(minutes=3, seed=5)))
+    result = compare(short, other)
+    (engine,) = result.engines
+    judged = [f for f in engine.figures if f.matters is not None]
+    assert judged and all(f.verdict == "unknown" for f in judged)
+    assert all("can never reach the rank test's p < 0.01" in (f.note or "") for f in judged)
+    assert all((f.minutes_needed or f.minutes_each or 0) > 0 for f in judged)
+    assert result.verdict == "unknown" and result.exit_code() == 3
+    rerun = compare(summarise(recordings.path("healthy-40", HEALTHY.but(minutes=40))),
+                    summarise(recordings.path("rerun-40", HEALTHY.but(minutes=40, seed=3))))
+    same = flagged(rerun, "same")
+    assert same and all(f.detectable is not None and f.matters is not None
+                        and f.detectable <= f.matters
+                        for f in rerun.engines[0].figures if f.spec.key in same)
+    assert rerun.verdict == "same"
+
+
+# -- the rules, on made-up values ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("verdicts_seen", "overall_verdict"), [
+    (["better", "worse", "same"], "worse"),  # worse outranks better: a regression exits 1
+    (["worse", "better"], "worse"),
+    (["better", "same", "unknown"], "better"),
+    (["same", "unknown", "higher"], "same"),
+    (["unknown", "unknown"], "unknown"),
+    ([], "unknown"),
+])
+def test_the_overall_verdict(verdicts_seen: list[str], overall_verdict: str) -> None:
+    from kvtop.baseline.compare import overall
+
+    assert overall(verdicts_seen) == overall_verdict  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("baseline", "now", "verdict"), [
+    ("ok", "leak", "worse"), ("watch", "leak", "worse"), ("unknown", "leak", "worse"),
+    ("ok", "watch", "same"),  # WATCH is not a leak
+    ("leak", "ok", "better"), ("leak", "watch", "better"), ("leak", "leak", "same"),
+    ("ok", "unknown", "unknown"), ("unknown", "ok", "unknown"), ("ok", "ok", "same"),
+])
+def test_the_leak_row(baseline: str, now: str, verdict: str) -> None:
+    from kvtop.baseline.compare import EngineComparison
+
+    row = EngineComparison("t", "t", "m", "0", [], [], baseline, now, "")
+    assert row.leak_verdict == verdict
+
+
+def test_a_setting_unknown_on_one_side_is_not_a_change() -> None:
+    from kvtop.baseline.compare import config_changes
+
+    base = {"num_gpu_blocks": 600, "block_size": 16, "cache_dtype": None,
+            "prefix_caching": True, "blocks_total": 599}
+    now = {"num_gpu_blocks": 600, "block_size": None, "cache_dtype": "fp8",
+           "prefix_caching": False, "blocks_total": 598}
+    assert [(c.key, c.baseline, c.now) for c in config_changes(base, now)] == [
+        ("blocks_total", 599, 598), ("prefix_caching", True, False)]
+    resized = {**now, "num_gpu_blocks": 400}
+    assert [c.key for c in config_changes(base, resized)] == ["num_gpu_blocks",
+                                                              "prefix_caching"]
+
+
+def test_an_inferred_version_is_no_change_against_an_exact_one() -> None:
+    from kvtop.baseline.compare import _versions
+    from kvtop.baseline.model import TargetSummary
+
+    exact = TargetSummary("t", "vllm", "0.33.0")
+    guessed = TargetSummary("t", "vllm", "0.10.2+", version_inferred=True)
+    older = TargetSummary("t", "vllm", "0.7+", version_inferred=True)
+    assert _versions(exact, guessed) == (None, None)
+    assert _versions(guessed, older) == ("0.10.2+ (inferred)", "0.7+ (inferred)")
+    assert _versions(exact, TargetSummary("t", "vllm", "0.34.0")) == ("0.33.0", "0.34.0")

@@ -17,7 +17,7 @@ from kvtop.baseline.model import (
     ProbeSummary,
     TargetSummary,
 )
-from kvtop.baseline.text import DASH, GIB, change, number, render_comparison
+from kvtop.baseline.text import DASH, GIB, change, number, render_baseline, render_comparison
 from kvtop.cli import main
 
 
@@ -232,9 +232,11 @@ GPU_1, GPU_2 = "http://gpu-1:8000/metrics", "http://gpu-2:8000/metrics"
 
 def figure(key: str, label: str, unit: str, baseline: float | None, now: float | None,
            delta: float | None, pct: float | None, p: float | None, verdict: str,
-           note: str | None = None) -> dict[str, object]:
+           note: str | None = None, threshold: float | None = None,
+           matters: float | None = None) -> dict[str, object]:
     return {"figure": key, "label": label, "unit": unit, "baseline": baseline, "now": now,
-            "delta": delta, "delta_pct": pct, "p_value": p, "verdict": verdict, "note": note}
+            "delta": delta, "delta_pct": pct, "p_value": p, "verdict": verdict, "note": note,
+            "threshold": threshold, "matters": matters}
 
 
 def comparison() -> dict[str, object]:
@@ -265,13 +267,13 @@ def comparison() -> dict[str, object]:
                       "reason": "827 blocks held with nothing running or waiting"},
              "figures": [
                  figure("kv_usage", "KV usage p50", "fraction", 0.289, 0.403, 0.114, 39.5,
-                        1.2e-05, "worse"),
+                        1.2e-05, "worse", threshold=0.052, matters=0.03),
                  figure("idle_kv_usage", "KV used at idle", "fraction", None, None, None,
                         None, None, "unknown", "not known in either run"),
                  figure("preemptions_per_min", "preemptions/min", "per_min", 0.0, 2.5, 2.5,
                         None, 0.001, "worse"),
                  figure("waiting", "waiting (mean)", "count", 0.75, 0.5, -0.25, -33.3, 0.2,
-                        "same"),
+                        "unknown", "could not have seen a change of 0.5 count", matters=0.5),
                  figure("running", "running (mean)", "count", 10.0, 12.0, 2.0, 20.0, 0.004,
                         "higher"),
                  figure("hit_rate", "prefix hit rate", "fraction", 0.62, 0.71, 0.09, 14.5,
@@ -279,11 +281,16 @@ def comparison() -> dict[str, object]:
                  figure("prompt_tps", "prompt tokens/s", "tokens_per_s", 2345.6, 2100.0,
                         -245.6, -10.47, 0.03, "lower"),
                  figure("ttft_p99", "TTFT p99", "seconds", 0.3127, 0.8, 0.4873, 155.8, 2e-06,
-                        "worse")]},
+                        "worse", threshold=0.0625, matters=0.0625)],
+             "load": {"figure": "tokens_per_s", "verdict": "lower", "baseline": 2800.0,
+                      "now": 2500.0, "changed": True,
+                      "matched_range": [2400.0, 2700.0]}},
             {"target": GPU_2, "model": None, "engine": None, "verdict": "unknown",
              "config_changes": [],
              "leak": {"baseline": "unknown", "now": "watch", "verdict": "unknown",
                       "reason": "40 blocks held at idle (confirming)"},
+             "load": {"figure": "arrivals_per_s", "verdict": "higher", "baseline": 0.5,
+                      "now": 1.25, "changed": True, "matched_range": None},
              "figures": []}],
         "probes": [
             {"target": GPU_1, "model": MODEL, "verdict": "same",
@@ -309,8 +316,8 @@ def comparison() -> dict[str, object]:
 
 COMPARED = f"""\
 kvtop compare: WORSE
-  baseline 'before-upgrade' 30.0 min, recording /srv/runs/monday.jsonl.gz, \
-taken 2026-12-01T09:30:00+00:00
+  baseline 'before-upgrade' 30.0 min, recording /srv/runs/monday.jsonl.gz, taken \
+2026-12-01T09:30:00+00:00
   now      10.0 min, live, taken ?
 
 Config changes (they explain most differences):
@@ -320,45 +327,66 @@ Config changes (they explain most differences):
   GPU ?: GPU memory (bytes) 85520809984 -> 150754820096
 
 {GPU_1}  model {MODEL}  engine 0: WORSE
-  figure                       baseline          now               change       p  verdict
-  KV usage p50                   28.9 %       40.3 %            +11.4 pts  <0.001  WORSE
-  KV used at idle                     —            —                               unknown  \
-(not known in either run)
-  preemptions/min              0.00/min     2.50/min            +2.50/min   0.001  WORSE
-  waiting (mean)                   0.75         0.50        -0.25 (-33 %)   0.200  same
-  running (mean)                  10.00        12.00        +2.00 (+20 %)   0.004  higher
-  prefix hit rate                62.0 %       71.0 %             +9.0 pts  <0.001  BETTER
-  prompt tokens/s                2346/s       2100/s       -246/s (-10 %)   0.030  lower
-  TTFT p99                       313 ms       800 ms     +487 ms (+156 %)  <0.001  WORSE
-  leak detector                      ok         leak                               WORSE  \
-(827 blocks held with nothing running or waiting)
+  the load changed: 2800 -> 2500 tokens/s (lower); load-driven figures are compared on the \
+minutes both runs spent at 2400-2700
+  figure                       baseline          now               change    counts at       p \
+ verdict
+  KV usage p50                   28.9 %       40.3 %            +11.4 pts     ±5.2 pts  <0.001 \
+ WORSE
+  KV used at idle                     —            —                                           \
+ unknown  (not known in either run)
+  preemptions/min              0.00/min     2.50/min            +2.50/min                0.001 \
+ WORSE
+  waiting (mean)                   0.75         0.50        -0.25 (-33 %)        ±0.50   0.200 \
+ unknown  (could not have seen a change of 0.5 count)
+  running (mean)                  10.00        12.00        +2.00 (+20 %)                0.004 \
+ higher
+  prefix hit rate                62.0 %       71.0 %             +9.0 pts               <0.001 \
+ BETTER
+  prompt tokens/s                2346/s       2100/s       -246/s (-10 %)                0.030 \
+ lower
+  TTFT p99                       313 ms       800 ms     +487 ms (+156 %)       ±62 ms  <0.001 \
+ WORSE
+  leak detector                      ok         leak                               WORSE  (827 \
+blocks held with nothing running or waiting)
+  not judged (too little evidence: see each row): waiting (mean)
 
 {GPU_2}: UNKNOWN
-  figure                       baseline          now               change       p  verdict
+  the load changed: 0.5 -> 1.25 arrivals/s (higher); no minute of one run saw the other's \
+load: what follows the load is marked higher or lower, not worse
+  figure                       baseline          now               change    counts at       p \
+ verdict
   leak detector                 unknown        watch                               unknown
 
 probe {GPU_1} (model {MODEL}): SAME
   2 of 10 probe requests failed
-  figure                       baseline          now               change       p  verdict
-  probe TTFT                      41 ms        40 ms       -1.4 ms (-3 %)   0.500  same
-  probe total                    1.23 s            —                               unknown  \
-(not known in this run)
+  figure                       baseline          now               change    counts at       p \
+ verdict
+  probe TTFT                      41 ms        40 ms       -1.4 ms (-3 %)                0.500 \
+ same
+  probe total                    1.23 s            —                                           \
+ unknown  (not known in this run)
 
 probe {GPU_2} (model qwen): UNKNOWN
-  figure                       baseline          now               change       p  verdict
+  figure                       baseline          now               change    counts at       p \
+ verdict
 
 GPU 0 on node-7 NVIDIA H200
-  figure                       baseline          now               change       p  verdict
-  GPU memory used             72.50 GiB    73.50 GiB     +1.00 GiB (+1 %)   0.300  same
+  figure                       baseline          now               change    counts at       p \
+ verdict
+  GPU memory used             72.50 GiB    73.50 GiB     +1.00 GiB (+1 %)                0.300 \
+ same
 
 GPU ? NVIDIA A10G
-  figure                       baseline          now               change       p  verdict
+  figure                       baseline          now               change    counts at       p \
+ verdict
 in the baseline only: {GPU_2}  model Qwen/Qwen2.5-7B-Instruct  engine 1
 in this run only: {GPU_1}  model mistral
 note: the baseline has GPU readings, this run none
 
-Judged on per-minute values: Mann-Whitney rank test, p < 0.01, \
-and a change large enough to matter (docs/baseline-format.md).
+Judged on per-minute values: Mann-Whitney rank test, p < 0.01, beyond run-to-run noise and \
+large enough to matter (the 'counts at' column); SAME only where the runs could have seen such \
+a change, else unknown (docs/baseline-format.md).
 """
 
 
@@ -386,8 +414,8 @@ def test_outside_text_is_cut_at_its_own_length() -> None:
     assert lines[2] == ("  now      'after' 3.0 h, baseline /srv/after.json, "
                         "taken 2026-12-02T09:30:00+00:00")
     assert lines[5] == f"  GPU 1: GPU {'a' * 79}… -> {'b' * 80}"
-    assert lines[10].endswith(f"unknown  ({'n' * 119}…)")
-    assert lines[17].endswith(f"WORSE  ({'r' * 159}…)")
+    assert lines[11].endswith(f"unknown  ({'n' * 119}…)")
+    assert lines[18].endswith(f"WORSE  ({'r' * 159}…)")
     assert f"  {'p' * 299}…" in lines
     assert f"GPU 0 on node-7 {'g' * 79}…" in lines
     assert f"note: {'t' * 299}…" in lines
@@ -410,6 +438,18 @@ kvtop compare: UNKNOWN
   baseline 'nightly' 2.4 h, live, taken 2026-12-01T09:30:00+00:00
   now      0.0 min, recording /srv/x.jsonl.gz, taken ?
 
-Judged on per-minute values: Mann-Whitney rank test, p < 0.05, \
-and a change large enough to matter (docs/baseline-format.md).
+Judged on per-minute values: Mann-Whitney rank test, p < 0.05, beyond run-to-run noise \
+and large enough to matter (the 'counts at' column); SAME only where the runs could have \
+seen such a change, else unknown (docs/baseline-format.md).
 """
+
+
+def test_an_inferred_version_is_shown_as_inferred() -> None:
+    from kvtop.baseline.model import Baseline, TargetSummary
+
+    baseline = Baseline("b", "2026-12-01T09:30:00+00:00", "0.1.0", {"kind": "live"}, 1.0,
+                        600.0, 60.0, targets=[TargetSummary(
+                            "http://h:8000/metrics", "vllm", "0.10.2+",
+                            version_inferred=True)])
+    assert "http://h:8000/metrics  vllm 0.10.2+ (inferred)  (0 scrapes, 0 failed)" in \
+        render_baseline(baseline, "/b.json")

@@ -1155,3 +1155,17 @@ def test_openmetrics_points_of_one_series_at_several_times_are_read_the_newest(
         "series written twice: every copy left out"]
     many = "".join(f"a{{x=\"{i % 2}\"}} {i} {i}\n" for i in range(3000))
     assert parse(many, keep=keep).refused is None
+
+
+def test_a_series_written_twice_is_seen_after_the_series_ids_were_forgotten(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The map of series ids is emptied when full; a head stored before then named its
+    series by an old id, and a timestamped copy (read in full) by a new one: both kept."""
+    monkeypatch.setattr(exposition, "_MAX_CACHED_LABEL_BLOCKS", 4)
+    exposition._series_ids.clear()
+    exposition._sample_heads.clear()
+    parse("a 1\n")  # the head "a" is stored with its id
+    parse("b 1\nc 1\nd 1\ne 1\n")  # the ids are forgotten past 4 series
+    mixed = parse("a 1 10\na 2\n")
+    assert mixed.samples == [] and [e.reason for e in mixed.errors] == [
+        "series written twice: every copy left out"]

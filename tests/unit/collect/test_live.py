@@ -130,7 +130,7 @@ def test_the_app_opens_on_the_instances_prometheus_knows() -> None:
 
 def test_the_table_and_the_gpus_are_asked_for_through_prometheus_too(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpus, "read_gpus", FakeGpuReader(unavailable="no NVML here").read)
+    monkeypatch.setattr(gpus, "read_gpus", FakeGpuReader().read)
     with served_in_thread(FakePrometheus()) as prom:  # type: ignore[type-var]
         for with_gpus in (True, False):
             assert run_snapshot_prometheus(load_settings(prom.url), timeout_s=10,
@@ -139,7 +139,8 @@ def test_the_table_and_the_gpus_are_asked_for_through_prometheus_too(
             table = capsys.readouterr().out.splitlines()
             assert table[0].split()[:2] == ["NAME", "MODEL"]
             assert sorted(line.split()[0] for line in table[1:3]) == sorted(INSTANCES)
-            assert ("GPUs from nvml" in table[-1] and "no NVML here" in table[-1]) == with_gpus
+            # this machine's GPUs (NVML) under the instances, one blank line apart
+            assert ("" in table and "NVIDIA H100 80GB HBM3" in table[-1]) == with_gpus
 
 
 def check(url: str) -> int:

@@ -14,12 +14,15 @@ recording it wrote gives the same document."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
+import signal
 import ssl
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ from kvtop.commands.check import Progress, check, print_result
 from kvtop.derive.leak import LeakParams
 from kvtop.derive.verdicts import StallVerdict
 from kvtop.derive.worst import CheckRun, EngineVerdict
-from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE
+from kvtop.exits import EXIT_INTERRUPTED, EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE
 from kvtop.sim.engine import EngineConfig
 from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet, SimServer
@@ -47,6 +50,7 @@ from tests.scenarios.check_runs import (
     body,
     idle_holding,
     judged,
+    quiet,
     stalling,
 )
 
@@ -63,20 +67,27 @@ def test_the_text_names_the_verdict_the_span_and_each_engine(
     assert lines[0] == ("kvtop check: LEAK (1m50s judged, 2026-01-01T00:00:00.000+00:00 to "
                         "2026-01-01T00:01:50.000+00:00)")
     assert lines[1].startswith(f"  LEAK    {TARGET.url} m 0: 39 blocks held")
-    assert len(lines) == 2
+    assert lines[2] == ("          leaked 39 blocks (624 tokens); next: record it (kvtop "
+                        "record), report it upstream with the recording, and restart the "
+                        "server to get the blocks back")
+    assert len(lines) == 3
 
 
 def test_the_text_says_stalled_in_the_headline_and_under_the_engine(
         capsys: pytest.CaptureFixture[str]) -> None:
     lines = text_of(judged(stalling(9)), capsys)
     assert lines[0].startswith("kvtop check: UNKNOWN, STALLED (1m20s judged")
-    assert lines[1].startswith(f"  UNKNOWN {TARGET.url} m 0: not enough data for a verdict")
+    assert lines[1] == (f"  UNKNOWN {TARGET.url} m 0: not enough data for a verdict; needs 9 "
+                        "more minutes of scrapes under load, or one idle period (nothing "
+                        "running or waiting for 20 s, 3 scrapes)")
     assert lines[2].startswith(f"  STALLED {TARGET.url} m 0: ")
     assert len(lines) == 3
 
 
 def test_the_text_of_a_run_with_nothing_read(capsys: pytest.CaptureFixture[str]) -> None:
-    assert text_of(CheckRun(), capsys) == ["kvtop check: UNKNOWN"]
+    assert text_of(CheckRun(), capsys) == [
+        "kvtop check: UNKNOWN",
+        "  no verdict: needs a target that answers with an inference server's metrics"]
 
 
 @pytest.mark.parametrize(("seconds", "shown"), [
@@ -292,7 +303,9 @@ def test_the_text_of_a_saturated_engine_and_one_without_model_or_engine_names(
     run.engines[TARGET.url][(None, None)] = saturated
     assert text_of(run, capsys) == [
         "kvtop check: UNKNOWN, SATURATED",
-        f"  UNKNOWN {TARGET.url}: not enough data for a verdict",
+        f"  UNKNOWN {TARGET.url}: not enough data for a verdict; needs 10 more minutes of "
+        "scrapes under load, or one idle period (nothing running or waiting for 20 s, 3 "
+        "scrapes)",
         f"  SATURATED {TARGET.url}: the pool is full"]
 
 
@@ -549,3 +562,70 @@ def test_kv_events_are_for_live_targets_not_a_replay(tmp_path: Path,
     path = recorded(tmp_path / "r.jsonl", [Scrape(TARGET, T0, body=body(0.0))])
     assert main(["check", "--replay", str(path), "--kv-events", "tcp://h:1"]) == EXIT_USAGE
     assert "--kv-events" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_a_live_check_exits_130_with_the_verdict_so_far(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer(bodies=[body(0.0).encode()])) as server:
+        target = Target.from_spec(server.url())
+
+        def interrupt_soon(scrape: Scrape) -> None:
+            if server.hits == 5:
+                os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C at the terminal
+
+        source = DirectSource([target], interval_s=0.05, timeout_s=10.0, insecure=False,
+                              narrow=True)
+        started = time.monotonic()
+        with tapped(source, interrupt_soon):
+            code = check(source, params=None, duration_s=60.0, as_json=False)
+    assert code == EXIT_INTERRUPTED == 130
+    assert time.monotonic() - started < 30  # not the 60 s asked for
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("kvtop check: OK (") and lines[0].endswith(
+        " (interrupted: the verdict so far)")
+
+
+@contextlib.contextmanager
+def tapped(source: DirectSource, tap: Callable[[Scrape], None]) -> Iterator[None]:
+    """Call ``tap`` on every scrape the source's poller delivers, before the consumer."""
+    live = source.live()
+    assert live is not None
+    original = live.run
+
+    async def run(on_scrape: Any, *, stop: asyncio.Event) -> None:
+        def both(scrape: Scrape) -> Any:
+            tap(scrape)
+            return on_scrape(scrape)
+        await original(both, stop=stop)
+
+    live.run = run  # type: ignore[method-assign]
+    yield
+
+
+def test_a_check_of_part_of_a_recording_judges_only_that_part(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = recorded(tmp_path / "r.jsonl", [*quiet(6), *idle_holding(12, start=T0 + 60)])
+    assert main(["check", "--replay", str(path), "--until", "50s", "--json"]) == EXIT_OK
+    quiet_part = json.loads(capsys.readouterr().out)
+    assert quiet_part["duration_s"] == 50.0 and quiet_part["verdict"] == "ok"
+    assert main(["check", "--replay", str(path), "--since", "1m", "--json"]) == EXIT_LEAK
+    leaking = json.loads(capsys.readouterr().out)
+    assert leaking["started_at"] == "2026-01-01T00:01:00.000+00:00"
+    moment = "2026-01-01T00:01:00Z"
+    assert main(["check", "--replay", str(path), "--since", moment, "--until", "110s",
+                 "--json"]) == EXIT_OK  # 50 s held: WATCH, not yet the 60 s of a LEAK
+    cut = json.loads(capsys.readouterr().out)
+    assert (cut["started_at"], cut["duration_s"]) == ("2026-01-01T00:01:00.000+00:00", 50.0)
+    assert cut["verdict"] == "watch"
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["--since", "10m"], "--since and --until cut a recording: give them with --replay"),
+    (["--replay", "r.jsonl", "--until", "yesterday"], "not a time: 'yesterday'"),
+    (["--replay", "r.jsonl", "--since=-5m"], "an offset must be finite and >= 0"),
+])
+def test_a_time_range_needs_a_recording_and_a_time(argv: list[str], error: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with contextlib.suppress(SystemExit):
+        assert main(["check", *argv]) == EXIT_USAGE
+    assert error in capsys.readouterr().err

@@ -30,14 +30,15 @@ from kvtop.config import ConfigError
 from kvtop.derive.leak import LeakParams
 from kvtop.load.driver import RequestRecord, RunClock
 from kvtop.load.workloads import NAMED
-from kvtop.rehearse.judge import DEFAULT_MAX_ERROR_RATE
 from kvtop.rehearse.progress import Progress
 from kvtop.rehearse.report import render_text
 from kvtop.rehearse.requests import RequestTable
 from kvtop.rehearse.run import RehearsalSettings
+from kvtop.rehearse.verdict import DEFAULT_MAX_ERROR_RATE
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.fakes.faultserver import FaultServer, closed_port, served_in_thread
+from tests.scenarios.check_runs import body as idle_body
 from tests.support.cli import kvtop_command, kvtop_sim
 
 
@@ -136,8 +137,11 @@ def test_watch_only_judges_the_servers_own_histograms(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(20)
-    assert done.returncode in (0, 1), done.stderr
+    assert done.returncode in (0, 1, 3), done.stderr
     doc = json.loads(done.stdout)
+    if doc["criteria"]["kv_free"]["state"] == "not_judged":  # never idle, detector warming up
+        assert done.returncode == 3 and doc["verdict"] == "no-verdict"
+        assert doc["missing"][0].startswith("needs an idle floor before and after the load")
     assert doc["requests"] is None and doc["settings"]["watch_only"]
     assert doc["target"]["api"] is None and doc["files"]["requests"] is None
     latency = doc["criteria"]["latency"]
@@ -200,7 +204,7 @@ def test_progress_lines() -> None:
     for i in range(5):
         progress.add(RequestRecord(i, 1, "short", float(i), 0.0, "ok", 10, 10, ttft_s=0.25))
     line = progress.line()
-    assert line.startswith("0:00:00 / 1:00:00 | 5 done, 1 failed, 0 dropped")
+    assert line.startswith("0:00:00 / 1:00:00 | 5 done, 1 failed, 0 dropped, ")
     assert "TTFT p50 250ms p99 250ms" in line and "KV 42%" in line
     assert not progress.tty and Progress(terminal, RunClock(), 1.0, None, lambda: None,
                                          dict).tty
@@ -368,24 +372,50 @@ def test_an_out_folder_that_cannot_be_made_is_a_usage_error(tmp_path: Path) -> N
 
 
 def test_watch_only_watches_the_metrics_and_reports_as_json(tmp_path: Path) -> None:
-    """A server whose counters never move: nothing can be judged, so no verdict (exit 3)."""
+    """An idle server: its floor is read, but no latency is seen, so no verdict (exit 3)
+    that says what is missing."""
     out_dir = tmp_path / "out"
-    with served_in_thread(FaultServer()) as server:
+    with served_in_thread(FaultServer(bodies=[idle_body(0.0).encode()])) as server:
         url = server.url()
         code, out, err = run(url, "--watch-only", "--duration", "60s", "--time-scale", "20",
                              "--interval", "0.2", "--no-gpu", "--out", str(out_dir))
     doc = json.loads(out)  # JSON: stdout is not a terminal
     assert code == 3 and doc["verdict"] == "no-verdict"
+    assert doc["criteria"]["kv_free"]["state"] == "ok"
+    assert doc["missing"] == ["the server exported no TTFT observations in the first third"]
     assert doc["settings"]["watch_only"] and doc["target"]["api"] is None
     assert err.splitlines()[0] == f"kvtop rehearse: {url} for 60 s -> {out_dir}"
     assert (out_dir / "recording.jsonl.gz").exists()
+
+
+def test_a_server_holding_requests_without_progress_is_no_go_and_stops_early(
+        tmp_path: Path) -> None:
+    """The fixture's counters never move while 30 requests run and 149 wait: STALLED, a
+    NO-GO by itself, so the watching ends long before its 60 s."""
+    with served_in_thread(FaultServer()) as server:
+        code, out, _ = run(server.url(), "--watch-only", "--duration", "60s", "--time-scale",
+                           "20", "--interval", "0.2", "--no-gpu", "--out", str(tmp_path / "o"))
+    doc = json.loads(out)
+    assert code == 1 and doc["verdict"] == "no-go"
+    assert doc["reasons"] == ["stalled: twin-llama 0: KV pool 98% full with 149 requests "
+                              "waiting: no token generated for 5 s (30 running)"]
+    assert doc["run"]["stopped"] == "stalled" and doc["run"]["load_s"] < 30
+    assert doc["run"]["stopped_reason"].startswith("twin-llama 0: STALLED (KV pool 98% full")
+    assert doc["stall"]["state"] == "stalled" and doc["stall"]["engine"] == "twin-llama 0"
+    with served_in_thread(FaultServer()) as server:
+        code, out, _ = run(server.url(), "--watch-only", "--duration", "30s", "--time-scale",
+                           "20", "--interval", "0.2", "--no-gpu", "--full-duration", "--out",
+                           str(tmp_path / "full"))
+    full = json.loads(out)
+    assert code == 1 and full["run"]["stopped"] == "duration" and full["run"]["load_s"] >= 30
+    assert full["settings"]["full_duration"] is True
 
 
 WATCH = ("--watch-only", "--duration", "20s", "--time-scale", "20", "--interval", "0.2")
 
 
 def test_a_person_at_a_terminal_gets_the_text_report_and_progress(tmp_path: Path) -> None:
-    with served_in_thread(FaultServer()) as server:
+    with served_in_thread(FaultServer(bodies=[idle_body(0.0).encode()])) as server:
         code, out, err = run(server.url(), *WATCH, "--duration", "60s", "--no-gpu", "--out",
                              str(tmp_path / "a"), tty=True)  # 3 s: a redraw a second
         as_json = run(server.url(), *WATCH, "--no-gpu", "--json", "--quiet", "--out",
@@ -402,7 +432,7 @@ def test_local_gpus_are_read_unless_told_not_to(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = FakeGpuReader()
     monkeypatch.setattr("kvtop.collect.nvml.NvmlReader", lambda: nvml)
-    with served_in_thread(FaultServer()) as server:
+    with served_in_thread(FaultServer(bodies=[idle_body(0.0).encode()])) as server:
         assert run(server.url(), *WATCH, "--quiet", "--out", str(tmp_path / "a"))[0] == 3
         reads = nvml.reads
         assert run(server.url(), *WATCH, "--quiet", "--no-gpu", "--out",

@@ -296,6 +296,17 @@ async def test_table_output_and_bad_target_usage_error() -> None:
     assert code == 2 and "not a host:port or URL" in err
 
 
+async def test_table_rows_go_to_stdout_and_a_down_targets_whole_error_to_stderr() -> None:
+    async with FaultServer() as server:
+        down = f"127.0.0.1:{closed_port()}"
+        code, out, err, _ = await run_kvtop("snapshot", server.url(), down, "--table",
+                                            "--samples", "1", "--no-gpu")
+    assert code == EXIT_UNREADABLE
+    rows = out.splitlines()
+    assert len(rows) == 3 and rows[0].startswith("NAME ") and "twin-llama" in out
+    assert err.startswith(f"kvtop: {down}: ") and "kvtop" not in out  # notes only on stderr
+
+
 SIM_TOKEN = "sim-token-for-tests"
 
 

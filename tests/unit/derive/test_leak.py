@@ -1482,6 +1482,17 @@ def test_what_the_reason_says_while_blocks_held_at_idle_are_confirmed() -> None:
                                       "can't get blocks")
 
 
+def test_a_leak_never_reads_confirming_when_the_pool_is_idle_again() -> None:
+    # LEAK from two idles holding blocks; idle again at the end, not yet confirmed: the
+    # final verdict says what it stands on, not "confirming"
+    series = idle_runs((0, 180, 40.0), (180, 330, 300.0), (330, 410, 60.0),
+                       (410, 840, 300.0), (840, 850, 80.0))
+    last = verdicts(series)[-1]
+    assert last.state == "leak"
+    assert last.reason == ("80 blocks held with nothing running now; 60 at the last "
+                           "confirmed idle")
+
+
 def test_a_rising_floor_says_how_long_it_has_been_confirming_and_since_when_leak() -> None:
     p = LeakParams()
     series = rising_floor(6, start_min=10, stop_min=999, minutes=40)

@@ -52,31 +52,79 @@ def swinging(leaks: list[float], **kw: float) -> list[EngineStats]:
 
 
 def test_a_lump_the_load_does_not_explain_is_watch_then_leak() -> None:
+    # the load's coefficients come from a fit with a hinge, which a lump does not fit
+    # exactly: they, the rise and the estimate are right within 1 %
     p = LeakParams()
     found = closes(floor_verdicts(swinging([0.0] * 20 + [40.0] * 20)))
     watch = next(i for i, v in enumerate(found) if v.state == "watch")
     leak = next(i for i, v in enumerate(found) if v.state == "leak")
-    assert found[watch].evidence["unexplained_rise"] == pytest.approx(40.0, abs=1e-6)
-    assert found[watch].evidence["blocks_per_token"] == pytest.approx(1 / BLOCK, rel=1e-4)
+    assert found[watch].evidence["unexplained_rise"] == pytest.approx(40.0, rel=0.01)
+    assert found[watch].evidence["blocks_per_token"] == pytest.approx(1 / BLOCK, rel=0.01)
     assert "40 blocks (4.0% of the pool) held beyond what the load explains" in (
         found[watch].reason)
     assert (leak - watch) * 60 == pytest.approx(p.leak_persist_s, abs=p.bucket_s)
-    assert found[leak].leaked_blocks == pytest.approx(40.0, abs=1e-3)
+    assert found[leak].leaked_blocks == pytest.approx(40.0, rel=0.01)
     # the floor's trend does not speak where tokens in flight are known
     assert all("floor" not in v.reason for v in found)
 
 
-@pytest.mark.parametrize(("lump", "worst"), [
-    (FLOOR_POOL * LeakParams().watch_rise_frac + 0.01, "watch"),  # a hair over WATCH's rise
-    (FLOOR_POOL * LeakParams().watch_rise_frac - 0.01, "ok"),  # a hair under
-    (FLOOR_POOL * LeakParams().leak_rise_frac - 0.01, "watch"),  # a hair under LEAK's
-    (FLOOR_POOL * LeakParams().leak_rise_frac + 0.01, "leak"),  # a hair over
-], ids=["over-watch", "under-watch", "under-leak", "over-leak"])
-def test_unexplained_blocks_are_watch_from_watchs_rise_and_leak_from_leaks(
-        lump: float, worst: str) -> None:
-    found = floor_verdicts(swinging([0.0] * 20 + [lump] * 25))
-    states = {v.state for v in found}
-    assert max(states, key=["warmup", "ok", "watch", "leak"].index) == worst
+def _supports(evidence: dict[str, float | str], p: LeakParams) -> bool:
+    """The witness's WATCH rule, on the figures the verdict carries."""
+    rise = float(evidence["unexplained_rise"])
+    return (float(evidence["unexplained_z"]) >= p.explain_z
+            and evidence["unexplained_still_up"] == "yes"
+            and rise >= p.watch_rise_frac * FLOOR_POOL
+            and rise >= p.explain_noise * float(evidence["unexplained_noise"]))
+
+
+def _judged(series: list[EngineStats], p: LeakParams) -> tuple[bool, bool]:
+    """Check the witness's rules at every bucket close, exactly on the figures it measured:
+    a close that meets WATCH's rule has evidence, evidence begins only at such a close,
+    LEAK begins only with LEAK's rise after leak_persist_s of evidence and always then.
+    Returns whether evidence and LEAK ever began, for the caller to see both sides of each
+    boundary."""
+    begun = leaked = False
+    before: float | str | None = None
+    for v in closes(floor_verdicts(series, p)):
+        e = v.evidence
+        if "unexplained_rise" not in e:
+            continue
+        held = e.get("unexplained_evidence_s")
+        if _supports(e, p):
+            assert held is not None
+        if held is not None and before is None:
+            assert _supports(e, p)
+            begun = True
+        due = (held is not None and float(held) >= p.leak_persist_s
+               and float(e["unexplained_rise"]) >= p.leak_rise_frac * FLOOR_POOL)
+        assert due == (v.state == "leak") or leaked  # once LEAK, it holds for leak_hold_s
+        leaked = leaked or v.state == "leak"
+        before = held
+    return begun, leaked
+
+
+@pytest.mark.parametrize("rule", ["watch", "leak"])
+def test_unexplained_blocks_are_watch_from_watchs_rise_and_leak_from_leaks(rule: str) -> None:
+    # lumps a little either side of the threshold: the rules hold exactly on the rise
+    # measured at every close, and both sides of the boundary occur
+    p = LeakParams()
+    threshold = p.watch_rise_frac if rule == "watch" else p.leak_rise_frac
+    outcomes = set()
+    for tenth in range(-6, 7, 2):
+        lump = FLOOR_POOL * threshold + tenth / 10
+        begun, leaked = _judged(swinging([0.0] * 20 + [lump] * 25), p)
+        outcomes.add(begun if rule == "watch" else leaked)
+    assert outcomes == {True, False}
+
+
+def test_watch_stays_below_leaks_rise() -> None:
+    # a lump between WATCH's and LEAK's rise is WATCH for good, never LEAK
+    p = LeakParams()
+    lump = FLOOR_POOL * (p.watch_rise_frac + p.leak_rise_frac) / 2
+    found = closes(floor_verdicts(swinging([0.0] * 20 + [lump] * 30)))
+    assert found[-1].state == "watch"
+    assert "LEAK from 1.5% of the pool" in found[-1].reason
+    assert all(v.state != "leak" for v in found)
 
 
 def test_the_step_counts_from_explain_z_on() -> None:
@@ -90,34 +138,35 @@ def test_the_step_counts_from_explain_z_on() -> None:
     assert found[watch - 1].state == "ok"
 
 
-@pytest.mark.parametrize(("latest", "held"), [
-    (20.0, True),  # half the step still up
-    (19.99, False),  # a hair under half: a bump going away
-], ids=["half-up", "under-half"])
-def test_unexplained_blocks_count_only_while_half_the_step_stays_up(
-        latest: float, held: bool) -> None:
-    found = closes(floor_verdicts(swinging([0.0] * 20 + [40.0] * 10 + [latest] * 6)))
-    assert found[-1].evidence["unexplained_still_up"] == ("yes" if held else "no")
+def test_unexplained_blocks_count_only_while_half_the_step_stays_up() -> None:
+    # the step falls back towards half of itself: "still up" exactly while the latest
+    # buckets' median is at least half the step over the level before it
+    seen = set()
+    for latest in (17.0, 19.0, 19.8, 20.0, 20.2, 21.0, 23.0):
+        found = closes(floor_verdicts(swinging([0.0] * 20 + [40.0] * 10 + [latest] * 6)))
+        e = found[-1].evidence
+        step = float(e["unexplained_step"])
+        up = step > 0 and float(e["unexplained_now"]) - float(e["unexplained_base"]) >= step / 2
+        assert e["unexplained_still_up"] == ("yes" if up else "no")
+        seen.add(up)
+    assert seen == {True, False}
 
 
 def test_unexplained_blocks_must_clear_their_own_noise() -> None:
     # before the lump the unexplained level wanders (-2d..2d in a cycle of 5 the load,
     # which swings in cycles of 2 and 3, cannot explain): its noise is 1.4826 x its median
     # absolute deviation, d. Lumps around explain_noise times that: evidence exactly when
-    # the rise reaches it (the fit moves the rise by a few tenths, so both sides occur)
+    # the rise reaches it, at every close (the rules' check), both sides occurring
     p, d = LeakParams(), 10.0
     wander = [d * (m % 5 - 2) for m in range(20)]
-    held = set()
+    seen = set()
     for tenth in range(-8, 9, 2):
         level = p.explain_noise * 1.4826 * d + tenth / 10
-        found = closes(floor_verdicts(swinging(wander + [level] * 20)))
-        evidence = found[-1].evidence
-        assert evidence["unexplained_noise"] == pytest.approx(1.4826 * d, rel=0.01)
-        needed = p.explain_noise * float(evidence["unexplained_noise"])
-        clears = float(evidence["unexplained_rise"]) >= needed
-        assert ("unexplained_evidence_s" in evidence) == clears
-        held.add(clears)
-    assert held == {True, False}
+        series = swinging(wander + [level] * 20)
+        found = closes(floor_verdicts(series))
+        assert found[-1].evidence["unexplained_noise"] == pytest.approx(1.4826 * d, rel=0.05)
+        seen.add(_judged(series, p)[0])
+    assert seen == {True, False}
 
 
 def test_it_judges_from_explain_min_buckets_usable_buckets() -> None:
@@ -179,3 +228,67 @@ def test_after_a_clean_point_the_estimate_counts_from_the_buckets_before_it() ->
     found = floor_verdicts(series)
     leak = next(v for v in found if v.state == "leak")
     assert leak.leaked_blocks == pytest.approx(40.0, abs=0.5)
+
+
+def test_a_smooth_leak_counts_from_where_it_began() -> None:
+    # a leak of 2 blocks a minute from bucket 20 under a load that climbs with it: the fit's
+    # hinge finds where it began, so the load is not asked to explain it (blocks per token
+    # exact) and the drift is all of it, where the split, inside the leak, sees only part
+    p = LeakParams()
+    series = [loaded((minute * PER_BUCKET + i) * STEP, 2.0 * max(0, minute - 20),
+                     running=4.0 + (minute * 3) % 6 + minute / 10)
+              for minute in range(40) for i in range(PER_BUCKET)]
+    found = closes(floor_verdicts(series))
+    e = found[-1].evidence
+    # τ is tried at every TAU_EVERY-th bucket: within one bucket of the leak's start
+    assert e["blocks_per_token"] == pytest.approx(1 / BLOCK, rel=1e-3)
+    # the last bucket closed is minute 38: 18 minutes of leak since the hinge's bucket
+    assert e["unexplained_drift"] == pytest.approx(2.0 * 18, abs=2.0)
+    rise = float(e["unexplained_rise"])
+    assert rise > float(e["unexplained_now"]) - float(e["unexplained_base"])
+    assert found[-1].state in ("watch", "leak") and rise >= p.watch_rise_frac * FLOOR_POOL
+
+
+def test_the_drift_counts_only_as_far_as_the_estimate() -> None:
+    # a line overshoots a lump at its end: the rise is the larger of the split's step and
+    # the drift capped at the leaked-block estimate, never the drift alone
+    checked = 0
+    for lump in (20.0, 40.0):
+        for v in closes(floor_verdicts(swinging([0.0] * 20 + [lump] * 20))):
+            e = v.evidence
+            if "unexplained_drift" not in e:
+                continue
+            step_rise = float(e["unexplained_now"]) - float(e["unexplained_base"])
+            capped = min(float(e["unexplained_drift"]), float(e["unexplained_leaked"]))
+            assert e["unexplained_rise"] == pytest.approx(max(step_rise, capped), abs=1e-9)
+            checked += 1
+    assert checked
+
+
+
+def test_a_lump_while_the_load_ramps_is_not_taken_for_load() -> None:
+    # a lump of 60 blocks at bucket 8 while running climbs steadily: in levels the lump
+    # and the ramp look alike, in bucket-to-bucket changes the lump is one change the
+    # load's changes do not explain; fitted as a step, the load's coefficients stay right
+    series = [loaded((minute * PER_BUCKET + i) * STEP, 60.0 if minute >= 8 else 0.0,
+                     running=4.0 + minute / 3 + (minute * 3) % 4)
+              for minute in range(30) for i in range(PER_BUCKET)]
+    found = closes(floor_verdicts(series))
+    e = found[-1].evidence
+    assert e["blocks_per_token"] == pytest.approx(1 / BLOCK, rel=1e-3)
+    assert e["unexplained_rise"] == pytest.approx(60.0, rel=0.01)
+    assert found[-1].state == "leak"
+
+
+def test_a_lump_right_after_the_pool_drained_counts_from_before_the_drain() -> None:
+    # 20 healthy buckets, one drained to nothing (a clean point: the window starts over),
+    # then a lump of 40 from the first bucket after it: the window holds no bucket without
+    # it, so the buckets before the drain are the split's "before"
+    series = swinging([0.0] * 20)
+    series += [replace(s, t=s.t + 20 * 60, blocks_used=0.0, kv_usage=0.0, running=0.0,
+                       tokens_in_flight=0.0) for s in series[:PER_BUCKET]]
+    series += [replace(s, t=s.t + 21 * 60) for s in swinging([40.0] * 25)]
+    found = closes(floor_verdicts(series))
+    e = found[-1].evidence
+    assert e["unexplained_rise"] == pytest.approx(40.0, rel=0.01)
+    assert found[-1].state == "leak"

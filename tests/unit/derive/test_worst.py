@@ -4,6 +4,8 @@ unless judged, the span judged, and the exit code a leak, a stall or no data giv
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvtop.collect.source import read_scrape
@@ -14,7 +16,7 @@ from kvtop.derive.limits import LimitParams
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES
 from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 from kvtop.derive.worst import CheckRun, EngineVerdict
-from kvtop.exits import EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
+from kvtop.exits import EXIT_INTERRUPTED, EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_STALLED
 from tests.scenarios import bodies
 from tests.scenarios.check_runs import (
     STEP,
@@ -90,7 +92,9 @@ def test_no_engine_read_is_no_data_exit_3() -> None:
     assert (run.verdict(), run.stall_verdict(), run.exit_code()) == (
         "unknown", "unknown", EXIT_NO_DATA)
     assert document == {"verdict": "unknown", "stall": "unknown", "started_at": None,
-                        "ended_at": None, "duration_s": None,
+                        "ended_at": None, "duration_s": None, "interrupted": False,
+                        "needs": "needs a target that answers with an inference server's "
+                                 "metrics",
                         "targets": [{"target": TARGET.url, "engines": []}]}
 
 
@@ -241,3 +245,69 @@ def test_a_targets_configured_max_num_seqs_reaches_its_tracker(
     run = CheckRun(limits=limits)
     run.feed(read_scrape(Scrape(TARGET, T0, body=waiting_on_room(running=8))))
     assert run.to_json()["targets"][0]["engines"][0]["limits"] == seen
+
+
+def test_unknown_says_what_the_detector_still_needs() -> None:
+    run = judged(stalling(3))  # busy, making progress: the detector is warming up
+    assert run.verdict() == "unknown"
+    assert run.first_t is not None and run.last_t is not None
+    seen = run.last_t - run.first_t
+    left = math.ceil((600 - seen) / 60)
+    needs = run.to_json()["needs"]
+    assert needs == (f"needs {left} more minutes of scrapes under load, or one idle period "
+                     "(nothing running or waiting for 20 s, 3 scrapes)")
+    assert engine(run)["needs"] == needs
+    assert judged(quiet(12)).to_json()["needs"] is None
+
+
+@pytest.mark.parametrize(("seen_s", "minutes"), [(0.0, 10), (539.0, 2), (540.0, 1),
+                                                  (599.0, 1)])
+def test_the_minutes_needed_count_up_to_the_trend_span(seen_s: float, minutes: int) -> None:
+    needs = worst.warmup_needs(LeakParams(), T0, T0 + seen_s)
+    assert needs.startswith(f"needs {minutes} more minutes")
+
+
+def test_past_the_trend_span_it_needs_steady_load_or_idle() -> None:
+    params = LeakParams(trend_min_buckets=12)  # 12 buckets of 60 s outlast the 600 s span
+    assert worst.warmup_needs(params, T0, T0 + 700).startswith("needs 1 more minutes")
+    assert worst.warmup_needs(LeakParams(), T0, T0 + 600).startswith(
+        "needs more scrapes under steady load, or one idle period")
+
+
+def test_a_leak_gives_its_size_in_blocks_tokens_and_gib_and_the_next_step() -> None:
+    run = judged(idle_holding(12))
+    entry = engine(run)
+    assert entry["leaked_blocks"] == 39.0
+    assert entry["leaked_tokens"] == 39 * 16  # the scenario's block size
+    assert entry["leaked_gib"] is None  # the bytes a block holds are not said
+    assert entry["next_step"] == worst.LEAK_NEXT_STEP
+    assert engine(judged(quiet(12)))["next_step"] is None
+
+
+def test_the_bytes_a_block_holds_come_from_the_cache_config() -> None:
+    assert worst.kv_bytes_per_block({"kv_cache_memory_bytes": "2147483648",
+                                     "num_gpu_blocks": "1024"}) == 2 * 2**20
+    assert worst.kv_bytes_per_block({"kv_cache_memory_bytes": "None", "num_gpu_blocks": "8",
+                                     "cpu_kvcache_space_bytes": "4096",
+                                     "num_cpu_blocks": "2"}) == 2048
+    assert worst.kv_bytes_per_block({"cpu_kvcache_space_bytes": "4294967296",
+                                     "num_cpu_blocks": "None"}) is None
+    assert worst.kv_bytes_per_block({"kv_cache_memory_bytes": "0",
+                                     "num_gpu_blocks": "10"}) is None
+    assert worst.kv_bytes_per_block({"kv_cache_memory_bytes": "inf",
+                                     "num_gpu_blocks": "10"}) is None
+
+
+def test_a_leaks_size_in_words() -> None:
+    size = worst.leak_size(120.04, 16, 2 * 2**20)
+    assert size == {"blocks": 120.0, "tokens": 1921.0, "gib": 0.234}
+    assert worst.describe_size(size) == "120 blocks (1,921 tokens, 0.23 GiB)"
+    assert worst.describe_size(worst.leak_size(1200, None, None)) == "1,200 blocks"
+    assert worst.describe_size(worst.leak_size(None, 16, 1.0)) == "size unknown"
+
+
+def test_an_interrupted_run_exits_130_with_its_verdict_so_far() -> None:
+    run = judged(idle_holding(12))
+    run.interrupted = True
+    assert run.exit_code() == EXIT_INTERRUPTED == 130
+    assert run.to_json()["interrupted"] is True and run.to_json()["verdict"] == "leak"

@@ -81,20 +81,67 @@ def test_a_healthy_server_is_go_and_its_log_agrees_with_its_counters(tmp_path: P
     assert text.startswith("kvtop rehearse: GO\n")
 
 
-def test_a_leaking_server_is_no_go_on_free_kv(tmp_path: Path) -> None:
-    with kvtop_sim("--blocks", "600", "--leak-frac", "0.3") as url:
+def test_a_slow_leak_only_free_kv_sees_is_no_go_naming_the_leak(tmp_path: Path) -> None:
+    """5 % of requests keep their blocks in a pool of 4000: about a quarter of it held by
+    the end, never full, so the requests keep flowing and only the free-KV criterion sees
+    it. That alone is NO-GO, and the report names the leak with its size."""
+    with kvtop_sim("--blocks", "4000", "--leak-frac", "0.05") as url:
         done = subprocess.run(
-            [*kvtop_command(), "rehearse", url, "--duration", "60s", "--rate", "1",
-             "--time-scale", str(SCALE), "--interval", "2", "--request-timeout", "20",
+            [*kvtop_command(), "rehearse", url, "--duration", "120s", "--rate", "1.5",
+             "--time-scale", str(SCALE), "--interval", "2", "--request-timeout", "60",
              "--out", str(tmp_path / "out"), "--no-gpu", "--quiet", "--json"],
             capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["verdict"] == "no-go" and "kv_free" in doc["failed"]
+    assert doc["verdict"] == "no-go" and "kv_free" in doc["failed"], doc["reasons"]
+    assert doc["reasons"][0].startswith("a leak: free KV not falling: failed (falling: ")
+    assert doc["criteria"]["latency"]["state"] != "fail" and doc["stall"]["state"] != "stalled"
     kv = doc["criteria"]["kv_free"]["figures"]["engines"][0]
-    assert kv["idle_used_after"] > kv["idle_used_before"] + kv["residual_threshold_blocks"]
-    assert doc["advice"][0]["lever"] == "leak"
+    assert kv["leak_size"]["blocks"] > kv["residual_threshold_blocks"]
+    assert kv["leak_size"]["tokens"] == kv["leak_size"]["blocks"] * 16
+    (advice,) = doc["advice"]
+    assert advice["lever"] == "leak" and "record it (kvtop record)" in advice["action"]
+    assert advice["figures"]["leaked_blocks"] == kv["leak_size"]["blocks"]
     assert json.loads((tmp_path / "out/report.json").read_text()) == doc
+
+
+def test_a_leak_that_wedges_the_pool_is_no_go_naming_the_stall_and_stops_early(
+        tmp_path: Path) -> None:
+    """30 % of requests keep their blocks in a pool of 600: it wedges within a minute, the
+    waiting requests no longer fit and no token comes out: STALLED, NO-GO by itself, in the
+    stall verdict's words, and the load stops there."""
+    with kvtop_sim("--blocks", "600", "--leak-frac", "0.3") as url:
+        doc = run(settings(url, tmp_path / "out", duration_s=300.0, request_timeout_s=20.0))
+    assert doc["verdict"] == "no-go" and doc["stall"]["state"] == "stalled"
+    assert any(r.startswith("stalled: ") and "no token generated" in r
+               for r in doc["reasons"]), doc["reasons"]
+    assert doc["run"]["stopped"] == "stalled" and doc["run"]["load_s"] < 200
+    assert "stall" in [a["lever"] for a in doc["advice"]]
+    assert not {"max-num-seqs", "max-model-len"} & {a["lever"] for a in doc["advice"]}
+
+
+def test_a_stall_is_no_go_naming_it_and_the_run_stops_early(tmp_path: Path) -> None:
+    with kvtop_sim("--stall-at", "40") as url:
+        doc = run(settings(url, tmp_path / "out", duration_s=600.0, request_timeout_s=60.0))
+    assert doc["verdict"] == "no-go"
+    assert doc["reasons"][0].startswith("stalled: ") and "no token generated" in \
+        doc["reasons"][0]
+    assert doc["run"]["stopped"] == "stalled" and 40 < doc["run"]["load_s"] < 120
+    assert doc["run"]["stopped_reason"].startswith("sim-llama-3-8b 0: STALLED (no token ")
+    (advice,) = doc["advice"]
+    assert advice["lever"] == "stall" and doc["stall"]["reason"] in advice["action"]
+    text = (tmp_path / "out/report.txt").read_text(encoding="utf-8")
+    assert "stopped early: stalled" in text and "STALLED stall verdict: " in text
+
+
+def test_a_server_that_answers_nothing_is_never_go(tmp_path: Path) -> None:
+    """Stalled from its first second, run to the end all the same: nothing answered."""
+    with kvtop_sim("--stall-at", "1") as url:
+        doc = run(settings(url, tmp_path / "out", duration_s=70.0, request_timeout_s=30.0,
+                           full_duration=True, drain_s=0.0))
+    assert doc["verdict"] == "no-go" and doc["requests"]["ok"] == 0
+    assert doc["run"]["stopped"] == "duration"
+    assert any(r.startswith("the server answered none of the ") for r in doc["reasons"])
 
 
 def test_an_overloaded_server_is_no_go_on_latency(tmp_path: Path) -> None:
@@ -167,7 +214,7 @@ class GrowingGpu(FakeGpuReader):
 
 def test_gpu_memory_growing_alone_fails_its_criterion_but_is_go(tmp_path: Path) -> None:
     with kvtop_sim() as url:
-        doc = run(settings(url, tmp_path / "out", duration_s=60.0),
+        doc = run(settings(url, tmp_path / "out", duration_s=60.0, rate=2.0),
                   GrowingGpu(sample_gpus()[:1]))
     gpu = doc["criteria"]["gpu_memory"]
     assert gpu["state"] == "fail" and gpu["figures"]["gpus"][0]["rise_gib"] > 1

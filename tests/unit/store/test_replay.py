@@ -1,7 +1,7 @@
 """Replay delivers a recording's scrapes on the recording clock, and pauses, steps, seeks.
 
-A replay as a person drives it (``kvtop replay``: space, ., ←/→, +/-): its clock is the
-recording's, its speed stays within 0.1x and 1000x, a step delivers the next scrape at once,
+A replay as a person drives it (``kvtop replay``: space, ., [ ], < >): its clock is the
+recording's, its speed stays within 0.1x and 1000x, a step delivers the next round at once,
 a seek lands within the recording (back: everything again from the start, once), and a
 replay that reached its end pauses instead of spinning."""
 
@@ -163,6 +163,23 @@ async def test_a_step_delivers_the_next_scrape_at_once_and_nothing_past_the_end(
         assert player.seen == [0.0, 100.0, 200.0] and source.now() == 200.0
         source.step()  # at the end: nothing to step to
         assert source.now() == 200.0
+
+
+async def test_a_step_is_a_round_of_a_fleet_and_moves_the_clock_an_interval() -> None:
+    # four targets read milliseconds apart each second (interval 1 s): one step takes in
+    # the whole next round, and the clock (the replay bar's elapsed time) moves by it
+    times = [t + k * 0.01 for t in (0.0, 1.0, 2.0) for k in range(4)]
+    source = ReplaySource(recording(times, interval_s=1.0), speed=0.1)
+    source.toggle_pause()
+    async with Player(source) as player:
+        await eventually(lambda: player.seen == [0.0], "the scrape at the start")
+        source.step()
+        await eventually(lambda: len(player.seen) == 4, "the rest of the first round")
+        source.step()
+        await eventually(lambda: len(player.seen) == 8, "the second round, whole")
+        assert player.seen[-1] == 1.03 and source.now() == 1.03
+        await asyncio.sleep(0.1)
+        assert len(player.seen) == 8  # not a scrape of the round after (0.5 s on at most)
 
 
 async def test_the_end_pauses_the_replay() -> None:

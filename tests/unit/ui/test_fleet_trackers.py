@@ -35,17 +35,16 @@ def test_the_overlay_sees_each_good_scrape_once_and_a_rewind_starts_afresh(
     path = recordings.path("healthy")
     overlay = BaselineOverlay({}, summarise(path, "healthy"))
     recording = read_recording(path)
-    scrapes = [read_scrape(scrape) for scrape in recording.scrapes[:21]]
     [target] = recording.targets()
     fleet = FleetTrackers(TargetTracker, [target], overlay)
-    for scrape in scrapes[:20]:
-        fleet.fold(scrape)
+    for scrape in recording.scrapes[:20]:
+        fleet.fold(read_scrape(scrape))
     seen = overlay.delta(target.url, KEY)
     assert seen is not None
-    fleet.fold(Scrape(target, scrapes[19].t + 1, failure="down", error="refused"))
-    fleet.fold(scrapes[5])  # older than one folded: the tracker drops it
+    fleet.fold(Scrape(target, recording.scrapes[19].t + 1, failure="down", error="refused"))
+    fleet.fold(read_scrape(recording.scrapes[5]))  # older than one folded: the tracker drops it
     assert overlay.delta(target.url, KEY) is seen  # the same window: nothing was added
-    fleet.fold(scrapes[20])
+    fleet.fold(read_scrape(recording.scrapes[20]))
     assert overlay.delta(target.url, KEY) is not seen
     first = fleet.by_url[target.url]
     fleet.reset()

@@ -27,11 +27,41 @@ def _cells_of(state: TargetState) -> dict[str, Cell]:
 
 
 def test_narrow_terminal_keeps_the_essential_columns() -> None:
-    assert [c.key for c in visible_columns(78)] == [
-        "name", "status", "kv", "leak", "running", "waiting"
-    ]
+    # 80 columns less the scrollbar: names whole, the verdict, the queue, the hit rate and
+    # tokens/s, in narrowed columns one space apart (a cell a hair less and HIT goes first)
+    at_80 = visible_columns(79)
+    assert [c.key for c in at_80] == ["name", "status", "kv", "leak", "running", "waiting",
+                                      "hit", "gen"]
+    assert [(c.width, c.label) for c in at_80] == [
+        (16, "NAME"), (11, "STATUS"), (15, "KV BLOCKS"), (9, "LEAK"), (4, "RUN"),
+        (4, "WAIT"), (5, "HIT"), (5, "GEN/s")]
+    assert {c.pad for c in at_80} == {1} and sum(c.width + c.pad for c in at_80) == 77
+    assert len(visible_columns(77)) == 8
+    assert [c.key for c in visible_columns(76)] == [
+        "name", "status", "kv", "leak", "running", "waiting", "gen"]
+    # where every column kept fits at full width, none is narrowed
+    assert [c.width for c in visible_columns(130)] == [16, 11, 17, 12, 4, 4, 8, 5, 5, 6, 7, 11]
+    assert {c.pad for c in visible_columns(122)} == {2}  # PP t/s gone, the rest at full width
+    assert [c.width for c in visible_columns(121)][:4] == [16, 11, 15, 9]  # a hair narrower
+    assert {c.pad for c in visible_columns(121)} == {1}
     assert len(visible_columns(220)) == 13
     assert [c.key for c in visible_columns(10)] == ["name", "status", "kv", "leak"]
+
+
+def test_a_narrowed_column_shows_the_short_form_not_a_cut() -> None:
+    from kvtop.ui.widgets.fleet_table import cell_text, header_text
+
+    stats = EngineStats("m", None, NOW, kv_usage=0.5, blocks_total=20184, blocks_used=10092,
+                        leak=LEAKING)
+    cells = _cells_of(_up("h:1", stats))
+    assert cell_text(cells["kv"], 17).rstrip() == "██▌░░ 10.1k/20.2k"
+    assert cell_text(cells["kv"], 15).rstrip() == "█▌░ 10.1k/20.2k"
+    assert cells["leak"].text == "LEAK +4.2k/h"
+    assert cell_text(cells["leak"], 12) == "LEAK +4.2k/h"
+    assert cell_text(cells["leak"], 9) == "LEAK     "  # the state, not "LEAK +4.…"
+
+    # the sort marker survives a label cut to make room for it
+    assert header_text(visible_columns(79), "gen", True).rstrip().endswith("GEN/▲")
 
 
 def test_unknown_values_are_dashes_never_zero() -> None:
@@ -122,7 +152,8 @@ def test_leak_cell_says_state_and_slope() -> None:
     assert leak_cell(replace(LEAKING, slope_blocks_per_hour=None)).text == "LEAK"
     assert (leak_cell(WATCHING).text, leak_cell(WATCHING).level) == ("WATCH +1.2k/h", "warn")
     assert (leak_cell(QUIET).text, leak_cell(QUIET).level) == ("OK", "ok")
-    assert (leak_cell(WARMUP).text, leak_cell(WARMUP).level) == ("…", "dim")
+    # one name per state on every screen: WARMUP, as the table, the panes and the detail say
+    assert (leak_cell(WARMUP).text, leak_cell(WARMUP).level) == ("WARMUP", "dim")
     assert leak_cell(None).text == fmt.DASH  # a server the detector does not judge
     assert len(leak_cell(replace(WATCHING, slope_blocks_per_hour=123_456.0)).text) <= 13
 
@@ -144,9 +175,9 @@ def test_the_limit_column_says_what_holds_the_queue_loudly_and_the_rest_quietly(
     assert all(len(cell(word).text) <= 8 for word in ("deferred", "kv_capacity", "unknown"))
 
 
-def test_the_limit_column_needs_102_cells_and_sits_after_the_queue_it_explains() -> None:
-    """Dropped before HIT and GEN t/s (a narrow terminal keeps the rates), shown at once
-    where it fits."""
-    assert "limit" not in [c.key for c in visible_columns(101)]
-    assert [c.key for c in visible_columns(102)] == [
+def test_the_limit_column_needs_86_cells_and_sits_after_the_queue_it_explains() -> None:
+    """Dropped before HIT and GEN t/s (80 columns keep the rates), shown narrowed as soon as
+    it fits, before PRE/s and TTFT."""
+    assert "limit" not in [c.key for c in visible_columns(85)]
+    assert [c.key for c in visible_columns(86)] == [
         "name", "status", "kv", "leak", "running", "waiting", "limit", "hit", "gen"]

@@ -11,7 +11,7 @@ from kvtop.collect.target import Target
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
 from kvtop.derive.verdicts import LeakVerdict, StallVerdict
-from kvtop.view.chart import Chart, Series, join_gaps, nice_ceiling, render, spark_rows
+from kvtop.view.chart import Chart, Series, join_gaps, nice_ceiling, render
 from kvtop.view.engine import engine_view, kv_pane, lora_line
 from kvtop.view.fleet import build_rows
 
@@ -66,12 +66,6 @@ def test_a_silence_stays_a_gap_while_scrape_spacing_is_joined() -> None:
         1.0, None, None, None, None, 6.0]
 
 
-def test_sparklines_have_eighth_cell_steps_and_never_hide_use() -> None:
-    assert spark_rows([0.0, 1.0, 50.0, 100.0, None], 100.0, 1) == [" ▁▄█ "]
-    top, bottom = spark_rows([100.0, 75.0, 10.0], 100.0, 2)
-    assert (top, bottom) == ("█▄ ", "██▂")
-
-
 def test_lora_names_from_outside_are_written_out() -> None:
     line = lora_line(LoraInfo(2, ("sql\x1b]52;c;x\x07",), ("a", "b", "c", "d", "e")))
     assert line is not None
@@ -86,8 +80,18 @@ def test_a_server_that_never_answered_says_never() -> None:
     [row] = build_rows([state], NOW)
     view = engine_view(row, state, [], NOW, SPAN)
     text = ["".join(piece for piece, _ in line) for line in view.lines]
-    assert text == ["status down  last good never  connection refused"]
+    assert text[:3] == ["status down  last good never  connection refused",
+                        "nothing answers at http://h:1/metrics",
+                        "start the server, name others (kvtop HOST:PORT …), or try kvtop --demo"]
+    assert "vLLM serves /metrics on its API port: vllm serve MODEL --port 8000" in text
+    assert "a fleet Prometheus already scrapes: kvtop --prometheus http://prom:9090" in text
     assert view.panes == []
+    # with the interval known it says how often it tries; once it answered, no hint
+    view = engine_view(row, state, [], NOW, SPAN, interval_s=2.0)
+    assert _text(view.lines)[1] == "nothing answers at http://h:1/metrics, trying every 2s"
+    state.last_good_t = NOW - 60
+    [row] = build_rows([state], NOW)
+    assert len(engine_view(row, state, [], NOW, SPAN).lines) == 1
 
 
 def test_stalled_is_the_first_line_of_the_pane_and_ok_takes_no_line() -> None:
@@ -100,7 +104,7 @@ def test_stalled_is_the_first_line_of_the_pane_and_ok_takes_no_line() -> None:
     [row] = build_rows([state], NOW)
     lines = _text(engine_view(row, state, [stats], NOW, SPAN).lines)
     assert lines[0] == "stall STALLED  KV pool 100% full with 33 requests waiting"
-    assert lines[1].startswith("leak warming up")  # the leak line never reads STALL
+    assert lines[1].startswith("leak WARMUP")  # the leak line never reads STALL
     stats.stall = StallVerdict("ok", "making progress", None)
     [row] = build_rows([state], NOW)
     assert not any(line.startswith("stall") for line in
@@ -142,7 +146,7 @@ def test_the_cache_goes_beside_the_charts_and_its_evidence_over_them() -> None:
     assert lines[at + 1].startswith("KV events EVIDENCE 31 blocks")  # beside OK, not in it
     assert _text(view.cache)[0] == "limit  not judged"
     assert [p.key for p in view.panes][-1] == "cache"
-    assert _text(view.compact) == ["cache reuse 10% of chains  exact EVIDENCE 31 blocks"]
+    assert _text(view.facts)[0] == "cache reuse 10% of chains  exact EVIDENCE 31 blocks"
     state.kv_channel = KvChannel(KvEventsEndpoint("tcp://h:5557"))
     silent = EngineStats("m", "0", NOW, kv_usage=0.2)
     state.engines = [silent]
@@ -150,3 +154,38 @@ def test_the_cache_goes_beside_the_charts_and_its_evidence_over_them() -> None:
     view = engine_view(row, state, [silent], NOW, SPAN)
     assert "blocks KV events: waiting for tcp://h:5557" in _text(view.cache)
     assert "cache" not in [p.key for p in view.panes]  # no sparkline row without events
+
+
+def test_the_figures_under_the_sparklines_say_what_their_numbers_leave_out() -> None:
+    from kvtop.derive.stats import Quantiles
+    from kvtop.view.engine import fact_lines
+
+    stats = EngineStats("m", "0", NOW, blocks_total=1999, block_size=16, idle_floor_blocks=3,
+                        prefix_caching=True, preemptions_per_s=0.4,
+                        finished_per_s={"stop": 2.5, "length": 0.5, "abort": 0.0},
+                        ttft=Quantiles(0.05, None, 0.2, 9), itl=Quantiles(0.021, None, 0.05, 90),
+                        prefix_queries_per_s=2000.0, prefix_queries_total=1e6,
+                        prefix_hits_total=3.4e5, prefix_unit="tokens", window_s=5.0)
+    state = TargetState(Target.from_spec("h:1"), "up", kind="vllm", version="0.33.0",
+                        engines=[stats], last_good_t=NOW - 1, restarted_at=NOW - 180)
+    assert _text(fact_lines(state, stats, NOW)) == [
+        "pool 1999 blocks × 16 tokens  idle floor 3  prefix caching on",
+        "preempt 0.4/s  swapped –  finished 3.0/s (stop 2.5, length 0.5)",
+        "TTFT 50ms/200ms  ITL 21ms/50ms  E2E –  p50/p99 est.",
+        "prefix lookups 2000/s  lifetime hit 34% of 1.0M tokens",
+        "server vllm 0.33.0  scraped 1s ago  rates over 5s  restarted 3m ago",
+        "read from http://h:1/metrics"]
+    # a lifetime figure is never shown as this window's; a reason from outside is written out
+    stats.ttft = Quantiles(0.05, None, 0.2, 9, scope="lifetime")
+    stats.finished_per_s = {"st\x1bop": 1.0}
+    lines = _text(fact_lines(state, stats, NOW))
+    assert lines[2].startswith("TTFT –  ") and "(st\\x1bop 1.0)" in lines[1]
+
+
+def test_a_search_that_leaves_no_row_says_so_and_how_to_get_the_fleet_back() -> None:
+    from kvtop.view.engine import no_match_view
+
+    view = no_match_view("qwen\x1b[2J")
+    assert _text(view.lines) == ["no row matches 'qwen\\\\x1b[2J': the header still counts the "
+                                 "whole fleet; escape clears the search"]
+    assert view.panes == [] and view.empty == ""  # no "no numbers from this server"

@@ -8,7 +8,6 @@ from kvtop.collect.target import Target
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
 from kvtop.derive.verdicts import LeakVerdict
-from kvtop.ui.widgets.engine_panel import kv_points
 from kvtop.ui.widgets.fleet_table import fit
 from kvtop.view import format as fmt
 from kvtop.view.fleet import RowCache, build_rows, filter_rows, order_rows
@@ -101,10 +100,3 @@ def test_sort_either_way_keeps_unknowns_last() -> None:
     assert [r.name for r in order_rows(rows, "name", reverse=True)] == ["c:1", "b:1", "a:1"]
 
 
-def test_sparkline_points_are_bucketed_and_unknown_is_blank() -> None:
-    history = [EngineStats("m", None, t, blocks_used=t - 900) for t in (915.0, 990.0, 999.0)]
-    points = kv_points(history, 999.5, span_s=100.0, cells=10)
-    assert points[-1] == 94.5  # 990 and 999 share the last 10 s cell
-    assert points[1] == 15.0
-    assert points[0] is None and points[5] is None  # no data: blank, not zero
-    assert fmt.sparkline([0.0, None, 50.0, 100.0], 100.0) == "▁ ▅█"

@@ -72,3 +72,18 @@ def test_the_header_counts_the_engines_each_limit_holds_back() -> None:
     summary = summarise([_up("h:1", held("kv_capacity"), held("none")),
                          _up("h:2", held("max_sequences"), held("kv_capacity")), down])
     assert summary.limits == (("KV", 2), ("seqs", 1))  # a down server's last values: not
+
+
+def test_a_server_that_stopped_answering_leaves_the_fleet_s_sums_at_once() -> None:
+    # its last numbers stay in its own dimmed row, never in the header for a minute more
+    stats = EngineStats("m", None, NOW - 3, blocks_used=80, blocks_total=100, running=7,
+                        waiting=2, generation_tps=500.0, leak=LEAKING)
+    live = EngineStats("m", None, NOW, blocks_used=10, blocks_total=100, running=1)
+    stale = TargetState(Target.from_spec("s:1"), "stale", failure="timeout", kind="vllm",
+                        engines=[stats], last_good_t=NOW - 3)
+    for rows in ([_up("a:1", live), stale], build_rows([_up("a:1", live), stale], NOW)):
+        summary = summarise(rows)
+        assert (summary.hosts_up, summary.hosts_total) == (1, 2)
+        assert (summary.blocks_used, summary.blocks_total) == (10, 100)
+        assert (summary.running, summary.waiting, summary.leaks) == (1, 0, 0)
+        assert summary.generation_tps is None

@@ -10,9 +10,9 @@ from kvtop.collect.adapters import read_exposition
 from kvtop.collect.gpu import GpuReading
 from kvtop.derive.gpu_owners import GpuView, nvml_source
 from kvtop.derive.stats import EngineStats
-from kvtop.ui.widgets.engine_panel import kv_points
 from kvtop.view import format as fmt
 from kvtop.view import gpus as gpus_view
+from kvtop.view.chart import bins, spark_rows
 from kvtop.view.gpus import GpuTrails, memory_points, memory_top, owned_cell, pane_lines
 from tests.scenarios.gpu import DCGM_MIG, gpu_fixture
 
@@ -26,12 +26,12 @@ def test_kv_and_gpu_lines_share_one_time_axis() -> None:
     kv = [EngineStats("m", "0", t, blocks_total=1000, blocks_used=30.0 * i)
           for i, t in enumerate(times)]
     gpu = [(t, 74 * GIB, 80 * GIB) for t in times]
-    kv_cells = kv_points(kv, NOW, SPAN, CELLS)
+    kv_cells = bins([(s.t, s.blocks_used) for s in kv], NOW, SPAN, CELLS)
     gpu_cells = memory_points(gpu, NOW, SPAN, CELLS)
     assert [v is None for v in kv_cells] == [v is None for v in gpu_cells]  # same cells
-    kv_line = fmt.sparkline(kv_cells, 1000)
-    gpu_line = fmt.sparkline(gpu_cells, memory_top(gpu, (74 * GIB, 80 * GIB)))
-    assert kv_line.strip()[0] == "▁" and kv_line.strip()[-1] == "▇"  # filling
+    [kv_line] = spark_rows(kv_cells, 1000, 1)
+    [gpu_line] = spark_rows(gpu_cells, memory_top(gpu, (74 * GIB, 80 * GIB)), 1)
+    assert kv_line.strip()[0] in "▁▂" and kv_line.strip()[-1] == "▇"  # filling
     assert set(gpu_line.strip()) == {"▇"}  # a flat line
 
 

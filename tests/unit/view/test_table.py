@@ -1,6 +1,7 @@
-"""`kvtop snapshot --table` as a person reads it: columns padded to their widest cell, numbers
-right-aligned, every GPU with its memory, use and owners, each GPU source that failed said in
-words, and the two tables one blank line apart."""
+"""`kvtop snapshot --table` as a person reads it: columns padded to their widest cell (in
+terminal cells), numbers right-aligned, every GPU with its memory, use and owners, the two
+tables one blank line apart on stdout, and what went wrong (a target's whole error, each GPU
+source that failed) in notes on stderr."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.tracker import TargetTracker
+from kvtop.derive.tracker import TargetState, TargetTracker
 from kvtop.safe_text import cells
-from kvtop.view.table import aligned, gpu_lines, table_lines, table_text
+from kvtop.view.table import ERROR_CELL, aligned, gpu_lines, note_lines, table_lines, table_text
 from tests.support.paths import fixture_text
 
 GIB = 2**30
@@ -52,20 +53,39 @@ def test_counts_are_right_aligned_under_their_label_and_names_left_aligned() -> 
         assert row[end - len(value):end] == value and row[end - len(value) - 1] == " "
 
 
+def test_columns_are_padded_by_terminal_cells_not_characters() -> None:
+    # a CJK model name is two cells a character: the next column still lines up
+    lines = aligned(["MODEL", "RUN"], [["通义千问", "3"], ["llama", "12"]], right={1})
+    assert lines == ["MODEL     RUN", "通义千问    3", "llama      12"]
+
+
 def test_a_row_with_more_cells_than_the_header_is_refused_not_cut() -> None:
     with pytest.raises(ValueError):
         aligned(["A"], [["x", "lost"]])
 
 
-def test_every_gpu_with_memory_use_and_owners_then_each_failed_source() -> None:
+def test_every_gpu_with_memory_use_and_owners() -> None:
     assert gpu_lines({"gpus": GPUS, "gpu_sources": SOURCES}) == [
         "HOST    GPU           MEMORY GiB  UTIL  SERVERS            SOURCE",
         "node-a  0 H100          1.5/80.0   43%  vllm-a (pid)       nvml",
         "–       ? A100 MIG 3      –/40.0     –  a (port), b (pod)  dcgm",
-        "–       1 T4            0.0/16.0    0%  –                  dcgm",
+        "–       1 T4            0.0/16.0    0%  –                  dcgm"]
+
+
+DOWN = TargetState(Target.from_spec("10.0.0.6:8000"), "down", failure="down",
+                   error="connection refused: " + "a very long reason " * 12)
+
+
+def test_what_went_wrong_is_a_note_the_row_says_it_in_a_few_words() -> None:
+    # a GPU source that failed and a down target's whole error; no GPU here is no news
+    assert note_lines([DOWN], {"gpu_sources": SOURCES}) == [
+        f"10.0.0.6:8000: {DOWN.error}",
         "GPUs from dcgm exporter: connection refused",
-        "GPUs from nvml node-c: unavailable",
         "GPUs from nvml : no \\x1b[2J"]  # a server's text never reaches the terminal raw
+    header, row = table_lines([DOWN], 0.0)
+    model = row[header.index("MODEL"):header.index("STATUS")].strip()
+    assert len(model) == ERROR_CELL and model.startswith("connection refused") and (
+        model.endswith("…"))  # one down target does not make every row 260 columns
 
 
 def test_no_gpus_and_no_sources_is_no_lines() -> None:
@@ -80,9 +100,9 @@ def test_the_table_is_the_targets_then_a_blank_line_then_the_gpus() -> None:
     assert len(header) == 1  # no targets, no rows
 
 
-def test_without_gpus_the_table_ends_after_the_targets() -> None:
-    text = table_text([], {"taken_at": TAKEN_AT})
-    assert text == table_lines([], 0.0)[0] + "\n"
+def test_without_gpus_the_table_ends_after_the_targets_with_no_note_in_it() -> None:
+    text = table_text([DOWN], {"taken_at": TAKEN_AT, "gpu_sources": SOURCES})
+    assert text == "\n".join(table_lines([DOWN], 0.0)) + "\n"  # no blank, no note: stderr's
 
 
 def test_columns_line_up_in_terminal_cells_whatever_the_script() -> None:
