@@ -37,7 +37,7 @@ from typing import Any
 
 from kvtop.collect.kv_endpoint import KvEventsEndpoint, parse_endpoint
 from kvtop.collect.target import Target, TokenError, read_token
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.limits import LimitParams
 from kvtop.files import UnreadableFile, read_regular
 from kvtop.safe_text import display_text
@@ -179,9 +179,11 @@ def _target_from_table(entry: object, where: str) -> Target:
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: each [[targets]] must be a table with url = \"host:port\"")
     check_keys(entry, TARGET_KEYS, where)
-    table = TargetTable(**{key: _string(entry, key, where) for key in _keys(TargetTable)})
-    if not table.url:
+    strings = {key: _string(entry, key, where) for key in _keys(TargetTable)}
+    url = strings.pop("url")
+    if not url:
         raise ConfigError(f"{where}: each [[targets]] needs url = \"host:port\"")
+    table = TargetTable(url=url, **strings)
     try:
         token = read_token(table.token_env, table.token_file)
         return Target.from_spec(table.url, name=table.name, group=table.group, token=token)

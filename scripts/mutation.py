@@ -170,6 +170,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/derive/leak_estimate.py": (f"{UNIT}/derive/test_leak.py",
                                       f"{UNIT}/derive/test_leak_load.py"),
     "kvtop/derive/leak.py": (f"{UNIT}/derive/test_leak.py", f"{UNIT}/derive/test_leak_load.py"),
+    "kvtop/derive/leak_params.py": (f"{UNIT}/derive/test_leak.py", f"{UNIT}/test_config.py"),
+    "kvtop/derive/leak_buckets.py": (f"{UNIT}/derive/test_leak.py",),
+    "kvtop/derive/leak_floor.py": (f"{UNIT}/derive/test_leak.py",),
     "kvtop/derive/leak_load.py": (f"{UNIT}/derive/test_leak_load.py",
                                   f"{UNIT}/derive/test_leak.py"),
     # the tracker is the one entry every reading goes through: the unit tier drives it from

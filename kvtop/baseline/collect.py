@@ -29,7 +29,7 @@ from kvtop.baseline.stats import mean
 from kvtop.collect.gpu import GpuReading
 from kvtop.collect.reading import EngineReading
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.quantiles import bucket_delta, quantile
 from kvtop.derive.samples import percentile
 from kvtop.derive.stats import EngineStats

@@ -22,7 +22,7 @@ from kvtop.collect.live import DirectSource
 from kvtop.collect.nvml import GpuReader, NvmlUnavailable
 from kvtop.collect.target import Scrape, Target
 from kvtop.collect.watch import watch
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.load.driver import RunClock
 from kvtop.load.openai_client import NotOpenAI, make_session
 

@@ -175,8 +175,10 @@ def _event(raw: msgspec.Raw) -> KvEvent | None:
 def _keys(values: list[Hash], group: int | None) -> tuple[int, ...]:
     if len(values) > MAX_HASHES:
         raise ValueError(f"an event with more than {MAX_HASHES:,} block hashes")
-    if not group and all(type(v) is int for v in values):  # vLLM's usual: ints, group 0
-        return tuple([v & MASK64 for v in values])
+    if not group:  # vLLM's usual: ints, group 0
+        ints = [v for v in values if type(v) is int]
+        if len(ints) == len(values):
+            return tuple([v & MASK64 for v in ints])
     return tuple([block_key(v, group) for v in values])
 
 

@@ -118,8 +118,7 @@ class KvEventsSubscriber:
         else:
             sub.connect(url)
         replay = None if endpoint.replay is None else endpoint.rank_url(endpoint.replay, r)
-        return _Rank(self.statuses[r], sub, monitor, url,  # type: ignore[arg-type]
-                     replay_url=replay)
+        return _Rank(self.statuses[r], sub, monitor, url, replay_url=replay)
 
     async def _monitor(self, rank: _Rank) -> None:
         with contextlib.suppress(zmq.Again):

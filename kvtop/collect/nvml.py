@@ -37,7 +37,9 @@ class NvmlReader:
     """Reads every local GPU through NVML. Thread-safe; one instance per process is enough."""
 
     def __init__(self, nvml: ModuleType | Any | None = None, proc_root: Path = Path("/proc")):
-        self._nvml = nvml
+        # pynvml ships no types (and tests pass a fake of it): its calls are checked by the
+        # tests, not by mypy. Set before any read: read() goes through _init().
+        self._nvml: Any = nvml
         self._proc_root = proc_root
         self._handles: list[Any] | None = None
         self._unsupported: set[tuple[int, str]] = set()

@@ -38,7 +38,7 @@ from kvtop.collect.source import KvEventSource, ScrapeSource, Source, SourceErro
 from kvtop.collect.target import Scrape
 from kvtop.collect.watch import watch
 from kvtop.config import ConfigError, leak_params, load_config
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.limits import LimitParams
 from kvtop.derive.worst import CheckRun, describe_size
 from kvtop.exits import EXIT_NO_DATA, EXIT_USAGE

@@ -162,6 +162,7 @@ class KvAnatomy:
         mark, ages = self._mark, tuple(self._ages)
         window = t - mark.t if mark is not None else 0.0
         histogram = _histogram(ages)
+        rates: tuple[float | None, float | None, float | None]
         if mark is not None and window > 0:
             age = quantiles(histogram, _histogram(mark.ages), "window") or quantiles(
                 histogram, None, "lifetime")

@@ -16,156 +16,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
-from itertools import pairwise
 
+from kvtop.derive.leak_buckets import Bucket, load_bucket, load_point, pool
 from kvtop.derive.leak_estimate import LeakFit, LoadPoint, fit_leak, leaked_now
-from kvtop.derive.leak_load import LoadBucket, Unexplained, best_split, explain
+from kvtop.derive.leak_floor import FloorTrend, enough, floor_ok, floor_trend
+from kvtop.derive.leak_load import LoadBucket, Unexplained, explain
+from kvtop.derive.leak_params import LeakParams
+from kvtop.derive.samples import theil_sen
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.verdicts import LEAK_RANK as _RANK
 from kvtop.derive.verdicts import LeakState, LeakVerdict
-
-
-@dataclass(frozen=True)
-class LeakParams:
-    """Every threshold of :class:`LeakDetector`; docs/leak-detector.md says why each default."""
-
-    bucket_s: float = 60.0  # floor = min of used blocks per bucket of this length
-    window_s: float = 1800.0  # trend window (buckets kept); bounds memory and the slope's lag
-    max_gap_s: float = 120.0  # a longer silence between scrapes breaks an idle run
-    idle_min_s: float = 20.0  # an idle run counts once it spans this long...
-    idle_min_scrapes: int = 3  # ...over at least this many scrapes (step-end stats lag)
-    idle_leak_s: float = 60.0  # a residual held this long at idle (or twice) is a LEAK
-    residual_min_blocks: float = 2.0  # blocks above the idle floor that count as held
-    residual_min_frac: float = 0.001  # ...or this fraction of the pool, the larger
-    trend_min_buckets: int = 10  # buckets needed before the floor trend is judged
-    trend_min_span_s: float = 600.0  # and the time they must span
-    z: float = 2.33  # one-sided 99 % normal quantile for the Theil–Sen lower bound
-    watch_rise_frac: float = 0.01  # adjusted floor rise (of the pool) for WATCH
-    leak_rise_frac: float = 0.015  # and for LEAK
-    max_hours_to_full: float = 24.0  # slower trends are not the kind this detector reports
-    max_load_share: float = 0.5  # the load may explain at most this share of the floor slope
-    turnover_min: float = 3.0  # finished requests in the window / most running, at least
-    leak_persist_s: float = 300.0  # a rising floor must hold this long to become LEAK...
-    support_persist_s: float = 180.0  # ...or this long with a consequence alongside
-    floor_grace_s: float = 180.0  # a floor evidence gap shorter than this keeps its age
-    leak_hold_s: float = 1800.0  # LEAK stays this long after its last evidence
-    watch_hold_s: float = 600.0  # WATCH likewise
-    ref_buckets: int = 5  # buckets behind "the level now", "at the start", "lately"
-    pinned_frac: float = 0.95  # usage counted as a full pool
-    history_s: float = 3600.0  # buckets kept before the floor evidence: the leak's baseline
-    estimate_buckets: int = 4  # latest buckets averaged into the leaked-block estimate
-    step_z: float = 3.5  # a lump: the level after a split above the level before, this sure
-    step_min_buckets: int = 5  # buckets on each side of the split
-    explain_window_s: float = 3600.0  # the level the load does not explain: over this long
-    explain_min_buckets: int = 15  # usable buckets (no preemption, not pinned) it needs
-    explain_z: float = 3.5  # its step up (before/after split), at least this sure
-    explain_noise: float = 2.0  # and at least this many times its own noise
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def theil_sen(xs: list[float], ys: list[float], z: float) -> tuple[float, float, float]:
-    """(slope, lower, upper): median pairwise slope and Sen's distribution-free bounds."""
-    n = len(xs)
-    slopes = []
-    for i in range(n - 1):  # every pair once; one list per i is faster than one generator
-        xi, yi = xs[i], ys[i]
-        slopes += [(y - yi) / (x - xi) for x, y in zip(xs[i + 1:], ys[i + 1:], strict=True)
-                   if x != xi]
-    slopes.sort()
-    if not slopes:
-        return 0.0, -math.inf, math.inf
-    count = len(slopes)
-    # Kendall's S variance (no ties) gives how many ranked slopes the bound spans.
-    c = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
-    low = math.floor((count - c) / 2)
-    high = math.ceil((count + c) / 2)
-    lower = slopes[low] if low >= 0 else -math.inf
-    upper = slopes[high] if high < count else math.inf
-    return median(slopes), lower, upper
-
-
-@dataclass(slots=True)
-class _Bucket:
-    """One bucket's summary: the floor and the load and counts behind it."""
-
-    index: int
-    t: float  # time of the floor
-    floor: float
-    used_max: float
-    first: bool = False  # first after a reset: partial, rates still warming up
-    used_sum: float = 0.0
-    scrapes: int = 0
-    running: list[float] = field(default_factory=list)
-    waiting: list[float] = field(default_factory=list)
-    seconds: float = 0.0  # scrape windows summed, for counts from rates
-    finished: float | None = None
-    tokens: float | None = None  # prompt + generated tokens processed
-    generated: float | None = None
-    preemptions: float | None = None
-    in_flight: list[float] = field(default_factory=list)  # tokens in flight per scrape
-    deferred: float = 0.0  # waiting requests deferred, summed over scrapes
-    aborted: float = 0.0  # requests aborted
-    prompt: float = 0.0  # prompt tokens
-    prefix_queries: float = 0.0  # prefix-cache lookups and hits, tokens
-    prefix_hits: float = 0.0
-
-    def add(self, t: float, used: float, stats: EngineStats) -> None:
-        if used < self.floor:
-            self.t, self.floor = t, used
-        self.used_max = max(self.used_max, used)
-        self.used_sum += used
-        self.scrapes += 1
-        if stats.running is not None:
-            self.running.append(stats.running)
-        if stats.waiting is not None:
-            self.waiting.append(stats.waiting)
-        if stats.tokens_in_flight is not None:
-            self.in_flight.append(stats.tokens_in_flight)
-        self.deferred += stats.waiting_deferred or 0.0
-        dt = stats.window_s
-        if not dt or dt <= 0:
-            return
-        self.seconds += dt
-        if stats.finished_per_s:
-            self.finished = (self.finished or 0.0) + sum(stats.finished_per_s.values()) * dt
-        if stats.prompt_tps is not None and stats.generation_tps is not None:
-            self.tokens = (self.tokens or 0.0) + (stats.prompt_tps + stats.generation_tps) * dt
-        if stats.generation_tps is not None:
-            self.generated = (self.generated or 0.0) + stats.generation_tps * dt
-        if stats.preemptions_per_s is not None:
-            self.preemptions = (self.preemptions or 0.0) + stats.preemptions_per_s * dt
-        self.aborted += (stats.finished_per_s or {}).get("abort", 0.0) * dt
-        self.prompt += (stats.prompt_tps or 0.0) * dt
-        if stats.prefix_queries_per_s and stats.hit_rate is not None:
-            self.prefix_queries += stats.prefix_queries_per_s * dt
-            self.prefix_hits += stats.hit_rate * stats.prefix_queries_per_s * dt
-
-
-@dataclass(frozen=True, slots=True)
-class _Trend:
-    """The rising-floor analysis of the buckets in the window."""
-
-    slope: float  # load-adjusted floor, blocks per hour
-    lower: float  # its lower confidence bound
-    raw_slope: float  # the floor's own slope
-    load_slope: float  # the load's slope, in load units per hour
-    per_load: float  # blocks per unit of load (robust ratio)
-    rise: float  # adjusted level now minus at the window's start, blocks
-    floor_now: float
-    turnover: float | None  # finished / most running (recent part x turnover_min); None: unknown
-    load_measure: str  # "tokens", "running" or "none"
-    consequences: tuple[str, ...]
-    step: float = 0.0  # a lump: adjusted level after the split minus before, blocks (0: none)
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 class LeakDetector:
@@ -184,9 +44,9 @@ class LeakDetector:
 
     def _reset(self, t: float | None, why: str) -> None:
         maxlen = int(self.params.window_s // self.params.bucket_s) + 1
-        self._buckets: deque[_Bucket] = deque(maxlen=maxlen)
+        self._buckets: deque[Bucket] = deque(maxlen=maxlen)
         self._onset: tuple[float, float] | None = None  # (t, rise) when floor evidence began
-        self._trend: _Trend | None = None
+        self._trend: FloorTrend | None = None
         self._pinned_since: float | None = None  # the window has been pinned full since
         self._floor_since: float | None = None
         self._floor_last: float | None = None
@@ -219,12 +79,12 @@ class LeakDetector:
 
     def update(self, stats: EngineStats) -> LeakVerdict:
         """Fold one scrape in and return the verdict after it."""
-        pool = _pool(stats)
+        reading = pool(stats)
         if stats.restarted:
             self._reset(stats.t, "server restarted: evidence reset")
-        if pool is None:
+        if reading is None:
             return self._verdict
-        used, total, in_blocks = pool
+        used, total, in_blocks = reading
         if total != self._total:
             if self._total is not None:
                 self._reset(stats.t, "pool size changed: evidence reset")
@@ -289,7 +149,7 @@ class LeakDetector:
         horizon = index - self._buckets.maxlen if self._buckets.maxlen else index
         while self._buckets and self._buckets[0].index <= horizon:
             self._buckets.popleft()  # gone out of the window across a gap in the scrapes
-        bucket = _Bucket(index, stats.t, used, used, first=not self._buckets)
+        bucket = Bucket(index, stats.t, used, used, first=not self._buckets)
         bucket.add(stats.t, used, stats)
         self._buckets.append(bucket)
 
@@ -297,7 +157,7 @@ class LeakDetector:
         """A bucket ended: redo the trend, the floor evidence's age and the leak fit."""
         closed = [b for b in self._buckets if not b.first]
         if closed:
-            self._history.append(_load_point(closed, self.params))
+            self._history.append(load_point(closed, self.params))
             self._explain(t, closed)
         trend = self._analyse(closed)
         if trend is None and self._pinned_since is not None:
@@ -311,8 +171,8 @@ class LeakDetector:
                 self._update_floor(t, trend)
         self._refit()
 
-    def _update_floor(self, t: float, trend: _Trend) -> None:
-        if self._floor_ok(trend):
+    def _update_floor(self, t: float, trend: FloorTrend) -> None:
+        if floor_ok(trend, self.params, self._total or 1.0):
             if self._floor_since is None:
                 self._floor_since, self._onset = t, (t, trend.rise)
             if self._anchor is None:
@@ -321,12 +181,12 @@ class LeakDetector:
         elif self._floor_last is None or t - self._floor_last > self.params.floor_grace_s:
             self._floor_since = self._onset = None
 
-    def _explain(self, t: float, closed: list[_Bucket]) -> None:
+    def _explain(self, t: float, closed: list[Bucket]) -> None:
         """Add the bucket just closed to the load-explained level and judge it. A bucket
         without tokens in flight at every scrape starts the level over; one the ledger
         cannot speak for (a preemption, a full pool) keeps standing evidence, starts none."""
         p = self.params
-        point = _load_bucket(closed, p, self._total or 1.0)
+        point = load_bucket(closed, p, self._total or 1.0)
         if point is None:
             self._load.clear()
             self._unexplained = None
@@ -363,99 +223,18 @@ class LeakDetector:
         end = anchor[-1].t if anchor else -math.inf
         return anchor + [p for p in self._history if p.t > end]
 
-    def _analyse(self, all_buckets: list[_Bucket]) -> _Trend | None:
-        p = self.params
-        if not self._enough(all_buckets):
+    def _analyse(self, all_buckets: list[Bucket]) -> FloorTrend | None:
+        """The floor's trend; while too few buckets are left below a pinned pool, none, and
+        the window is marked pinned since its last bucket."""
+        if not enough(all_buckets, self.params):
             self._pinned_since = None
             return None
-        loads, measure = _loads(all_buckets, p.ref_buckets)
-        # A bucket spent pinned full is censored: its level is the pool's size, whatever the
-        # working set and the leak, and "level − k × load" rises whenever the load the
-        # finished requests suggest falls (overload: short requests finish, long ones are
-        # preempted). Such buckets carry no floor evidence either way.
-        cap = p.pinned_frac * (self._total or 1.0)
-        kept = [i for i, b in enumerate(all_buckets) if b.used_sum / b.scrapes < cap]
-        buckets, loads = [all_buckets[i] for i in kept], [loads[i] for i in kept]
-        if not self._enough(buckets):
+        trend = floor_trend(all_buckets, self.params, self._total or 1.0)
+        if trend is None:
             self._pinned_since = self._pinned_since or all_buckets[-1].t
             return None
         self._pinned_since = None
-        floors = [b.used_sum / b.scrapes for b in buckets]  # bucket level, see docs
-        xs = [(b.t - buckets[0].t) / 3600 for b in buckets]
-        per_load = _per_load(floors, loads, p.z)
-        adjusted = [f - per_load * load for f, load in zip(floors, loads, strict=True)]
-        slope, lower, _ = theil_sen(xs, adjusted, p.z)
-        raw_slope = theil_sen(xs, floors, p.z)[0]
-        load_slope = theil_sen(xs, loads, p.z)[0]
-        refs = buckets[-p.ref_buckets:]
-        floor_now = median([b.floor for b in refs])
-        # Rise within the window: both ends use the same per_load, so load drift cancels.
-        rise = median(adjusted[-p.ref_buckets:]) - median(adjusted[:p.ref_buckets])
-        # The batch must have turned over in the window and lately, so that the raised level
-        # is not the same requests sitting there (a stall, one long generation).
-        window, recent = _turnover(buckets), _turnover(refs)
-        turnover = None if window is None or recent is None else min(window, p.turnover_min
-                                                                          * recent)
-        all_xs = [(b.t - all_buckets[0].t) / 3600 for b in all_buckets]
-        return _Trend(slope, lower, raw_slope, load_slope, per_load, rise, floor_now,
-                      turnover, measure, self._consequences(all_buckets, all_xs),
-                      self._step(adjusted, floors))
-
-    def _step(self, adjusted: list[float], levels: list[float]) -> float:
-        """A lump: the adjusted level stepped up and stayed up (leaked blocks never come
-        back). The split that separates the levels best by a rank test, when it is sure at
-        `step_z` (many splits are tried), most of the step is not load, and the latest
-        buckets are still up; 0.0 otherwise."""
-        p = self.params
-        best = best_split(adjusted, p.step_min_buckets)
-        if best is None or best[1] < p.step_z:
-            return 0.0
-        k = best[0]
-        before = median(adjusted[:k])
-        step = median(adjusted[k:]) - before
-        raw_step = median(levels[k:]) - median(levels[:k])
-        still_up = median(adjusted[-p.ref_buckets:]) - before >= step / 2
-        return step if step >= (1 - p.max_load_share) * max(raw_step, 0.0) and still_up else 0.0
-
-    def _enough(self, buckets: list[_Bucket]) -> bool:
-        p = self.params
-        return (len(buckets) >= max(p.trend_min_buckets, 3)
-                and buckets[-1].t - buckets[0].t >= p.trend_min_span_s)
-
-    def _consequences(self, buckets: list[_Bucket], xs: list[float]) -> tuple[str, ...]:
-        p, total = self.params, self._total or 1.0
-        found = []
-        waiting = [_mean(b.waiting) for b in buckets]
-        throughput = [b.generated / b.seconds if b.generated is not None and b.seconds else None
-                      for b in buckets]
-        if None not in waiting and None not in throughput:
-            w_lower = theil_sen(xs, waiting, p.z)[1]
-            if w_lower > 0 and theil_sen(xs, throughput, p.z)[0] <= 0:
-                found.append("queue growing at flat throughput")
-        half = len(buckets) // 2
-        early, late = _preempt_rate(buckets[:half]), _preempt_rate(buckets[half:])
-        run_early = _mean([r for b in buckets[:half] for r in b.running])
-        run_late = _mean([r for b in buckets[half:] for r in b.running])
-        if (early is not None and late is not None and run_early and run_late
-                and late > 2 * early + 1e-3 and run_late <= 1.1 * run_early):
-            found.append("preemptions up at the same load")
-        running = [_mean(b.running) for b in buckets]
-        pinned = median([b.used_max for b in buckets[-p.ref_buckets:]]) >= p.pinned_frac * total
-        if pinned and None not in running and theil_sen(xs, running, p.z)[2] < 0:
-            found.append("pool pinned full while running falls")
-        return tuple(found)
-
-    def _floor_ok(self, trend: _Trend) -> bool:
-        """Watch-level floor evidence: significant, big, fast (or a lump), not load, batch
-        turned over."""
-        p, total = self.params, self._total or 1.0
-        free = max(total - trend.floor_now, 0.0)
-        turned = trend.turnover is None or trend.turnover >= p.turnover_min
-        rising = (trend.lower > 0 and trend.slope > 0
-                  and trend.rise >= p.watch_rise_frac * total
-                  and free / trend.slope <= p.max_hours_to_full
-                  and trend.slope >= (1 - p.max_load_share) * max(trend.raw_slope, 0.0))
-        return turned and (rising or trend.step >= p.watch_rise_frac * total)
+        return trend
 
     # -- verdict -------------------------------------------------------------------------
     def _floor_level(self, t: float) -> tuple[LeakState, str]:
@@ -630,8 +409,9 @@ class LeakDetector:
         trend = self._trend
         if self._fit is not None and self._last_t is not None:
             fitted = leaked_now(self._fit, self._last_t, self.params.estimate_buckets)
-            lump = trend is not None and trend.step > max(trend.rise, 0.0)
-            return max(fitted, trend.step) if lump else fitted
+            if trend is not None and trend.step > max(trend.rise, 0.0):  # a lump
+                return max(fitted, trend.step)
+            return fitted
         if trend is None:
             return None
         if self._onset is None or self._last_t is None:
@@ -684,104 +464,3 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def _pool(stats: EngineStats) -> tuple[float, float, bool] | None:
-    """(used, total, in_blocks); usage alone is taken as a fraction of a pool of 1."""
-    usage = stats.kv_usage if stats.kv_usage is None or math.isfinite(stats.kv_usage) else None
-    total = stats.blocks_total
-    if stats.blocks_used is not None and math.isfinite(stats.blocks_used) and total:
-        return stats.blocks_used, float(total), True
-    if usage is not None and total:
-        return usage * total, float(total), True
-    if usage is not None:
-        return usage, 1.0, False
-    return None
-
-
-def _load_point(buckets: list[_Bucket], p: LeakParams) -> LoadPoint:
-    """The last bucket's level and load: running, and running × tokens per request."""
-    last = buckets[-1]
-    running = _mean(last.running)
-    loads: tuple[float, ...] = ()
-    if running is not None:
-        per_request = _tokens_per_request(buckets[-p.ref_buckets:])
-        loads = (running,) if per_request is None else (running, running * per_request)
-    middle = (last.index + 0.5) * p.bucket_s  # the level is the whole bucket's mean
-    return LoadPoint(middle, last.used_sum / last.scrapes, loads)
-
-
-def _load_bucket(buckets: list[_Bucket], p: LeakParams, total: float) -> LoadBucket | None:
-    """The last bucket for the load-explained level; None without tokens in flight at
-    every scrape, or when requests were aborted while others waited and the tokens they
-    may have taken from the ledger are not known."""
-    last = buckets[-1]
-    running = _mean(last.running)
-    if len(last.in_flight) < last.scrapes or running is None:
-        return None
-    lost = 0.0
-    if last.aborted and any(last.waiting):  # aborted before their first token, at worst
-        per_request = _tokens_per_request(buckets[-p.ref_buckets:])
-        if per_request is None:
-            return None
-        lost = last.aborted * per_request
-    in_flight = sum(last.in_flight) / len(last.in_flight)
-    hit_rate = last.prefix_hits / last.prefix_queries if last.prefix_queries else 0.0
-    level = last.used_sum / last.scrapes
-    # Preempted requests wait with their tokens still counted and no blocks, until resumed.
-    calm = [b.preemptions == 0 for b in buckets[-2:]]
-    usable = all(calm) and level < p.pinned_frac * total
-    return LoadBucket((last.index + 0.5) * p.bucket_s, level, in_flight, running,
-                      in_flight * hit_rate, last.prompt / max(last.seconds, 1e-9),
-                      last.deferred / last.scrapes, lost, usable)
-
-
-def _tokens_per_request(recent: list[_Bucket]) -> float | None:
-    """Tokens per finished request over these buckets; None without both counters or
-    without a finished request."""
-    tokens = [b.tokens for b in recent]
-    finished = [b.finished for b in recent]
-    if None in tokens or None in finished or not sum(finished):  # type: ignore[arg-type]
-        return None
-    return sum(tokens) / sum(finished)  # type: ignore[arg-type]
-
-
-def _loads(buckets: list[_Bucket], span: int) -> tuple[list[float], str]:
-    """Per-bucket load at the floor: running × tokens per request when known, else running."""
-    running = [_mean(b.running) for b in buckets]
-    if None in running:
-        return [0.0] * len(buckets), "none"
-    per_request = []
-    for i in range(len(buckets)):
-        tokens_per_request = _tokens_per_request(buckets[max(0, i - span + 1):i + 1])
-        if tokens_per_request is None:
-            return [float(r) for r in running], "running"  # type: ignore[arg-type]
-        per_request.append(tokens_per_request)
-    return [r * q for r, q in zip(running, per_request, strict=True)], "tokens"  # type: ignore[operator]
-
-
-def _per_load(levels: list[float], loads: list[float], z: float) -> float:
-    """Blocks per unit of load, from bucket-to-bucket changes: a leak adds blocks at a pace
-    unrelated to the load's ups and downs, so it barely biases this slope."""
-    # a load steady but for float rounding (rates like 2/300 a second) has changes of ~1e-12
-    # of itself: read as changes, the slope over them comes out at ~1e10 blocks per unit
-    noise = 1e-9 * max((abs(load) for load in loads), default=0.0)
-    d_load = [0.0 if abs(b - a) <= noise else b - a for a, b in pairwise(loads)]
-    d_level = [b - a for a, b in pairwise(levels)]
-    if not any(d_load):
-        return 0.0
-    return max(theil_sen(d_load, d_level, z)[0], 0.0)
-
-
-def _turnover(buckets: list[_Bucket]) -> float | None:
-    finished = [b.finished for b in buckets if b.finished is not None]
-    if not finished:
-        return None
-    most = max((max(b.running) for b in buckets if b.running), default=0.0)
-    return sum(finished) / max(most, 1.0)
-
-
-def _preempt_rate(buckets: list[_Bucket]) -> float | None:
-    counts = [b.preemptions for b in buckets]
-    seconds = sum(b.seconds for b in buckets)
-    if None in counts or not seconds:
-        return None
-    return sum(counts) / seconds  # type: ignore[arg-type]

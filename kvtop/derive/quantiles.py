@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from kvtop.collect.reading import Histogram
-from kvtop.derive.stats import Quantiles
+from kvtop.derive.stats import Quantiles, QuantileScope
 
 
 def bucket_delta(now: Histogram, before: Histogram | None) -> list[tuple[float, float]] | None:
@@ -48,7 +48,7 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
 
 
 def quantiles(now: Histogram | None, before: Histogram | None,
-              scope: str) -> Quantiles | None:
+              scope: QuantileScope) -> Quantiles | None:
     """p50/p90/p99 of the observations between two scrapes (or since start, without one)."""
     if now is None:
         return None

@@ -52,11 +52,12 @@ def tokens_in_flight(reading: EngineReading) -> float | None:
     request's tokens when it ends, so this is the context of the requests past their first
     token, preempted ones included; a request aborted before its first token makes it
     under-count by its prompt from then on (docs/leak-detector.md)."""
-    parts = (reading.prompt_tokens_total, reading.generation_tokens_total,
-             reading.finished_prompt_tokens_total, reading.finished_generation_tokens_total)
-    if None in parts:
+    prompt, generated = reading.prompt_tokens_total, reading.generation_tokens_total
+    finished_prompt = reading.finished_prompt_tokens_total
+    finished_generated = reading.finished_generation_tokens_total
+    if (prompt is None or generated is None or finished_prompt is None
+            or finished_generated is None):
         return None
-    prompt, generated, finished_prompt, finished_generated = parts  # type: ignore[misc]
     return prompt + generated - finished_prompt - finished_generated
 
 

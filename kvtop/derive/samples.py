@@ -1,5 +1,6 @@
-"""Statistics of plain samples (a run's per-minute values, a rehearsal's request times), as
-opposed to the histogram-bucket estimates in ``quantiles.py``."""
+"""Statistics of plain samples (a run's per-minute values, a rehearsal's request times, the
+leak detector's buckets): quantiles, the median and Theil–Sen's robust slope, as opposed to
+the histogram-bucket estimates in ``quantiles.py``."""
 
 from __future__ import annotations
 
@@ -17,3 +18,31 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def median(values: Sequence[float]) -> float:
+    """The middle value; the mean of the middle two for an even count."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def theil_sen(xs: list[float], ys: list[float], z: float) -> tuple[float, float, float]:
+    """(slope, lower, upper): median pairwise slope and Sen's distribution-free bounds."""
+    n = len(xs)
+    slopes = []
+    for i in range(n - 1):  # every pair once; one list per i is faster than one generator
+        xi, yi = xs[i], ys[i]
+        slopes += [(y - yi) / (x - xi) for x, y in zip(xs[i + 1:], ys[i + 1:], strict=True)
+                   if x != xi]
+    slopes.sort()
+    if not slopes:
+        return 0.0, -math.inf, math.inf
+    count = len(slopes)
+    # Kendall's S variance (no ties) gives how many ranked slopes the bound spans.
+    c = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    low = math.floor((count - c) / 2)
+    high = math.ceil((count + c) / 2)
+    lower = slopes[low] if low >= 0 else -math.inf
+    upper = slopes[high] if high < count else math.inf
+    return median(slopes), lower, upper

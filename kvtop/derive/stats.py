@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from kvtop.derive.verdicts import KvLeakState, LeakVerdict, LimitVerdict, StallVerdict
 
 
+QuantileScope = Literal["window", "lifetime"]  # between two scrapes, or since the server began
+
+
 @dataclass(frozen=True, slots=True)
 class Quantiles:
     """Latency quantiles in seconds, estimated from histogram bucket deltas."""
@@ -23,7 +26,7 @@ class Quantiles:
     p90: float | None
     p99: float | None
     samples: float  # observations behind the estimate
-    scope: Literal["window", "lifetime"] = "window"
+    scope: QuantileScope = "window"
 
 
 @dataclass(frozen=True, slots=True)

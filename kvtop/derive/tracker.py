@@ -25,7 +25,8 @@ from kvtop.collect.reading import EngineReading, ServerKind, ServerReading
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.kv_anatomy import AnatomyParams, KvAnatomy
 from kvtop.derive.kv_index import DROP_FRACTION
-from kvtop.derive.leak import LeakDetector, LeakParams
+from kvtop.derive.leak import LeakDetector
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.limits import LimitDetector, LimitParams
 from kvtop.derive.rates import derive_engine_stats
 from kvtop.derive.stall import StallDetector

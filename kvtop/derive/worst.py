@@ -15,7 +15,7 @@ from typing import Any
 from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.target import Scrape, Target
 from kvtop.contract import json_number
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.limits import LimitParams
 from kvtop.derive.stats import KvEventStats
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+from typing import cast
 
 MAX_WORD = 6  # letters: a longer word is two tokens in kvtop sim, and often elsewhere
 _COMMON = """
@@ -55,14 +56,17 @@ class PromptMaker:
 
     def make(self, length: int, shared: Sequence[tuple[Hashable, int]] = ()) -> Prompt:
         """``length`` tokens: the shared segments (key, tokens) in order, then unique ones."""
-        parts: list[str] | list[int] = []
+        parts: list[str | int] = []
         for key, size in shared:
             room = length - len(parts)
             if room <= 0:
                 break
-            parts.extend(self._segment(key, size)[:room])  # type: ignore[arg-type]
-        parts.extend(self._unique(length - len(parts)))  # type: ignore[arg-type]
-        return parts if self.token_ids else " ".join(parts)  # type: ignore[arg-type]
+            parts.extend(self._segment(key, size)[:room])
+        parts.extend(self._unique(length - len(parts)))
+        # self.token_ids decides what every part is, which a type cannot follow
+        if self.token_ids:
+            return cast("list[int]", parts)
+        return " ".join(cast("list[str]", parts))
 
     def _unique(self, count: int) -> list[str] | list[int]:
         if count <= 0:

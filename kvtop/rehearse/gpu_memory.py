@@ -11,7 +11,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from kvtop.derive.leak import median, theil_sen
+from kvtop.derive.samples import median, theil_sen
 from kvtop.rehearse.criteria import (
     STATE_RANK,
     TITLES,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.tracker import EngineKey
 from kvtop.derive.worst import describe_size, leak_size, warmup_needs
 from kvtop.rehearse.criteria import STATE_RANK, TITLES, Criterion, Span, State, rounded

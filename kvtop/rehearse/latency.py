@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from kvtop.derive.leak import theil_sen
 from kvtop.derive.quantiles import quantile as histogram_quantile
-from kvtop.derive.samples import percentile
+from kvtop.derive.samples import percentile, theil_sen
 from kvtop.rehearse.criteria import TITLES, WINDOWS, Criterion, Span, Z, rounded, signed
 from kvtop.rehearse.requests import CODE, RequestTable
 

@@ -24,7 +24,7 @@ import orjson
 from kvtop.collect.clock import stop_event
 from kvtop.collect.nvml import GpuReader
 from kvtop.collect.target import Target
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.load.driver import DriverSettings, LoadDriver, RequestRecord, RunClock
 from kvtop.load.openai_client import NotOpenAI, ServedModel, list_models, make_session
 from kvtop.load.workloads import Workload, WorkloadError, make_workload

@@ -22,7 +22,7 @@ from kvtop.collect.nvml import GpuReader, NvmlUnavailable
 from kvtop.collect.reading import Histogram, ServerReading
 from kvtop.collect.target import Scrape, Target
 from kvtop.collect.watch import watch
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import EngineKey, TargetTracker
 from kvtop.derive.worst import EngineVerdict

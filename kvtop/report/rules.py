@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from kvtop.collect.prometheus import selector_matchers
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 
 BY = "job, instance, model_name, engine"
 ON = f"on ({BY})"

@@ -47,21 +47,21 @@ def demo_configs() -> list[tuple[str, SimConfig]]:
     from kvtop.sim.server import SimConfig
 
     engine = EngineConfig(num_gpu_blocks=2000, max_num_seqs=64, kv_cache_metrics=True)
-    events = {"kv_events_port": 0}  # on: the demo passes the sockets it listens on
+    events_port = 0  # KV events on: the demo passes the sockets it listens on
     healthy = SimConfig(model_name="llama-3-8b", engine=engine, workload="mooncake",
-                        workload_params={"rate_scale": 0.5}, seed=1, **events)
+                        workload_params={"rate_scale": 0.5}, seed=1, kv_events_port=events_port)
     prefix_heavy = SimConfig(
         model_name="qwen2.5-7b", engine=engine, seed=2,
         workload_params={"rate": 5.0, "groups": 2, "system_prompt_len": 2048,
-                         "shared_frac": 0.95}, **events)
+                         "shared_frac": 0.95}, kv_events_port=events_port)
     leaky = SimConfig(
         model_name="llama-3-8b", engine=engine, seed=3,
         workload_params={"rate": 1.0, "arrival": "bursty", "burst_factor": 8.0,
                          "burst_len": 5.0},
-        faults=plan(leak_frac=0.05, leak_at=LEAK_AT_S), **events)
+        faults=plan(leak_frac=0.05, leak_at=LEAK_AT_S), kv_events_port=events_port)
     restarts = SimConfig(model_name="mistral-7b", engine=engine, seed=4,
                          workload_params={"rate": 3.0},
-                         faults=plan(restart_at=[90.0, 210.0]), **events)
+                         faults=plan(restart_at=[90.0, 210.0]), kv_events_port=events_port)
     return list(zip(NAMES, (healthy, prefix_heavy, leaky, restarts), strict=True))
 
 

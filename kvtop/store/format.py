@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from kvtop.collect.kv_events import (
     MAX_EVENTS,
@@ -99,7 +99,7 @@ def _key(value: object) -> int | None:
     return _count(value, (1 << 64) - 1)
 
 
-def _text(value: object) -> str | bool | None:
+def _text(value: object) -> str | Literal[False] | None:
     """A name as written (None for null); False when it is neither."""
     if value is None:
         return None

@@ -165,6 +165,7 @@ def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
     for warning in recording.warnings:
         tell(f"{path}: {warning}")
     # the batches go to the app's KV events tap (the app is made below, before any is read)
+    app: ReplayApp
     kv_events = ((lambda item: app.kv_events.fold(item)) if recording.kv_event_batches
                  else None)
     source = ReplaySource(recording, speed=speed, on_kv_events=kv_events)

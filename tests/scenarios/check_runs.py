@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.verdicts import LeakVerdict
 from kvtop.derive.worst import CheckRun
 

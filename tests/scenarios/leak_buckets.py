@@ -4,7 +4,8 @@ the verdict at each bucket's close."""
 
 from __future__ import annotations
 
-from kvtop.derive.leak import LeakDetector, LeakParams
+from kvtop.derive.leak import LeakDetector
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.verdicts import LeakVerdict
 

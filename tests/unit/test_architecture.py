@@ -162,9 +162,6 @@ def test_only_the_ui_imports_textual() -> None:
 
 LONG_MODULE_LINES = 500
 LONG_REASON = "Over 500 lines:"  # how a long module's docstring starts saying why
-# Long modules being split now (issue #26); an entry that is no longer long fails the test,
-# so the list can only shrink.
-BEING_SPLIT = frozenset({"kvtop.derive.leak"})
 
 
 def test_a_module_over_500_lines_says_why_in_its_docstring() -> None:
@@ -173,7 +170,7 @@ def test_a_module_over_500_lines_says_why_in_its_docstring() -> None:
         text = path.read_text(encoding="utf-8")
         if text.count("\n") > LONG_MODULE_LINES:
             long[name] = LONG_REASON in (ast.get_docstring(ast.parse(text)) or "")
-    assert sorted(name for name, said in long.items() if not said) == sorted(BEING_SPLIT)
+    assert sorted(name for name, said in long.items() if not said) == []
 
 
 LARGEST_UI_CLASS = 300  # lines: the app is composed of parts, not one class holding them all

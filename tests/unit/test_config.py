@@ -36,7 +36,7 @@ from kvtop.config import (
     leak_params,
     load_config,
 )
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.limits import LimitParams
 
 

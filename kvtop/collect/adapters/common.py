@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from kvtop.collect.exposition import Exposition, Sample
 from kvtop.collect.reading import EngineReading, Histogram
@@ -125,9 +125,11 @@ def histogram_totals(expo: Exposition, base: str, key_of: KeyOf) -> dict[EngineK
 @functools.lru_cache(maxsize=1024)
 def _bound(le: str | None) -> float | None:
     """A bucket's upper bound; servers repeat the same few dozen every scrape."""
+    if le is None:
+        return None
     try:
-        return float(le)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        return float(le)
+    except ValueError:
         return None
 
 
@@ -158,7 +160,7 @@ def engine_readings(keys: Iterable[EngineKey]) -> EngineReadings:
 
 
 def assign(readings: dict[EngineKey, EngineReading], field: str,
-           values: dict[EngineKey, float]) -> None:
+           values: Mapping[EngineKey, float] | Mapping[EngineKey, Histogram]) -> None:
     for key, value in values.items():
         if key in readings:
             setattr(readings[key], field, value)

@@ -36,7 +36,7 @@ from kvtop.collect.target import Scrape, Target
 from kvtop.commands import check as check_command
 from kvtop.commands.check import _judge
 from kvtop.commands.snapshot import snapshot
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.worst import CheckRun
 from kvtop.report import gpus
 from tests.fakes.fake_nvml import FakeGpuReader

@@ -32,7 +32,7 @@ from kvtop.cli import main
 from kvtop.collect.live import DirectSource
 from kvtop.collect.target import Scrape, Target
 from kvtop.commands.check import Progress, check, print_result
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.verdicts import StallVerdict
 from kvtop.derive.worst import CheckRun, EngineVerdict
 from kvtop.exits import EXIT_INTERRUPTED, EXIT_LEAK, EXIT_NO_DATA, EXIT_OK, EXIT_USAGE

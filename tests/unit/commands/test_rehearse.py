@@ -27,7 +27,7 @@ from kvtop.collect.target import Target
 from kvtop.commands import rehearse as rehearse_command
 from kvtop.commands.rehearse import settings_from_args
 from kvtop.config import ConfigError
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.load.driver import RequestRecord, RunClock
 from kvtop.load.workloads import NAMED
 from kvtop.rehearse.progress import Progress

@@ -47,7 +47,8 @@ from kvtop.collect.adapters import read_exposition
 from kvtop.collect.reading import EngineReading
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.leak import LeakDetector, LeakParams, median, theil_sen
+from kvtop.derive import leak_load
+from kvtop.derive.leak import LeakDetector
 from kvtop.derive.leak_estimate import (
     MIN_AFTER,
     MIN_POINTS,
@@ -56,6 +57,8 @@ from kvtop.derive.leak_estimate import (
     fit_leak,
     leaked_now,
 )
+from kvtop.derive.leak_params import LeakParams
+from kvtop.derive.samples import median, theil_sen
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetTracker
 from kvtop.derive.verdicts import LeakVerdict
@@ -260,17 +263,6 @@ def bursts(on_min: float, off_min: float, rate: float = 6.0) -> Callable[[float]
 
 
 T0 = 1_700_000_000.0
-
-
-# -- Theil–Sen ---------------------------------------------------------------------------
-def test_theil_sen_is_robust_and_bounds_the_slope() -> None:
-    xs = [float(i) for i in range(30)]
-    ys = [2.0 * x + (50.0 if i % 7 == 0 else 0.0) for i, x in enumerate(xs)]
-    slope, lower, upper = theil_sen(xs, ys, 2.33)
-    assert slope == pytest.approx(2.0)
-    assert lower <= 2.0 <= upper
-    flat = theil_sen(xs, [math.sin(x) for x in xs], 2.33)
-    assert flat[1] < 0 < flat[2]
 
 
 # -- idle residual -----------------------------------------------------------------------
@@ -978,78 +970,32 @@ def test_blocks_held_at_idle_need_idle_min_scrapes_however_far_apart() -> None:
     assert [v.state for v in verdicts(series)] == ["warmup", "warmup", "leak"]
 
 
-def documented_defaults() -> dict[str, float]:
-    """The Parameters table of docs/leak-detector.md: `name`, `name` | value, value | why."""
+def documented_defaults() -> dict[str, dict[str, float]]:
+    """The Parameters table of docs/leak-detector.md: `name`, `name` | value, value | why,
+    by where the value lives: "LeakParams", or the module a row names ("(leak_load.py)")."""
     text = (REPO / "docs" / "leak-detector.md").read_text(encoding="utf-8")
     table = text.split("## Parameters", 1)[1].split("\n## ", 1)[0]
-    found = {}
+    found: dict[str, dict[str, float]] = {}
     for row in (line for line in table.splitlines() if line.startswith("| `")):
         cells = row.split("|")
         names = re.findall(r"`(\w+)`", cells[1])
+        module = re.search(r"\((\w+)\.py\)", cells[1])
         values = [v.strip() for v in cells[2].split(",")]
         for name, value in zip(names, values, strict=True):
             number = float(value.split()[0])
-            found[name] = number / 100 if value.split()[1:2] == ["%"] else number
+            where = found.setdefault(module.group(1) if module else "LeakParams", {})
+            where[name] = number / 100 if value.split()[1:2] == ["%"] else number
     return found
 
 
 def test_the_defaults_are_the_ones_the_documentation_gives() -> None:
-    # what a user reads in docs/leak-detector.md before tuning kvtop.toml's [leak] table
+    # what a user reads in docs/leak-detector.md before tuning kvtop.toml's [leak] table,
+    # and the load fit's constants beside them
+    documented = documented_defaults()
     defaults = {f.name: f.default for f in dataclasses.fields(LeakParams)}
-    assert documented_defaults() == pytest.approx(defaults)
-
-
-def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two() -> None:
-    assert median([3.0, 1.0, 2.0]) == 2.0
-    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
-    assert median([1.0, 2.0]) == 1.5
-    assert median([7.0]) == 7.0
-
-
-def pairwise_slopes(xs: list[float], ys: list[float]) -> list[float]:
-    return sorted((ys[j] - ys[i]) / (xs[j] - xs[i])
-                  for i in range(len(xs)) for j in range(i + 1, len(xs)))
-
-
-def test_theil_sen_is_the_median_slope_of_each_pair_of_points_once() -> None:
-    # pairs (0,1) (0,2) (1,2): slope 1; (0,3) 10/3, (1,3) 4.5, (2,3) 8: median (1 + 10/3) / 2
-    slope, _, _ = theil_sen([0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 10.0], 2.33)
-    assert slope == pytest.approx((1 + 10 / 3) / 2)
-
-
-def test_theil_sen_without_two_distinct_times_has_no_slope_and_no_bounds() -> None:
-    assert theil_sen([5.0], [1.0], 2.33) == (0.0, -math.inf, math.inf)
-    assert theil_sen([5.0, 5.0], [1.0, 9.0], 2.33) == (0.0, -math.inf, math.inf)
-
-
-# Sen's bounds (Sen 1968; Hollander & Wolfe): of the N = n(n-1)/2 ranked slopes, the lower
-# one is at (N - C) / 2 and the upper at (N + C) / 2 (0-based, rounded outwards), with
-# C = z * sqrt(n(n-1)(2n+5)/18), Kendall's S standard deviation. At z = 2.33, worked by hand:
-@pytest.mark.parametrize(("n", "low", "high"), [
-    (4, None, None),  # C = 6.86 > N = 6: unbounded both ways
-    (5, 0, None),  # N = 10, C = 9.51: the smallest slope; no upper bound
-    (6, 1, 14),  # N = 15, C = 12.40: the 2nd smallest and the largest
-    (10, 9, 36),  # N = 45, C = 26.05
-    (20, 59, 131),  # N = 190, C = 71.82
-    (31, 163, 302),  # N = 465, C = 137.09: a full trend window
-])
-def test_theil_sen_bounds_are_sens_at_the_given_quantile(n: int, low: int | None,
-                                                         high: int | None) -> None:
-    xs = [float(i) for i in range(n)]
-    ys = [1.3 ** i + 0.1 * i * i for i in range(n)]  # convex: every pairwise slope differs
-    slopes = pairwise_slopes(xs, ys)
-    assert len(set(slopes)) == len(slopes)
-    _, lower, upper = theil_sen(xs, ys, 2.33)
-    assert lower == (-math.inf if low is None else slopes[low])
-    assert upper == (math.inf if high is None else slopes[high])
-
-
-def test_a_wider_quantile_widens_the_bounds() -> None:
-    xs = [float(i) for i in range(20)]
-    ys = [1.3 ** i for i in range(20)]
-    slopes = pairwise_slopes(xs, ys)
-    _, lower, upper = theil_sen(xs, ys, 1.0)  # C = 30.82: ranks 79 and 111
-    assert (lower, upper) == (slopes[79], slopes[111])
+    assert documented.pop("LeakParams") == pytest.approx(defaults)
+    assert documented == {"leak_load": pytest.approx(
+        {name: getattr(leak_load, name) for name in documented["leak_load"]})}
 
 
 def test_with_a_short_history_the_leaked_blocks_follow_the_rise_since_the_evidence_began() -> None:

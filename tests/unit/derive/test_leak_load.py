@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.stats import EngineStats
 from tests.scenarios.leak_buckets import (
     FLOOR_POOL,

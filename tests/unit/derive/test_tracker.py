@@ -16,7 +16,7 @@ from kvtop.collect.kv_events import BlockStored, KvEventBatch
 from kvtop.collect.source import ScrapeReader, read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.kv_anatomy import AnatomyParams
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.tracker import MAX_KV_EVENT_RANKS, TargetTracker
 from tests.scenarios.bodies import many_models
 from tests.scenarios.derived import vllm_08_idle

@@ -11,7 +11,7 @@ import pytest
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive import worst
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.limits import LimitParams
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES
 from kvtop.derive.verdicts import LeakVerdict, StallVerdict

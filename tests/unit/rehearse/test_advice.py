@@ -4,7 +4,7 @@ stall standing alone, counters across a restart.
 
 from __future__ import annotations
 
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.rehearse.advice import LoadFigures, _counter_rise, advise
 from kvtop.rehearse.kv_free import judge_kv
 from kvtop.rehearse.verdict import Stall

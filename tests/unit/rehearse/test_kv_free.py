@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.rehearse.kv_free import idle_floor, judge_kv
 from kvtop.rehearse.watch import EnginePoint, WatchData
 from tests.scenarios.rehearse_runs import SPAN, engine_points, sized_leak, watch_data

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_params import LeakParams
 from kvtop.report.rules import render_rules
 
 PROMTOOL = shutil.which("promtool")
