@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from kvtop import __version__
 from kvtop.cli_args import (
     MAX_SIZE_HELP,
+    add_kv_events_argument,
     add_prometheus_arguments,
     add_target_arguments,
     no_terminal,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
     from kvtop.collect.source import Source
     from kvtop.collect.target import Target
+    from kvtop.derive.tracker import TargetTracker
     from kvtop.ui.app import AppConfig
 
 # The commands, in the order --help lists them, with the one line that --help, each
@@ -149,6 +151,7 @@ def build_app_parser(*, with_commands: bool = False) -> argparse.ArgumentParser:
         description=DESCRIPTION, epilog=_commands_epilog(), formatter_class=Formatter)
     parser.add_argument("--version", action="version", version=f"kvtop {__version__}")
     add_target_arguments(parser, positional=not with_commands)
+    add_kv_events_argument(parser)
     parser.add_argument("--interval", type=positive_seconds, metavar="S",
                         help="seconds between scrapes (default 1, or the config's)")
     parser.add_argument("--demo", action="store_true",
@@ -214,7 +217,16 @@ def _run_app(args: argparse.Namespace) -> int:
             return EXIT_UNREADABLE
         return run_app(_app_config(args, targets, source.interval_s, config,
                                    baseline=baseline,
-                                   source_factory=lambda _config: source.live()))
+                                   source_factory=lambda _config: source.live(),
+                                   kv_events_factory=lambda _config: source.kv_live(),
+                                   tracker_factory=_trackers(config)))
+
+
+def _trackers(config: Config) -> Callable[[Target], TargetTracker]:
+    """A tracker per target, with the config's max_num_seqs where it names one."""
+    from kvtop.derive.tracker import TargetTracker
+
+    return lambda target: TargetTracker(target, limit_params=config.limits.get(target.url))
 
 
 async def _discover(source: Source) -> list[Target]:

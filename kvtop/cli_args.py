@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvtop.collect.kv_endpoint import KvEventsEndpoint, parse_endpoint_argument
 from kvtop.collect.target import (
     DEFAULT_TARGET,
     HEADER_FORMS,
@@ -141,6 +142,23 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, positional: bool = 
                              "can filter (vLLM) for only the ~20 it reads")
 
 
+def kv_events_endpoint(text: str) -> KvEventsEndpoint:
+    """``tcp://host:port[,tcp://host:replay_port]`` (for argparse ``type=``)."""
+    try:
+        return parse_endpoint_argument(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (got {quoted(text)})") from None
+
+
+def add_kv_events_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kv-events", type=kv_events_endpoint, action="append", default=[],
+                        metavar="tcp://HOST:PORT[,REPLAY]",
+                        help="subscribe to vLLM's KV events (--kv-events-config) of the "
+                             "command-line targets, one each in their order; after a comma "
+                             "the replay socket (docs/kv-anatomy.md; in the config: "
+                             "kv_events per target)")
+
+
 def add_prometheus_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prometheus", metavar="URL",
                         help="read every vLLM/SGLang server a Prometheus scrapes, through its "
@@ -205,6 +223,23 @@ def _command_line_request(args: argparse.Namespace) -> dict[str, Any]:
     return {"headers": tuple(headers), "cacert": cacert}
 
 
+def resolve_kv_events(args: argparse.Namespace, config: Config,
+                      targets: list[Target]) -> dict[str, KvEventsEndpoint]:
+    """Where each target's KV events come from, by URL: --kv-events (one per command-line
+    target, in their order), else the config's ``kv_events`` of the targets read."""
+    given: list[KvEventsEndpoint] = getattr(args, "kv_events", None) or []
+    if not given:
+        return {t.url: config.kv_events[t.url] for t in targets if t.url in config.kv_events}
+    if not getattr(args, "targets", None):
+        raise ConfigError("--kv-events names the KV events of the command-line targets, one "
+                          "each in their order (a config's target takes kv_events = "
+                          "\"tcp://host:port\")")
+    if len(given) > len(targets):
+        raise ConfigError(f"{len(given)} --kv-events for {len(targets)} target(s): one each, "
+                          "in the targets' order")
+    return {target.url: endpoint for target, endpoint in zip(targets, given, strict=False)}
+
+
 def resolve_prometheus(args: argparse.Namespace, config: Config) -> PrometheusSettings | None:
     """--prometheus (with --selector), else the config's [prometheus] url, else None.
     Its token comes from the [prometheus] token_env / token_file only."""
@@ -254,13 +289,17 @@ def open_source(args: argparse.Namespace, config: Config, *, interval_s: float |
     if demo:
         from kvtop.sim.demo import demo_fleet
 
-        with demo_fleet() as targets:
-            yield DirectSource(targets, **settings)
+        with demo_fleet() as fleet:
+            yield DirectSource(fleet.targets, kv_events=fleet.kv_events, **settings)
         return
     if (prometheus := resolve_prometheus(args, config)) is not None:
+        if getattr(args, "kv_events", None):
+            raise ConfigError("--kv-events names the endpoints of direct targets; Prometheus "
+                              "does not carry KV events")
         yield PrometheusFeed(prometheus, **settings)
         return
-    yield DirectSource(resolve_targets(args, config), **settings)
+    targets = resolve_targets(args, config)
+    yield DirectSource(targets, kv_events=resolve_kv_events(args, config, targets), **settings)
 
 
 def _recording(path: Path) -> Source:

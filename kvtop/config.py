@@ -11,6 +11,9 @@ Default file: ``$XDG_CONFIG_HOME/kvtop/config.toml`` (``~/.config/kvtop/config.t
     token_env = "VLLM_METRICS_TOKEN"   # or token_file = "~/.config/kvtop/token"
     headers = {"X-Api-Key" = "$GATEWAY_KEY"}   # or "@FILE", or the value; masked everywhere
     cacert = "~/.config/kvtop/internal-ca.pem" # verify its TLS with this CA bundle
+    kv_events = "tcp://gpu-1:5557"     # vLLM's --kv-events-config endpoint (docs/kv-anatomy.md);
+                                       # or {url, replay, ranks, listen}
+    max_num_seqs = 256                 # vLLM's, which it does not export (what limits it)
     [prometheus]                       # read the fleet from Prometheus instead
     url = "http://prometheus:9090"
     selector = '{namespace="prod"}'
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kvtop.collect.kv_endpoint import KvEventsEndpoint, parse_endpoint
 from kvtop.collect.target import (
     Header,
     HeaderError,
@@ -44,6 +48,7 @@ from kvtop.collect.target import (
     read_token,
 )
 from kvtop.derive.leak_params import LeakParams
+from kvtop.derive.limits import LimitParams
 from kvtop.files import UnreadableFile, read_regular
 from kvtop.safe_text import display_text
 
@@ -54,6 +59,7 @@ else:  # pragma: no cover
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a huge one is a mistake
 MAX_CONFIG_DEPTH = 16  # tables and arrays in each other; kvtop's own go 3 deep
+MAX_SEQS = 1 << 20  # a target's max_num_seqs (vLLM's default is 256 to 1,024)
 
 # [thresholds] beyond "a finite number >= 0": what each must also be for the detector to work
 THRESHOLD_INTS = frozenset(f.name for f in fields(LeakParams) if f.type in ("int", int))
@@ -161,6 +167,10 @@ class Config:
     baselines: dict[str, str] = field(default_factory=dict,  # target URL -> baseline name
                                       metadata={"key": None})
     alerts: AlertSettings = field(default_factory=AlertSettings)
+    kv_events: dict[str, KvEventsEndpoint] = field(default_factory=dict,  # target URL -> where
+                                                   metadata={"key": None})
+    limits: dict[str, LimitParams] = field(default_factory=dict,  # target URL -> max_num_seqs
+                                           metadata={"key": None})
 
 
 def _keys(table: type) -> tuple[str, ...]:
@@ -170,7 +180,9 @@ def _keys(table: type) -> tuple[str, ...]:
 
 
 TOP_KEYS = _keys(Config)
-TARGET_KEYS = _keys(TargetTable)
+# kv_events: a string or a table; max_num_seqs: a number
+TARGET_KEYS = (*_keys(TargetTable), "kv_events", "max_num_seqs")
+KV_EVENTS_KEYS = ("url", "replay", "ranks", "listen")
 PROMETHEUS_KEYS = _keys(PrometheusTable)
 ALERT_KEYS = _keys(AlertSettings)
 
@@ -180,7 +192,7 @@ def _target_from_table(entry: object, where: str) -> Target:
         raise ConfigError(f"{where}: each [[targets]] must be a table with url = \"host:port\"")
     check_keys(entry, TARGET_KEYS, where)
     # every key a string but headers, a table read apart below (Any: TargetTable checks it)
-    strings: dict[str, Any] = {key: _string(entry, key, where) for key in TARGET_KEYS
+    strings: dict[str, Any] = {key: _string(entry, key, where) for key in _keys(TargetTable)
                                if key != "headers"}
     url = strings.pop("url")
     if not url:
@@ -241,17 +253,44 @@ def load_config(path: Path | None) -> Config:
     baselines = {target.url: name for i, (target, entry) in enumerate(zip(targets, entries,
                                                                           strict=True))
                  if (name := _string(entry, "baseline", f"{where} targets[{i}]"))}
+    numbered = list(enumerate(zip(targets, entries, strict=True)))
+    kv_events = {target.url: _kv_events(entry["kv_events"], f"{where} targets[{i}]")
+                 for i, (target, entry) in numbered if "kv_events" in entry}
+    limits = {target.url: _limit_params(entry["max_num_seqs"], f"{where} targets[{i}]")
+              for i, (target, entry) in numbered if "max_num_seqs" in entry}
     interval = data.get("interval")
     if interval is not None:
         interval = finite_number(interval, f"{where}: interval (seconds)")
     thresholds = _table(data.get("thresholds", {}), f"{where}: [thresholds]")
     config = Config(targets, interval, dict(thresholds), _prometheus_table(data, where),
-                    baselines, alert_settings(data.get("alerts", {}), f"{where}: [alerts]"))
+                    baselines, alert_settings(data.get("alerts", {}), f"{where}: [alerts]"),
+                    kv_events, limits)
     try:
         leak_params(config)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return config
+
+
+def _kv_events(value: object, where: str) -> KvEventsEndpoint:
+    """A target's ``kv_events``: "tcp://host:port", or a table with url, replay, ranks and
+    listen (kvtop listens and vLLM connects)."""
+    table = {"url": value} if isinstance(value, str) else _table(value, f"{where}: kv_events")
+    check_keys(table, KV_EVENTS_KEYS, f"{where}: kv_events")
+    try:
+        return parse_endpoint(table.get("url"), replay=table.get("replay"),
+                              ranks=table.get("ranks", 1), bind=table.get("listen", False))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _limit_params(value: object, where: str) -> LimitParams:
+    """A target's ``max_num_seqs`` (vLLM's scheduler limit, which it does not export): what
+    tells "max sequences" from "token budget" without waiting for a plateau."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SEQS:
+        raise ConfigError(f"{where}: max_num_seqs must be a whole number from 1 to "
+                          f"{MAX_SEQS:,} (got {quoted(value)})")
+    return LimitParams(max_num_seqs=value)
 
 
 def _depth(value: object) -> int:

@@ -295,6 +295,24 @@ MODULES: dict[str, tuple[str, ...]] = {
     **{f"kvtop/store/{name}.py": STORE_TESTS
        for name in ("format", "reader", "writer", "replay", "recording")},
     "kvtop/sim/blocks.py": (f"{UNIT}/sim/test_blocks.py", f"{UNIT}/sim/test_engine.py"),
+    # KV anatomy (docs/kv-anatomy.md): the decoder with its fuzzed and hostile payloads, the
+    # subscriber against a real ZeroMQ publisher on 127.0.0.1 (tests/fakes/kv_publisher.py)
+    "kvtop/collect/kv_events.py": (f"{UNIT}/collect/test_kv_events.py",
+                                   "tests/hostile/test_kv_events.py",
+                                   f"{UNIT}/store/test_recording.py"),
+    "kvtop/collect/kv_subscriber.py": (f"{UNIT}/collect/test_kv_subscriber.py",
+                                       "tests/hostile/test_kv_events.py"),
+    "kvtop/collect/kv_endpoint.py": (f"{UNIT}/collect/test_kv_endpoint.py",
+                                     f"{UNIT}/test_config.py"),
+    "kvtop/collect/kv_feed.py": (f"{UNIT}/collect/test_kv_feed.py",),
+    "kvtop/derive/cache.py": (f"{UNIT}/derive/test_cache.py", f"{UNIT}/derive/test_rates.py"),
+    "kvtop/derive/limits.py": (f"{UNIT}/derive/test_limits.py", f"{UNIT}/derive/test_tracker.py"),
+    "kvtop/derive/kv_index.py": (f"{UNIT}/derive/test_kv_index.py",
+                                 f"{UNIT}/derive/test_kv_anatomy.py"),
+    "kvtop/derive/kv_anatomy.py": (f"{UNIT}/derive/test_kv_anatomy.py",
+                                   f"{UNIT}/derive/test_tracker.py",
+                                   "tests/hostile/test_kv_events.py"),
+    "kvtop/sim/kv_publisher.py": (f"{UNIT}/sim/test_server.py",),
     # the simulation's faults (leaks, lumps, wedges, restarts, stalls) drive the engine too
     "kvtop/sim/engine.py": (f"{UNIT}/sim/test_engine.py", f"{UNIT}/sim/test_simulation.py"),
     # the fleet view's model (issue 26 split it by concern): each part's own tests, and the
@@ -308,6 +326,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/view/fleet_summary.py": (f"{UNIT}/view/test_fleet_summary.py",),
     "kvtop/view/verdict_changes.py": (f"{UNIT}/view/test_verdict_changes.py",),
     "kvtop/view/view_state.py": (f"{UNIT}/view/test_view_state.py",),
+    # the KV cache's lines for a person (issue 29), and the detail's
+    "kvtop/view/cache.py": (f"{UNIT}/view/test_cache.py", f"{UNIT}/view/test_engine.py",
+                            f"{UNIT}/view/test_fleet_summary.py"),
+    "kvtop/view/cache_detail.py": (f"{UNIT}/view/test_cache_detail.py",),
     "kvtop/view/format.py": (f"{UNIT}/view/test_format.py", f"{UNIT}/view/test_cells.py",
                              f"{UNIT}/view/test_fleet.py"),
     "kvtop/view/chart.py": (f"{UNIT}/view/test_chart.py", f"{UNIT}/view/test_engine.py",
@@ -318,6 +340,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the app's parts that hold no widget (the others are reached by tests/ui/pilot only)
     "kvtop/ui/draw_clock.py": (f"{UNIT}/ui/test_draw_clock.py",),
     "kvtop/ui/fleet_trackers.py": (f"{UNIT}/ui/test_fleet_trackers.py",),
+    "kvtop/ui/kv_events_tap.py": (f"{UNIT}/ui/test_kv_events_tap.py",),
 }
 
 

@@ -19,6 +19,8 @@ process (where vLLM builds the executor):
     KVTOP_TWIN_STEP_S       seconds each step takes (default 0), to make a run human-scale
     KVTOP_TWIN_LEAK_FRAC    > 0: this fraction of finished requests never frees its blocks
     KVTOP_TWIN_EOS_PROB     chance that a sampled token is EOS (default 0: runs to max_tokens)
+    KVTOP_TWIN_KV_COUNTS    a file: count the KV events the block pool emits into it
+                            (twin/kv_counts.py), and the hashes of leaked blocks
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import random
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -35,6 +38,7 @@ from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from vllm.v1.outputs import ModelRunnerOutput
 
+from twin.kv_counts import KvCounts
 from twin.leak import FreeLeak
 from twin.model import (
     BLOCK_BYTES,
@@ -113,8 +117,10 @@ class TwinExecutor(Executor):
         self.forward = FakeForwardPass(eos_prob=_knob("KVTOP_TWIN_EOS_PROB", 0.0))
         self.pending: ModelRunnerOutput | None = None
         leak_frac = _knob("KVTOP_TWIN_LEAK_FRAC", 0.0)
+        counts_file = os.environ.get("KVTOP_TWIN_KV_COUNTS")
+        counts = KvCounts(Path(counts_file)).install() if counts_file else None
         if leak_frac > 0:
-            FreeLeak(leak_frac, seed=1).install()
+            FreeLeak(leak_frac, seed=1, on_leak=counts.leaked if counts else None).install()
 
     # -- start-up: what vLLM sizes the pool from ----------------------------------------
 

@@ -9,6 +9,7 @@ climbs after every burst, as with the leaks reported against real servers.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 from twin.model import use_vllm_environment
@@ -21,8 +22,10 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 class FreeLeak:
     """Patches ``KVCacheManager.free`` for the whole process while installed."""
 
-    def __init__(self, fraction: float = 0.0, *, seed: int = 0) -> None:
+    def __init__(self, fraction: float = 0.0, *, seed: int = 0,
+                 on_leak: Callable[[list[Any]], None] | None = None) -> None:
         self.fraction = fraction  # may change while installed (calibrated leaks)
+        self.on_leak = on_leak  # told the blocks of each request that leaks
         self.lump_blocks = 0  # a lump: the next finished requests leak until this many blocks
         # ...only those holding at most this times what the lump still lacks (None: any)
         self.lump_slack: float | None = None
@@ -43,14 +46,20 @@ class FreeLeak:
                 if leak.lump_blocks > 0 and fits:  # whole requests: a lump ends a little over
                     leak.lump_blocks = max(0, leak.lump_blocks - alone)
                     leak.leaked.append(request.request_id)
+                    leak.told(held)
                     return
                 if leak.rng.random() < leak.fraction:
                     leak.leaked.append(request.request_id)
+                    leak.told(held)
                     return
             original(manager, request)
 
         KVCacheManager.free = free  # type: ignore[method-assign]
         return self
+
+    def told(self, blocks: list[Any]) -> None:
+        if self.on_leak is not None:
+            self.on_leak(blocks)
 
     def uninstall(self) -> None:
         KVCacheManager.free = self._original  # type: ignore[method-assign]

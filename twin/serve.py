@@ -6,6 +6,7 @@ Each server runs in its own process group, so stopping it by pid also ends its E
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -71,6 +72,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_port_pair() -> int:
+    """A port P on 127.0.0.1 such that P and P + 1 were both free a moment ago."""
+    for _ in range(100):
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise OSError("no two consecutive free ports on 127.0.0.1")
+
+
 @dataclass(frozen=True)
 class TwinSpec:
     """One served twin: executor knobs (KVTOP_TWIN_*) and the scheduler limits."""
@@ -81,11 +95,27 @@ class TwinSpec:
     max_num_seqs: int = 32
     max_model_len: int = 4096
     api_servers: int = 1  # >1: vLLM's multiprocess metrics (PROMETHEUS_MULTIPROC_DIR)
+    kv_cache_metrics: bool = False  # --kv-cache-metrics, every block sampled
+    # --kv-events-config: vLLM connects its PUB to kvtop listening on this port of
+    # 127.0.0.1 and binds its replay socket on the next (free_port() finds a pair)
+    kv_events_port: int | None = None
+    kv_counts: Path | None = None  # KVTOP_TWIN_KV_COUNTS: the pool's own counts (kv_counts.py)
 
     def env(self) -> dict[str, str]:
+        extra = {} if self.kv_counts is None else {"KVTOP_TWIN_KV_COUNTS": str(self.kv_counts)}
         return twin_env(KVTOP_TWIN_BLOCKS=str(self.num_blocks),
                         KVTOP_TWIN_STEP_S=str(self.step_delay_s),
-                        KVTOP_TWIN_LEAK_FRAC=str(self.leak_frac))
+                        KVTOP_TWIN_LEAK_FRAC=str(self.leak_frac), **extra)
+
+    def kv_args(self) -> list[str]:
+        args = ["--kv-cache-metrics", "--kv-cache-metrics-sample", "1.0"] \
+            if self.kv_cache_metrics else []
+        if self.kv_events_port is not None:
+            config = {"enable_kv_cache_events": True, "publisher": "zmq",
+                      "endpoint": f"tcp://127.0.0.1:{self.kv_events_port}",
+                      "replay_endpoint": f"tcp://127.0.0.1:{self.kv_events_port + 1}"}
+            args += ["--kv-events-config", json.dumps(config)]
+        return args
 
     def args(self, model_dir: Path, port: int) -> list[str]:
         return ["-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
@@ -95,7 +125,7 @@ class TwinSpec:
                 "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", "1024",
                 "--max-model-len", str(self.max_model_len), "--block-size", "16",
                 "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
-                "--api-server-count", str(self.api_servers)]
+                "--api-server-count", str(self.api_servers), *self.kv_args()]
 
 
 @dataclass

@@ -40,9 +40,10 @@ MINUTE_S = 60.0
 MIN_LATENCY_OBSERVATIONS = 5  # fewer requests in a minute say nothing about its p99
 COUNTERS = ("preemptions_total", "prompt_tokens_total", "generation_tokens_total",
             "prefix_queries_total", "prefix_hits_total")
-HISTOGRAMS = ("ttft", "itl", "e2e")
+HISTOGRAMS = ("ttft", "itl", "e2e", "block_lifetime")
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
-GAUGES = ("usage", "running", "waiting", "idle_usage", "idle_blocks")
+GAUGES = ("usage", "running", "waiting", "idle_usage", "idle_blocks", "kv_limited")
+COMPUTED = "local_compute"  # vLLM's prompt_tokens_by_source label for KV computed afresh
 
 
 @dataclass(slots=True)
@@ -71,6 +72,13 @@ class _Window:
     def rate(self, name: str, per_s: float = 1.0) -> float | None:
         seconds = self.counted_s.get(name)
         return self.counts[name] / seconds * per_s if seconds else None
+
+    def reuse_share(self) -> float | None:
+        """Prompt tokens whose KV was found cached, of those whose source was said."""
+        total = self.counts.get("prompt_sourced")
+        if not total:
+            return None
+        return max(0.0, 1.0 - self.counts.get("prompt_computed", 0.0) / total)
 
     def hit_rate(self, caching_off: bool) -> float | None:
         if caching_off:  # the server says it reuses nothing: 0 wherever prompts came in
@@ -140,6 +148,11 @@ class _EngineRun:
 
 def _add_gauges(windows: Iterable[_Window], stats: EngineStats) -> None:
     values = {"usage": stats.kv_usage, "running": stats.running, "waiting": stats.waiting}
+    limit = stats.limit.limit if stats.limit is not None else "unknown"
+    if limit != "unknown":
+        values["kv_limited"] = float(limit == "kv_capacity")
+        for window in windows:
+            window.gauge(f"limit:{limit}", 1.0)
     if stats.running == 0 and stats.waiting == 0:
         values["idle_usage"] = stats.kv_usage
         values["idle_blocks"] = stats.blocks_used
@@ -166,11 +179,28 @@ def _add_deltas(windows: Iterable[_Window], now: EngineReading, before: EngineRe
             delta = bucket_delta(value, previous)
             if delta:
                 histograms[name] = delta
+    deltas |= _reuse_deltas(now, before)
     for window in windows:
         for name, delta in deltas.items():
             window.count(name, delta, dt)
         for name, buckets in histograms.items():
             window.histogram(name, buckets)
+
+
+def _reuse_deltas(now: EngineReading, before: EngineReading) -> dict[str, float]:
+    """Prompt tokens whose source is said, and of them those computed afresh: vLLM's
+    prompt_tokens_by_source, else its computed-KV and prompt-length histograms."""
+    sources, earlier = now.prompt_tokens_by_source_total, before.prompt_tokens_by_source_total
+    if sources is not None and earlier is not None:
+        total = sum(sources.values()) - sum(earlier.values())
+        computed = sources.get(COMPUTED, 0.0) - earlier.get(COMPUTED, 0.0)
+    elif (now.kv_computed and before.kv_computed and now.prompt_lengths
+          and before.prompt_lengths):
+        total = (now.prompt_lengths.sum or 0.0) - (before.prompt_lengths.sum or 0.0)
+        computed = (now.kv_computed.sum or 0.0) - (before.kv_computed.sum or 0.0)
+    else:
+        return {}
+    return {"prompt_sourced": max(0.0, total), "prompt_computed": max(0.0, computed)}
 
 
 def _arrivals(now: EngineReading, before: EngineReading) -> float | None:
@@ -253,6 +283,10 @@ def _engine_figures(total: _Window, minutes: list[tuple[int, _Window]], caching_
             {"total": total.counts.get("preemptions_total")}),
         "hit_rate": Figure(total.hit_rate(caching_off),
                            series("hit_rate", lambda m: m.hit_rate(caching_off))),
+        "reuse_share": Figure(total.reuse_share(), series("reuse_share",
+                                                          lambda m: m.reuse_share())),
+        "kv_limited": Figure(mean(total.gauges.get("kv_limited", [])), series(
+            "kv_limited", lambda m: mean(m.gauges.get("kv_limited", []))), _limits(total)),
         "prompt_tps": Figure(total.rate("prompt_tokens_total"),
                              series("prompt_tps", lambda m: m.rate("prompt_tokens_total"))),
         "generation_tps": Figure(total.rate("generation_tokens_total"), series(
@@ -282,6 +316,14 @@ def _gauge_mean(name: str) -> Callable[[_Window], float | None]:
 
 def _latency(name: str, q: float) -> Callable[[_Window], float | None]:
     return lambda window: window.latency(name, q, MIN_LATENCY_OBSERVATIONS)
+
+
+def _limits(window: _Window) -> dict[str, float | None]:
+    """The share of scrapes each limit held the queue (docs/kv-anatomy.md)."""
+    counts = {name.removeprefix("limit:"): float(len(values))
+              for name, values in window.gauges.items() if name.startswith("limit:")}
+    total = sum(counts.values())
+    return {f"limit_{name}": count / total for name, count in sorted(counts.items())}
 
 
 @dataclass

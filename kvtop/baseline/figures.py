@@ -50,6 +50,12 @@ ENGINE_FIGURES: tuple[FigureSpec, ...] = (
     *_latency("ttft", "TTFT", 0.005),
     *_latency("itl", "ITL", 0.002),
     *_latency("e2e", "E2E", 0.05),
+    # KV anatomy (docs/kv-anatomy.md): how much prompt KV was found cached, how long blocks
+    # lived before eviction (shorter: the pool churns), how often the pool held the queue
+    FigureSpec("reuse_share", "prefix reuse share", "fraction", "lower", 0.0, 0.05),
+    *(FigureSpec(f"block_lifetime_{q}", f"block lifetime {q}", "seconds", "lower", 0.2, 0.01)
+      for q in ("p50", "p99")),
+    FigureSpec("kv_limited", "limited by KV capacity", "fraction", "higher", 0.0, 0.1),
 )
 GPU_MEMORY = FigureSpec("memory_used_bytes", "GPU memory used", "bytes", "load", 0.02,
                         256 * 2**20)

@@ -4,10 +4,11 @@ The load is the arrival rate per minute (requests finished plus the change in th
 or waiting: what clients offered, which a slower or saturated server does not lower), or
 where a baseline lacks it the token throughput (prompt + generation tokens/s), judged like
 a figure. When it changed, the figures the load drives (``LOAD_DRIVEN``: KV usage, queues,
-preemptions, latency) are judged on the minutes of each run whose load lies in the range
-both runs covered. Where fewer than ``MIN_VALUES`` minutes a side match, a change the same
-way as the load follows the load (``higher``/``lower``, never worse); one against it (the
-load fell, latency rose) is beyond what the load explains, and stands.
+how often KV capacity held them, preemptions, latency) are judged on the minutes of each
+run whose load lies in the range both runs covered. Where fewer than ``MIN_VALUES`` minutes
+a side match, a change the same way as the load follows the load (``higher``/``lower``,
+never worse); one against it (the load fell, latency rose) is beyond what the load
+explains, and stands.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from kvtop.baseline.judge import MIN_VALUES, FigureResult, Verdict, judge
 from kvtop.baseline.model import EngineSummary, Figure
 
 # What the load drives: compared at matched load when the load changed.
-LOAD_DRIVEN = frozenset({"kv_usage", "preemptions_per_min", "waiting", "ttft_p50",
-                         "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99"})
+LOAD_DRIVEN = frozenset({"kv_usage", "preemptions_per_min", "waiting", "kv_limited",
+                         "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99"})
 ARRIVALS = FigureSpec("arrivals_per_s", "load (arrivals/s)", "per_s", "load", 0.1, 0.01)
 TOKENS = FigureSpec("tokens_per_s", "load (prompt + generation tokens/s)", "tokens_per_s",
                     "load", 0.1, 1.0)

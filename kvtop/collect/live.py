@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from kvtop.collect.source import Source, SourceError, latest_per_target
 from kvtop.collect.target import Scrape, Target
 
 if TYPE_CHECKING:
+    from kvtop.collect.kv_endpoint import KvEventsEndpoint
     from kvtop.collect.poller import Poller
     from kvtop.collect.prometheus import PrometheusSettings, PrometheusSource
 
@@ -28,8 +29,9 @@ class DirectSource(Source):
 
     def __init__(self, targets: Iterable[Target], *, interval_s: float | None = None,
                  timeout_s: float | None = None, insecure: bool = False,
-                 narrow: bool = True) -> None:
-        super().__init__(targets)
+                 narrow: bool = True,
+                 kv_events: Mapping[str, KvEventsEndpoint] | None = None) -> None:
+        super().__init__(targets, kv_events=kv_events)
         self.interval_s = interval_s or DIRECT_INTERVAL_S
         self.timeout_s, self.insecure, self.narrow = timeout_s, insecure, narrow
 
@@ -77,8 +79,10 @@ class PrometheusFeed(Source):
         self.targets = await _asked(self.source.discover())
         return self.targets
 
-    async def stored(self, span_s: float | None) -> tuple[list[Scrape], float]:
-        """The last ``span_s`` (None: the detector's window) as far as Prometheus keeps it."""
+    async def stored(self, span_s: float | None, *,
+                     kv_events: bool = False) -> tuple[list[Scrape], float]:
+        """The last ``span_s`` (None: the detector's window) as far as Prometheus keeps it
+        (it keeps no KV events)."""
         retention = await self.source.retention_s()
         span = self.source.window_s if span_s is None else span_s
         span = span if retention is None else min(span, retention)

@@ -81,6 +81,24 @@ class EngineReading:
     e2e: Histogram | None = None
     cache_config: dict[str, str] = field(default_factory=dict)
     lora: LoraInfo | None = None  # None: LoRA not enabled, or not exported
+    # KV anatomy (docs/kv-anatomy.md). By label value, each dict as the server names them;
+    # None: this server or version does not export it (never an empty dict for 0).
+    waiting_by_reason: dict[str, float] | None = None  # vLLM 0.20+ capacity/deferred
+    kv_fetch_by_stage: dict[str, float] | None = None  # vLLM 0.32+, a KV-transfer consumer
+    admission_rejections_total: dict[str, float] | None = None  # vLLM 0.32+, by reason
+    sleep_state: str | None = None  # vLLM 0.11.1+: awake, weights_offloaded, discard_all
+    prompt_tokens_by_source_total: dict[str, float] | None = None  # vLLM 0.16+
+    cached_tokens_by_tier_total: dict[str, float] | None = None  # vLLM 0.32+: device, host…
+    external_queries_total: float | None = None  # vLLM 0.11.1+: a KV connector's lookups
+    external_hits_total: float | None = None
+    evicted_tokens_total: float | None = None  # SGLang 0.5.6+: left the radix cache
+    prompt_lengths: Histogram | None = None  # tokens per prompt (request_prompt_tokens)
+    kv_computed: Histogram | None = None  # prompt tokens whose KV was computed, per request
+    # Block residency, vLLM 0.12+ with --kv-cache-metrics (a sample of blocks, seconds)
+    block_lifetime: Histogram | None = None  # allocation to eviction
+    block_idle: Histogram | None = None  # last use to eviction
+    block_reuse_gap: Histogram | None = None  # between uses
+    residency: Literal["on", "off"] | None = None  # off: a version that has it, flag not set
 
 
 @dataclass(slots=True)

@@ -14,13 +14,19 @@ import asyncio
 import inspect
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from kvtop.collect.kv_endpoint import OnKvEvents, TargetKvEvents
 from kvtop.collect.target import Scrape, Target
 
+if TYPE_CHECKING:
+    from kvtop.collect.kv_endpoint import KvEventsEndpoint
+    from kvtop.collect.kv_feed import KvEventsFeed
+
 log = logging.getLogger(__name__)
+
 
 OnScrape = Callable[[Scrape], "Awaitable[None] | None"]
 
@@ -31,6 +37,13 @@ class ScrapeSource(Protocol):
     interval_s: float
 
     async def run(self, on_scrape: OnScrape, *, stop: asyncio.Event) -> None: ...
+
+
+class KvEventSource(Protocol):
+    """Anything that delivers KV event batches with their targets (the subscribers of
+    :class:`~kvtop.collect.kv_feed.KvEventsFeed`, a test fake)."""
+
+    async def run(self, on_batch: OnKvEvents, *, stop: asyncio.Event) -> None: ...
 
 
 def read_scrape(scrape: Scrape, version: str | None = None) -> Scrape:
@@ -109,9 +122,12 @@ class Source:
     name = "the source"  # how messages name it
     interval_s = 1.0
 
-    def __init__(self, targets: Iterable[Target] = ()) -> None:
+    def __init__(self, targets: Iterable[Target] = (), *,
+                 kv_events: Mapping[str, KvEventsEndpoint] | None = None) -> None:
         self.targets: list[Target] = list(targets)
+        self.kv_events: dict[str, KvEventsEndpoint] = dict(kv_events or {})  # by target URL
         self._live: ScrapeSource | None = None
+        self._kv_live: KvEventsFeed | None = None
 
     @property
     def warnings(self) -> list[str]:
@@ -123,16 +139,18 @@ class Source:
         nothing to read."""
         return self.targets
 
-    async def stored(self, span_s: float | None) -> tuple[Iterable[Scrape], float]:
+    async def stored(self, span_s: float | None, *, kv_events: bool = False,
+                     ) -> tuple[Iterable[Scrape | TargetKvEvents], float]:
         """The scrapes stored already over the last ``span_s`` (None: all of them), in time
-        order, and the seconds they cover (``ALL``: everything there will ever be)."""
+        order, and the seconds they cover (``ALL``: everything there will ever be); with
+        ``kv_events``, the KV event batches stored with them in their places."""
         return (), 0.0
 
     async def latest(self, count: int) -> list[Scrape]:
         """The newest ``count`` scrapes of each target, in time order (what a snapshot
         shows)."""
         scrapes, _ = await self.stored(None)
-        return latest_per_target(scrapes, count)
+        return latest_per_target(scrapes, count)  # type: ignore[arg-type]
 
     def live(self) -> ScrapeSource | None:
         """What delivers scrapes from now on (made on the first call); None when the stored
@@ -143,6 +161,15 @@ class Source:
 
     def _make_live(self) -> ScrapeSource | None:
         return None
+
+    def kv_live(self) -> KvEventsFeed | None:
+        """What delivers the targets' KV events from now on, beside :meth:`live` (made on the
+        first call: pyzmq is imported then); None where no target names an endpoint."""
+        if self._kv_live is None and self.kv_events:
+            from kvtop.collect.kv_feed import KvEventsFeed
+
+            self._kv_live = KvEventsFeed(self.targets, self.kv_events)
+        return self._kv_live
 
     async def aclose(self) -> None:
         close = getattr(self._live, "aclose", None)

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from kvtop.cli_args import (
     MAX_SIZE_HELP,
+    add_kv_events_argument,
     add_output_arguments,
     add_prometheus_arguments,
     add_target_arguments,
@@ -32,11 +33,13 @@ from kvtop.cli_args import (
     time_range,
 )
 from kvtop.collect.clock import stop_event
-from kvtop.collect.source import ScrapeSource, Source, SourceError, opened
+from kvtop.collect.kv_endpoint import TargetKvEvents
+from kvtop.collect.source import KvEventSource, ScrapeSource, Source, SourceError, opened
 from kvtop.collect.target import Scrape
 from kvtop.collect.watch import watch
 from kvtop.config import ConfigError, leak_params, load_config
 from kvtop.derive.leak_params import LeakParams
+from kvtop.derive.limits import LimitParams
 from kvtop.derive.worst import CheckRun, describe_size
 from kvtop.exits import EXIT_NO_DATA, EXIT_USAGE
 from kvtop.report.output import emit
@@ -137,6 +140,7 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
                     "detector and print the worst verdict per engine (docs/check-json.md). "
                     "While watching, progress goes to stderr when it is a terminal.")
     add_target_arguments(parser)
+    add_kv_events_argument(parser)
     parser.add_argument("--replay", type=Path, metavar="FILE",
                         help="judge a recording instead of live targets")
     add_time_range_arguments(parser, "--replay")
@@ -161,9 +165,10 @@ def run(args: argparse.Namespace) -> int:
     from kvtop.collect.live import PrometheusFeed
 
     config = load_config(args.config)
-    if args.replay is not None and (args.targets or args.duration or args.record):
-        raise ConfigError("--replay reads a recording: give no targets, --duration "
-                          "or --record with it")
+    if args.replay is not None and (args.targets or args.duration or args.record
+                                    or args.kv_events):
+        raise ConfigError("--replay reads a recording: give no targets, --duration, "
+                          "--kv-events or --record with it")
     span = time_range(args, args.replay, "--replay")
     try:
         with open_source(args, config, interval_s=args.interval, replay=args.replay) as source:
@@ -171,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError("--record writes direct scrapes; Prometheus keeps its own "
                                   "history")
             duration = None if args.replay else args.duration or DEFAULT_DURATION_S
-            return check(source, params=leak_params(config), duration_s=duration,
-                         until_leak=args.until_leak, record=args.record,
+            return check(source, params=leak_params(config), limits=config.limits,
+                         duration_s=duration, until_leak=args.until_leak, record=args.record,
                          record_max_bytes=args.record_max_size, as_json=args.as_json,
                          span=span)
     except RecordingError as exc:
@@ -183,13 +188,13 @@ def run(args: argparse.Namespace) -> int:
 def check(source: Source, *, params: LeakParams | None, duration_s: float | None,
           as_json: bool | None, until_leak: bool = False, record: Path | None = None,
           record_max_bytes: int | None = DEFAULT_MAX_BYTES,
-          span: TimeRange | None = None) -> int:
+          span: TimeRange | None = None, limits: dict[str, LimitParams] | None = None) -> int:
     """Judge ``source`` over ``duration_s`` (None: all it has stored, nothing live), print
     the verdicts; the exit code (130 after Ctrl-C, with the verdict so far). ``record`` also
     writes the live scrapes to a new recording; ``span`` cuts what is stored."""
     for warning in source.warnings:
         warn(f"kvtop check: {warning}")
-    run = CheckRun(params)
+    run = CheckRun(params, dict(limits or {}))
     with contextlib.ExitStack() as stack:
         writer = None
         if record is not None:
@@ -220,9 +225,12 @@ async def _judge(run: CheckRun, source: Source, *, duration_s: float | None,
     async with opened(source):
         for target in await source.discover():
             run.add_target(target)
-        stored, covered = await source.stored(duration_s)
-        for scrape in span.within(stored) if span else stored:
-            run.feed(scrape)
+        stored, covered = await source.stored(duration_s, kv_events=True)
+        for item in span.within(stored) if span else stored:
+            if isinstance(item, TargetKvEvents):
+                run.feed_kv_events(item.target, item.batch)
+            else:
+                run.feed(item)
         rest = 0.0 if duration_s is None else duration_s - covered
         live = source.live()
         if live is None or rest <= 0 or (until_leak and run.leak_found):
@@ -230,11 +238,12 @@ async def _judge(run: CheckRun, source: Source, *, duration_s: float | None,
         if covered > 0:
             warn(f"kvtop check: {source.name} keeps {covered:.0f} s of history; watching "
                  f"live for the other {rest:.0f} s")
-        await _watch(run, live, duration_s=rest, until_leak=until_leak, writer=writer)
+        await _watch(run, live, source.kv_live(), duration_s=rest, until_leak=until_leak,
+                     writer=writer)
 
 
-async def _watch(run: CheckRun, live: ScrapeSource, *, duration_s: float, until_leak: bool,
-                 writer: RecordingWriter | None) -> None:
+async def _watch(run: CheckRun, live: ScrapeSource, kv_events: KvEventSource | None, *,
+                 duration_s: float, until_leak: bool, writer: RecordingWriter | None) -> None:
     progress = Progress(duration_s)
     interrupted = stop_event()  # Ctrl-C, SIGTERM: told apart from the duration's end
     stop = asyncio.Event()
@@ -247,9 +256,15 @@ async def _watch(run: CheckRun, live: ScrapeSource, *, duration_s: float, until_
             writer.flush()
         progress.update(run)
 
+    def on_kv_events(item: TargetKvEvents) -> None:
+        run.feed_kv_events(item.target, item.batch)
+        if writer is not None:
+            writer.write_kv_events(item.batch, item.target)
+
     try:
         await watch(live, on_scrape, duration_s=duration_s,
-                    until=(lambda: run.leak_found) if until_leak else None, stop=stop)
+                    until=(lambda: run.leak_found) if until_leak else None, stop=stop,
+                    kv_events=kv_events, on_kv_events=on_kv_events)
     finally:
         relay.cancel()
         progress.close()

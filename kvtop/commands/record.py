@@ -1,4 +1,5 @@
-"""``kvtop record``: every scrape of the targets into a recording (docs/recording-format.md).
+"""``kvtop record``: every scrape of the targets into a recording (docs/recording-format.md),
+and the KV event batches of those that name an endpoint (``--kv-events``, ``kv_events``).
 
 A write that fails (a full disk) is told on stderr once when it starts failing and once when
 it works again, and polling goes on; the file always holds whole lines. The recording stops
@@ -13,12 +14,15 @@ from pathlib import Path
 
 from kvtop.cli_args import (
     MAX_SIZE_HELP,
+    add_kv_events_argument,
     add_target_arguments,
     parse_duration,
     positive_seconds,
+    resolve_kv_events,
     resolve_targets,
     size,
 )
+from kvtop.collect.kv_endpoint import TargetKvEvents
 from kvtop.collect.live import DirectSource
 from kvtop.collect.target import Scrape
 from kvtop.collect.watch import watch
@@ -39,6 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
         description="Poll the targets and write every scrape (body or error) to a new "
                     "recording (docs/recording-format.md) until --duration passes or Ctrl-C.")
     add_target_arguments(parser)
+    add_kv_events_argument(parser)
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="FILE",
                         help="the recording to write (JSON Lines; gzip when FILE ends in .gz)")
     parser.add_argument("--interval", type=positive_seconds, default=1.0, metavar="S",
@@ -53,9 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    source = DirectSource(resolve_targets(args, load_config(args.config)),
-                          interval_s=args.interval, timeout_s=args.timeout,
-                          insecure=args.insecure, narrow=not args.full_metrics)
+    config = load_config(args.config)
+    targets = resolve_targets(args, config)
+    source = DirectSource(targets, interval_s=args.interval, timeout_s=args.timeout,
+                          insecure=args.insecure, narrow=not args.full_metrics,
+                          kv_events=resolve_kv_events(args, config, targets))
     return record_to(source, args.output, duration_s=args.duration, max_bytes=args.max_size,
                      replace=args.force)
 
@@ -96,7 +103,12 @@ async def record(source: DirectSource, writer: RecordingWriter, *,
         writer.flush()  # a crash or kill loses at most the scrape in flight
         reporter.after_write()
 
-    await watch(source.live(), on_scrape, duration_s=duration_s, until=lambda: writer.full)
+    def on_kv_events(item: TargetKvEvents) -> None:
+        writer.write_kv_events(item.batch, item.target)  # flushed with the next scrape
+        reporter.after_write()
+
+    await watch(source.live(), on_scrape, duration_s=duration_s, until=lambda: writer.full,
+                kv_events=source.kv_live(), on_kv_events=on_kv_events)
     return writer.written
 
 
@@ -118,7 +130,11 @@ def record_to(source: DirectSource, output: Path, *, duration_s: float | None,
 
 
 def _summary(writer: RecordingWriter) -> int:
-    _say(f"{writer.written} scrapes written to {writer.path}")
+    if writer.kv_written:
+        _say(f"{writer.written - writer.kv_written} scrapes and {writer.kv_written} KV event "
+             f"batches written to {writer.path}")
+    else:
+        _say(f"{writer.written} scrapes written to {writer.path}")
     if writer.lost:
         _say(f"{writer.lost} scrapes were not written ({writer.error}); the file holds "
              "every other one")

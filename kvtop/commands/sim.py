@@ -46,6 +46,13 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output (default: what the KV cache holds)")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--kv-cache-metrics", action="store_true",
+                   help="export block residency histograms, as vLLM's --kv-cache-metrics")
+    p.add_argument("--kv-events-port", type=int, default=None, metavar="PORT",
+                   help="publish KV events on tcp://127.0.0.1:PORT+i (0: ephemeral), as "
+                        "vLLM's zmq publisher; replay on --kv-events-replay-port")
+    p.add_argument("--kv-events-replay-port", type=int, default=0, metavar="PORT",
+                   help="replay socket of server i on PORT+i (default: ephemeral)")
     p.add_argument("--leak-frac", type=fraction, default=0.0,
                    help="fraction of finished/aborted requests that never free their blocks")
     p.add_argument("--leak-at", type=non_negative_number, default=0.0,
@@ -94,7 +101,8 @@ def configs_from_args(args: argparse.Namespace) -> list[SimConfig]:
                           max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len,
-                          enable_prefix_caching=not args.no_prefix_caching)
+                          enable_prefix_caching=not args.no_prefix_caching,
+                          kv_cache_metrics=args.kv_cache_metrics)
     params: dict[str, Any] = {}
     if args.rate is not None and args.workload != "none":
         params["rate" if args.workload == "synthetic" else "rate_scale"] = args.rate
@@ -102,9 +110,16 @@ def configs_from_args(args: argparse.Namespace) -> list[SimConfig]:
         SimConfig(model_name=args.model_name, port=args.port + i if args.port else 0,
                   engine=engine, workload=args.workload, workload_params=params,
                   faults=faults, names=args.names, speed=args.speed, seed=args.seed + i,
-                  cpu_share=CPU_SHARE / args.count)
+                  cpu_share=CPU_SHARE / args.count,
+                  kv_events_port=_port(args.kv_events_port, i),
+                  kv_events_replay_port=_port(args.kv_events_replay_port, i) or 0)
         for i in range(args.count)
     ]
+
+
+def _port(first: int | None, i: int) -> int | None:
+    """Server i's port from the first (0: ephemeral for all; None: off)."""
+    return first + i if first else first
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,7 +152,9 @@ async def _serve(fleet: SimFleet) -> int:
         return EXIT_CANNOT_LISTEN
     stop = stop_event()  # SIGINT/SIGTERM end the wait below, not a KeyboardInterrupt
     for server in fleet.servers:
-        print(display_text(f"{server.url}/metrics"), flush=True)
+        events = server.kv_events
+        extra = f" kv-events {events.url} replay {events.replay_url}" if events else ""
+        print(display_text(f"{server.url}/metrics{extra}"), flush=True)
     try:
         await stop.wait()
     finally:

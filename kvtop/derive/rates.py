@@ -8,6 +8,7 @@ current reading becomes the new baseline.
 from __future__ import annotations
 
 from kvtop.collect.reading import EngineReading
+from kvtop.derive.cache import add_cache_numbers
 from kvtop.derive.quantiles import quantiles
 from kvtop.derive.stats import EngineStats
 
@@ -112,6 +113,7 @@ def derive_engine_stats(now: EngineReading, before: EngineReading | None, t: flo
         stats.restarted = True
         before = None
     _hit_rate(stats, now, before)
+    add_cache_numbers(stats, now, before, dt)
     if before is not None and dt is not None and dt > 0:
         _window_rates(stats, now, before, dt)
     else:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from kvtop.collect.reading import LoraInfo
-    from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+    from kvtop.derive.verdicts import KvLeakState, LeakVerdict, LimitVerdict, StallVerdict
 
 
 QuantileScope = Literal["window", "lifetime"]  # between two scrapes, or since the server began
@@ -27,6 +27,80 @@ class Quantiles:
     p99: float | None
     samples: float  # observations behind the estimate
     scope: QuantileScope = "window"
+
+
+@dataclass(frozen=True, slots=True)
+class Residency:
+    """vLLM's sampled block residency (--kv-cache-metrics), seconds: ``state`` "on" with the
+    quantiles of the blocks evicted (None where none were), "off" where the server's version
+    has the histograms and the flag is not set, None where the version is not known to."""
+
+    state: Literal["on", "off"] | None
+    lifetime: Quantiles | None = None  # allocation to eviction
+    idle: Quantiles | None = None  # last use to eviction
+    reuse_gap: Quantiles | None = None  # between two uses
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """Where prompt tokens' KV came from, over the window (``scope`` "window") or since the
+    server started ("lifetime": one scrape, or no prompt in the window). Shares are of the
+    prompt tokens; a dict is None where the server does not export its family."""
+
+    scope: Literal["window", "lifetime"]
+    prompt_tokens: float  # prompt tokens behind the shares
+    by_source: dict[str, float] | None  # share per source: local_compute, local_cache_hit…
+    cached_by_tier: dict[str, float] | None  # share of the prompt tokens per cache tier
+    reuse_share: float | None  # prompt tokens not computed (found cached anywhere)
+    external_hit_rate: float | None  # a KV connector's hits / its lookups (tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class HotPrefix:
+    """A cached block many chains grew from: the end of a prefix that requests reuse."""
+
+    block_hash: int  # kvtop's 64-bit key (docs/kv-anatomy.md); never token ids or text
+    tokens: int | None  # the prefix's length up to and including it, as far as kvtop saw
+    reuses: int  # chains grown from it after the first
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventStats:
+    """One engine's KV events folded (derive/kv_anatomy.py): counts since kvtop began to
+    listen, rates over the window since the last scrape, and the exact leak evidence, a
+    witness of its own beside the leak detector's verdict (never merged into it)."""
+
+    batches: int
+    stored_total: int  # blocks stored (a hash stored twice counts twice)
+    removed_total: int  # blocks removed
+    cleared: int  # AllBlocksCleared: the prefix cache reset (sleep, reset_prefix_cache)
+    population: int  # blocks kvtop knows are cached now
+    index_dropped: int  # entries the index dropped at its cap (the evidence is partial)
+    removed_unknown: int  # removals of blocks stored before kvtop listened (or dropped)
+    reuses: int  # stored blocks whose parent had already been extended: a prefix reused
+    stored_events: int  # BlockStored events (chains written), the reuse share's base
+    stored_per_s: float | None
+    removed_per_s: float | None
+    reuses_per_s: float | None
+    age_at_eviction: Quantiles | None  # seconds from stored to removed
+    hot: tuple[HotPrefix, ...]
+    leak: KvLeakState
+    leak_reason: str
+    leaked_blocks: int | None  # blocks unused for leak_turnovers full turnovers of the pool
+    leaked_sample: tuple[int, ...]  # the longest unused of them
+    turnovers: float | None  # full pool turnovers kvtop has seen since its index began
+    pool_blocks: int | None  # the pool a turnover is counted against
+    lost_batches: int  # batches neither the stream nor replay delivered
+    malformed: int  # batches that could not be read
+    unknown_events: int  # events of types kvtop does not read
+    restarts: int  # the publisher's sequence went back
+    last_seq: int | None
+    first_seq: int | None  # the first sequence kvtop read (> 0: joined late)
+    by_medium: dict[str, tuple[int, int]]  # stored, removed per medium (GPU, CPU…)
+
+    @property
+    def reuse_share(self) -> float | None:
+        return self.reuses / self.stored_events if self.stored_events else None
 
 
 @dataclass(slots=True)
@@ -69,6 +143,17 @@ class EngineStats:
     lora: LoraInfo | None = None  # LoRA adapters with requests running / waiting
     leak: LeakVerdict | None = None  # the leak detector's verdict after this scrape
     stall: StallVerdict | None = None  # the stall verdict after this scrape
+    # KV anatomy (docs/kv-anatomy.md); None: not exported by this server or version
+    waiting_by_reason: dict[str, float] | None = None
+    kv_fetch_by_stage: dict[str, float] | None = None
+    sleep_state: str | None = None
+    admission_rejections_per_s: dict[str, float] | None = None
+    evicted_tokens_per_s: float | None = None  # SGLang's radix cache
+    mean_prompt_tokens: float | None = None  # over the window, else since start
+    reuse: Reuse | None = None
+    residency: Residency | None = None
+    limit: LimitVerdict | None = None  # what holds the queue back, after this scrape
+    kv_events: KvEventStats | None = None  # from the engine's KV events, when subscribed
 
     @property
     def usage(self) -> float | None:

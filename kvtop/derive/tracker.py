@@ -14,24 +14,31 @@ that invents new model names every scrape costs no more than one with 512 engine
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.gpu import GpuReading
+from kvtop.collect.kv_endpoint import KvChannel
+from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.reading import EngineReading, ServerKind, ServerReading
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive.kv_anatomy import AnatomyParams, KvAnatomy
+from kvtop.derive.kv_index import DROP_FRACTION
 from kvtop.derive.leak import LeakDetector
 from kvtop.derive.leak_params import LeakParams
+from kvtop.derive.limits import LimitDetector, LimitParams
 from kvtop.derive.rates import derive_engine_stats
 from kvtop.derive.stall import StallDetector
 from kvtop.derive.stats import EngineStats
+from kvtop.derive.verdicts import LeakVerdict
 
 TargetStatus = Literal["pending", "up", "down", "timeout", "auth", "bad_payload", "stale"]
 EngineKey = tuple[str | None, str | None]  # (model, engine)
 
 DEFAULT_HISTORY_S = 15 * 60.0
 MAX_TRACKED_ENGINES = 2 * MAX_ENGINES  # engines with history and a detector, per target
+MAX_KV_EVENT_RANKS = 64  # data-parallel ranks whose KV events one target folds
 
 
 @dataclass(slots=True)
@@ -56,6 +63,7 @@ class TargetState:
     engines_over_cap: int = 0
     impossible_values: int = 0
     gpus: list[GpuReading] = field(default_factory=list)  # a GPU exporter's, last good values
+    kv_channel: KvChannel | None = None  # its KV events' channel, while subscribed (live)
 
     @property
     def last_body(self) -> str | None:
@@ -78,6 +86,8 @@ class TargetTracker:
         history_s: float = DEFAULT_HISTORY_S,
         leak_params: LeakParams | None = None,
         forget_after_s: float | None = None,
+        limit_params: LimitParams | None = None,
+        anatomy_params: AnatomyParams | None = None,
     ) -> None:
         self.state = TargetState(target=target)
         self.stale_after_s = stale_after_s
@@ -87,6 +97,10 @@ class TargetTracker:
         self.history: dict[EngineKey, deque[EngineStats]] = {}
         self.detectors: dict[EngineKey, LeakDetector] = {}
         self.stall_detectors: dict[EngineKey, StallDetector] = {}
+        self.limit_detectors: dict[EngineKey, LimitDetector] = {}
+        self.limit_params = limit_params
+        self.anatomy_params = anatomy_params
+        self.kv_events: dict[int, KvAnatomy] = {}  # by data-parallel rank, when subscribed
         self._previous: dict[EngineKey, EngineReading] = {}
         self._previous_t: float | None = None
         self._last_seen: dict[EngineKey, float] = {}  # oldest first
@@ -115,6 +129,34 @@ class TargetTracker:
         self._fold_good(scrape, scrape.reading)
         return state
 
+    def update_kv_events(self, batch: KvEventBatch) -> None:
+        """Fold one batch of the target's KV events (its engine's stats carry them from the
+        next scrape). Ranks past MAX_KV_EVENT_RANKS are left out; the ranks' block indexes
+        share ``index_cap`` blocks (the target's memory is bounded, not each rank's)."""
+        anatomy = self.kv_events.get(batch.rank)
+        if anatomy is None:
+            if len(self.kv_events) >= MAX_KV_EVENT_RANKS:
+                return
+            anatomy = self.kv_events[batch.rank] = KvAnatomy(self.anatomy_params)
+            self._share_index_cap(anatomy.params.index_cap)
+        anatomy.fold(batch)
+
+    def _share_index_cap(self, target_cap: int) -> None:
+        """The ranks' block indexes share the target's cap: one more rank, smaller shares
+        (each index drops to its share at its next new block)."""
+        share = max(DROP_FRACTION, target_cap // len(self.kv_events))
+        for anatomy in self.kv_events.values():
+            anatomy.index.cap = share
+
+    def _anatomy_of(self, engine: str | None) -> KvAnatomy | None:
+        """An engine's KV events: vLLM's engine label is its data-parallel rank (no label:
+        one engine, rank 0)."""
+        if engine is None:
+            return self.kv_events.get(0)
+        if engine.isascii() and engine.isdigit() and len(engine) <= 6:
+            return self.kv_events.get(int(engine))
+        return None
+
     def _fold_good(self, scrape: Scrape, reading: ServerReading) -> None:
         state = self.state
         state.kind = reading.kind
@@ -135,8 +177,15 @@ class TargetTracker:
             detector = self.detectors.get(key)
             if detector is None:
                 detector = self.detectors[key] = LeakDetector(self.leak_params)
-            stat.leak = detector.update(stat)
+            stat.leak = _leak_verdict(detector, stat)
             stat.stall = self.stall_detectors.setdefault(key, StallDetector()).update(stat)
+            limits = self.limit_detectors.get(key)
+            if limits is None:
+                limits = self.limit_detectors[key] = LimitDetector(self.limit_params)
+            stat.limit = limits.update(stat)
+            anatomy = self._anatomy_of(engine.engine)
+            if anatomy is not None:
+                stat.kv_events = anatomy.stats(scrape.t, stat.blocks_total)
             restarted |= stat.restarted
             stats.append(stat)
             self._remember(key, stat)
@@ -182,3 +231,13 @@ class TargetTracker:
             self.history.pop(key, None)
             self.detectors.pop(key, None)
             self.stall_detectors.pop(key, None)
+            self.limit_detectors.pop(key, None)
+
+
+def _leak_verdict(detector: LeakDetector, stats: EngineStats) -> LeakVerdict:
+    """The leak detector's verdict; an engine asleep has let its KV pool go (vLLM's sleep
+    mode), which is neither a leak cleared nor a crash: its evidence is kept, not fed."""
+    if stats.sleep_state in (None, "awake"):
+        return detector.update(stats)
+    return replace(detector.verdict, reason=f"engine asleep ({stats.sleep_state}): the leak "
+                   f"evidence so far is kept; {detector.verdict.reason}")

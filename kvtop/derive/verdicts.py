@@ -11,10 +11,16 @@ from typing import Literal
 
 LeakState = Literal["warmup", "ok", "watch", "leak"]
 StallState = Literal["unknown", "ok", "saturated", "stalled"]
+# What holds an engine's queue back (docs/kv-anatomy.md, "What limits this engine")
+Limit = Literal["kv_capacity", "max_sequences", "token_budget", "deferred", "kv_transfer",
+                "sleeping", "none", "unknown"]
 Verdict = Literal["unknown", "ok", "watch", "leak"]  # the worst leak state of a run (check)
 
 # Warm-up says nothing yet: it is no more news than OK (its end is not told as a change).
 LEAK_RANK: dict[LeakState, int] = {"warmup": 0, "ok": 0, "watch": 1, "leak": 2}
+# The exact leak evidence of KV events (docs/kv-anatomy.md), a witness of its own
+KvLeakState = Literal["unknown", "too_early", "none", "evidence"]
+KV_LEAK_RANK: dict[KvLeakState, int] = {"unknown": 0, "too_early": 1, "none": 2, "evidence": 3}
 STALL_RANK: dict[StallState, int] = {"unknown": 0, "ok": 1, "saturated": 2, "stalled": 3}
 # A verdict, once reached, outranks none: an engine judged OK is worse news than no verdict.
 VERDICT_RANK: dict[Verdict, int] = {"unknown": 0, "ok": 1, "watch": 2, "leak": 3}
@@ -41,4 +47,11 @@ class StallVerdict:
     state: StallState
     reason: str  # one line a person understands
     since_t: float | None  # when this state began (STALLED: the last scrape with progress)
+    evidence: dict[str, float | str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LimitVerdict:
+    limit: Limit
+    reason: str  # one line a person understands: the numbers behind the word
     evidence: dict[str, float | str] = field(default_factory=dict)

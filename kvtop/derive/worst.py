@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.target import Scrape, Target
 from kvtop.contract import json_number
 from kvtop.derive.leak_params import LeakParams
+from kvtop.derive.limits import LimitParams
+from kvtop.derive.stats import KvEventStats
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES, EngineKey, TargetTracker
 from kvtop.derive.verdicts import (
+    KV_LEAK_RANK,
     STALL_RANK,
     VERDICT_RANK,
     LeakVerdict,
@@ -87,6 +91,11 @@ def warmup_needs(params: LeakParams, first_t: float | None, last_t: float | None
     return f"needs {math.ceil(left / 60)} more minutes of scrapes under load, or {idle}"
 
 
+def block_hash_text(key: int) -> str:
+    """A block's 64-bit key as people and files read it: 16 hex digits."""
+    return f"{key:016x}"
+
+
 @dataclass(slots=True)
 class EngineVerdict:
     """The worst state one engine reached, and when each state was first reached."""
@@ -101,10 +110,24 @@ class EngineVerdict:
     stall_at_worst: StallVerdict | None = None
     stall_first_t: float | None = None  # first STALLED
     saturated_first_t: float | None = None  # first SATURATED
+    limits: dict[str, int] = field(default_factory=dict)  # scrapes per limit word (8 words)
+    kv_events: KvEventStats | None = None  # the KV-event witness at its worst state
+    kv_evidence_first_t: float | None = None  # first exact leak evidence
     first_t: float | None = None  # the engine's first and last good scrape
     last_t: float | None = None
     block_size: int | None = None  # tokens per block, where the server says
     bytes_per_block: float | None = None  # where the server says (kv_bytes_per_block)
+
+    def observe_limit(self, limit: str) -> None:
+        self.limits[limit] = self.limits.get(limit, 0) + 1
+
+    def observe_kv_events(self, t: float, events: KvEventStats) -> None:
+        """The exact leak evidence, kept apart from the leak verdict (never merged)."""
+        if events.leak == "evidence" and self.kv_evidence_first_t is None:
+            self.kv_evidence_first_t = t
+        worst = self.kv_events
+        if worst is None or KV_LEAK_RANK[events.leak] >= KV_LEAK_RANK[worst.leak]:
+            self.kv_events = events
 
     def seen(self, t: float, block_size: int | None = None,
              cache_config: dict[str, str] | None = None) -> None:
@@ -164,7 +187,22 @@ class EngineVerdict:
                 "saturated_first_t": self.saturated_first_t,
                 "reason": (self.stall_at_worst.reason if self.stall_at_worst
                            else "not enough data for a verdict")},
+            "limits": dict(self.limits),
+            "kv_events": self._kv_events_json(),
         }
+
+    def _kv_events_json(self) -> dict[str, Any] | None:
+        events = self.kv_events
+        if events is None:
+            return None
+        return {"leak": events.leak, "reason": events.leak_reason,
+                "evidence_first_t": self.kv_evidence_first_t,
+                "leaked_blocks": events.leaked_blocks,
+                "leaked_sample": [block_hash_text(k) for k in events.leaked_sample],
+                "turnovers": json_number(events.turnovers, 2),
+                "stored_total": events.stored_total, "removed_total": events.removed_total,
+                "lost_batches": events.lost_batches, "malformed": events.malformed,
+                "restarts": events.restarts}
 
 
 @dataclass(slots=True)
@@ -172,6 +210,7 @@ class CheckRun:
     """Feeds scrapes through trackers and keeps each engine's worst verdict."""
 
     params: LeakParams | None = None
+    limits: dict[str, LimitParams] = field(default_factory=dict)  # by target URL (config)
     trackers: dict[str, TargetTracker] = field(default_factory=dict)
     engines: dict[str, dict[EngineKey, EngineVerdict]] = field(default_factory=dict)
     first_t: float | None = None  # the span judged: first and last scrape fed, read or not
@@ -180,7 +219,8 @@ class CheckRun:
 
     def add_target(self, target: Target) -> None:
         if target.url not in self.trackers:
-            self.trackers[target.url] = TargetTracker(target, leak_params=self.params)
+            self.trackers[target.url] = TargetTracker(target, leak_params=self.params,
+                                                      limit_params=self.limits.get(target.url))
             self.engines[target.url] = {}
 
     def feed(self, scrape: Scrape) -> None:
@@ -201,8 +241,17 @@ class CheckRun:
                 entry.observe(scrape.t, stats.leak)
             if stats.stall is not None:
                 entry.observe_stall(scrape.t, stats.stall)
+            if stats.limit is not None:
+                entry.observe_limit(stats.limit.limit)
+            if stats.kv_events is not None:
+                entry.observe_kv_events(scrape.t, stats.kv_events)
         if len(verdicts) > MAX_TRACKED_ENGINES:
             _forget_unjudged(verdicts, {(s.model, s.engine) for s in state.engines})
+
+    def feed_kv_events(self, target: Target, batch: KvEventBatch) -> None:
+        """A KV event batch of ``target`` (its engines' stats carry them from the next scrape)."""
+        self.add_target(target)
+        self.trackers[target.url].update_kv_events(batch)
 
     def _forget_targets(self) -> None:
         by_age = sorted(self.trackers, key=lambda url: self.trackers[url].state.last_attempt_t

@@ -1,6 +1,7 @@
 """The ``kvtop snapshot`` JSON contract (version 1; schema in docs/snapshot-json.md).
 
-Scripts and CI parse this: keys are only ever added, never renamed or removed.
+Scripts and CI parse this: keys are only ever added, never renamed or removed; the minor
+version counts the additions (1: the cache, what limits, KV events).
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from datetime import datetime
 from typing import Any
 
 from kvtop.contract import json_number
-from kvtop.derive.stats import EngineStats, Quantiles
+from kvtop.derive.stats import EngineStats, KvEventStats, Quantiles, Residency, Reuse
 from kvtop.derive.tracker import EngineKey, TargetState
-from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.derive.verdicts import LeakVerdict, LimitVerdict, StallVerdict
+from kvtop.derive.worst import block_hash_text
 
 SNAPSHOT_VERSION = 1
+SNAPSHOT_MINOR = 1  # keys added to version 1: docs/snapshot-json.md, "Minor versions"
 
 
 def _quantiles_json(q: Quantiles | None) -> dict[str, Any] | None:
@@ -37,6 +40,72 @@ def stall_json(verdict: StallVerdict | None) -> dict[str, Any] | None:
     if verdict is None:
         return None
     return {"state": verdict.state, "reason": verdict.reason, "since_t": verdict.since_t}
+
+
+def _shares(values: dict[str, float] | None, digits: int = 6) -> dict[str, Any] | None:
+    return None if values is None else {k: json_number(v, digits) for k, v in values.items()}
+
+
+def _reuse_json(reuse: Reuse | None) -> dict[str, Any] | None:
+    if reuse is None:
+        return None
+    return {"scope": reuse.scope, "prompt_tokens": json_number(reuse.prompt_tokens, 1),
+            "by_source": _shares(reuse.by_source), "by_tier": _shares(reuse.cached_by_tier),
+            "reuse_share": json_number(reuse.reuse_share),
+            "external_hit_rate": json_number(reuse.external_hit_rate)}
+
+
+def _residency_json(residency: Residency | None) -> dict[str, Any] | None:
+    if residency is None:
+        return None
+    return {"state": residency.state, "lifetime_s": _quantiles_json(residency.lifetime),
+            "idle_s": _quantiles_json(residency.idle),
+            "reuse_gap_s": _quantiles_json(residency.reuse_gap)}
+
+
+def cache_json(stats: EngineStats) -> dict[str, Any]:
+    return {"waiting_by_reason": _shares(stats.waiting_by_reason),
+            "kv_fetch_by_stage": _shares(stats.kv_fetch_by_stage),
+            "sleep_state": stats.sleep_state,
+            "admission_rejections_per_s": _shares(stats.admission_rejections_per_s, 4),
+            "evicted_tokens_per_s": json_number(stats.evicted_tokens_per_s, 3),
+            "mean_prompt_tokens": json_number(stats.mean_prompt_tokens, 1),
+            "reuse": _reuse_json(stats.reuse), "residency": _residency_json(stats.residency)}
+
+
+def limit_json(verdict: LimitVerdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    return {"limit": verdict.limit, "reason": verdict.reason,
+            "evidence": {k: json_number(v) if isinstance(v, float) else v
+                         for k, v in verdict.evidence.items()}}
+
+
+def kv_events_json(events: KvEventStats | None) -> dict[str, Any] | None:
+    if events is None:
+        return None
+    return {
+        "batches": events.batches, "first_seq": events.first_seq, "last_seq": events.last_seq,
+        "stored_total": events.stored_total, "removed_total": events.removed_total,
+        "cleared": events.cleared, "population": events.population,
+        "stored_per_s": json_number(events.stored_per_s, 3),
+        "removed_per_s": json_number(events.removed_per_s, 3),
+        "reuses": events.reuses, "reuses_per_s": json_number(events.reuses_per_s, 3),
+        "reuse_share": json_number(events.reuse_share),
+        "age_at_eviction_s": _quantiles_json(events.age_at_eviction),
+        "hot_prefixes": [{"block_hash": block_hash_text(h.block_hash), "tokens": h.tokens,
+                          "reuses": h.reuses} for h in events.hot],
+        "leak": {"state": events.leak, "reason": events.leak_reason,
+                 "leaked_blocks": events.leaked_blocks,
+                 "leaked_sample": [block_hash_text(k) for k in events.leaked_sample],
+                 "turnovers": json_number(events.turnovers, 2),
+                 "pool_blocks": events.pool_blocks},
+        "completeness": {"lost_batches": events.lost_batches, "malformed": events.malformed,
+                         "unknown_events": events.unknown_events, "restarts": events.restarts,
+                         "removed_unknown": events.removed_unknown,
+                         "index_dropped": events.index_dropped},
+        "by_medium": {k: {"stored": v[0], "removed": v[1]} for k, v in events.by_medium.items()},
+    }
 
 
 def engine_json(stats: EngineStats) -> dict[str, Any]:
@@ -73,6 +142,9 @@ def engine_json(stats: EngineStats) -> dict[str, Any]:
         "restarted": stats.restarted,
         "leak": leak_json(stats.leak),
         "stall": stall_json(stats.stall),
+        "cache": cache_json(stats),
+        "limit": limit_json(stats.limit),
+        "kv_events": kv_events_json(stats.kv_events),
     }
 
 
@@ -136,6 +208,7 @@ def snapshot_document(
         targets.append(entry)
     return {
         "kvtop_snapshot": SNAPSHOT_VERSION,
+        "kvtop_snapshot_minor": SNAPSHOT_MINOR,
         "taken_at": taken_at.isoformat(timespec="milliseconds"),
         "targets": targets,
         "gpus": gpus,

@@ -10,11 +10,49 @@ which is why usage divides by `num_gpu_blocks - 1` (vLLM >= 0.10.2).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 BlockHash = int
+MASK64 = (1 << 64) - 1
+# What the pool did, as vLLM's KV events say it: ("S", hashes, parent) for blocks entering
+# the prefix cache, ("R", hash) for one leaving it.
+PoolEvent = tuple
+
+
+class Residency:
+    """vLLM's ``KVCacheMetricsCollector`` sampling every block: a block's life starts when
+    it is allocated and ends when it is popped for another; its idle time runs from its
+    last use (or birth), and the gaps are between its last four uses (prefix hits)."""
+
+    def __init__(self, clock: Callable[[], float],
+                 observe: Callable[[str, float], None]) -> None:
+        self.clock, self.observe = clock, observe
+        self._born: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._uses: dict[int, deque[float]] = {}
+
+    def allocated(self, block_id: int) -> None:
+        self._born[block_id] = self._last[block_id] = self.clock()
+        self._uses[block_id] = deque(maxlen=4)
+
+    def used(self, block_id: int) -> None:
+        uses = self._uses.get(block_id)
+        if uses is not None:
+            self._last[block_id] = now = self.clock()
+            uses.append(now)
+
+    def evicted(self, block_id: int) -> None:
+        born = self._born.pop(block_id, None)
+        if born is None:
+            return
+        now, last, uses = self.clock(), self._last.pop(block_id), self._uses.pop(block_id)
+        self.observe("kv_block_lifetime_seconds", now - born)
+        self.observe("kv_block_idle_before_evict_seconds", now - last)
+        for earlier, later in pairwise(uses):
+            self.observe("kv_block_reuse_gap_seconds", later - earlier)
 
 
 def chain_hash(parent: BlockHash | None, key: Hashable) -> BlockHash:
@@ -43,6 +81,9 @@ class BlockPool:
         # Several blocks may carry the same hash when two requests computed it at once.
         self._cached: dict[BlockHash, dict[int, KVBlock]] = {}
         self.null_block = self._free.popitem(last=False)[1]
+        self.events: list[PoolEvent] | None = None  # a list: record KV events into it
+        self.stored_blocks = self.removed_blocks = 0  # into and out of the prefix cache
+        self.residency: Residency | None = None
 
     @property
     def usable_blocks(self) -> int:
@@ -59,6 +100,10 @@ class BlockPool:
     def usage(self) -> float:
         """`BlockPool.get_usage()` of vLLM >= 0.10.2: exactly 0.0 when nothing is referenced."""
         return 1.0 - self.num_free_blocks / self.usable_blocks
+
+    def num_cached_hashes(self) -> int:
+        """Distinct hashes in the prefix cache (in use or free)."""
+        return len(self._cached)
 
     def num_cached_free_blocks(self) -> int:
         return sum(1 for b in self._free.values() if b.block_hash is not None)
@@ -80,6 +125,8 @@ class BlockPool:
             if block.ref_cnt == 0:
                 del self._free[block.block_id]
             block.ref_cnt += 1
+            if self.residency is not None:
+                self.residency.used(block.block_id)
 
     def allocate(self, n: int) -> list[KVBlock]:
         """Pop `n` blocks from the head of the free queue, evicting their cached hashes."""
@@ -89,6 +136,9 @@ class BlockPool:
         for _ in range(n):
             block = self._free.popitem(last=False)[1]
             self._evict(block)
+            if self.residency is not None:
+                self.residency.evicted(block.block_id)
+                self.residency.allocated(block.block_id)
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -96,13 +146,22 @@ class BlockPool:
     def cache_full_blocks(
         self, blocks: Sequence[KVBlock], hashes: Sequence[BlockHash], start: int, end: int
     ) -> None:
-        """Register blocks[start:end] (full blocks) under their hashes."""
+        """Register blocks[start:end] (full blocks) under their hashes; one KV event for the
+        blocks newly registered, on top of the block before the first of them."""
+        new: list[BlockHash] = []
+        first = None
         for i in range(start, end):
             block = blocks[i]
             if block.block_hash is not None:
                 continue  # a prefix-cache hit, already registered
             block.block_hash = hashes[i]
             self._cached.setdefault(hashes[i], {})[block.block_id] = block
+            first = i if first is None else first
+            new.append(hashes[i] & MASK64)
+        self.stored_blocks += len(new)
+        if self.events is not None and first is not None:
+            parent = hashes[first - 1] & MASK64 if first > 0 else None
+            self.events.append(("S", tuple(new), parent))
 
     def free_blocks(self, ordered: Iterable[KVBlock]) -> None:
         """Drop one reference each, as vLLM's `BlockPool.free_blocks`: blocks reaching 0
@@ -127,6 +186,9 @@ class BlockPool:
         del same_hash[block.block_id]
         if not same_hash:
             del self._cached[block.block_hash]
+        self.removed_blocks += 1
+        if self.events is not None:
+            self.events.append(("R", block.block_hash & MASK64))
         block.block_hash = None
 
 

@@ -15,8 +15,10 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from kvtop.sim.blocks import BlockPool, KVBlock, KVCacheManager, chain_hash
+from kvtop.sim.blocks import BlockPool, KVBlock, KVCacheManager, PoolEvent, Residency, chain_hash
 from kvtop.sim.stats import EngineStats
+
+MAX_KV_BATCHES = 10_000  # steps of KV events kept for a publisher that has not taken them
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class EngineConfig:
     # prompt (plus output so far, if resumed) fits, not just the first prefill chunk.
     reserve_full_sequence: bool = True
     cost: StepCost = field(default_factory=StepCost)
+    kv_cache_metrics: bool = False  # vLLM's --kv-cache-metrics (sample rate 1): residency
+    kv_events: bool = False  # record the pool's KV events, one batch per step
 
     @property
     def model_len(self) -> int:
@@ -118,6 +122,12 @@ class Engine:
         self.on_output: Callable[[Request, str | None], None] | None = None
         self._rng = random.Random(seed)
         self._next_id = 0
+        # (clock, events) per step that changed the prefix cache, for a KV-event publisher
+        self.kv_batches: deque[tuple[float, list[PoolEvent]]] = deque(maxlen=MAX_KV_BATCHES)
+        if config.kv_events:
+            self.pool.events = []
+        if config.kv_cache_metrics:
+            self.pool.residency = Residency(lambda: self.clock, self.stats.observe)
 
     @property
     def has_work(self) -> bool:
@@ -163,6 +173,9 @@ class Engine:
                 self._emit_token(req)
                 generated += 1
         self.stats.last_gen_throughput = generated / cost
+        if self.pool.events:
+            self.kv_batches.append((self.clock, self.pool.events))
+            self.pool.events = []
         return cost
 
     def take_free_blocks(self) -> None:

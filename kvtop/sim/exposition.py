@@ -257,6 +257,10 @@ def _render_v1(engine: Engine, model_name: str, only: frozenset[str] | None) -> 
                for r in ("max_num_queued_reqs", "max_num_queued_tokens")])
     for name, help_ in _V1_HISTOGRAMS:
         w.histogram(f"vllm:{name}", help_, base, st.hist[name])
+    if engine.config.kv_cache_metrics:  # vLLM's --kv-cache-metrics; absent without it
+        for name, help_ in _V1_RESIDENCY:
+            w.histogram(f"vllm:{name}", f"{help_} Sampled metrics (controlled by "
+                        "--kv-cache-metrics-sample).", base, st.hist[name])
     w.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
             [(_v1_cache_config(engine, "0"), 1.0)])
     return w.text()
@@ -282,6 +286,17 @@ _V1_HISTOGRAMS = (
     ("request_num_preemptions", "Histogram of the number of times a request was preempted."),
     ("request_prefill_kv_computed_tokens",
      "Histogram of new KV tokens computed during prefill (excluding cached tokens)."),
+)
+
+
+_V1_RESIDENCY = (
+    ("kv_block_lifetime_seconds",
+     "Histogram of KV cache block lifetime from allocation to eviction."),
+    ("kv_block_idle_before_evict_seconds",
+     "Histogram of idle time before KV cache block eviction."),
+    ("kv_block_reuse_gap_seconds",
+     "Histogram of time gaps between consecutive KV cache block accesses. Only the most "
+     "recent accesses are recorded (ring buffer)."),
 )
 
 

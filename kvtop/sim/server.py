@@ -19,6 +19,7 @@ at all in the "v0" and "sglang" modes, whose servers use its multiprocess collec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import socket
 import time
@@ -28,9 +29,10 @@ from typing import Any
 
 from aiohttp import web
 
-from kvtop.sim.engine import EngineConfig, RequestSpec
+from kvtop.sim.engine import Engine, EngineConfig, RequestSpec
 from kvtop.sim.exposition import CONTENT_TYPE, Names, render
 from kvtop.sim.faults import Fault, malform
+from kvtop.sim.kv_publisher import SimKvPublisher
 from kvtop.sim.openai_api import OpenAIRoutes
 from kvtop.sim.simulation import Simulation, Truth
 from kvtop.sim.workloads import make_workload
@@ -57,11 +59,19 @@ class SimConfig:
     max_lag: float = 2.0  # wall seconds the simulation may fall behind before it slows
     tick: float = 0.02  # wall seconds between catch-ups
     cpu_share: float = 0.25  # most of each tick the stepping may take
+    kv_events_port: int | None = None  # publish KV events here (0: ephemeral); None: off
+    kv_events_replay_port: int = 0  # the replay socket's port (0: ephemeral)
 
 
 class SimServer:
     def __init__(self, config: SimConfig) -> None:
+        if config.kv_events_port is not None:
+            config = dataclasses.replace(
+                config, engine=dataclasses.replace(config.engine, kv_events=True))
         self.config = config
+        self.kv_events = (None if config.kv_events_port is None else
+                          SimKvPublisher(config.kv_events_port, config.kv_events_replay_port))
+        self._published_engine: Engine | None = None
         requests = config.requests
         if requests is None:
             requests = make_workload(config.workload, seed=config.seed,
@@ -92,9 +102,10 @@ class SimServer:
         return render(self.simulation.engine, model_name=self.config.model_name,
                       names=self.config.names, only=only)
 
-    async def start(self, listener: socket.socket | None = None) -> None:
+    async def start(self, listener: socket.socket | None = None,
+                    kv_listeners: tuple[socket.socket, socket.socket] | None = None) -> None:
         """Serve on ``listener`` (a socket already bound and listening), else on the
-        config's port."""
+        config's port; KV events (when on) on ``kv_listeners`` likewise."""
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/metrics/", self._exposition_handler)
@@ -112,6 +123,8 @@ class SimServer:
                 else web.TCPSite(self._runner, HOST, self.config.port))
         await site.start()
         self.port = self._runner.addresses[0][1]
+        if self.kv_events is not None:
+            await self.kv_events.start(kv_listeners)
         if self.config.autostep:
             self._driver = asyncio.create_task(self._drive())
 
@@ -122,6 +135,20 @@ class SimServer:
             await asyncio.gather(self._driver, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
+
+    def publish_kv_events(self) -> None:
+        """Send the engine's KV events since the last call, a batch per step."""
+        publisher, engine = self.kv_events, self.simulation.engine
+        if publisher is None:
+            return
+        if self._published_engine is not None and engine is not self._published_engine:
+            publisher.restart()  # a restarted server is a new publisher
+        self._published_engine = engine
+        while engine.kv_batches:
+            clock, events = engine.kv_batches.popleft()
+            publisher.publish(engine.created + clock, events, self.config.engine.block_size)
 
     async def _drive(self) -> None:
         """Keep the simulated clock at `speed` times wall time, within a CPU share.
@@ -138,6 +165,7 @@ class SimServer:
             while not self.simulation.advance_to(target, max_steps=10):
                 if time.perf_counter() > deadline:
                     break
+            self.publish_kv_events()
             if target - self.simulation.clock > self.config.max_lag * speed:
                 wall0, sim0 = self._anchor = loop.time(), self.simulation.clock
             await asyncio.sleep(tick)
@@ -217,13 +245,17 @@ class SimFleet:
     def urls(self) -> list[str]:
         return [s.url for s in self.servers]
 
-    async def start(self, listeners: Sequence[socket.socket] = ()) -> None:
-        """Start every server, on ``listeners`` (one each, bound and listening) if given."""
+    async def start(self, listeners: Sequence[socket.socket] = (),
+                    kv_listeners: Sequence[tuple[socket.socket, socket.socket]] = ()) -> None:
+        """Start every server, on ``listeners`` (one each, bound and listening) if given,
+        and its KV events on ``kv_listeners`` (publisher, replay) likewise."""
         started = []
         sockets: Sequence[socket.socket | None] = listeners or [None] * len(self.servers)
+        kv: Sequence[tuple[socket.socket, socket.socket] | None] = (
+            kv_listeners or [None] * len(self.servers))
         try:
-            for server, listener in zip(self.servers, sockets, strict=True):
-                await server.start(listener)
+            for server, listener, kv_pair in zip(self.servers, sockets, kv, strict=True):
+                await server.start(listener, kv_pair)
                 started.append(server)
         except BaseException:
             await asyncio.gather(*(s.stop() for s in started))

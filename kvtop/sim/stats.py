@@ -18,6 +18,11 @@ LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+# vllm/v1/metrics/buckets.py KV_CACHE_RESIDENCY_BUCKETS (the served twin's fixture)
+RESIDENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                     10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
+RESIDENCY = ("kv_block_lifetime_seconds", "kv_block_idle_before_evict_seconds",
+             "kv_block_reuse_gap_seconds")
 
 
 def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
@@ -91,6 +96,7 @@ class EngineStats:
             "request_decode_time_seconds": Histogram(LATENCY_BUCKETS),
             "request_num_preemptions": Histogram(PREEMPTION_BUCKETS),
             "request_prefill_kv_computed_tokens": Histogram(tokens),
+            **{name: Histogram(RESIDENCY_BUCKETS) for name in RESIDENCY},
         }
 
     def observe(self, name: str, value: float) -> None:

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kvtop.collect.kv_endpoint import TargetKvEvents
 from kvtop.collect.source import ScrapeReader
 from kvtop.collect.target import Scrape, Target
 from kvtop.files import UnreadableFile, open_regular
@@ -35,6 +36,7 @@ from kvtop.safe_text import display_text
 from kvtop.store.format import (
     FAILURES,
     FORMAT,
+    KV_EVENTS,
     MAX_ERROR_CHARS,
     MAX_INTERVAL_S,
     MAX_LATE_S,
@@ -46,7 +48,10 @@ from kvtop.store.format import (
     VERSION,
     MiB,
     RecordingError,
+    kv_events_from_line,
 )
+
+Item = Scrape | TargetKvEvents  # what a pass that reads KV events yields
 
 GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by its first bytes, whatever the name
 BIG_LINE_BYTES = MiB
@@ -222,7 +227,7 @@ class _Pass:
         self.newest = -math.inf
         self.late_s = 0.0  # the most a kept line's t lags behind an earlier line's
 
-    def scrapes(self) -> Iterator[Scrape]:
+    def scrapes(self) -> Iterator[Item]:
         with _opened(self.path) as file:
             lines = _raw_lines(file)
             try:
@@ -250,7 +255,7 @@ class _Pass:
         self.skipped += 1
         self._warn(f"line {self.lines}: {why}; skipped")
 
-    def _scrape(self, raw: bytes | None) -> Scrape | None:
+    def _scrape(self, raw: bytes | None) -> Item | None:
         if raw is None:
             self._skip(f"longer than {MAX_LINE_BYTES // MiB} MiB")
             return None
@@ -258,13 +263,18 @@ class _Pass:
         if isinstance(line, str):
             self._skip(line)
             return None
-        if "kind" in line:  # a line kind this reader does not know (docs: ignore it)
-            return None
+        if "kind" in line:  # KV events are checked like scrapes; other kinds are ignored (docs)
+            return self._kv_events(line) if line["kind"] == KV_EVENTS else None
         fields = _fields(line)
         if isinstance(fields, str):
             self._skip(fields)
             return None
         url, t, rest = fields
+        target = self._placed(url, t)
+        return None if target is None else Scrape(target, t, **rest)
+
+    def _placed(self, url: str, t: float) -> Target | None:
+        """The line's target, its time checked against the lines before (None: skipped)."""
         if t < self.newest - MAX_LATE_S:
             self._skip(f"t is over {MAX_LATE_S:g} s before an earlier line's")
             return None
@@ -276,19 +286,36 @@ class _Pass:
             target = self.targets[url] = Target(url=url)
         self.late_s = max(self.late_s, self.newest - t)
         self.newest = max(self.newest, t)
-        return Scrape(target, t, **rest)
+        return target
+
+    def _kv_events(self, line: dict[str, Any]) -> TargetKvEvents | None:
+        url, t = _url(line.get("target")), _number(line.get("t"))
+        if url is None:
+            self._skip(f'"target" is not a URL of at most {MAX_URL_CHARS} characters')
+            return None
+        if t is None or not 0 <= t < MAX_T:
+            self._skip(f'"t" is not a time (unix seconds, 0 to {MAX_T:g})')
+            return None
+        batch = kv_events_from_line(line, t)
+        if isinstance(batch, str):
+            self._skip(f"KV events: {batch}")
+            return None
+        target = self._placed(url, t)
+        return None if target is None else TargetKvEvents(target, batch)
 
 
-def _size(scrape: Scrape) -> int:
-    return len(scrape.body or scrape.error or "") + 200
+def _size(item: Item) -> int:
+    if isinstance(item, TargetKvEvents):
+        return 64 * len(item.batch.events) + 200
+    return len(item.body or item.error or "") + 200
 
 
-def time_ordered(scrapes: Iterable[Scrape], late_s: float) -> Generator[Scrape, None, None]:
+def time_ordered(scrapes: Iterable[Item], late_s: float) -> Generator[Item, None, None]:
     """Scrapes by time (then file order). A line lags an earlier one by at most ``late_s``
     (a scrape is written when it ends, stamped when it began), so each waits that long in
     a heap. Beyond REORDER_BYTES held the earliest goes anyway; the consumer drops a scrape
     older than one it has folded, as it does live."""
-    heap: list[tuple[float, int, Scrape]] = []
+    heap: list[tuple[float, int, Item]] = []
     held, newest = 0, -math.inf
     for order, scrape in enumerate(scrapes):
         newest = max(newest, scrape.t)
@@ -316,6 +343,7 @@ class RecordingFile:
     _targets: dict[str, Target]
     _lines: int
     _late_s: float
+    kv_event_batches: int = 0  # KV event lines kept
 
     @property
     def interval_s(self) -> float:
@@ -324,32 +352,45 @@ class RecordingFile:
     def targets(self) -> list[Target]:
         return list(self._targets.values())
 
-    def in_file_order(self) -> Iterator[Scrape]:
+    def items_in_file_order(self) -> Iterator[Item]:
+        """The scrapes and KV event batches in file order."""
         read = _Pass(self.path, dict(self._targets), None, self._lines)
         with contextlib.suppress(RecordingError):  # replaced since it was checked: stop
             yield from read.scrapes()
 
+    def in_file_order(self) -> Iterator[Scrape]:
+        return (item for item in self.items_in_file_order() if isinstance(item, Scrape))
+
     def in_time_order(self) -> Iterator[Scrape]:
         """The scrapes in time order, each with its reading made."""
+        with contextlib.closing(self.items_in_time_order()) as items:
+            yield from (item for item in items if isinstance(item, Scrape))
+
+    def items_in_time_order(self) -> Generator[Item, None, None]:
+        """Scrapes (each with its reading made) and KV event batches, in time order (what a
+        replay with events reads)."""
         read = ScrapeReader()
-        with contextlib.closing(time_ordered(self.in_file_order(), self._late_s)) as scrapes:
-            for scrape in scrapes:
-                yield read(scrape)
+        with contextlib.closing(time_ordered(self.items_in_file_order(), self._late_s)) as items:
+            for item in items:
+                yield read(item) if isinstance(item, Scrape) else item
 
 
 def open_recording(path: Path) -> RecordingFile:
     """Check the recording at ``path`` through; RecordingError when it isn't one."""
     warnings = _Warnings()
     read = _Pass(path, {}, warnings, None)
-    count, start, end = 0, math.inf, -math.inf
-    for scrape in read.scrapes():
-        count += 1
-        start, end = min(start, scrape.t), max(end, scrape.t)
+    count, batches, start, end = 0, 0, math.inf, -math.inf
+    for item in read.scrapes():
+        if isinstance(item, Scrape):
+            count += 1
+        else:
+            batches += 1
+        start, end = min(start, item.t), max(end, item.t)
     assert read.header is not None
-    if not count:
+    if not count + batches:
         start = end = 0.0
     return RecordingFile(path, read.header, warnings.as_list(), count, read.skipped, start,
-                         end, read.targets, read.lines, read.late_s)
+                         end, read.targets, read.lines, read.late_s, batches)
 
 
 @dataclass(slots=True)
@@ -360,6 +401,7 @@ class Recording:
     header: dict[str, Any]
     scrapes: list[Scrape] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    kv_events: list[TargetKvEvents] = field(default_factory=list)
 
     @property
     def interval_s(self) -> float:
@@ -384,8 +426,14 @@ class Recording:
         read = ScrapeReader()
         return (read(dataclasses.replace(s)) for s in sorted(self.scrapes, key=lambda s: s.t))
 
+    def items_in_time_order(self) -> Iterator[Item]:
+        items: list[Item] = [*self.scrapes, *self.kv_events]
+        return iter(sorted(items, key=lambda item: item.t))
+
 
 def read_recording(path: Path) -> Recording:
     """Read a whole recording into memory, with the same checks as :func:`open_recording`."""
     file = open_recording(path)
-    return Recording(file.header, list(file.in_file_order()), file.warnings)
+    items = list(file.items_in_file_order())
+    return Recording(file.header, [i for i in items if isinstance(i, Scrape)], file.warnings,
+                     [i for i in items if isinstance(i, TargetKvEvents)])

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+from kvtop.collect.kv_endpoint import OnKvEvents, TargetKvEvents
 from kvtop.collect.source import ALL, OnScrape, Source
 from kvtop.collect.target import Scrape, Target
 
@@ -36,6 +37,7 @@ class Replayable(Protocol):
     @property
     def end_t(self) -> float: ...
     def in_time_order(self) -> Iterator[Scrape]: ...
+    def items_in_time_order(self) -> Iterator[Scrape | TargetKvEvents]: ...
 
 
 class Stored(Replayable, Protocol):
@@ -62,14 +64,22 @@ class RecordingSource(Source):
         """What was skipped while the file was checked, each line naming the file."""
         return [f"{self.recording.path}: {text}" for text in self.recording.warnings]
 
-    async def stored(self, span_s: float | None) -> tuple[Iterator[Scrape], float]:
-        return self.recording.in_time_order(), ALL
+    async def stored(self, span_s: float | None, *, kv_events: bool = False,
+                     ) -> tuple[Iterator[Scrape | TargetKvEvents], float]:
+        recording = self.recording
+        return (recording.items_in_time_order() if kv_events
+                else recording.in_time_order()), ALL
 
 
 class ReplaySource:
+    """Delivers a recording's scrapes to ``on_scrape`` at recording time; with
+    ``on_kv_events``, its KV event batches too, in their place among the scrapes."""
+
     def __init__(self, recording: Replayable, *, speed: float = 1.0,
-                 on_rewind: Callable[[], None] | None = None) -> None:
+                 on_rewind: Callable[[], None] | None = None,
+                 on_kv_events: OnKvEvents | None = None) -> None:
         self.recording = recording
+        self.on_kv_events = on_kv_events
         self.start_t = recording.start_t
         self.end_t = recording.end_t
         self.interval_s = recording.interval_s
@@ -77,8 +87,8 @@ class ReplaySource:
         self.set_speed(speed)
         self.paused = False
         self.on_rewind = on_rewind
-        self._scrapes: Iterator[Scrape] = iter(())
-        self._next: Scrape | None = None  # the next scrape to deliver
+        self._scrapes: Iterator[Scrape | TargetKvEvents] = iter(())
+        self._next: Scrape | TargetKvEvents | None = None  # the next one to deliver
         self._last_t = -math.inf  # the time of the last one delivered
         self._round_end = -math.inf  # a step delivers every scrape up to here
         self._restart()
@@ -91,7 +101,9 @@ class ReplaySource:
         close = getattr(self._scrapes, "close", None)
         if close is not None:
             close()
-        self._scrapes = self.recording.in_time_order()
+        recording = self.recording
+        self._scrapes = (recording.items_in_time_order() if self.on_kv_events is not None
+                         else recording.in_time_order())
         self._next = next(self._scrapes, None)
         self._last_t = -math.inf
 
@@ -153,7 +165,11 @@ class ReplaySource:
             if self.on_rewind is not None:
                 self.on_rewind()
         while (scrape := self._next) is not None and scrape.t <= max(self._now, self._round_end):
-            result = on_scrape(scrape)
+            if isinstance(scrape, TargetKvEvents):
+                assert self.on_kv_events is not None
+                result = self.on_kv_events(scrape)
+            else:
+                result = on_scrape(scrape)
             self._last_t = scrape.t
             self._now = max(self._now, scrape.t)  # a step's round moves the clock along
             self._next = next(self._scrapes, None)

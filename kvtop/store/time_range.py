@@ -13,10 +13,17 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-
-from kvtop.collect.target import Scrape
+from typing import Protocol, TypeVar
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class Timed(Protocol):
+    @property
+    def t(self) -> float: ...
+
+
+T = TypeVar("T", bound=Timed)  # a scrape, or a recording's KV event batch among them
 
 
 class BadBound(ValueError):
@@ -67,8 +74,9 @@ class TimeRange:
     def __bool__(self) -> bool:
         return self.since is not None or self.until is not None
 
-    def within(self, scrapes: Iterable[Scrape]) -> Iterator[Scrape]:
-        """The scrapes (in time order) inside the range; offsets count from the first."""
+    def within(self, scrapes: Iterable[T]) -> Iterator[T]:
+        """The scrapes (in time order, KV event batches among them) inside the range;
+        offsets count from the first."""
         start: float | None = None
         for scrape in scrapes:
             if start is None:

@@ -30,9 +30,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kvtop.collect.kv_events import KvEventBatch
 from kvtop.collect.target import Scrape, Target
 from kvtop.safe_text import json_text
-from kvtop.store.format import MAX_LINE_BYTES, MiB, header_line, scrape_line
+from kvtop.store.format import MAX_LINE_BYTES, MiB, header_line, kv_events_line, scrape_line
 
 DEFAULT_MAX_BYTES = 1024 * MiB
 MIN_MAX_BYTES = MiB  # a smaller limit would stop before a single large scrape
@@ -146,7 +147,8 @@ class RecordingWriter:
                  max_bytes: int | None = DEFAULT_MAX_BYTES, replace: bool = False) -> None:
         self.path = path
         self.max_bytes = max_bytes or None
-        self.written = 0  # scrapes on disk
+        self.written = 0  # lines on disk after the header: scrapes and KV event batches
+        self.kv_written = 0  # ... of which KV event batches
         self.lost = 0  # scrapes a write error kept off the disk
         self.unrecorded = 0  # scrapes that came after the file reached max_bytes
         self.error: str | None = None  # the last write error
@@ -156,6 +158,7 @@ class RecordingWriter:
         self._codec = _Gzip() if path.name.endswith(".gz") else _Plain()
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._pending_kv = 0
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         first = self._codec.start() + self._codec.encode(
             _encode(header_line(interval_s, [t.url for t in targets], created)))
@@ -171,6 +174,18 @@ class RecordingWriter:
         if len(data) > MAX_LINE_BYTES:  # readers skip such a line: say why instead
             data = _encode({"t": scrape.t, "target": scrape.target.url, "failure": "bad_payload",
                             "error": f"a body of {len(data)} bytes is too large to record"})
+        self._add(data)
+
+    def write_kv_events(self, batch: KvEventBatch, target: Target) -> None:
+        """One KV event batch of ``target`` (counted with the scrapes: written, lost…)."""
+        if self._fd is None:
+            if self.full:
+                self.unrecorded += 1
+            return
+        self._pending_kv += 1
+        self._add(_encode(kv_events_line(batch, target.url)))
+
+    def _add(self, data: bytes) -> None:
         self._pending.append(data)
         self._pending_bytes += len(data)
         if self._pending_bytes >= FLUSH_BYTES:
@@ -180,9 +195,9 @@ class RecordingWriter:
         """Everything written so far to disk, or (on a write error) counted in ``lost``."""
         if not self._pending or self._fd is None:
             return
-        count, batch = len(self._pending), b"".join(self._pending)
+        count, batch, kv = len(self._pending), b"".join(self._pending), self._pending_kv
         self._pending.clear()
-        self._pending_bytes = 0
+        self._pending_bytes = self._pending_kv = 0
         undo = self._codec.checkpoint()
         data = self._codec.encode(batch)
         if self.max_bytes is not None and (
@@ -201,6 +216,7 @@ class RecordingWriter:
             return
         self._size += len(data)
         self.written += count
+        self.kv_written += kv
         self.failing = False
 
     def _failed(self, exc: OSError) -> None:

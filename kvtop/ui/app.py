@@ -46,6 +46,7 @@ from kvtop.ui.fleet_trackers import FleetTrackers
 from kvtop.ui.frame import FramePainter
 from kvtop.ui.gpu_watch import GpuWatch
 from kvtop.ui.keys import LIVE_BINDINGS
+from kvtop.ui.kv_events_tap import KvEventsTap, KvFeed
 from kvtop.ui.recording_tap import RecordingTap
 from kvtop.ui.screens.detail import DetailScreen
 from kvtop.ui.screens.help import KEYS, HelpScreen
@@ -53,6 +54,7 @@ from kvtop.ui.screens.sort_menu import SortMenu
 from kvtop.ui.selected_engine import SelectedEngine
 from kvtop.ui.snapshot_taker import SnapshotTaker
 from kvtop.ui.watchdog import TerminalWatchdog
+from kvtop.ui.widgets.cache_pane import CachePane
 from kvtop.ui.widgets.engine_panel import EnginePanel
 from kvtop.ui.widgets.fleet_table import FleetTable
 from kvtop.ui.widgets.gpu_pane import GpuPane
@@ -102,6 +104,10 @@ class Tracker(Protocol):
     def readings(self) -> dict[EngineKey, EngineReading]: ...
 
 
+def _no_kv_events(config: AppConfig) -> KvFeed | None:
+    return None
+
+
 def _poller(config: AppConfig) -> ScrapeSource:
     from kvtop.collect.poller import Poller
 
@@ -121,6 +127,7 @@ class AppConfig:
     full_metrics: bool = False  # the default poller reads every family, not only kvtop's
     history_s: float = 300.0  # span of the detail plots and of the snapshot's history
     source_factory: Callable[[AppConfig], ScrapeSource] = _poller
+    kv_events_factory: Callable[[AppConfig], KvFeed | None] = _no_kv_events  # beside it
     tracker_factory: Callable[[Target], Tracker] = TargetTracker
     gpu_reader: GpuReader | None = None  # default: NVML
     clock: Callable[[], float] = time.time  # wall clock for ages; fixed in snapshot tests
@@ -167,6 +174,9 @@ class KvtopApp(App[None]):
         self.snapshots = SnapshotTaker(self, config.snapshot_dir, config.history_s)
         self.watchdog = TerminalWatchdog(self, before_exit=self.recording.flush)
         self._stop = asyncio.Event()
+        self.kv_events = KvEventsTap(self, lambda: config.kv_events_factory(config),
+                                     lambda: self.trackers, self.recording,
+                                     on_batch=self.draw_clock.request, stop=self._stop)
         self.crash_line: str | None = None  # set by _fatal_error: what went wrong, and where
 
     # -- layout ---------------------------------------------------------------------------
@@ -177,7 +187,7 @@ class KvtopApp(App[None]):
         with Vertical(id="body"):
             yield FleetTable(id="fleet")
             yield EnginePanel(id="engine")  # small terminals: sparklines
-            yield EnginePanes(GpuPane(id="gpu"), id="panes")  # the charts
+            yield EnginePanes(CachePane(id="cache"), GpuPane(id="gpu"), id="panes")  # charts
         yield Input(placeholder="search: words that every row shown must contain", id="filter")
         yield Footer()
         yield MessageLine(id="message")
@@ -198,6 +208,7 @@ class KvtopApp(App[None]):
         # the first frame (the hosts) is painted first: the poller's HTTP stack and NVML are
         # imported after it
         self.call_after_refresh(self._collect)
+        self.call_after_refresh(self.kv_events.start)
         self.call_after_refresh(self.gpu_watch.start)
         self.draw_clock.start()
         if self.config.watch_tty and not self.is_headless:

@@ -1,7 +1,8 @@
-"""The app's recording (``--record``): every scrape written as it is folded (the writer never
-raises: a full disk costs the recording, never the monitoring), flushed every few seconds
-so a crash loses little, and trouble told once as a toast, then shown in the header for as
-long as the app runs. Without ``--record`` the tap is there and does nothing."""
+"""The app's recording (``--record``): every scrape and KV event batch written as it is
+folded (the writer never raises: a full disk costs the recording, never the monitoring),
+flushed every few seconds so a crash loses little, and trouble told once as a toast, then
+shown in the header for as long as the app runs. Without ``--record`` the tap is there and
+does nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kvtop.safe_text import display_text
 if TYPE_CHECKING:
     from textual.app import App
 
+    from kvtop.collect.kv_endpoint import TargetKvEvents
     from kvtop.collect.target import Scrape
     from kvtop.store.writer import RecordingWriter
 
@@ -37,6 +39,11 @@ class RecordingTap:
     def write(self, scrape: Scrape) -> None:
         if self.writer is not None:  # a late scrape after closing must not write
             self.writer.write(scrape)
+            self._tell_trouble(self.writer)
+
+    def write_kv_events(self, item: TargetKvEvents) -> None:
+        if self.writer is not None:
+            self.writer.write_kv_events(item.batch, item.target)
             self._tell_trouble(self.writer)
 
     def flush(self) -> None:

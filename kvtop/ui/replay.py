@@ -164,7 +164,11 @@ def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
         raise NothingToReplay(f"{path} holds no scrapes")
     for warning in recording.warnings:
         tell(f"{path}: {warning}")
-    source = ReplaySource(recording, speed=speed)
+    # the batches go to the app's KV events tap (the app is made below, before any is read)
+    app: ReplayApp
+    kv_events = ((lambda item: app.kv_events.fold(item)) if recording.kv_event_batches
+                 else None)
+    source = ReplaySource(recording, speed=speed, on_kv_events=kv_events)
     config = AppConfig(
         targets=recording.targets(),
         # the redraw period follows the interval: kept to what the live app offers
@@ -175,7 +179,8 @@ def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
         clock=source.now,
         baseline=baseline,
     )
-    return ReplayApp(config, source, path.name)
+    app = ReplayApp(config, source, path.name)
+    return app
 
 
 def run_replay(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = None,

@@ -59,6 +59,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("leak", "LEAK", 12, 0, narrow=9),  # never dropped; narrow: the state alone
     Column("running", "RUN", 4, 1),
     Column("waiting", "WAIT", 4, 1),
+    Column("limit", "LIMIT", 8, 2),  # what holds the queue back (derive/limits.py)
     Column("preempt", "PRE/s", 5, 3),
     Column("hit", "HIT", 5, 2),
     Column("prompt", "PP t/s", 6, 4),
@@ -165,6 +166,26 @@ def leak_cell(verdict: LeakVerdict | None, stall: StallVerdict | None = None) ->
     return Cell(label, LEAK_LEVEL[verdict.state])
 
 
+# The limit words in the LIMIT column (8 cells), and the limits that hold requests back
+# (or an engine asleep), as the header counts them, in this order.
+LIMIT_CELL: dict[str, str] = {
+    "kv_capacity": "KV cap", "max_sequences": "max seqs", "token_budget": "budget",
+    "deferred": "deferred", "kv_transfer": "KV xfer", "sleeping": "asleep", "none": "none",
+    "unknown": "unknown"}
+HEADER_LIMITS: dict[str, str] = {
+    "kv_capacity": "KV", "max_sequences": "seqs", "token_budget": "budget",
+    "deferred": "deferred", "kv_transfer": "xfer", "sleeping": "asleep"}
+
+
+def limit_cell(stats: EngineStats) -> Cell:
+    """What limits the engine, in a word; amber when something holds requests back."""
+    verdict = stats.limit
+    if verdict is None:
+        return Cell(fmt.DASH, "dim")
+    held = verdict.limit in HEADER_LIMITS
+    return Cell(LIMIT_CELL[verdict.limit], "warn" if held else "dim")
+
+
 def window_hit(stats: EngineStats) -> float | None:
     """The prefix hit rate over the last scrape window: the one HIT kvtop shows as such."""
     return stats.hit_rate if stats.hit_rate_scope == "window" else None
@@ -209,6 +230,7 @@ def engine_cells(stats: EngineStats, *, live: bool = True) -> dict[str, Cell]:
                    short=fmt.kv_cell(usage, stats.blocks_used, stats.blocks_total, NARROW_BAR)),
         "running": Cell(fmt.count(stats.running)),
         "waiting": Cell(fmt.count(waiting), "warn" if waiting else None),
+        "limit": limit_cell(stats),
         "preempt": Cell(fmt.rate(preempt), "bad" if preempt else None),
         "hit": hit_cell(stats),
         "prompt": Cell(fmt.rate(stats.prompt_tps)),

@@ -1,7 +1,8 @@
 """The selected engine's panes as data: a few lines of verdicts (leak, stall, LoRA), the
 charts over its history (KV blocks with the pool and the floor, running vs waiting, the
-windowed hit rate, throughput, latency), and the figures a small terminal has room for
-under its sparklines (the pool's config, latency, the leak's figures, the server). Pure
+windowed hit rate, throughput, latency, blocks stored and removed from its KV events), the
+cache pane's lines (view/cache.py), and the figures a small terminal has room for under its
+sparklines (the cache pane in one line, the pool's config, latency, the server). Pure
 functions, so the widgets only draw and the rules are tested without a terminal.
 
 Every string from outside (model and engine names, LoRA adapter names, verdict reasons that
@@ -16,6 +17,13 @@ from typing import TYPE_CHECKING
 
 from kvtop.safe_text import display_text
 from kvtop.view import format as fmt
+from kvtop.view.cache import (
+    cache_lines,
+    cache_pane,
+    cache_summary_line,
+    exact_evidence_line,
+    stored_tail,
+)
 from kvtop.view.cells import (
     LEAK_LABEL,
     LEAK_LEVEL,
@@ -61,6 +69,7 @@ class EngineView:
     title: str
     lines: list[Line] = field(default_factory=list)
     panes: list[PaneView] = field(default_factory=list)
+    cache: list[Line] = field(default_factory=list)  # the cache pane (view/cache.py)
     facts: list[Line] = field(default_factory=list)  # most telling first: shown as room allows
     empty: str = "no numbers from this server"  # what a chart without a pane says
 
@@ -379,14 +388,29 @@ def engine_view(row: FleetRow | None, state: TargetState | None,
             view.lines += _never_answered(state, interval_s)
         return view
     stall = stall_line(stats)  # a stall is now: above the leak's trend
-    for line in (stall, leak_line(row, stats), lora_line(stats.lora),
-                 gpu_line(gpu) if with_gpu else None):
+    for line in (stall, leak_line(row, stats), exact_evidence_line(stats),
+                 lora_line(stats.lora), gpu_line(gpu) if with_gpu else None):
         if line is not None:
             view.lines.append(line)
     view.panes = [kv_pane(stats, history, now, span_s, band),
                   *(pane(stats, history, now, span_s) for pane in PANES_AFTER_KV)]
     view.facts = fact_lines(state, stats, now)
+    _add_cache(view, stats, state, history, now, span_s)
     return view
+
+
+def _add_cache(view: EngineView, stats: EngineStats, state: TargetState,
+               history: Sequence[EngineStats], now: float, span_s: float) -> None:
+    """The cache pane's lines, its blocks-a-second chart (a sparkline on a small terminal),
+    and the pane in one line, the first of the facts a small terminal shows."""
+    view.cache = cache_lines(stats, state.kv_channel)
+    chart = cache_pane(history, now, span_s)
+    if chart is not None:
+        view.panes.append(PaneView("cache", _legend("blocks/s", chart.series),
+                                   stored_tail(stats), chart))
+    summary = cache_summary_line(stats, state.kv_channel)
+    if summary is not None:
+        view.facts.insert(0, summary)
 
 
 def fact_lines(state: TargetState, stats: EngineStats, now: float) -> list[Line]:
@@ -447,8 +471,8 @@ def group_view(group: FleetRow, member: EngineView) -> EngineView:
     line: Line = [("group ", "key"), (group.cells["status"].text, ""),
                   ("  showing its worst: ", "dim"), (member.title, ""),
                   ("  (enter folds, ← →)", "dim")]
-    return EngineView(group.name, [line, *member.lines], member.panes, member.facts,
-                      member.empty)
+    return EngineView(group.name, [line, *member.lines], member.panes, member.cache,
+                      member.facts, member.empty)
 
 
 def _shown_stats(row: FleetRow, state: TargetState,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvtop.collect.reading import GPU_EXPORTER_KINDS
+from kvtop.view.cache import limit_counts
 from kvtop.view.cells import window_hit
 from kvtop.view.fleet import FleetRow
 
@@ -38,6 +39,7 @@ class FleetSummary:
     hit_rate: float | None = None  # window hits over window lookups, all engines together
     prompt_tps: float | None = None
     generation_tps: float | None = None
+    limits: tuple[tuple[str, int], ...] = ()  # (word, engines) held back by each limit
 
     @property
     def kv_usage(self) -> float | None:
@@ -85,7 +87,8 @@ def summarise(rows: list[FleetRow] | list[TargetState]) -> FleetSummary:
     """The header's numbers over ``rows`` (or every engine of ``states``)."""
     states = {id(s): s for s in _states_of(rows)}.values()
     totals = _Totals()
-    for stats in _engines_of(rows):
+    engines = _engines_of(rows)
+    for stats in engines:
         totals.add(stats)
     hosts = [s for s in states if s.kind not in GPU_EXPORTER_KINDS]
     leaks = totals.leak_states
@@ -104,6 +107,7 @@ def summarise(rows: list[FleetRow] | list[TargetState]) -> FleetSummary:
         hit_rate=totals.hits / totals.lookups if totals.lookups else None,
         prompt_tps=totals.rates.get("prompt_tps"),
         generation_tps=totals.rates.get("generation_tps"),
+        limits=limit_counts(engines),
     )
 
 

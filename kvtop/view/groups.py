@@ -135,6 +135,16 @@ def _sum(values: Iterable[float | None]) -> float | None:
     return sum(known) if known else None
 
 
+def _limit(limits: tuple[tuple[str, int], ...], engines: list[FleetRow]) -> Cell:
+    """The limit holding the most members back, with how many ("KV 3"); else the members'
+    own word when they agree (none), else a dash."""
+    if limits:
+        word, count = max(limits, key=lambda item: item[1])
+        return Cell(f"{word} {count}", "warn")
+    words = {m.cells["limit"].text for m in engines}
+    return Cell(words.pop(), "dim") if len(words) == 1 else Cell(fmt.DASH, "dim")
+
+
 def group_cells(name: str, members: list[FleetRow]) -> dict[str, Cell]:
     """Sums over the members' engines; dashes where no member has a number."""
     engines = [m for m in members if m.stats is not None]
@@ -152,6 +162,7 @@ def group_cells(name: str, members: list[FleetRow]) -> dict[str, Cell]:
         "leak": _worst_leak(members),
         "running": Cell(fmt.count(summary.running)),
         "waiting": Cell(fmt.count(summary.waiting), "warn" if summary.waiting else None),
+        "limit": _limit(summary.limits, engines),
         "preempt": Cell(fmt.rate(preempt), "bad" if preempt else None),
         "hit": Cell(fmt.percent(summary.hit_rate)),
         "prompt": Cell(fmt.rate(summary.prompt_tps)),

@@ -23,7 +23,8 @@ SORT_LABELS: dict[str, str] = {
     "hit": "hit rate", "prompt": "prompt tok/s", "gen": "generation", "ttft": "TTFT p99",
 }
 SORT_CYCLE = ("name", "kv", "waiting", "preempt", "gen", "leak", "worst")  # the `o` key
-COLUMN_SORT = {"status": "worst"}  # a column sorted by another key than its own
+# a column sorted by another key than its own (LIMIT: what it explains, the queue)
+COLUMN_SORT = {"status": "worst", "limit": "waiting"}
 LARGE_FLEET = 32  # rows; past this the default sort is worst first instead of by name
 PROBLEM_STATUSES = frozenset({"down", "timeout", "auth", "bad_payload", "stale"})
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kvtop.view.cells import COLUMNS
 from kvtop.view.fleet import FleetRow, filter_rows, order_rows
 from kvtop.view.groups import NONE, group_modes, group_rows, mode_label
 from kvtop.view.sort_keys import COLUMN_SORT, LARGE_FLEET, SORT_CYCLE, SORT_LABELS, TEXT_SORTS
+
+COLUMN_KEYS = frozenset(c.key for c in COLUMNS)
 
 
 def sort_marker(ascending: bool) -> str:
@@ -46,7 +49,10 @@ class ViewState:
 
     @property
     def sort_column(self) -> str:
-        """The column whose header carries the sort marker."""
+        """The column whose header carries the sort marker: the sort's own column, else the
+        one whose click asks for it (worst first: STATUS)."""
+        if self.sort_key in COLUMN_KEYS:  # WAIT keeps its marker though LIMIT sorts by it
+            return self.sort_key
         return next((c for c, k in COLUMN_SORT.items() if k == self.sort_key), self.sort_key)
 
     @property

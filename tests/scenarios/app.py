@@ -6,22 +6,25 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from textual.pilot import Pilot
 
 from kvtop.collect.adapters import read_exposition
+from kvtop.collect.kv_endpoint import KvChannel, KvEventsEndpoint, RankStatus
 from kvtop.collect.reading import LoraInfo
 from kvtop.collect.target import Scrape, Secret, Target
-from kvtop.derive.stats import EngineStats, Quantiles
+from kvtop.derive.stats import EngineStats, HotPrefix, Quantiles, Residency, Reuse
 from kvtop.derive.tracker import EngineKey, TargetState
-from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.derive.verdicts import LeakVerdict, LimitVerdict, StallVerdict
 from kvtop.store.recording import RecordingWriter
 from kvtop.ui.app import AppConfig, KvtopApp
 from kvtop.ui.widgets.fleet_table import FleetTable
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_source import FakeSource
 from tests.scenarios.gpu import DCGM_MIG, gpu_fixture
+from tests.scenarios.kv_cache import kv_event_stats
 from tests.support.paths import fixture_text
 from tests.support.waiting import DEADLINE_S
 
@@ -144,7 +147,22 @@ def _stats(model: str, t: float, phase: float, blocks_total: int) -> EngineStats
         prefix_queries_total=1e6, prefix_hits_total=3.8e5, prefix_queries_per_s=2000.0,
         ttft=Quantiles(0.08 + 0.05 * math.sin(phase), None, 0.9 + 0.3 * math.sin(phase), 40),
         itl=Quantiles(0.021, None, 0.05, 900), window_s=5.0,
+        limit=LimitVerdict("kv_capacity", f"{round(waiting)} wait for capacity, pool "
+                           f"{used / blocks_total:.0%} used") if round(waiting) else NOTHING_WAITS,
+        waiting_by_reason={"capacity": float(round(waiting)), "deferred": 0.0},
+        reuse=Reuse("window", 9000.0, {"local_cache_hit": 0.38, "local_compute": 0.62},
+                    {"device": 0.31, "host": 0.07}, 0.38, None),
+        residency=Residency("on", Quantiles(41.0, 190.0, 420.0, 300),
+                            Quantiles(12.0, 60.0, 170.0, 300), Quantiles(3.0, 20.0, 55.0, 900)),
+        kv_events=kv_event_stats(stored_per_s=180 + 60 * math.sin(phase),
+                                 removed_per_s=175 + 60 * math.sin(phase - 0.3),
+                                 population=round(used), pool_blocks=blocks_total - 1,
+                                 turnovers=2.1 + phase / 3, leak="none",
+                                 hot=(HotPrefix(0x8107D90E7954426B, 2048, 312),)),
     )
+
+
+NOTHING_WAITS = LimitVerdict("none", "nothing waits", {"waiting": 0.0})
 
 
 LEAKING = LeakVerdict(
@@ -164,9 +182,10 @@ CACHE_CONFIG = {"block_size": "16", "num_gpu_blocks": "20184", "enable_prefix_ca
 
 
 def static_trackers() -> dict[str, StaticTracker]:
-    """Seven targets: loaded, idle, down, stale, not an inference server, the
-    dcgm-exporter on the host of the first two (so they own its GPUs), and one wedged
-    (STALLED, its leak detector still warming up); 5 min of history."""
+    """Seven targets: loaded (its KV events subscribed, with exact leak evidence), idle,
+    down, stale, not an inference server, the dcgm-exporter on the host of the first two
+    (so they own its GPUs), and one wedged (STALLED, its leak detector still warming up,
+    held by KV capacity); 5 min of history."""
     loaded = Target.from_spec("10.0.0.5:8000", name="llama-70b-a")
     second = Target.from_spec("10.0.0.5:8001", name="llama-70b-b")
     down = Target.from_spec("10.0.0.6:8000")
@@ -180,10 +199,16 @@ def static_trackers() -> dict[str, StaticTracker]:
     history[-1].cache_config = CACHE_CONFIG
     history[-1].prefix_caching = True
     history[-1].lora = LoraInfo(4, ("sql-lora", "chat-lora"), ("summarise-lora",))
+    history[-1].kv_events = replace(  # blocks a request holds and never uses again
+        history[-1].kv_events, leak="evidence", leaked_blocks=2140, turnovers=5.9,
+        leak_reason="2,140 blocks unused for 3+ turnovers of the pool (the oldest 5.9)",
+        leaked_sample=(0x00C0FFEE5EED0001, 0x00C0FFEE5EED0002))
     trackers = {
         loaded.url: StaticTracker(
             TargetState(loaded, "up", kind="vllm", version="0.33.0", engines=[history[-1]],
-                        last_attempt_t=now, last_good_t=now),
+                        last_attempt_t=now, last_good_t=now,
+                        kv_channel=KvChannel(KvEventsEndpoint("tcp://10.0.0.5:5557"),
+                                             [RankStatus(0, "connected", batches=4100)])),
             {("meta-llama/Llama-3.3-70B", "0"): history},
         ),
         second.url: StaticTracker(
@@ -192,7 +217,7 @@ def static_trackers() -> dict[str, StaticTracker]:
                                              blocks_total=20184, blocks_used=0, running=0,
                                              waiting=0, hit_rate=None, prompt_tps=0,
                                              generation_tps=0, preemptions_per_s=0,
-                                             leak=QUIET)],
+                                             leak=QUIET, limit=NOTHING_WAITS)],
                         last_attempt_t=now, last_good_t=now, restarted_at=now - 40),
             {},
         ),
@@ -225,7 +250,10 @@ def static_trackers() -> dict[str, StaticTracker]:
                                              kv_usage=1.0, blocks_total=8000, blocks_used=8000,
                                              running=0, waiting=33, prompt_tps=0,
                                              generation_tps=0, preemptions_per_s=0,
-                                             leak=WARMING, stall=WEDGED)],
+                                             leak=WARMING, stall=WEDGED,
+                                             limit=LimitVerdict(
+                                                 "kv_capacity",
+                                                 "33 wait for capacity, pool 100% used"))],
                         last_attempt_t=now, last_good_t=now),
             {},
         ),

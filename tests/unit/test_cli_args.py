@@ -1,24 +1,30 @@
 """The command line's shared options as a user writes them: durations with their units,
-numbers within their rule (quoted with it when not), and which targets, tokens and
-Prometheus a command ends up reading from its options and the config."""
+numbers within their rule (quoted with it when not), and which targets, tokens, KV event
+endpoints and Prometheus a command ends up reading from its options and the config."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
 
 from kvtop.cli_args import (
+    add_kv_events_argument,
     add_prometheus_arguments,
     add_target_arguments,
     fraction,
+    kv_events_endpoint,
     non_negative_number,
+    open_source,
     parse_duration,
     positive_number,
+    resolve_kv_events,
     resolve_prometheus,
     resolve_targets,
 )
+from kvtop.collect.kv_endpoint import KvEventsEndpoint
 from kvtop.collect.target import Secret
 from kvtop.config import ConfigError, load_config
 
@@ -60,6 +66,7 @@ def parsed(*argv: str) -> argparse.Namespace:
     """The command line as kvtop's commands parse it."""
     parser = argparse.ArgumentParser()
     add_target_arguments(parser)
+    add_kv_events_argument(parser)
     add_prometheus_arguments(parser)
     return parser.parse_args(list(argv))
 
@@ -183,9 +190,47 @@ def test_a_prometheus_that_cannot_be_read_is_a_usage_error(
     (positive_number, "0", "must be a finite number > 0 (got '0')"),
     (non_negative_number, "-1", "must be a finite number >= 0 (got '-1')"),
     (fraction, "2", "must be a finite number from 0 to 1 (got '2')"),
+    (kv_events_endpoint, "gpu-1:5557",
+     "kv_events must be tcp://host:port (got 'gpu-1:5557')"),
 ])
 def test_a_bad_option_value_is_quoted_with_the_rule_it_breaks(parse, text: str,  # type: ignore[no-untyped-def]
                                                               says: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError) as raised:
         parse(text)
     assert str(raised.value) == says
+
+
+def test_kv_events_come_from_the_command_line_in_the_targets_order_else_the_config(
+        tmp_path: Path) -> None:
+    loaded = load_config(config(tmp_path, '[[targets]]\nurl = "gpu-1:8000"\n'
+                                          'kv_events = "tcp://gpu-1:5557"\n'
+                                          '[[targets]]\nurl = "gpu-2:8000"\n'))
+    args = parsed()
+    assert resolve_kv_events(args, loaded, resolve_targets(args, loaded)) == {
+        "http://gpu-1:8000/metrics": KvEventsEndpoint("tcp://gpu-1:5557")}
+    args = parsed("a:1", "b:1", "--kv-events", "tcp://a:5557,tcp://a:5558")
+    assert resolve_kv_events(args, loaded, resolve_targets(args, loaded)) == {
+        "http://a:1/metrics": KvEventsEndpoint("tcp://a:5557", "tcp://a:5558")}
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (("a:1", "--kv-events", "tcp://a:1", "--kv-events", "tcp://a:2"),
+     "2 --kv-events for 1 target(s): one each, in the targets' order"),
+    (("--kv-events", "tcp://a:1"), "--kv-events names the KV events of the command-line"),
+])
+def test_kv_events_without_a_command_line_target_each_are_a_usage_error(
+        tmp_path: Path, argv: tuple[str, ...], says: str) -> None:
+    args, loaded = parsed(*argv), load_config(config(tmp_path, ""))
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        resolve_kv_events(args, loaded, resolve_targets(args, loaded))
+
+
+def test_the_source_opened_carries_the_kv_events_and_prometheus_refuses_them(
+        tmp_path: Path) -> None:
+    loaded = load_config(config(tmp_path, ""))
+    with open_source(parsed("a:1", "--kv-events", "tcp://a:5557"), loaded) as source:
+        assert source.kv_events == {"http://a:1/metrics": KvEventsEndpoint("tcp://a:5557")}
+    with pytest.raises(ConfigError, match="Prometheus does not carry KV events"), \
+            open_source(parsed("--prometheus", "http://p:9090", "--kv-events", "tcp://a:1"),
+                        loaded):
+        pass

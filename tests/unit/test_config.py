@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtop.cli import main
+from kvtop.collect.kv_endpoint import KvEventsEndpoint
 from kvtop.collect.target import Secret
 from kvtop.config import (
     MAX_CONFIG_BYTES,
@@ -38,6 +39,7 @@ from kvtop.config import (
     load_config,
 )
 from kvtop.derive.leak_params import LeakParams
+from kvtop.derive.limits import LimitParams
 
 
 class _Raw(str):
@@ -401,6 +403,35 @@ def test_bash_completion_offers_the_commands_first(capsys: pytest.CaptureFixture
     assert done.stdout.split() == ["snapshot"], done.stderr
 
 
+def test_a_target_names_where_its_kv_events_are(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[[targets]]\nurl = "gpu-1:8000"\nkv_events = "tcp://gpu-1:5557"\n'
+                    '[[targets]]\nurl = "gpu-2:8000"\n'
+                    'kv_events = {url = "tcp://10.0.0.9:6000", replay = "tcp://gpu-2:5558", '
+                    'ranks = 4, listen = true}\n[[targets]]\nurl = "gpu-3:8000"\n')
+    config = load_config(path)
+    assert config.kv_events == {
+        "http://gpu-1:8000/metrics": KvEventsEndpoint("tcp://gpu-1:5557"),
+        "http://gpu-2:8000/metrics": KvEventsEndpoint("tcp://10.0.0.9:6000",
+                                                      "tcp://gpu-2:5558", 4, True)}
+
+
+@pytest.mark.parametrize("value, says", [
+    ('"http://gpu-1:5557"', "targets[0]: kv_events must be tcp://host:port"),
+    ('{url = "tcp://h:1", ranks = 0}',
+     "targets[0]: kv_events ranks must be a whole number from 1 to 64"),
+    ('{url = "tcp://h:1", topic = "x"}', "topic"),
+    ("5", "targets[0]: kv_events"),
+])
+def test_a_kv_events_endpoint_that_cannot_be_used_is_a_config_error(
+        tmp_path: Path, value: str, says: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[targets]]\nurl = "gpu-1:8000"\nkv_events = {value}\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert says in str(raised.value)
+
+
 @pytest.mark.parametrize("nested", ["a = " + "[" * 5000 + "]" * 5000,
                                     "a = " + "[" * 17 + "]" * 17,
                                     "a = " + "{b = " * 17 + "1" + "}" * 17])
@@ -417,3 +448,23 @@ def test_a_config_that_is_not_a_regular_file_is_refused_without_waiting(
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         load_config(fifo)
+
+
+def test_a_target_may_say_its_max_num_seqs(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[[targets]]\nurl = "gpu-1:8000"\nmax_num_seqs = 1\n'
+                    '[[targets]]\nurl = "gpu-2:8000"\nmax_num_seqs = 1048576\n'
+                    '[[targets]]\nurl = "gpu-3:8000"\n')
+    assert load_config(path).limits == {
+        "http://gpu-1:8000/metrics": LimitParams(max_num_seqs=1),
+        "http://gpu-2:8000/metrics": LimitParams(max_num_seqs=1 << 20)}
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "true", '"256"', "2.5", str((1 << 20) + 1)])
+def test_a_max_num_seqs_that_is_not_a_count_is_a_config_error(tmp_path: Path,
+                                                               value: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[targets]]\nurl = "gpu-1:8000"\nmax_num_seqs = {value}\n')
+    with pytest.raises(ConfigError, match=r"targets\[0\]: max_num_seqs must be a whole number "
+                                          r"from 1 to 1,048,576"):
+        load_config(path)

@@ -385,6 +385,8 @@ REVIEWED = {
         "describe(): every outside string through display_text (test_boundary_sweep)",
     ("kvtop.ui.widgets.engine_panel", "EnginePanel._draw", ".update (widget content)"):
         "view.engine lines: names through display_text in kvtop/view (test_app_hostile)",
+    ("kvtop.ui.widgets.cache_pane", "CachePane.show", ".update (widget content)"):
+        "view.cache lines: reasons, labels and a channel's error through display_text there",
     ("kvtop.ui.widgets.gpu_pane", "GpuPane._set", ".update (widget content)"):
         "view.gpus.pane_lines: every outside string through display_text there",
     ("kvtop.ui.widgets.panes", "EngineHead.show", ".update (widget content)"):

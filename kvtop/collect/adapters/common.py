@@ -19,6 +19,11 @@ KeyOf = Callable[[Sample], EngineKey]
 MAX_ENGINES = 256
 # A block or token count past this is no KV pool (a large one holds ~10**7 tokens).
 MAX_COUNT = 2**40
+# Label values kept per engine in a by-label family (reasons, tiers, stages): servers send
+# 2-5; a server inventing more has the rest summed under OTHER, each name cut to LABEL_CHARS.
+MAX_LABEL_VALUES = 8
+LABEL_CHARS = 40
+OTHER = "other"
 
 
 class BadValue(ValueError):
@@ -73,6 +78,22 @@ def maxed(expo: Exposition, name: str, key_of: KeyOf) -> dict[EngineKey, float]:
     return out
 
 
+def by_label(expo: Exposition, name: str, key_of: KeyOf,
+             label: str) -> dict[EngineKey, dict[str, float]]:
+    """A family summed per engine and per value of ``label`` (at most MAX_LABEL_VALUES
+    names per engine, the rest under OTHER); NaN and ±Inf are left out."""
+    out: dict[EngineKey, dict[str, float]] = {}
+    for sample in expo.series(name):
+        if not math.isfinite(sample.value):
+            continue
+        values = out.setdefault(key_of(sample), {})
+        value = (sample.labels.get(label) or "")[:LABEL_CHARS]
+        if value not in values and len(values) >= MAX_LABEL_VALUES - 1 and value != OTHER:
+            value = OTHER
+        values[value] = values.get(value, 0.0) + sample.value
+    return out
+
+
 def histograms(expo: Exposition, base: str, key_of: KeyOf) -> dict[EngineKey, Histogram]:
     """Cumulative histograms per engine, buckets summed over any other labels."""
     bucket_name, count_name, sum_name = histogram_names(base)
@@ -91,6 +112,14 @@ def histograms(expo: Exposition, base: str, key_of: KeyOf) -> dict[EngineKey, Hi
         key: Histogram(tuple(sorted(per_key.items())), counts.get(key), sums.get(key))
         for key, per_key in buckets.items()
     }
+
+
+def histogram_totals(expo: Exposition, base: str, key_of: KeyOf) -> dict[EngineKey, Histogram]:
+    """A histogram's count and sum per engine, without its buckets (a narrowed read need not
+    ask for them when only a mean is wanted)."""
+    _, count_name, sum_name = histogram_names(base)
+    counts, sums = summed(expo, count_name, key_of), summed(expo, sum_name, key_of)
+    return {key: Histogram((), counts[key], sums[key]) for key in counts.keys() & sums.keys()}
 
 
 @functools.lru_cache(maxsize=1024)

@@ -23,6 +23,8 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     reading = EngineReading(model=None, engine=None)
     reading.running = _value(expo, "llamacpp:requests_processing")
     reading.waiting = _value(expo, "llamacpp:requests_deferred")
+    if reading.waiting is not None:  # a deferred request waits for a free slot: no other reason
+        reading.waiting_by_reason = {"slots": reading.waiting}
     reading.prompt_tokens_total = _value(expo, "llamacpp:prompt_tokens_total")
     reading.generation_tokens_total = _value(expo, "llamacpp:tokens_predicted_total")
     reading.kv_usage = _value(expo, "llamacpp:kv_cache_usage_ratio")

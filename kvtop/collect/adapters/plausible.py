@@ -15,8 +15,13 @@ FRACTIONS = ("kv_usage", "cpu_kv_usage", "reported_hit_rate")
 COUNTS = ("running", "waiting", "waiting_deferred", "swapped", "tokens_used")
 COUNTERS = ("preemptions_total", "prompt_tokens_total", "generation_tokens_total",
             "prefix_queries_total", "prefix_hits_total", "finished_prompt_tokens_total",
-            "finished_generation_tokens_total")
-HISTOGRAMS = ("ttft", "itl", "e2e")
+            "finished_generation_tokens_total", "external_queries_total",
+            "external_hits_total", "evicted_tokens_total")
+# by-label counts and counters: a value that can't be one drops the whole family
+BY_LABEL = ("waiting_by_reason", "kv_fetch_by_stage", "admission_rejections_total",
+            "prompt_tokens_by_source_total", "cached_tokens_by_tier_total")
+HISTOGRAMS = ("ttft", "itl", "e2e", "prompt_lengths", "kv_computed", "block_lifetime",
+              "block_idle", "block_reuse_gap")
 MAX_VALUE = 2.0**53  # past this a float no longer counts one by one: no real count is there
 SLACK = 1e-6  # a fraction the server computed may round a hair past 0 or 1
 
@@ -35,7 +40,14 @@ def drop_impossible(engine: EngineReading) -> list[str]:
             del engine.finished_total[reason]
             if not math.isnan(value):
                 found.append(f"request_success_total {value:g} (not a counter's value)")
+    for name in BY_LABEL:
+        values = getattr(engine, name)
+        bad = [v for v in (values or {}).values() if not 0 <= v <= MAX_VALUE]
+        if bad:
+            setattr(engine, name, None)
+            found.append(f"{name} {bad[0]:g} (not a count)")
     _check_hits(engine, found)
+    _check_external(engine, found)
     for name in HISTOGRAMS:
         histogram = getattr(engine, name)
         if histogram is not None and (why := _histogram_fault(histogram)) is not None:
@@ -59,6 +71,13 @@ def _check_hits(engine: EngineReading, found: list[str]) -> None:
     if hits is not None and queries is not None and hits > queries * (1 + SLACK):
         found.append(f"prefix cache hits {hits:g} above queries {queries:g}")
         engine.prefix_hits_total = engine.prefix_queries_total = engine.prefix_unit = None
+
+
+def _check_external(engine: EngineReading, found: list[str]) -> None:
+    hits, queries = engine.external_hits_total, engine.external_queries_total
+    if hits is not None and queries is not None and hits > queries * (1 + SLACK):
+        found.append(f"external prefix cache hits {hits:g} above queries {queries:g}")
+        engine.external_hits_total = engine.external_queries_total = None
 
 
 def _histogram_fault(histogram: Histogram) -> str | None:

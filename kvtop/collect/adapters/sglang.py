@@ -22,7 +22,7 @@ ITL_NEW, ITL_OLD = "sglang:inter_token_latency_seconds", "sglang:time_per_output
 GAUGES = ("sglang:token_usage", "sglang:num_running_reqs", "sglang:num_queue_reqs",
           "sglang:num_used_tokens", "sglang:max_total_num_tokens", "sglang:cache_hit_rate")
 COUNTERS = ("sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-            "sglang:cached_tokens_total")
+            "sglang:cached_tokens_total", "sglang:evicted_tokens_total")
 NAMES = frozenset({
     *GAUGES, *COUNTERS, *histogram_names(TTFT), *histogram_names(E2E),
     *histogram_names(ITL_NEW), *histogram_names(ITL_OLD),
@@ -38,6 +38,7 @@ SIMPLE_FIELDS = (
     ("reported_hit_rate", maxed, "sglang:cache_hit_rate"),
     ("prompt_tokens_total", summed, "sglang:prompt_tokens_total"),
     ("generation_tokens_total", summed, "sglang:generation_tokens_total"),
+    ("evicted_tokens_total", summed, "sglang:evicted_tokens_total"),  # 0.5.6+: KV released
 )
 
 

@@ -7,10 +7,13 @@ import re
 
 from kvtop.collect.adapters.common import (
     EngineKey,
+    assign,
     assign_all,
+    by_label,
     engine_readings,
     finite,
     histogram_names,
+    histogram_totals,
     histograms,
     maxed,
     summed,
@@ -28,6 +31,22 @@ TTFT, E2E = "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_second
 ITL_NEW, ITL_OLD = "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
 CACHE_CONFIG = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
+# KV anatomy (docs/kv-anatomy.md): (reading field, family, label) per by-label family
+BY_LABEL = (
+    ("waiting_by_reason", "vllm:num_requests_waiting_by_reason", "reason"),
+    ("kv_fetch_by_stage", "vllm:num_requests_kv_fetch_by_stage", "stage"),
+    ("prompt_tokens_by_source_total", "vllm:prompt_tokens_by_source_total", "source"),
+    ("cached_tokens_by_tier_total", "vllm:prompt_tokens_cached_by_source_total", "source"),
+)
+ADMISSION, SLEEP = "vllm:admission_rejections_total", "vllm:engine_sleep_state"
+EXTERNAL = ("vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total")
+PROMPT_LENGTHS = "vllm:request_prompt_tokens"
+KV_COMPUTED = "vllm:request_prefill_kv_computed_tokens"
+RESIDENCY = (("block_lifetime", "vllm:kv_block_lifetime_seconds"),
+             ("block_idle", "vllm:kv_block_idle_before_evict_seconds"),
+             ("block_reuse_gap", "vllm:kv_block_reuse_gap_seconds"))
+RESIDENCY_SINCE = (0, 12, 0)  # --kv-cache-metrics: a release without the histograms is "off"
+SLEEP_STATES = ("discard_all", "weights_offloaded")  # deepest first
 # The prompt and generated tokens of every finished request: with the token counters, the
 # tokens the requests still in flight have (the leak detector's load, docs/leak-detector.md).
 FINISHED_PROMPT, FINISHED_GENERATION = ("vllm:request_prompt_tokens_sum",
@@ -41,6 +60,10 @@ NAMES = frozenset({
     FINISHED_PROMPT, FINISHED_GENERATION, WAITING_BY_REASON,
     *histogram_names(TTFT), *histogram_names(E2E),
     *histogram_names(ITL_NEW), *histogram_names(ITL_OLD),
+    *(name for _, name, _ in BY_LABEL), ADMISSION, SLEEP, *EXTERNAL,
+    # only a mean of these is read: their count and sum, never their buckets
+    *histogram_names(PROMPT_LENGTHS)[1:], *histogram_names(KV_COMPUTED)[1:],
+    *(n for _, base in RESIDENCY for n in histogram_names(base)),
 })
 
 
@@ -192,6 +215,41 @@ def _latency(expo: Exposition, readings: dict[EngineKey, EngineReading]) -> None
                 setattr(readings[key], field, histogram)
 
 
+def _sleep_state(states: dict[str, float]) -> str | None:
+    """The deepest sleep level set to 1, else awake when ``awake`` is 1; None otherwise."""
+    for state in SLEEP_STATES:
+        if states.get(state, 0.0) >= 1:
+            return state
+    return "awake" if states.get("awake", 0.0) >= 1 else None
+
+
+def _anatomy(expo: Exposition, readings: dict[EngineKey, EngineReading],
+             exact: tuple[int, ...] | None) -> None:
+    """The families of docs/kv-anatomy.md; a family a server lacks stays None."""
+    for field, name, label in BY_LABEL:
+        for key, values in by_label(expo, name, key_of, label).items():
+            if key in readings:
+                setattr(readings[key], field, values)
+    for key, states in by_label(expo, SLEEP, key_of, "sleep_state").items():
+        if key in readings:
+            readings[key].sleep_state = _sleep_state(states)
+    assign_all(readings, expo, key_of, [("external_queries_total", summed, EXTERNAL[0]),
+                                        ("external_hits_total", summed, EXTERNAL[1])])
+    for field, base in (("prompt_lengths", PROMPT_LENGTHS), ("kv_computed", KV_COMPUTED)):
+        assign(readings, field, histogram_totals(expo, base, key_of))
+    for field, base in RESIDENCY:
+        assign(readings, field, histograms(expo, base, key_of))
+    # one series per server (labelled model_name and reason only, no engine)
+    admissions = by_label(expo, ADMISSION, lambda s: (None, None), "reason").get((None, None))
+    off = exact is not None and exact >= RESIDENCY_SINCE
+    for reading in readings.values():
+        reading.admission_rejections_total = admissions
+        if reading.block_lifetime is not None:
+            reading.residency = "on"
+        elif off:
+            reading.residency = "off"
+
+
 def _adapters(text: str | None) -> tuple[str, ...]:
     return tuple(name for name in (text or "").split(",") if name)
 
@@ -238,6 +296,7 @@ def adapt(expo: Exposition, version: str | None = None) -> ServerReading:
     _finished(expo, readings)
     _waiting_deferred(expo, readings)
     _latency(expo, readings)
+    _anatomy(expo, readings, exact)
     lora = lora_info(expo)  # one per server: the series has no engine label
     for reading in readings.values():
         reading.lora = lora

@@ -17,6 +17,7 @@ from kvtop.safe_text import display_text as shown
 from kvtop.ui.widgets.message_line import MessageLine
 from kvtop.ui.widgets.panes import ChartPane
 from kvtop.view import format as fmt
+from kvtop.view.cache_detail import cache_detail_lines
 from kvtop.view.cells import LEAK_LABEL, lifetime_hit, status_cell, window_hit
 from kvtop.view.chart import Rule
 from kvtop.view.engine import PANES_AFTER_KV, PaneView, kv_pane, leak_growth, with_rules
@@ -95,6 +96,7 @@ def describe(state: TargetState, stats: EngineStats | None, now: float,
             *config_lines(stats),
             *leak_lines(stats.leak, history),
             *stall_lines(stats.stall),
+            *cache_detail_lines(stats, state.kv_channel),
             f"now     run {fmt.count(stats.running)}  wait {fmt.count(stats.waiting)}"
             f"  preempt/s {fmt.rate(stats.preemptions_per_s)}"
             f"  hit {fmt.percent(window_hit(stats))} (window)"

@@ -46,6 +46,9 @@ LEGEND: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("LEAK", ("WARMUP (too early to say) · OK · WATCH some evidence · LEAK strong;",
               "+N/h: the floor's rise in blocks an hour")),
     ("STALL", ("requests held, no token for a few scrapes; SATURATED: full, moving",)),
+    ("LIMIT", ("what holds the queue: KV cap · max seqs · budget (tokens a step) ·",
+               "deferred · KV xfer · asleep; none: nothing waits; header: held by")),
+    ("exact", ("KV events: blocks unused 3+ pool turnovers (own witness, not LEAK)",)),
 )
 KEY_COLUMNS = 2
 TERM_W = 7

@@ -1,9 +1,9 @@
 """The selected engine on a small terminal: its verdict lines, then each chart shrunk to a
 one-row sparkline with its number and unit beside it (KV over the GPU memory of its GPUs on
-one time axis, requests, hit rate, tokens/s, latency), then as many of the engine's other
-figures (the pool's make-up, evictions, latency in full, the server) as the rows left hold:
-at 80x24 every row says something. With --low-bandwidth the numbers come without the
-sparklines."""
+one time axis, blocks stored a second from its KV events, requests, hit rate, tokens/s,
+latency), then as many of the engine's other figures (the cache pane in one line, the pool's
+make-up, evictions, latency in full, the server) as the rows left hold: at 80x24 every row
+says something. With --low-bandwidth the numbers come without the sparklines."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 GpuSeries = Sequence[tuple[float, "int | None", "int | None"]]  # (t, used, total) bytes
 LABEL_W = 6  # "KV    ", "tok/s "
 # (pane, series label, sparkline label): in the order they are shown and kept
-SPARKS = (("kv", "used", "KV"), ("gpu", "", "GPU"), ("queue", "run", "run"),
-          ("queue", "wait", "wait"), ("hit", "window", "hit"),
+SPARKS = (("kv", "used", "KV"), ("gpu", "", "GPU"), ("cache", "stored", "blk"),
+          ("queue", "run", "run"), ("queue", "wait", "wait"), ("hit", "window", "hit"),
           ("tps", "out", "tok/s"), ("lat", "p99", "TTFT"))
 
 

@@ -127,12 +127,12 @@ class EngineHead(Styled, Static):
 
 
 class EnginePanes(Vertical):
-    """The panes of the selected engine; ``beside_kv`` (the GPU pane) right of the KV
-    chart."""
+    """The panes of the selected engine; ``beside_kv`` (the cache and GPU panes) right of
+    the KV chart, in that order."""
 
     PANE_KEYS = ("kv", "queue", "hit", "tps", "lat")
 
-    def __init__(self, beside_kv: Widget | None = None, *, id: str | None = None,
+    def __init__(self, *beside_kv: Widget, id: str | None = None,
                  classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._beside_kv = beside_kv
@@ -143,8 +143,7 @@ class EnginePanes(Vertical):
         yield EngineHead(id="engine-head")
         with Horizontal(id="panes-top"):
             yield ChartPane(id="pane-kv", classes="pane")
-            if self._beside_kv is not None:
-                yield self._beside_kv
+            yield from self._beside_kv
         with Grid(id="panes-grid"):
             for key in self.PANE_KEYS[1:]:
                 yield ChartPane(id=f"pane-{key}", classes="pane")
@@ -158,6 +157,10 @@ class EnginePanes(Vertical):
             self._title = view.title
             self.border_title = Text(view.title)  # a Text: a name is never read as markup
         self.head.show(view.lines)
+        for widget in self._beside_kv:  # those that draw the engine (the cache pane) do
+            show_engine = getattr(widget, "show_engine", None)
+            if show_engine is not None:
+                show_engine(view)
         panes = {pane.key: pane for pane in view.panes}
         for key, widget in self._panes.items():
             widget.show(panes.get(key), view.empty)

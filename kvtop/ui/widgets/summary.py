@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from kvtop.view import format as fmt
+from kvtop.view.cache import limits_text
 from kvtop.view.fleet_summary import FleetSummary
 
 Pieces = list[tuple[str, str]]
@@ -163,9 +164,12 @@ def _verdict_part(summary: FleetSummary) -> Pieces:
 
 def _load_parts(summary: FleetSummary) -> list[Part]:
     waiting = summary.waiting
+    limits: list[Part] = ([(1, [("held by ", "key"), (limits_text(summary.limits), "warn")])]
+                          if summary.limits else [])
     return [
         (0, [("run ", "key"), (fmt.count(summary.running), "")]),
         (0, [("wait ", "key"), (fmt.count(waiting), "warn" if waiting else "")]),
+        *limits,
         (1, [("hit ", "key"), (fmt.percent(summary.hit_rate), "")]),
         (1, [("tok/s ", "key"), (f"{fmt.rate(summary.prompt_tps)} in "
                                  f"{fmt.rate(summary.generation_tps)} out", "")]),

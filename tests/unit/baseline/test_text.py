@@ -125,6 +125,10 @@ gpu_memory_utilization 0.9
   ITL p99                             —
   E2E p50                        2.50 s
   E2E p99                       12.35 s
+  prefix reuse share                  —
+  block lifetime p50                  —
+  block lifetime p99                  —
+  limited by KV capacity              —
   probe: 10 x text prompt of 512 tokens, 64 out, model meta-llama/Llama-3.1-8B-Instruct, 1 failed
   probe TTFT                      41 ms
   probe total                         —
@@ -147,6 +151,10 @@ engine
   ITL p99                             —
   E2E p50                             —
   E2E p99                             —
+  prefix reuse share                  —
+  block lifetime p50                  —
+  block lifetime p99                  —
+  limited by KV capacity              —
   probe: 3 x token_ids prompt of ? tokens, 16 out, model qwen, 3 failed
   probe TTFT                          —
   probe total                         —

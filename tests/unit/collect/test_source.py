@@ -138,3 +138,16 @@ async def test_a_source_with_nothing_live_has_its_latest_from_what_it_stored() -
     assert [s.t for s in await source.latest(2)] == [3.0, 4.0]
     assert source.live() is None and await source.discover() == [TARGET]
     assert await Source().stored(60) == ((), 0.0) and Source().warnings == []
+
+
+def test_kv_events_live_only_where_a_target_names_an_endpoint() -> None:
+    from kvtop.collect.kv_endpoint import KvEventsEndpoint
+    from kvtop.collect.live import DirectSource
+
+    a, b = Target.from_spec("a:1"), Target.from_spec("b:1")
+    assert DirectSource([a, b]).kv_live() is None
+    source = DirectSource([a, b], kv_events={b.url: KvEventsEndpoint("tcp://b:5557")})
+    feed = source.kv_live()
+    assert feed is not None and feed is source.kv_live()  # made once
+    assert [t.url for t in feed.targets] == [b.url]
+    assert feed.channels[b.url].state == "connecting"

@@ -88,3 +88,35 @@ async def test_an_awaitable_consumer_is_awaited_before_the_condition_is_asked() 
 
     await watch(source, slow, stop=asyncio.Event(), until=lambda: len(done) == 2)
     assert len(done) == 2 and source.closed == 1
+
+
+class Batches:
+    """A KV event source that delivers a batch whenever asked, until stopped."""
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.stopped_with_scrapes = False
+
+    async def run(self, on_batch, *, stop: asyncio.Event) -> None:  # type: ignore[no-untyped-def]
+        from kvtop.collect.kv_endpoint import TargetKvEvents
+        from kvtop.collect.kv_events import KvEventBatch
+
+        while not stop.is_set():
+            on_batch(TargetKvEvents(TARGET, KvEventBatch(t=0.0, rank=0, seq=self.delivered)))
+            self.delivered += 1
+            await asyncio.sleep(0.01)
+        self.stopped_with_scrapes = True
+
+
+async def test_kv_events_come_beside_the_scrapes_and_end_with_them() -> None:
+    """A source that ends ends the KV events too (the watch would otherwise never return)."""
+    batches, seen = Batches(), []
+    source = Finite(3)
+
+    async def slow(scrape: Scrape) -> None:
+        await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(watch(source, slow, kv_events=batches,
+                                 on_kv_events=lambda item: seen.append(item.batch.seq)), 10)
+    assert batches.stopped_with_scrapes and seen == list(range(batches.delivered))
+    assert len(seen) >= 3 and source.closed == 1

@@ -496,6 +496,74 @@ async def test_check_says_stalled_within_10_s_of_a_wedge(tmp_path: Path) -> None
     assert (replayed_code, replayed) == (code, document), err
 
 
+def test_a_recordings_kv_events_give_the_exact_evidence_apart_from_the_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Quiet scrapes of a pool of 1000 blocks (usage 0: the verdict is OK), with KV events in
+    which block 7 is never used again while 3000 others come and go: exact evidence, told
+    beside an OK verdict and exit code 0."""
+    from kvtop.collect.kv_events import BlockRemoved, BlockStored, KvEventBatch
+
+    scrapes = [Scrape(TARGET, T0 + STEP * i, body=body(0.0)) for i in range(12)]
+    path = tmp_path / "r.jsonl"
+    with RecordingWriter(path, interval_s=STEP, targets=[TARGET]) as writer:
+        for i, scrape in enumerate(scrapes):
+            writer.write(scrape)
+            churn = tuple(range(10_000 + 300 * i, 10_000 + 300 * (i + 1)))
+            events = (BlockStored(churn, None, 16 * 300, 16, "GPU"), BlockRemoved(churn, "GPU"))
+            if i == 0:
+                events = (BlockStored((7,), None, 16, 16, "GPU"), *events)
+            writer.write_kv_events(KvEventBatch(t=scrape.t + 1, rank=0, seq=i, ts=scrape.t,
+                                                events=events), TARGET)
+    assert run_check_replay(path, params=None, as_json=True) == EXIT_OK
+    engine = json.loads(capsys.readouterr().out)["targets"][0]["engines"][0]
+    assert engine["verdict"] == "ok"
+    events = engine["kv_events"]
+    assert events["leak"] == "evidence" and events["leaked_blocks"] == 1
+    assert events["leaked_sample"] == ["0000000000000007"]
+    # 3 turnovers of 999 blocks: 2997 removals after block 7, reached in the 10th batch,
+    # folded with the scrape after it
+    assert events["evidence_first_t"] == T0 + STEP * 10
+    # the last batch came after the last scrape: no stats of the engine carry it
+    assert (events["stored_total"], events["removed_total"]) == (3301, 3300)
+    assert engine["limits"] == {"none": 12}
+
+
+async def test_a_live_check_folds_and_records_the_kv_events_and_its_replay_sees_them(
+        tmp_path: Path) -> None:
+    """`kvtop check --kv-events` on a simulated vLLM publishing its pool's events: the JSON
+    carries what they say (blocks stored and removed, the exact evidence's state) apart from
+    the verdict, the recording holds them, and check --replay of it tells the same."""
+    engine = EngineConfig(num_gpu_blocks=300, max_num_seqs=16, kv_cache_metrics=True)
+    config = SimConfig(engine=engine, workload_params={"rate": 4.0}, speed=5.0, seed=8,
+                       kv_events_port=0)
+    recording = tmp_path / "kv.jsonl"
+    async with SimFleet([config]) as fleet:
+        events = fleet.servers[0].kv_events
+        assert events is not None
+        code, document, err = await kvtop(
+            "check", fleet.urls[0] + "/metrics", "--kv-events",
+            f"{events.url},{events.replay_url}", "--interval", "0.5", "--duration", "4s",
+            "--json", "--record", str(recording))
+    assert code == EXIT_NO_DATA, err  # 4 s: the leak detector is still warming up
+    assert document is not None and engine_verdict(document)["verdict"] == "unknown"
+    live = engine_verdict(document)["kv_events"]
+    assert live is not None and live["stored_total"] > 0 and live["lost_batches"] == 0
+    assert live["leak"] in ("too_early", "none")  # a healthy pool: never evidence
+    assert read_recording(recording).kv_events  # the batches are in the file
+    code, replayed, err = await kvtop("check", "--replay", str(recording), "--json")
+    assert code == EXIT_NO_DATA, err
+    assert replayed is not None
+    again = engine_verdict(replayed)["kv_events"]
+    assert again is not None and again["stored_total"] > 0 and again["leak"] == live["leak"]
+
+
+def test_kv_events_are_for_live_targets_not_a_replay(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = recorded(tmp_path / "r.jsonl", [Scrape(TARGET, T0, body=body(0.0))])
+    assert main(["check", "--replay", str(path), "--kv-events", "tcp://h:1"]) == EXIT_USAGE
+    assert "--kv-events" in capsys.readouterr().err
+
+
 def test_ctrl_c_during_a_live_check_exits_130_with_the_verdict_so_far(
         capsys: pytest.CaptureFixture[str]) -> None:
     with served_in_thread(FaultServer(bodies=[body(0.0).encode()])) as server:

@@ -370,3 +370,49 @@ async def test_record_to_unwritable_place_is_a_clear_error(tmp_path) -> None:
     code, _, err, _ = await run_kvtop("record", "127.0.0.1:1", "-o",
                                       str(tmp_path / "missing-dir" / "r.jsonl"), "--duration", "1")
     assert code == 2 and "cannot write" in err
+
+
+def test_the_kv_events_of_a_target_are_recorded_beside_its_scrapes(
+        tmp_path: Path, stderr: io.StringIO) -> None:
+    """--kv-events (publisher, replay): every batch published while recording is a
+    kv_events line, read back with its target; the summary counts them apart."""
+    from tests.fakes.kv_publisher import KvPublisher, removed, stored
+
+    output = tmp_path / "run.jsonl"
+    publisher = KvPublisher()
+    published: list[int] = []
+
+    def publish() -> None:
+        wait_until(lambda: scrapes_in(output) >= 1, "a first scrape on disk", timeout_s=20)
+        for i in range(20):
+            published.append(publisher.publish([stored([100 + i], 99 + i if i else None),
+                                                removed([100 + i - 5])] if i >= 5 else
+                                               [stored([100 + i], 99 + i if i else None)]))
+            threading.Event().wait(0.05)
+
+    try:
+        with served_in_thread(FaultServer(bodies=numbered_bodies())) as server, \
+                meanwhile(publish):
+            url = server.url()
+            code = record(stderr, url, "-o", str(output), "--interval", "0.2",
+                          "--duration", "3", "--kv-events",
+                          f"{publisher.url},{publisher.replay_url}")
+    finally:
+        publisher.close()
+    assert code == 0, stderr.getvalue()
+    recording = read_recording(output)
+    assert [item.batch.seq for item in recording.kv_events] == published
+    assert {item.target.url for item in recording.kv_events} == {url}
+    assert recording.kv_events[-1].batch.events[0].hashes == (119,)
+    assert said(stderr)[-1] == (f"kvtop record: {len(recording.scrapes)} scrapes and 20 KV "
+                                f"event batches written to {output}")
+
+
+def test_kv_events_need_a_command_line_target_each(tmp_path: Path,
+                                                   stderr: io.StringIO) -> None:
+    code = record(stderr, "127.0.0.1:1", "-o", str(tmp_path / "r.jsonl"), "--duration", "1",
+                  "--kv-events", "tcp://127.0.0.1:5557", "--kv-events", "tcp://127.0.0.1:5567")
+    assert code == 2
+    assert said(stderr) == ["kvtop: 2 --kv-events for 1 target(s): one each, in the targets' "
+                            "order"]
+    assert not (tmp_path / "r.jsonl").exists()

@@ -12,10 +12,12 @@ import pytest
 from kvtop.collect.adapters import read_exposition
 from kvtop.collect.adapters.common import MAX_ENGINES
 from kvtop.collect.exposition import parse
+from kvtop.collect.kv_events import BlockStored, KvEventBatch
 from kvtop.collect.source import ScrapeReader, read_scrape
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive.kv_anatomy import AnatomyParams
 from kvtop.derive.leak_params import LeakParams
-from kvtop.derive.tracker import TargetTracker
+from kvtop.derive.tracker import MAX_KV_EVENT_RANKS, TargetTracker
 from tests.scenarios.bodies import many_models
 from tests.scenarios.derived import vllm_08_idle
 from tests.support.paths import fixture_text
@@ -302,3 +304,82 @@ def test_an_inferred_version_is_never_read_back_as_exact() -> None:
     state = tracker.update(exact)
     assert (state.version, state.version_inferred) == ("0.8.2", False)
     assert state.engines[0].idle_floor_blocks == 0
+
+
+# -- KV anatomy: limits, sleep, KV events -------------------------------------------------
+
+def anatomy_body(engine: str = "0", sleep: str = "awake", waiting: int = 0,
+                 usage: float = 0.25, running: int = 2) -> str:
+    labels = f'engine="{engine}",model_name="m"'
+    states = "".join(f'vllm:engine_sleep_state{{{labels},sleep_state="{s}"}} '
+                     f'{1.0 if s == sleep else 0.0}\n'
+                     for s in ("awake", "weights_offloaded", "discard_all"))
+    return (f"vllm:num_requests_running{{{labels}}} {running}.0\n"
+            f"vllm:num_requests_waiting{{{labels}}} {waiting}.0\n"
+            f'vllm:num_requests_waiting_by_reason{{{labels},reason="capacity"}} {waiting}.0\n'
+            f"vllm:kv_cache_usage_perc{{{labels}}} {usage}\n"
+            f'vllm:cache_config_info{{{labels},block_size="16",num_gpu_blocks="101"}} 1.0\n'
+            + states)
+
+
+def test_each_engine_says_what_limits_it() -> None:
+    tracker = TargetTracker(TARGET)
+    body = anatomy_body(waiting=3, usage=0.95)
+    state = tracker.update(read_scrape(Scrape(TARGET, 1.0, body=body)))
+    assert state.engines[0].limit is not None and state.engines[0].limit.limit == "kv_capacity"
+    state = tracker.update(read_scrape(Scrape(TARGET, 2.0, body=anatomy_body(waiting=0))))
+    assert state.engines[0].limit is not None and state.engines[0].limit.limit == "none"
+
+
+def test_an_engine_asleep_keeps_its_leak_evidence_unfed() -> None:
+    tracker = TargetTracker(TARGET, leak_params=LeakParams(idle_min_s=1, idle_min_scrapes=2,
+                                                           idle_leak_s=2))
+    for t in range(1, 8):  # 25 blocks held with nothing running is a leak
+        tracker.update(read_scrape(Scrape(TARGET, float(t), body=anatomy_body(running=0))))
+    leak = tracker.state.engines[0].leak
+    assert leak is not None and leak.state == "leak"
+    state = tracker.update(read_scrape(Scrape(TARGET, 8.0, body=anatomy_body(
+        sleep="discard_all", usage=0.0))))
+    asleep = state.engines[0].leak
+    assert asleep is not None and asleep.state == "leak"  # the pool let go: not cleared
+    assert asleep.reason.startswith("engine asleep (discard_all): the leak evidence so far")
+    assert state.engines[0].limit is not None and state.engines[0].limit.limit == "sleeping"
+
+
+def events_batch(seq: int, rank: int = 0, *events: object) -> KvEventBatch:
+    return KvEventBatch(t=float(seq), rank=rank, seq=seq, ts=float(seq),
+                        events=events)  # type: ignore[arg-type]
+
+
+def test_kv_events_reach_the_engine_of_their_rank() -> None:
+    tracker = TargetTracker(TARGET)
+    tracker.update_kv_events(events_batch(0, 1, BlockStored((1, 2), None, 32, 16, "GPU")))
+    tracker.update_kv_events(events_batch(0, 0, BlockStored((3,), None, 16, 16, "GPU")))
+    body = anatomy_body("0") + anatomy_body("1") + anatomy_body("x")
+    state = tracker.update(read_scrape(Scrape(TARGET, 1.0, body=body)))
+    by_engine = {e.engine: e.kv_events for e in state.engines}
+    assert by_engine["0"] is not None and by_engine["0"].population == 1
+    assert by_engine["1"] is not None and by_engine["1"].population == 2
+    assert by_engine["1"].pool_blocks == state.engines[1].blocks_total == 101  # a turnover
+    assert by_engine["x"] is None  # not a rank number: no events to match
+
+
+def test_kv_events_of_too_many_ranks_are_left_out() -> None:
+    tracker = TargetTracker(TARGET)
+    for rank in range(MAX_KV_EVENT_RANKS + 5):
+        tracker.update_kv_events(events_batch(0, rank))
+    assert len(tracker.kv_events) == MAX_KV_EVENT_RANKS
+
+
+def test_the_ranks_of_a_target_share_its_block_index_cap() -> None:
+    """Each rank had the whole cap: 64 ranks could hold 64 times the bytes documented. A
+    flood on two ranks keeps the target's index within its cap."""
+    tracker = TargetTracker(TARGET, anatomy_params=AnatomyParams(index_cap=1000))
+    for seq in range(30):
+        for rank in (0, 1):
+            hashes = tuple(range(10_000 * rank + 100 * seq, 10_000 * rank + 100 * (seq + 1)))
+            tracker.update_kv_events(events_batch(seq, rank, BlockStored(hashes, None, 1600,
+                                                                         16, "GPU")))
+    assert [a.index.cap for a in tracker.kv_events.values()] == [500, 500]
+    assert sum(len(a.index) for a in tracker.kv_events.values()) <= 1000
+    assert all(a.index.dropped > 0 for a in tracker.kv_events.values())

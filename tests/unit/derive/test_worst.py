@@ -12,6 +12,7 @@ from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive import worst
 from kvtop.derive.leak_params import LeakParams
+from kvtop.derive.limits import LimitParams
 from kvtop.derive.tracker import MAX_TRACKED_ENGINES
 from kvtop.derive.verdicts import LeakVerdict, StallVerdict
 from kvtop.derive.worst import CheckRun, EngineVerdict
@@ -222,6 +223,28 @@ def test_targets_that_churn_keep_a_bounded_number_of_trackers(
     assert "http://10.0.0.199:8000/metrics" in run.trackers  # the most recent are kept
     assert judged.url not in run.trackers and run.verdict() == "leak"
     assert len(run.engines) <= 16 + 16 // 8 + 1
+
+
+def waiting_on_room(running: int) -> str:
+    """vLLM 0.33 with requests waiting for capacity while the pool has room."""
+    labels = 'engine="0",model_name="m"'
+    return (f"vllm:num_requests_running{{{labels}}} {running}.0\n"
+            f"vllm:num_requests_waiting{{{labels}}} 3.0\n"
+            f'vllm:num_requests_waiting_by_reason{{{labels},reason="capacity"}} 3.0\n'
+            f"vllm:kv_cache_usage_perc{{{labels}}} 0.2\n"
+            f'vllm:cache_config_info{{{labels},block_size="16",num_gpu_blocks="101"}} 1.0\n')
+
+
+@pytest.mark.parametrize(("limits", "seen"), [
+    ({}, {"token_budget": 1}),  # one scrape: no plateau yet, so by elimination
+    ({TARGET.url: LimitParams(max_num_seqs=8)}, {"max_sequences": 1}),  # at the ceiling
+    ({TARGET.url: LimitParams(max_num_seqs=9)}, {"token_budget": 1}),  # one under it
+])
+def test_a_targets_configured_max_num_seqs_reaches_its_tracker(
+        limits: dict[str, LimitParams], seen: dict[str, int]) -> None:
+    run = CheckRun(limits=limits)
+    run.feed(read_scrape(Scrape(TARGET, T0, body=waiting_on_room(running=8))))
+    assert run.to_json()["targets"][0]["engines"][0]["limits"] == seen
 
 
 def test_unknown_says_what_the_detector_still_needs() -> None:

@@ -8,10 +8,18 @@ from datetime import datetime, timezone
 
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive.stats import EngineStats, Quantiles
+from kvtop.derive.stats import (
+    EngineStats,
+    HotPrefix,
+    KvEventStats,
+    Quantiles,
+    Residency,
+    Reuse,
+)
 from kvtop.derive.tracker import TargetState, TargetTracker
-from kvtop.derive.verdicts import LeakVerdict, StallVerdict
+from kvtop.derive.verdicts import LeakVerdict, LimitVerdict, StallVerdict
 from kvtop.report.snapshot import (
+    SNAPSHOT_MINOR,
     SNAPSHOT_VERSION,
     engine_json,
     history_json,
@@ -39,6 +47,23 @@ def full_stats() -> EngineStats:
         leak=LeakVerdict("LEAK", "the idle floor holds 172 blocks", 172.345, 3.14159, 2.34567),
         stall=StallVerdict("stalled", "no tokens for 12 s with 149 waiting", 1234.5,
                            {"running": 30.0}),
+        waiting_by_reason={"capacity": 149.0, "deferred": 0.0},
+        kv_fetch_by_stage=None, sleep_state="awake",
+        admission_rejections_per_s={"max_num_queued_reqs": 0.123456},
+        evicted_tokens_per_s=None, mean_prompt_tokens=326.6912,
+        reuse=Reuse("window", 4870.444, {"local_compute": 0.63123456, "local_cache_hit":
+                                         0.36876544}, None, 0.36876544, None),
+        residency=Residency("on", Quantiles(1.23456789, 2.0, 4.0, 20.0, "window")),
+        limit=LimitVerdict("kv_capacity", "KV pool 98% used, 149 waiting",
+                           {"waiting": 149.0, "kv_usage": 0.98163606010, "reasons": "x"}),
+        kv_events=KvEventStats(
+            batches=10, stored_total=40, removed_total=30, cleared=1, population=10,
+            index_dropped=0, removed_unknown=2, reuses=3, stored_events=12,
+            stored_per_s=4.12345, removed_per_s=3.0, reuses_per_s=None,
+            age_at_eviction=None, hot=(HotPrefix(255, 256, 3),), leak="evidence",
+            leak_reason="1 blocks unused", leaked_blocks=1, leaked_sample=(1 << 63,),
+            turnovers=3.14159, pool_blocks=599, lost_batches=0, malformed=0,
+            unknown_events=4, restarts=0, last_seq=9, first_seq=0, by_medium={"GPU": (40, 30)}),
     )
 
 
@@ -68,6 +93,34 @@ def test_every_engine_number_has_its_key_and_its_rounding() -> None:
                  "leaked_blocks": 172.3, "slope_blocks_per_hour": 3.1, "hours_to_full": 2.35},
         "stall": {"state": "stalled", "reason": "no tokens for 12 s with 149 waiting",
                   "since_t": 1234.5},  # its evidence stays inside kvtop
+        "cache": {
+            "waiting_by_reason": {"capacity": 149.0, "deferred": 0.0},
+            "kv_fetch_by_stage": None, "sleep_state": "awake",
+            "admission_rejections_per_s": {"max_num_queued_reqs": 0.1235},
+            "evicted_tokens_per_s": None, "mean_prompt_tokens": 326.7,
+            "reuse": {"scope": "window", "prompt_tokens": 4870.4,
+                      "by_source": {"local_compute": 0.631235, "local_cache_hit": 0.368765},
+                      "by_tier": None, "reuse_share": 0.368765, "external_hit_rate": None},
+            "residency": {"state": "on",
+                          "lifetime_s": {"p50": 1.234568, "p90": 2.0, "p99": 4.0,
+                                         "samples": 20.0, "scope": "window", "estimate": True},
+                          "idle_s": None, "reuse_gap_s": None},
+        },
+        "limit": {"limit": "kv_capacity", "reason": "KV pool 98% used, 149 waiting",
+                  "evidence": {"waiting": 149.0, "kv_usage": 0.981636, "reasons": "x"}},
+        "kv_events": {
+            "batches": 10, "first_seq": 0, "last_seq": 9, "stored_total": 40,
+            "removed_total": 30, "cleared": 1, "population": 10, "stored_per_s": 4.123,
+            "removed_per_s": 3.0, "reuses": 3, "reuses_per_s": None, "reuse_share": 0.25,
+            "age_at_eviction_s": None,
+            "hot_prefixes": [{"block_hash": "00000000000000ff", "tokens": 256, "reuses": 3}],
+            "leak": {"state": "evidence", "reason": "1 blocks unused", "leaked_blocks": 1,
+                     "leaked_sample": ["8000000000000000"], "turnovers": 3.14,
+                     "pool_blocks": 599},
+            "completeness": {"lost_batches": 0, "malformed": 0, "unknown_events": 4,
+                             "restarts": 0, "removed_unknown": 2, "index_dropped": 0},
+            "by_medium": {"GPU": {"stored": 40, "removed": 30}},
+        },
     }
 
 
@@ -78,6 +131,11 @@ def test_an_engine_with_nothing_known_is_all_null_not_zero() -> None:
     assert doc["rates"]["prompt_tokens_per_s"] is None and doc["leak"] is None
     assert doc["stall"] is None
     assert doc["restarted"] is False
+    assert doc["limit"] is None and doc["kv_events"] is None
+    assert doc["cache"] == {"waiting_by_reason": None, "kv_fetch_by_stage": None,
+                            "sleep_state": None, "admission_rejections_per_s": None,
+                            "evicted_tokens_per_s": None, "mean_prompt_tokens": None,
+                            "reuse": None, "residency": None}
 
 
 def test_target_entry_of_a_read_server() -> None:
@@ -126,6 +184,7 @@ def test_the_document_frame() -> None:
     doc = snapshot_document([read, other], [{"name": "gpu"}], taken_at=taken,
                             history={TARGET.url: {("m", "0"): rows}})
     assert doc["kvtop_snapshot"] == SNAPSHOT_VERSION == 1
+    assert doc["kvtop_snapshot_minor"] == SNAPSHOT_MINOR == 1  # the cache, limit, KV events
     assert doc["taken_at"] == "2026-11-30T03:04:06.373+00:00"
     assert doc["gpus"] == [{"name": "gpu"}] and doc["gpu_sources"] == []
     assert [t["target"] for t in doc["targets"]] == [TARGET.url, "http://h:9/metrics"]

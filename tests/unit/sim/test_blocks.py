@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtop.sim.blocks import BlockPool, KVCacheManager, chain_hash
+from kvtop.sim.blocks import BlockPool, KVCacheManager, Residency, chain_hash
 
 
 def test_null_block_is_taken_and_idle_usage_is_exactly_zero() -> None:
@@ -257,3 +257,42 @@ def test_without_prefix_caching_nothing_is_ever_a_hit() -> None:
     assert kv.allocate_slots(1, hashes, 9, 0, 9) is not None
     kv.free(1)
     assert kv.get_computed_blocks(hashes, 9) == ([], 0)
+
+
+def test_the_pool_records_kv_events_as_vllms_block_pool_emits_them() -> None:
+    pool = BlockPool(5)
+    pool.events = []
+    manager = KVCacheManager(pool, block_size=2)
+    manager.allocate_slots(0, [11, 12, 13], num_tokens=6, num_computed_tokens=0,
+                           num_new_tokens=6)
+    assert pool.events == [("S", (11, 12, 13), None)]  # three full blocks, a new prefix
+    manager.free(0)
+    manager.allocate_slots(1, [21], num_tokens=2, num_computed_tokens=0, num_new_tokens=2)
+    assert pool.events[1:] == [("S", (21,), None)]  # the never-used block: no eviction
+    pool.events.clear()
+    hits = [pool.get_cached_block(11), pool.get_cached_block(12)]
+    manager.allocate_slots(2, [11, 12, -5], num_tokens=6, num_computed_tokens=4,
+                           num_new_tokens=2, new_computed_blocks=hits)  # type: ignore[list-item]
+    # 13, freed first, makes room; the hits are not stored again; the new block extends
+    # 12; hashes are 64-bit
+    assert pool.events == [("R", 13), ("S", ((-5) & ((1 << 64) - 1),), 12)]
+
+
+def test_residency_is_observed_when_a_block_is_popped_for_another() -> None:
+    now = [0.0]
+    seen: list[tuple[str, float]] = []
+    pool = BlockPool(3)
+    pool.residency = Residency(lambda: now[0], lambda name, v: seen.append((name, v)))
+    (block,) = pool.allocate(1)  # born at 0
+    now[0] = 2.0
+    pool.cache_full_blocks([block], [7], 0, 1)
+    pool.free_blocks([block])
+    for t in (3.0, 3.5):  # two prefix hits
+        now[0] = t
+        pool.touch([block])
+        pool.free_blocks([block])
+    now[0] = 10.0
+    pool.allocate(2)  # the free queue: the never-used block, then ours
+    assert seen == [("kv_block_lifetime_seconds", 10.0),
+                    ("kv_block_idle_before_evict_seconds", 6.5),
+                    ("kv_block_reuse_gap_seconds", 0.5)]

@@ -1,21 +1,31 @@
 """The demo tells its story: run each demo server in simulated time, scrape its /metrics
 every second through the real tracker and detector, and check that only "leaky" is
-flagged, within two minutes. And the fleet itself: its ports given at once, served once
-asked, and gone when the block ends, whether or not anyone asked."""
+flagged, within two minutes, and that only its KV events give exact leak evidence, within
+three. And the fleet itself: its ports and KV event endpoints given at once, served once
+asked (a subscriber that came first included), and gone when the block ends, whether or not
+anyone asked."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import socket
 import threading
 import time
 
 import httpx
+import msgspec
 import pytest
 
+from kvtop.collect.kv_events import KvEventBatch, decode_batch
+from kvtop.collect.kv_feed import KvEventsFeed
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive.kv_anatomy import KvAnatomy
 from kvtop.derive.tracker import TargetTracker
 from kvtop.sim.demo import NAMES, STOP_TIMEOUT_S, demo_configs, demo_fleet
 from kvtop.sim.exposition import render
+from kvtop.sim.kv_publisher import _event
 from kvtop.sim.simulation import Simulation
 from kvtop.sim.workloads import make_workload
 
@@ -39,6 +49,45 @@ def states_over(name: str, seconds: int) -> list[str]:
     return states
 
 
+def kv_evidence_over(name: str, seconds: int) -> list[tuple[str, int | None]]:
+    """(exact leak evidence state, leaked blocks) each 30 s, from the demo server's KV
+    events as its publisher encodes them (a restart a new sequence, as the subscriber
+    tells it)."""
+    config = dict(demo_configs())[name]
+    engine = dataclasses.replace(config.engine, kv_events=True)
+    requests = make_workload(config.workload, seed=config.seed, block_size=engine.block_size,
+                             **config.workload_params)
+    simulation = Simulation(engine, requests, config.faults, seed=config.seed,
+                            wall_clock=lambda: T0)
+    anatomy, encoder, seq, seen = KvAnatomy(), msgspec.msgpack.Encoder(), 0, simulation.engine
+    found, restart = [], False
+    for second in range(seconds):
+        simulation.advance_to(float(second))
+        restart |= simulation.engine is not seen  # told with the new engine's first batch
+        seen = simulation.engine
+        while simulation.engine.kv_batches:
+            clock, events = simulation.engine.kv_batches.popleft()
+            decoded = decode_batch(encoder.encode(
+                [clock, [_event(e, engine.block_size) for e in events], 0]))
+            anatomy.fold(KvEventBatch(t=T0 + second, rank=0, seq=seq, ts=decoded.ts,
+                                      events=tuple(decoded.events), restart=restart))
+            seq, restart = seq + 1, False
+        if second % 30 == 29:
+            stats = anatomy.stats(T0 + second, engine.num_gpu_blocks - 1)
+            found.append((stats.leak, stats.leaked_blocks))
+    return found
+
+
+def test_only_the_leaky_demo_server_shows_exact_leak_evidence_within_three_minutes() -> None:
+    """The second witness tells the demo's story too: the leaky server's blocks outlive
+    three turnovers of its pool by t=180 s; every other server's are all used."""
+    leaky = kv_evidence_over("leaky", 180)
+    assert leaky[-1][0] == "evidence" and (leaky[-1][1] or 0) > 0
+    assert all(state == "too_early" for state, _ in leaky[:3])  # the leak began at 30 s
+    for name in ("mooncake", "prefix-heavy", "restarts"):
+        assert {state for state, _ in kv_evidence_over(name, 240)} <= {"too_early", "none"}
+
+
 def test_leaky_goes_ok_watch_leak_within_two_minutes() -> None:
     states = states_over("leaky", 120)
     assert "ok" in states[:30]
@@ -57,7 +106,7 @@ def _fleet_threads() -> list[threading.Thread]:
 
 
 def test_the_fleet_answers_once_asked_and_stops_with_the_block() -> None:
-    with demo_fleet() as targets:
+    with demo_fleet() as (targets, _):
         assert [t.label for t in targets] == list(NAMES)
         # the first request waits in the listen queue while the simulator starts
         answers = [httpx.get(t.url, timeout=30) for t in targets]
@@ -75,3 +124,40 @@ def test_a_fleet_nobody_asked_ends_with_its_block() -> None:
     # woken, not left to the join's timeout (which would hold every demo's exit)
     assert time.monotonic() - started < STOP_TIMEOUT_S
     assert _fleet_threads() == []
+
+
+async def _first_batches(targets: list[Target], feed: KvEventsFeed) -> dict[str, int]:
+    """Subscribe first, then ask each server (the simulator starts on the first request):
+    stored blocks per target once every one has published some."""
+    stored: dict[str, int] = {}
+
+    def count(item: object) -> None:
+        batch = item.batch  # type: ignore[attr-defined]
+        stored[item.target.url] = stored.get(item.target.url, 0) + sum(  # type: ignore[attr-defined]
+            len(e.hashes) for e in batch.events if type(e).__name__ == "BlockStored")
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(feed.run(count, stop=stop))
+    async with httpx.AsyncClient() as client:
+        for target in targets:
+            await client.get(target.url, timeout=30)
+    deadline = time.monotonic() + 60
+    while len([n for n in stored.values() if n]) < len(targets):
+        assert time.monotonic() < deadline, f"KV events from {sorted(stored)} only"
+        await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    return stored
+
+
+def test_every_demo_server_publishes_on_the_endpoint_named_before_it_ran() -> None:
+    with demo_fleet() as fleet:
+        assert sorted(fleet.kv_events) == sorted(t.url for t in fleet.targets)
+        feed = KvEventsFeed(fleet.targets, fleet.kv_events)
+        stored = asyncio.run(_first_batches(fleet.targets, feed))
+        assert all(stored[t.url] > 0 for t in fleet.targets)
+        assert {c.error for c in feed.channels.values()} == {None}
+        endpoint = next(iter(fleet.kv_events.values()))
+    port = int(endpoint.url.rsplit(":", 1)[1])
+    with pytest.raises(ConnectionRefusedError):  # its sockets are closed with it
+        socket.create_connection(("127.0.0.1", port), timeout=5)

@@ -248,3 +248,47 @@ async def test_routes_as_vllm_033_has_them_and_the_name_filter() -> None:
             answer = await client.get(f"{server.url}/metrics/", params={"name[]": names[0]})
             assert answer.status_code == 200 and answer.content == b""
             assert parse((await client.get(f"{server.url}/metrics/")).text)
+
+
+async def test_kv_events_count_every_block_the_pool_stored_and_removed() -> None:
+    """The simulator publishes its pool's KV events as vLLM does; kvtop's subscriber and
+    anatomy count exactly what the pool did, and /metrics has the residency histograms."""
+    from kvtop.collect.kv_endpoint import parse_endpoint
+    from kvtop.collect.kv_events import KvEventBatch
+    from kvtop.collect.kv_subscriber import KvEventsSubscriber
+    from kvtop.derive.kv_anatomy import KvAnatomy
+
+    config = SimConfig(engine=EngineConfig(num_gpu_blocks=150, kv_cache_metrics=True),
+                       speed=20.0, kv_events_port=0, seed=3)
+    anatomy, batches = KvAnatomy(), []
+
+    def fold(batch: KvEventBatch) -> None:
+        batches.append(batch)
+        anatomy.fold(batch)
+
+    async with SimFleet([config]) as fleet:
+        server = fleet.servers[0]
+        assert server.kv_events is not None
+        endpoint = parse_endpoint(server.kv_events.url, replay=server.kv_events.replay_url)
+        subscriber = KvEventsSubscriber(endpoint, fold)
+        stop = asyncio.Event()
+        task = asyncio.create_task(subscriber.run(stop))
+        pool = lambda: server.simulation.engine.pool  # noqa: E731
+        await eventually(lambda: pool().removed_blocks > 300, "a few pool turnovers")
+        assert server._driver is not None
+        server._driver.cancel()  # the pool stands still from here
+        await asyncio.gather(server._driver, return_exceptions=True)
+        server.publish_kv_events()
+        await eventually(lambda: batches and batches[-1].seq == server.kv_events.seq - 1,
+                         "every batch delivered")
+        async with httpx.AsyncClient() as client:
+            parsed = await scrape(client, server)
+        stop.set()
+        await task
+    stats = anatomy.stats(0.0, pool().usable_blocks)
+    assert stats.stored_total == pool().stored_blocks
+    assert stats.removed_total == pool().removed_blocks
+    assert stats.population == pool().num_cached_hashes()
+    assert stats.lost_batches == stats.malformed == 0 and stats.removed_unknown == 0
+    lifetimes = parsed["vllm:kv_block_lifetime_seconds_count"]
+    assert one(parsed, "vllm:kv_block_lifetime_seconds_count") > 0 and len(lifetimes) == 1

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from kvtop.collect.kv_events import AllCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
 from kvtop.collect.target import Scrape, Secret, Target
 from kvtop.safe_text import display_text
-from kvtop.store.format import MAX_LINE_BYTES, MAX_T, MiB
+from kvtop.store.format import MAX_LINE_BYTES, MAX_RECORDED_HASHES, MAX_T, MiB
 from kvtop.store.reader import (
     BIG_LINE_BYTES,
     MAX_TARGETS,
@@ -40,6 +41,7 @@ from kvtop.store.recording import (
     RecordingError,
     RecordingExists,
     RecordingWriter,
+    TargetKvEvents,
     parse_size,
     read_recording,
     size_text,
@@ -816,3 +818,89 @@ def test_nothing_is_written_or_counted_after_close(tmp_path: Path) -> None:
     writer.write(Scrape(Target(URL), T0, body=BODY))
     writer.flush()
     assert (writer.written, writer.unrecorded, path.stat().st_size) == (0, 0, size)
+
+
+# -- KV event lines (docs/recording-format.md, "KV events") --------------------------------
+
+def kv_batch(t: float, seq: int, *events: KvEvent, **marks: object) -> KvEventBatch:
+    return KvEventBatch(t=t, rank=0, seq=seq, ts=t - 0.01, events=events,
+                        **marks)  # type: ignore[arg-type]
+
+
+def test_kv_event_batches_round_trip_in_their_place_among_scrapes(tmp_path: Path) -> None:
+    target = Target.from_spec("127.0.0.1:8000")
+    path = tmp_path / "r.jsonl.gz"
+    batches = [kv_batch(T0 + 0.5, 3, BlockStored((1, (1 << 64) - 1), None, 32, 16, "GPU"),
+                        BlockStored((2,), 1, 16, 16, None), BlockRemoved((1,), "CPU"),
+                        AllCleared()),
+               kv_batch(T0 + 1.5, 9, lost=5, restart=True, unknown=2),
+               kv_batch(T0 + 2.5, 10, malformed=True, problem="not a KV event batch (x)")]
+    with RecordingWriter(path, interval_s=1.0, targets=[target]) as writer:
+        writer.write(Scrape(target, T0, body=BODY))
+        for batch in batches:
+            writer.write_kv_events(batch, target)
+        writer.write(Scrape(target, T0 + 2.0, body=BODY))
+    file = open_recording(path)
+    assert (file.count, file.kv_event_batches, file.warnings) == (2, 3, [])
+    items = list(file.items_in_time_order())
+    assert [type(i).__name__ for i in items] == ["Scrape", "TargetKvEvents", "TargetKvEvents",
+                                                 "Scrape", "TargetKvEvents"]
+    assert [i.batch for i in items if isinstance(i, TargetKvEvents)] == batches
+    assert all(i.target.url == target.url for i in items)
+    assert list(file.in_time_order()) == [i for i in items if isinstance(i, Scrape)]
+    assert read_recording(path).kv_events == [i for i in items
+                                              if isinstance(i, TargetKvEvents)]
+
+
+def test_a_batch_too_large_to_read_back_is_written_malformed(tmp_path: Path) -> None:
+    target = Target.from_spec("127.0.0.1:8000")
+    path = tmp_path / "r.jsonl"
+    with RecordingWriter(path, interval_s=1.0, targets=[target]) as writer:
+        big = BlockStored(tuple(range(MAX_RECORDED_HASHES + 1)), None, 16, 16, "GPU")
+        writer.write_kv_events(kv_batch(T0, 0, big), target)
+        most = BlockStored(tuple(range(MAX_RECORDED_HASHES)), None, 16, 16, "GPU")
+        writer.write_kv_events(kv_batch(T0, 1, most), target)
+    first, second = read_recording(path).kv_events
+    assert first.batch.malformed and first.batch.events == ()
+    assert first.batch.problem == (f"a batch of {MAX_RECORDED_HASHES + 1:,} block hashes is "
+                                   "too large to record")
+    assert not second.batch.malformed and second.batch.events == (most,)
+
+
+def kv_line(**changes: object) -> dict[str, object]:
+    line: dict[str, object] = {"kind": "kv_events", "t": T0, "target": URL, "rank": 0,
+                               "seq": 1, "ts": T0, "events": [["S", [1], None, 16, 16, "GPU"]],
+                               "unknown": 0, "malformed": False, "lost": 0, "restart": False}
+    return line | changes
+
+
+@pytest.mark.parametrize("changes, why", [
+    ({"target": 5}, '"target" is not a URL of at most 4096 characters'),
+    ({"t": "now"}, '"t" is not a time (unix seconds, 0 to 1e+10)'),
+    ({"rank": -1}, 'KV events: "rank" or "seq" is not a whole number in range'),
+    ({"seq": 2**63 + 1}, 'KV events: "rank" or "seq" is not a whole number in range'),
+    ({"ts": "x"}, 'KV events: "ts" is not a number'),
+    ({"events": {}}, 'KV events: "events" is not a list of at most 65,536 events'),
+    ({"events": [["S", [2**64], None, 16, 16, "GPU"]]}, "KV events: event 1 is not a KV event"),
+    ({"events": [["C"], ["R", [1, "2"], None]]}, "KV events: event 2 is not a KV event"),
+    ({"events": [["S", [1], -1, 16, 16, None]]}, "KV events: event 1 is not a KV event"),
+    ({"events": [["S", [1], None, 16, 16, 7]]}, "KV events: event 1 is not a KV event"),
+    ({"events": [["X"]]}, "KV events: event 1 is not a KV event"),
+    ({"lost": -3}, 'KV events: "unknown", "lost", "malformed" or "restart" is not of its kind'),
+    ({"restart": 1}, 'KV events: "unknown", "lost", "malformed" or "restart" is not of its kind'),
+])
+def test_a_kv_events_line_that_is_not_one_is_skipped_with_why(
+        tmp_path: Path, changes: dict, why: str) -> None:
+    path = lines_file(tmp_path, kv_line(**changes), {"t": T0, "target": URL, "body": BODY})
+    file = open_recording(path)
+    assert (file.count, file.kv_event_batches, file.skipped) == (1, 0, 1)
+    assert file.warnings == [f"line 2: {why}; skipped"]
+
+
+def test_kv_event_lines_count_in_the_time_checks_of_every_pass(tmp_path: Path) -> None:
+    """A batch stamped far ahead makes a later scrape 'late' whether or not events are read,
+    so the checking pass and every streaming pass agree line for line."""
+    path = lines_file(tmp_path, kv_line(t=T0 + 10_000), {"t": T0, "target": URL, "body": BODY})
+    file = open_recording(path)
+    assert (file.count, file.kv_event_batches, file.skipped) == (0, 1, 1)
+    assert list(file.in_time_order()) == [] and len(list(file.items_in_time_order())) == 1

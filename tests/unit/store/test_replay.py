@@ -357,3 +357,26 @@ async def test_pausing_stops_the_clock_where_it_is() -> None:
         source.toggle_pause()  # wakes the sleeping replay, which stops its clock
         await eventually(lambda: source.now() > 0.0, "the clock advanced to the pause")
         assert 0.0 < source.now() < 0.5 and player.seen == [0.0]
+
+
+async def test_kv_event_batches_are_delivered_in_their_place_when_asked() -> None:
+    from kvtop.collect.kv_events import KvEventBatch
+    from kvtop.store.recording import TargetKvEvents
+
+    events = [TargetKvEvents(TARGET, KvEventBatch(t=t, rank=0, seq=i))
+              for i, t in enumerate((0.5, 1.5))]
+    recorded = Recording({"format": "kvtop-recording", "version": 1, "interval_s": 1.0},
+                         [Scrape(TARGET, t, body="x 1\n") for t in (0.0, 1.0, 2.0)],
+                         kv_events=events)
+    order: list[str] = []
+    source = ReplaySource(recorded, speed=1000.0,
+                          on_kv_events=lambda e: order.append(f"e{e.t}"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(lambda s: order.append(f"s{s.t}"), stop=stop))
+    await eventually(lambda: len(order) == 5, "scrapes and batches delivered")
+    stop.set()
+    await task
+    assert order == ["s0.0", "e0.5", "s1.0", "e1.5", "s2.0"]
+    plain: list[float] = []
+    await run_until(ReplaySource(recorded, speed=1000.0), plain, 3)  # not asked: scrapes only
+    assert plain == [0.0, 1.0, 2.0]

@@ -40,11 +40,11 @@ def test_narrow_terminal_keeps_the_essential_columns() -> None:
     assert [c.key for c in visible_columns(76)] == [
         "name", "status", "kv", "leak", "running", "waiting", "gen"]
     # where every column kept fits at full width, none is narrowed
-    assert [c.width for c in visible_columns(120)] == [16, 11, 17, 12, 4, 4, 5, 5, 6, 7, 11]
-    assert {c.pad for c in visible_columns(112)} == {2}
-    assert [c.width for c in visible_columns(111)][:4] == [16, 11, 15, 9]  # a hair narrower
-    assert {c.pad for c in visible_columns(111)} == {1}
-    assert len(visible_columns(220)) == 12
+    assert [c.width for c in visible_columns(130)] == [16, 11, 17, 12, 4, 4, 8, 5, 5, 6, 7, 11]
+    assert {c.pad for c in visible_columns(122)} == {2}  # PP t/s gone, the rest at full width
+    assert [c.width for c in visible_columns(121)][:4] == [16, 11, 15, 9]  # a hair narrower
+    assert {c.pad for c in visible_columns(121)} == {1}
+    assert len(visible_columns(220)) == 13
     assert [c.key for c in visible_columns(10)] == ["name", "status", "kv", "leak"]
 
 
@@ -66,7 +66,8 @@ def test_a_narrowed_column_shows_the_short_form_not_a_cut() -> None:
 
 def test_unknown_values_are_dashes_never_zero() -> None:
     [row] = build_rows([_up("h:1", EngineStats("m", None, NOW))], NOW)
-    for key in ("kv", "leak", "running", "waiting", "preempt", "hit", "prompt", "gen", "ttft"):
+    for key in ("kv", "leak", "running", "waiting", "limit", "preempt", "hit", "prompt", "gen",
+                "ttft"):
         assert row.cells[key].text == fmt.DASH
 
 
@@ -155,3 +156,28 @@ def test_leak_cell_says_state_and_slope() -> None:
     assert (leak_cell(WARMUP).text, leak_cell(WARMUP).level) == ("WARMUP", "dim")
     assert leak_cell(None).text == fmt.DASH  # a server the detector does not judge
     assert len(leak_cell(replace(WATCHING, slope_blocks_per_hour=123_456.0)).text) <= 13
+
+
+def test_the_limit_column_says_what_holds_the_queue_loudly_and_the_rest_quietly() -> None:
+    from kvtop.derive.verdicts import LimitVerdict
+    from kvtop.view.cells import limit_cell
+
+    def cell(limit: str) -> Cell:
+        return limit_cell(EngineStats("m", "0", NOW, limit=LimitVerdict(limit, "why")))  # type: ignore[arg-type]
+
+    assert cell("kv_capacity") == Cell("KV cap", "warn")
+    assert cell("max_sequences") == Cell("max seqs", "warn")
+    assert cell("token_budget") == Cell("budget", "warn")
+    assert cell("kv_transfer") == Cell("KV xfer", "warn")
+    assert cell("sleeping") == Cell("asleep", "warn")
+    assert cell("none") == Cell("none", "dim")  # known: nothing waits
+    assert cell("unknown") == Cell("unknown", "dim")  # no waiting count: said, not hidden
+    assert all(len(cell(word).text) <= 8 for word in ("deferred", "kv_capacity", "unknown"))
+
+
+def test_the_limit_column_needs_86_cells_and_sits_after_the_queue_it_explains() -> None:
+    """Dropped before HIT and GEN t/s (80 columns keep the rates), shown narrowed as soon as
+    it fits, before PRE/s and TTFT."""
+    assert "limit" not in [c.key for c in visible_columns(85)]
+    assert [c.key for c in visible_columns(86)] == [
+        "name", "status", "kv", "leak", "running", "waiting", "limit", "hit", "gen"]

@@ -126,6 +126,36 @@ def test_a_baseline_is_a_dim_level_at_its_median_on_the_pool_now() -> None:
     assert kv_pane(history[-1], history, NOW, SPAN).chart.rules == ()
 
 
+def test_the_cache_goes_beside_the_charts_and_its_evidence_over_them() -> None:
+    """The exact leak evidence is its own line after the leak verdict's (never merged into
+    it); the cache pane's lines, its blocks-a-second chart and its one-line form come with
+    the view; the channel of a target whose engine has sent nothing says so."""
+    from kvtop.collect.kv_endpoint import KvChannel, KvEventsEndpoint
+    from tests.scenarios.kv_cache import kv_event_stats
+
+    found = kv_event_stats(leak="evidence", leaked_blocks=31, turnovers=3.5)
+    stats = EngineStats("m", "0", NOW, kv_usage=0.2, blocks_total=999, blocks_used=200,
+                        leak=LeakVerdict("ok", "nothing leaked", None, None, None),
+                        kv_events=found)
+    state = TargetState(Target.from_spec("h:1"), "up", kind="vllm", engines=[stats],
+                        last_good_t=NOW)
+    [row] = build_rows([state], NOW)
+    view = engine_view(row, state, [stats], NOW, SPAN)
+    lines = _text(view.lines)
+    at = next(i for i, line in enumerate(lines) if line.startswith("leak OK"))
+    assert lines[at + 1].startswith("KV events EVIDENCE 31 blocks")  # beside OK, not in it
+    assert _text(view.cache)[0] == "limit  not judged"
+    assert [p.key for p in view.panes][-1] == "cache"
+    assert _text(view.facts)[0] == "cache reuse 10% of chains  exact EVIDENCE 31 blocks"
+    state.kv_channel = KvChannel(KvEventsEndpoint("tcp://h:5557"))
+    silent = EngineStats("m", "0", NOW, kv_usage=0.2)
+    state.engines = [silent]
+    [row] = build_rows([state], NOW)
+    view = engine_view(row, state, [silent], NOW, SPAN)
+    assert "blocks KV events: waiting for tcp://h:5557" in _text(view.cache)
+    assert "cache" not in [p.key for p in view.panes]  # no sparkline row without events
+
+
 def test_the_figures_under_the_sparklines_say_what_their_numbers_leave_out() -> None:
     from kvtop.derive.stats import Quantiles
     from kvtop.view.engine import fact_lines

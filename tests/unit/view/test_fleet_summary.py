@@ -62,6 +62,18 @@ def test_summary_counts_and_sort_puts_leaks_first() -> None:
     assert names[:2] == ["b:1", "c:1"]
 
 
+def test_the_header_counts_the_engines_each_limit_holds_back() -> None:
+    from kvtop.derive.verdicts import LimitVerdict
+
+    def held(limit: str) -> EngineStats:
+        return EngineStats("m", None, NOW, limit=LimitVerdict(limit, "why"))  # type: ignore[arg-type]
+
+    down = TargetState(Target.from_spec("h:9"), "down", engines=[held("kv_capacity")])
+    summary = summarise([_up("h:1", held("kv_capacity"), held("none")),
+                         _up("h:2", held("max_sequences"), held("kv_capacity")), down])
+    assert summary.limits == (("KV", 2), ("seqs", 1))  # a down server's last values: not
+
+
 def test_a_server_that_stopped_answering_leaves_the_fleet_s_sums_at_once() -> None:
     # its last numbers stay in its own dimmed row, never in the header for a minute more
     stats = EngineStats("m", None, NOW - 3, blocks_used=80, blocks_total=100, running=7,

@@ -66,3 +66,27 @@ def test_a_label_name_and_value_are_shown_through_the_boundary() -> None:
         assert "\x1b" not in mode_label(mode) and "\x9b" not in mode_label(mode)
         assert mode_label(mode).startswith("a") and "[/]" in mode_label("label:a[/]")
         assert group_value(row, mode) == "v\\x1b[2J"
+
+
+def test_a_groups_limit_is_the_one_holding_most_members_back() -> None:
+    from kvtop.derive.stats import EngineStats
+    from kvtop.derive.tracker import TargetState
+    from kvtop.derive.verdicts import LimitVerdict
+    from kvtop.view import format as fmt
+    from kvtop.view.cells import Cell
+    from kvtop.view.fleet import build_rows
+    from kvtop.view.groups import group_cells
+
+    def state(port: int, *limits: str) -> TargetState:
+        engines = [EngineStats("m", str(i), T0, limit=LimitVerdict(limit, "why"))  # type: ignore[arg-type]
+                   for i, limit in enumerate(limits)]
+        return TargetState(Target.from_spec(f"h:{port}"), "up", kind="vllm", engines=engines,
+                           last_good_t=T0)
+
+    held = build_rows([state(1, "kv_capacity", "none"), state(2, "kv_capacity",
+                                                             "max_sequences")], T0)
+    assert group_cells("g", held)["limit"] == Cell("KV 2", "warn")
+    calm = build_rows([state(1, "none"), state(2, "none")], T0)
+    assert group_cells("g", calm)["limit"] == Cell("none", "dim")
+    mixed = build_rows([state(1, "none"), state(2, "unknown")], T0)
+    assert group_cells("g", mixed)["limit"] == Cell(fmt.DASH, "dim")

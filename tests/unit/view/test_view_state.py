@@ -76,6 +76,12 @@ def test_worst_first_is_marked_on_the_status_column() -> None:
     assert view.sort_column == "kv"
 
 
+def test_a_sort_by_waiting_is_marked_on_wait_though_a_limit_click_asks_for_it() -> None:
+    view = ViewState()
+    view.sort_by("waiting")
+    assert view.sort_column == "waiting"  # the queue's own column, not LIMIT's
+
+
 def test_the_search_narrows_the_rows_and_the_arranged_rows_follow_the_sort() -> None:
     view = ViewState()
     rows = _rows(12)

@@ -13,6 +13,7 @@ version from the server kept, engines past the cap counted."""
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 
@@ -32,6 +33,8 @@ from kvtop.collect.reading import EngineReading, ServerReading
 from tests.scenarios.exposition import sglang_ranks, trt
 from tests.scenarios.readings import only
 from tests.support.paths import FIXTURES, fixture_text
+
+INF = math.inf
 
 
 def only_engine(reading: ServerReading) -> EngineReading:
@@ -69,6 +72,32 @@ def check_033_leaking(e: EngineReading) -> None:
     assert e.blocks_total == 999 and round(e.kv_usage * e.blocks_total) == 999 - 172
     assert (e.running, e.waiting) == (0, 0)
     assert (e.prefix_queries_total, e.prefix_hits_total) == (52105, 0)
+
+
+def check_033_served_residency(e: EngineReading) -> None:
+    """The served twin with --kv-cache-metrics --kv-cache-metrics-sample 1.0 (INDEX.md)."""
+    assert e.blocks_total == 299 and e.tokens_total == 4800  # num_gpu_blocks="300"
+    # num_requests_waiting_by_reason ... reason="capacity"} 0.0 and "deferred"} 0.0
+    assert e.waiting_by_reason == {"capacity": 0.0, "deferred": 0.0}
+    assert e.sleep_state == "awake"  # sleep_state="awake"} 1.0, the other two 0.0
+    assert e.kv_fetch_by_stage is None  # not a KV-transfer consumer: not exported, not 0
+    assert e.admission_rejections_total == {"max_num_queued_reqs": 0.0,
+                                            "max_num_queued_tokens": 0.0}
+    # prompt_tokens_by_source_total local_compute 37178, local_cache_hit 28160, external 0
+    assert e.prompt_tokens_by_source_total == {
+        "local_compute": 37178.0, "local_cache_hit": 28160.0, "external_kv_transfer": 0.0}
+    assert e.cached_tokens_by_tier_total == {"device": 28160.0, "host": 0.0, "p2p": 0.0,
+                                             "disk": 0.0, "external_unspecified": 0.0}
+    assert (e.external_queries_total, e.external_hits_total) == (0.0, 0.0)
+    assert e.prompt_lengths is not None and (e.prompt_lengths.count, e.prompt_lengths.sum) == (
+        200.0, 65338.0)
+    assert e.kv_computed is not None and e.kv_computed.sum == 37178.0
+    assert e.residency == "on"
+    assert e.block_lifetime is not None and e.block_idle is not None
+    # kv_block_lifetime_seconds_bucket{le="0.01"} 26.0 ... {le="+Inf"} 4631.0
+    assert e.block_lifetime.buckets[3] == (0.01, 26.0) and e.block_lifetime.count == 4631
+    assert e.block_idle.count == 4631
+    assert e.block_reuse_gap is not None and e.block_reuse_gap.buckets[-1] == (INF, 87.0)
 
 
 def check_0101_under_load(e: EngineReading) -> None:
@@ -141,6 +170,8 @@ EXPECTED = {
     "vllm-0.33.0-v1-twin-under-load.txt": ("vllm", "0.10.2+", check_033_under_load),
     "vllm-0.33.0-v1-twin-idle.txt": ("vllm", "0.10.2+", check_033_idle),
     "vllm-0.33.0-v1-twin-leaking-idle.txt": ("vllm", "0.10.2+", check_033_leaking),
+    "vllm-0.33.0-v1-twin-served-kv-cache-metrics.txt": ("vllm", "0.10.2+",
+                                                        check_033_served_residency),
     "vllm-0.10.1.1-v1-twin-under-load.txt": ("vllm", "0.9.2+", check_0101_under_load),
     "vllm-0.10.1.1-v1-twin-idle.txt": ("vllm", "0.9.2+", check_0101_idle),
     "vllm-0.10.1.1-v1-twin-leaking-idle.txt": ("vllm", "0.9.2+", check_0101_leaking),
@@ -441,3 +472,118 @@ def test_engines_past_the_cap_are_counted(kind: str) -> None:
     reading = read_exposition(text)
     assert (reading.kind, len(reading.engines), reading.engines_over_cap) == (
         kind, MAX_ENGINES, 3)
+
+
+# -- KV anatomy families (docs/kv-anatomy.md) ---------------------------------------------
+
+RESIDENCY_FIXTURE = "vllm-0.33.0-v1-twin-served-kv-cache-metrics.txt"
+
+
+def without_residency(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if "kv_block_" not in line) + "\n"
+
+
+@pytest.mark.parametrize("version, state", [
+    ("0.12.0", "off"),  # the first release with --kv-cache-metrics: the flag is off
+    ("0.33.0", "off"),
+    ("0.11.2", None),  # before it: not in this version, never "off"
+    (None, None),  # an inferred era ("0.10.2+") cannot tell
+])
+def test_residency_without_the_histograms_is_off_only_where_the_version_has_them(
+        version: str | None, state: str | None) -> None:
+    text = without_residency(fixture_text(RESIDENCY_FIXTURE))
+    e = only_engine(read_exposition(text, version=version))
+    assert e.residency == state
+    assert e.block_lifetime is None and e.block_idle is None and e.block_reuse_gap is None
+
+
+def test_families_an_older_vllm_lacks_are_none_not_zero() -> None:
+    e = only_engine(read_exposition(fixture_text("vllm-0.29.0-v1-inferstack-t4-capture.txt")))
+    # 0.29 has waiting reasons and sources, but no tiers (0.32+) and no rejections (0.32+)
+    assert e.cached_tokens_by_tier_total is None and e.admission_rejections_total is None
+    e = only_engine(read_exposition(fixture_text("vllm-0.10.1.1-v1-twin-idle.txt")))
+    assert (e.waiting_by_reason, e.prompt_tokens_by_source_total, e.sleep_state,
+            e.residency, e.kv_computed) == (None, None, None, None, None)
+
+
+def sleep_body(awake: float, offloaded: float, discarded: float) -> str:
+    line = 'vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="{}"}} {}\n'
+    return ('vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+            + line.format("awake", awake) + line.format("weights_offloaded", offloaded)
+            + line.format("discard_all", discarded))
+
+
+@pytest.mark.parametrize("values, state", [
+    ((1.0, 0.0, 0.0), "awake"),
+    ((0.0, 1.0, 0.0), "weights_offloaded"),
+    ((0.0, 0.0, 1.0), "discard_all"),
+    ((0.0, 1.0, 1.0), "discard_all"),  # the deepest level set wins
+    ((0.0, 0.0, 0.0), None),  # none set: the server does not say
+])
+def test_the_sleep_state_is_the_deepest_level_set(values: tuple[float, float, float],
+                                                 state: str | None) -> None:
+    assert only_engine(read_exposition(sleep_body(*values))).sleep_state == state
+
+
+def test_a_server_inventing_reasons_keeps_seven_and_sums_the_rest_as_other() -> None:
+    lines = ['vllm:num_requests_running{engine="0",model_name="m"} 1.0']
+    lines += [f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="m",'
+              f'reason="r{i}{"x" * 60}"}} 1.0' for i in range(20)]
+    reasons = only_engine(read_exposition("\n".join(lines) + "\n")).waiting_by_reason
+    assert reasons is not None and len(reasons) == 8
+    assert reasons["other"] == 13.0 and sum(reasons.values()) == 20.0
+    assert all(len(name) <= 40 for name in reasons)
+
+
+def test_kv_fetch_stages_are_read_per_engine() -> None:
+    body = ('vllm:num_requests_running{engine="1",model_name="m"} 0.0\n'
+            'vllm:num_requests_kv_fetch_by_stage{engine="1",model_name="m",'
+            'stage="in_progress"} 3.0\n'
+            'vllm:num_requests_kv_fetch_by_stage{engine="1",model_name="m",'
+            'stage="waiting_to_start"} 2.0\n')
+    e = only_engine(read_exposition(body))
+    assert e.kv_fetch_by_stage == {"in_progress": 3.0, "waiting_to_start": 2.0}
+
+
+@pytest.mark.parametrize("field, line", [
+    ("waiting_by_reason",
+     'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} -2.0'),
+    ("cached_tokens_by_tier_total",
+     'vllm:prompt_tokens_cached_by_source_total{engine="0",model_name="m",source="host"} -1.0'),
+])
+def test_a_negative_count_in_a_family_leaves_the_family_out(field: str, line: str) -> None:
+    body = 'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n' + line + "\n"
+    reading = read_exposition(body)
+    assert getattr(only_engine(reading), field) is None
+    assert reading.impossible_values == 1 and field in reading.notes[0]
+
+
+def test_external_hits_above_lookups_are_left_out() -> None:
+    body = ('vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+            'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 10.0\n'
+            'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 11.0\n')
+    e = only_engine(read_exposition(body))
+    assert (e.external_queries_total, e.external_hits_total) == (None, None)
+
+
+def test_a_residency_histogram_going_down_is_left_out() -> None:
+    text = fixture_text(RESIDENCY_FIXTURE).replace(
+        'kv_block_lifetime_seconds_bucket{engine="0",le="0.02",model_name="twin-llama"} 110.0',
+        'kv_block_lifetime_seconds_bucket{engine="0",le="0.02",model_name="twin-llama"} 1.0')
+    e = only_engine(read_exposition(text, version="0.33.0"))
+    assert e.block_lifetime is None and e.block_idle is not None
+
+
+def test_llamacpp_deferred_requests_wait_for_a_slot() -> None:
+    e = only_engine(read_exposition("llamacpp:requests_processing 4\n"
+                                    "llamacpp:requests_deferred 3\n"))
+    assert e.waiting_by_reason == {"slots": 3.0}
+    e = only_engine(read_exposition("llamacpp:requests_processing 4\n"))
+    assert e.waiting is None and e.waiting_by_reason is None
+
+
+def test_sglang_evicted_tokens_are_read() -> None:
+    body = ('sglang:num_running_reqs{model_name="m"} 1.0\n'
+            'sglang:evicted_tokens_total{model_name="m",tp_rank="0"} 300.0\n'
+            'sglang:evicted_tokens_total{model_name="m",tp_rank="1"} 300.0\n')
+    assert only_engine(read_exposition(body)).evicted_tokens_total == 600.0

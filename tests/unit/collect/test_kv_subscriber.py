@@ -1,0 +1,224 @@
+"""The KV-events subscriber against a real ZeroMQ publisher on 127.0.0.1 speaking vLLM's
+protocol (tests/fakes/kv_publisher.py): batches delivered whole and in order, a late join
+caught up from replay, gaps filled from replay or delivered as lost, a restart told, and
+ranks on consecutive ports. The hostile side (floods, garbage, huge messages) is
+tests/hostile/test_kv_events.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from kvtop.collect.kv_endpoint import KvEventsEndpoint, parse_endpoint
+from kvtop.collect.kv_events import BlockRemoved, BlockStored, KvEventBatch
+from kvtop.collect.kv_subscriber import KvEventsSubscriber
+from tests.fakes.kv_publisher import KvPublisher, removed, stored
+
+
+class Run:
+    def __init__(self, subscriber: KvEventsSubscriber, batches: list[KvEventBatch]) -> None:
+        self.subscriber, self.batches = subscriber, batches
+
+    async def until(self, ok: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not ok():
+            assert asyncio.get_running_loop().time() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+
+    async def connected(self) -> None:
+        await self.until(lambda: all(s.state == "connected"
+                                     for s in self.subscriber.status()))
+
+    @property
+    def seqs(self) -> list[int]:
+        return [b.seq for b in self.batches]
+
+
+@contextlib.asynccontextmanager
+async def subscribed(endpoint: KvEventsEndpoint) -> AsyncIterator[Run]:
+    batches: list[KvEventBatch] = []
+    subscriber = KvEventsSubscriber(endpoint, batches.append)
+    stop = asyncio.Event()
+    task = asyncio.create_task(subscriber.run(stop))
+    run = Run(subscriber, batches)
+    try:
+        await run.until(lambda: bool(subscriber.status()))
+        yield run
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+@pytest.fixture
+def publisher() -> KvPublisher:
+    pub = KvPublisher()
+    yield pub  # type: ignore[misc]
+    pub.close()
+
+
+def endpoint_of(pub: KvPublisher, **kwargs: object) -> KvEventsEndpoint:
+    return parse_endpoint(pub.url, replay=pub.replay_url, **kwargs)  # type: ignore[arg-type]
+
+
+async def publish_until_seen(run: Run, pub: KvPublisher, events: list) -> int:
+    """A slow-joining SUB misses what was sent before it subscribed: publish until one
+    arrives (every one before is caught up from replay)."""
+    while True:
+        seq = pub.publish(events)
+        with contextlib.suppress(AssertionError):
+            await run.until(lambda seq=seq: seq in run.seqs, 0.2)  # type: ignore[misc]
+            return seq
+
+
+async def test_batches_arrive_decoded_and_in_order(publisher: KvPublisher) -> None:
+    async with subscribed(endpoint_of(publisher)) as run:
+        await run.connected()
+        first = await publish_until_seen(run, publisher, [stored([1, 2], None)])
+        publisher.publish([stored([3], 2)])
+        publisher.publish([removed([1])])
+        await run.until(lambda: len(run.batches) == first + 3)
+    assert run.seqs == list(range(first + 3))  # what the join missed came from replay
+    last = run.batches[-2:]
+    assert last[0].events == (BlockStored((3,), 2, 16, 16, "GPU", None),)
+    assert last[1].events == (BlockRemoved((1,), "GPU"),)
+    assert all(b.lost == 0 and not b.restart and not b.malformed for b in run.batches)
+
+
+async def test_a_late_join_learns_what_the_replay_buffer_still_has(
+        publisher: KvPublisher) -> None:
+    for i in range(3):
+        publisher.publish([stored([i], None)])  # nobody listens yet
+    publisher.forget(1)  # and the buffer no longer has the first
+    async with subscribed(endpoint_of(publisher)) as run:
+        await run.connected()
+        seq = await publish_until_seen(run, publisher, [stored([9], None)])
+    assert publisher.replay_requests[0] == 0  # the join asked for everything from 0
+    assert run.seqs == list(range(1, seq + 1))  # from the oldest the buffer had
+    assert all(b.lost == 0 for b in run.batches)  # before kvtop listened: not lost
+    status = run.subscriber.status()[0]
+    assert (status.first_seq, status.lost, status.recovered) == (1, 0, 0)
+
+
+async def test_a_gap_is_filled_from_replay(publisher: KvPublisher) -> None:
+    async with subscribed(endpoint_of(publisher)) as run:
+        await run.connected()
+        first = await publish_until_seen(run, publisher, [stored([1], None)])
+        for i in range(5):  # dropped on the way, as a high-water mark drops them
+            publisher.publish([stored([10 + i], None)], send=False)
+        last = publisher.publish([removed([1])])
+        await run.until(lambda: last in run.seqs)
+    assert run.seqs == list(range(last + 1))
+    status = run.subscriber.status()[0]
+    assert (status.gaps, status.recovered, status.lost) == (1, 5, 0)
+    assert publisher.replay_requests[-1] == first + 1
+
+
+async def test_what_replay_no_longer_has_is_delivered_as_lost(publisher: KvPublisher) -> None:
+    async with subscribed(endpoint_of(publisher)) as run:
+        await run.connected()
+        first = await publish_until_seen(run, publisher, [stored([1], None)])
+        for i in range(6):
+            publisher.publish([stored([10 + i], None)], send=False)
+        publisher.forget(first + 3)  # the replay buffer lost the first two of those six
+        last = publisher.publish([removed([1])])
+        await run.until(lambda: last in run.seqs)
+    status = run.subscriber.status()[0]
+    assert (status.gaps, status.recovered, status.lost) == (1, 4, 2)
+    after_gap = run.batches[run.seqs.index(first + 3)]
+    assert after_gap.lost == 2  # carried by the first batch delivered after the hole
+
+
+async def test_without_a_replay_socket_the_whole_gap_is_lost() -> None:
+    pub = KvPublisher(replay=False)
+    try:
+        async with subscribed(parse_endpoint(pub.url)) as run:
+            await run.connected()
+            first = await publish_until_seen(run, pub, [stored([1], None)])
+            pub.publish([stored([2], None)], send=False)
+            pub.publish([stored([3], None)], send=False)
+            last = pub.publish([stored([4], None)])
+            await run.until(lambda: last in run.seqs)
+    finally:
+        pub.close()
+    assert run.batches[-1].lost == 2 and run.subscriber.status()[0].lost == 2
+    assert run.batches[0].seq == first  # the join had nothing to replay: not lost
+
+
+async def test_a_publisher_restart_is_told_on_its_first_batch(publisher: KvPublisher) -> None:
+    async with subscribed(endpoint_of(publisher)) as run:
+        await run.connected()
+        await publish_until_seen(run, publisher, [stored([1], None)])
+        publisher.publish([stored([2], 1)])
+        await run.until(lambda: len(run.batches) >= 2)
+        publisher.restart()
+        publisher.publish([stored([7], None)])  # seq 0 again
+        await run.until(lambda: run.batches[-1].seq == 0)
+    assert run.batches[-1].restart and run.batches[-1].lost == 0
+    assert run.subscriber.status()[0].restarts == 1
+
+
+async def test_ranks_listen_on_consecutive_ports() -> None:
+    base = KvPublisher()
+    try:
+        second = KvPublisher(port=base.port + 1, replay_port=(base.replay_port or 0) + 1)
+    except Exception:  # the next port was taken: nothing to test on this machine now
+        base.close()
+        pytest.skip("the port after an ephemeral one is in use")
+    try:
+        async with subscribed(endpoint_of(base, ranks=2)) as run:
+            await run.connected()
+            await publish_until_seen(run, base, [stored([1], None)])
+            seq = await publish_until_seen(run, second, [stored([2], None)])
+            await run.until(lambda: any(b.rank == 1 and b.seq == seq for b in run.batches))
+    finally:
+        second.close()
+        base.close()
+    assert {b.rank for b in run.batches} == {0, 1}
+    assert all(b.events[0].hashes == ((1,) if b.rank == 0 else (2,)) for b in run.batches)
+
+
+async def test_kvtop_can_listen_for_a_publisher_that_connects() -> None:
+    """vLLM connects when its endpoint names a host (tcp://kvtop-host:5557)."""
+    import zmq
+
+    from tests.fakes.kv_publisher import payload
+    from twin.serve import free_port
+
+    port = free_port()
+    endpoint = parse_endpoint(f"tcp://127.0.0.1:{port}", bind=True)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        async with subscribed(endpoint) as run:
+            await run.connected()
+            for seq in range(50):
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload([stored([seq])])])
+                await asyncio.sleep(0.01)
+                if run.batches:
+                    break
+            await run.until(lambda: bool(run.batches))
+    finally:
+        pub.close(0)
+        ctx.term()
+    assert run.batches[0].events[0].hashes == (run.batches[0].seq,)
+
+
+async def test_an_address_it_cannot_listen_on_is_an_error_not_a_hang() -> None:
+    """The rank's socket that failed to bind was left open and held the context's term()
+    forever (the app's KV worker, and a check, never ended)."""
+    import socket
+
+    import zmq
+
+    taken = socket.create_server(("127.0.0.1", 0))
+    try:
+        endpoint = parse_endpoint(f"tcp://127.0.0.1:{taken.getsockname()[1]}", bind=True)
+        subscriber = KvEventsSubscriber(endpoint, lambda batch: None)
+        with pytest.raises(zmq.ZMQError, match="Address already in use"):
+            await asyncio.wait_for(subscriber.run(asyncio.Event()), 5)
+    finally:
+        taken.close()
