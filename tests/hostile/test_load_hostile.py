@@ -103,8 +103,11 @@ def test_a_stream_line_that_never_ends_costs_bounded_memory(tmp_path: Path) -> N
     """One ``data:`` line without end at --rate 4: 41 MB -> 1.1 GB in 30 s before."""
     with served(HostileAPI("endless")) as api:
         proc = subprocess.Popen(
+            # --full-duration: the fake's static /metrics reads as a stall, which would
+            # stop the run early; the memory is measured over the whole 25 s
             [sys.executable, "-m", "kvtop", "rehearse", api.url, "--duration", "25s",
-             "--rate", "4", "--out", str(tmp_path / "out"), "--no-gpu", "--quiet"],
+             "--rate", "4", "--out", str(tmp_path / "out"), "--no-gpu", "--quiet",
+             "--full-duration"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
         samples = []
         deadline = time.monotonic() + 120
