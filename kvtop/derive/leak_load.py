@@ -108,7 +108,9 @@ def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
     explained = [_dot(coef, row) for row in rows]
     residual = [b.level - e for b, e in zip(usable, explained, strict=True)]
     # Buckets from before the last clean point held no leak: with the same fit, they are
-    # the "before" of a leak that began right after it (the window restarted there).
+    # the "before" of a leak that began right after it (the window restarted there) —
+    # those whose load the window's own buckets span (see `comparable`).
+    clean = comparable(clean, rows)
     earlier = [b.level - _dot(coef, _features(b, 0.0)) for b in clean]
     judged = earlier + residual
     split = best_split(judged, min_side)
@@ -132,6 +134,22 @@ def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
         explained_now=statistics.fmean(explained[-recent:]),
         in_flight_now=statistics.fmean(b.in_flight for b in usable[-recent:]),
         per_token=coef[0], noise=noise, buckets=len(usable), lost_tokens=lost)
+
+
+def comparable(clean: Sequence[LoadBucket], rows: Sequence[Sequence[float]]
+               ) -> list[LoadBucket]:
+    """The clean buckets whose every load feature lies within the range the window's
+    buckets (`rows`) span. The window's fit is a plane through the loads it saw; beyond
+    them it extrapolates, and the level is not linear in the load over a wide range. On a
+    healthy ramp from 0.5x to 1.9x the load (1,500 blocks), the buckets before a drain at
+    the ramp's foot, judged by the fit of the window after it, sat ~30 blocks (2 % of the
+    pool) below it — a step that was no leak and became a false LEAK. A fit of both sides
+    together does not help: the line bends, and its hinge then takes the bend."""
+    lows = [min(col) for col in zip(*rows, strict=True)]
+    highs = [max(col) for col in zip(*rows, strict=True)]
+    return [b for b in clean
+            if all(lo <= v <= hi for v, lo, hi in zip(_features(b, 0.0), lows, highs,
+                                                       strict=True))]
 
 
 def _features(bucket: LoadBucket, lost: float) -> list[float]:

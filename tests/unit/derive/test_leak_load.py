@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from kvtop.derive.leak import LeakParams
+from kvtop.derive.leak_load import LoadBucket, _features, comparable
 from kvtop.derive.stats import EngineStats
 from tests.scenarios.leak_buckets import (
     FLOOR_POOL,
@@ -292,3 +293,43 @@ def test_a_lump_right_after_the_pool_drained_counts_from_before_the_drain() -> N
     e = found[-1].evidence
     assert e["unexplained_rise"] == pytest.approx(40.0, rel=0.01)
     assert found[-1].state == "leak"
+
+
+def test_buckets_before_a_drain_at_a_load_the_window_never_saw_are_no_baseline() -> None:
+    # 20 buckets at 2–4 running, then a drain, then 30 at 6–11 running; before the drain
+    # the pool held 30 blocks fewer than the line through the loads after it says (the
+    # level is not linear in the load over so wide a range, as on a ramp). Judged by the
+    # window's fit, they would open a 30-block step (3 % of the pool): none of them lies
+    # within the loads the window spans, so none is its "before", and nothing leaked
+    def bucket(minute: int, running: float, offset: float) -> list[EngineStats]:
+        return [loaded((minute * PER_BUCKET + i) * STEP, offset, running=running)
+                for i in range(PER_BUCKET)]
+
+    series = [s for m in range(20) for s in bucket(m, 2.0 + m % 3, -30.0)]
+    series += [replace(s, t=s.t + 20 * 60, blocks_used=0.0, kv_usage=0.0, running=0.0,
+                       tokens_in_flight=0.0) for s in series[:PER_BUCKET]]
+    series += [s for m in range(21, 51) for s in bucket(m, 6.0 + (m * 3) % 6, 0.0)]
+    found = floor_verdicts(series)
+    assert {v.state for v in found[21 * PER_BUCKET:]} == {"ok"}
+    assert closes(found)[-1].evidence["unexplained_rise"] == pytest.approx(0.0, abs=1.0)
+
+
+WINDOW = [LoadBucket(60.0 * i, 300.0 + 10 * i, 4000.0 + 500 * i, 4.0 + i, 100.0 * i,
+                     800.0 + 50 * i, 0.0, 0.0, True) for i in range(5)]
+
+
+@pytest.mark.parametrize(("field", "value", "kept"), [
+    ("in_flight", 4000.0, True), ("in_flight", 4000.0 - 1e-6, False),
+    ("in_flight", 6000.0, True), ("in_flight", 6000.0 + 1e-6, False),
+    ("running", 4.0, True), ("running", 4.0 - 1e-9, False),
+    ("prompt_rate", 1000.0, True), ("prompt_rate", 1000.0 + 1e-6, False),
+    ("deferred", 0.0, True), ("deferred", 1e-9, False),
+])
+def test_a_clean_bucket_is_comparable_within_the_windows_loads_bounds_included(
+        field: str, value: float, kept: bool) -> None:
+    # the middle bucket of the window, one feature moved to the window's bound or a hair
+    # beyond it (a feature that never moves in the window, such as deferred, bounds at
+    # its one value)
+    rows = [_features(b, 0.0) for b in WINDOW]
+    clean = [replace(WINDOW[2], **{field: value})]
+    assert comparable(clean, rows) == (clean if kept else [])
