@@ -47,6 +47,7 @@ from kvtop.collect.adapters import read_exposition
 from kvtop.collect.reading import EngineReading
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
+from kvtop.derive import leak_load
 from kvtop.derive.leak import LeakDetector, LeakParams, median, theil_sen
 from kvtop.derive.leak_estimate import (
     MIN_AFTER,
@@ -995,8 +996,13 @@ def documented_defaults() -> dict[str, float]:
 
 def test_the_defaults_are_the_ones_the_documentation_gives() -> None:
     # what a user reads in docs/leak-detector.md before tuning kvtop.toml's [leak] table
+    # (the table also gives the witness's module constants, in capitals: each its value)
     defaults = {f.name: f.default for f in dataclasses.fields(LeakParams)}
-    assert documented_defaults() == pytest.approx(defaults)
+    documented = documented_defaults()
+    constants = {name: documented.pop(name) for name in list(documented) if name.isupper()}
+    assert documented == pytest.approx(defaults)
+    assert constants == pytest.approx({name: getattr(leak_load, name) for name in constants})
+    assert constants
 
 
 def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two() -> None:
