@@ -449,7 +449,8 @@ class LeakDetector:
             evidence.update(
                 unexplained_rise=found.rise, unexplained_now=found.now,
                 unexplained_base=found.base, unexplained_step=found.step,
-                unexplained_drift=found.drift, unexplained_leaked=found.leaked,
+                unexplained_drift=found.drift, unexplained_drift_z=found.drift_z,
+                unexplained_leaked=found.leaked,
                 unexplained_noise=found.noise, unexplained_z=found.z,
                 tokens_in_flight=found.in_flight_now, explained_blocks=found.explained_now,
                 blocks_per_token=found.per_token, ledger_lost_tokens=found.lost_tokens,

@@ -41,6 +41,7 @@ from kvtop.derive.leak_estimate import RIDGE
 MIN_AFTER = 3  # buckets after the hinge's τ: a single outlier at the end is no drift
 TRIM_SIGMAS = 3.5  # a change this many robust σ above what the load explains is a lump
 MAX_LUMPS = 3  # lumps fitted as steps, the largest (each a column of the fit)
+HINGE_Z = 3.5  # the hinge's drift counts in the rise from this sure on (slope / its error)
 TAU_EVERY = 2  # the hinge's τ tried at every other bucket: half the cost, a minute's error
 MAD_TO_SIGMA = 1.4826  # a normal distribution's σ per median absolute deviation
 
@@ -69,6 +70,7 @@ class Unexplained:
     rise: float  # now − base, or the drift if larger
     drift: float  # blocks the fit's hinge adds from τ to now: a smooth leak's split lands
     # inside it, so now − base sees only its part after the split
+    drift_z: float  # the hinge's slope over its standard error
     leaked: float  # now − the lower of base and the window's first buckets: a smooth leak's
     # split lands inside it, so its base already holds part of the leak
     z: float  # the split's rank statistic (0: no split)
@@ -108,7 +110,9 @@ def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
     explained = [_dot(coef, row) for row in rows]
     residual = [b.level - e for b, e in zip(usable, explained, strict=True)]
     # Buckets from before the last clean point held no leak: with the same fit, they are
-    # the "before" of a leak that began right after it (the window restarted there).
+    # the "before" of a leak that began right after it (the window restarted there) —
+    # those whose load the window's own buckets span (see `comparable`).
+    clean = comparable(clean, rows)
     earlier = [b.level - _dot(coef, _features(b, 0.0)) for b in clean]
     judged = earlier + residual
     split = best_split(judged, min_side)
@@ -123,15 +127,35 @@ def explain(buckets: Sequence[LoadBucket], recent: int, min_side: int,
     leaked = statistics.fmean(residual[-latest:]) - min(base, start)
     # A smooth leak's split lands inside it: now − base sees only its part after the
     # split. The fit's hinge sees it from τ on, but a line overshoots a lump at its end:
-    # the drift counts only as far as the leaked-block estimate.
+    # the drift counts only as far as the leaked-block estimate. And only when the hinge
+    # is sure (HINGE_Z, as sure as a split must be): on a load ramp the load's columns
+    # and the hinge nearly coincide, the hinge takes up the bend of a level that is not
+    # linear in the load, and its slope's error is then as large as the bend.
+    rise = max(now - base, min(fit.drift, leaked)) if fit.drift_z >= HINGE_Z else now - base
     return Unexplained(
-        now=now, base=base, rise=max(now - base, min(fit.drift, leaked)), drift=fit.drift,
-        leaked=leaked, z=z,
+        now=now, base=base, rise=rise, drift=fit.drift,
+        leaked=leaked, z=z, drift_z=fit.drift_z,
         split_t=times[k] if k < len(times) else None,
         step=step, still_up=step > 0 and now - base >= step / 2,
         explained_now=statistics.fmean(explained[-recent:]),
         in_flight_now=statistics.fmean(b.in_flight for b in usable[-recent:]),
         per_token=coef[0], noise=noise, buckets=len(usable), lost_tokens=lost)
+
+
+def comparable(clean: Sequence[LoadBucket], rows: Sequence[Sequence[float]]
+               ) -> list[LoadBucket]:
+    """The clean buckets whose every load feature lies within the range the window's
+    buckets (`rows`) span. The window's fit is a plane through the loads it saw; beyond
+    them it extrapolates, and the level is not linear in the load over a wide range. On a
+    healthy ramp from 0.5x to 1.9x the load (1,500 blocks), the buckets before a drain at
+    the ramp's foot, judged by the fit of the window after it, sat ~30 blocks (2 % of the
+    pool) below it — a step that was no leak and became a false LEAK. A fit of both sides
+    together does not help: the line bends, and its hinge then takes the bend."""
+    lows = [min(col) for col in zip(*rows, strict=True)]
+    highs = [max(col) for col in zip(*rows, strict=True)]
+    return [b for b in clean
+            if all(lo <= v <= hi for v, lo, hi in zip(_features(b, 0.0), lows, highs,
+                                                       strict=True))]
 
 
 def _features(bucket: LoadBucket, lost: float) -> list[float]:
@@ -166,6 +190,7 @@ def _lumps(levels: list[float], rows: list[list[float]]) -> list[int]:
 class _Fit:
     per_unit: list[float]  # blocks per unit of each feature
     drift: float  # blocks the hinge adds from τ to the last bucket (≥ 0)
+    drift_z: float = 0.0  # the hinge's slope over its standard error
 
 
 def _fit_levels(levels: list[float], rows: list[list[float]], hours: list[float]) -> _Fit:
@@ -215,13 +240,16 @@ def _fit_levels(levels: list[float], rows: list[list[float]], hours: list[float]
         he = sum_te - tau * sum_e
         if hmh > 1e-12 and (best is None or he * he / hmh > best[0]):
             best = (he * he / hmh, k)
-    drift = 0.0
+    drift = drift_z = 0.0
     if best is not None:
         coef, drift = _shifted(coef, inverse, sums[best[1]], hours, best[1])
+        sse = sum(e * e for e in errors) - best[0]  # the hinge's gain is what it removes
+        dof = n - width - 1
+        drift_z = math.sqrt(best[0] * dof / sse) if sse > 0 and dof > 0 else math.inf
     per_unit = [0.0] * len(every)
     for j, c, sd in zip(moving, coef[1:], spreads, strict=True):
         per_unit[j] = c / sd
-    return _Fit(per_unit, drift)
+    return _Fit(per_unit, drift, drift_z)
 
 
 def _shifted(coef: list[float], inverse: list[list[float]],

@@ -998,6 +998,8 @@ def test_the_defaults_are_the_ones_the_documentation_gives() -> None:
         {name: getattr(leak_load, name) for name in documented["leak_load"]})}
 
 
+
+
 def test_with_a_short_history_the_leaked_blocks_follow_the_rise_since_the_evidence_began() -> None:
     # history_s too short for the load-separated fit (a user's [leak] table): the estimate
     # is the rise at the evidence's onset carried on at the slope, which keeps up with the

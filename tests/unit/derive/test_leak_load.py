@@ -8,10 +8,21 @@ from LeakParams, never restated."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
+from kvtop.derive import leak_load
+from kvtop.derive.leak_load import (
+    MIN_AFTER,
+    TAU_EVERY,
+    LoadBucket,
+    _features,
+    _fit_levels,
+    comparable,
+    explain,
+)
 from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.stats import EngineStats
 from tests.scenarios.leak_buckets import (
@@ -260,7 +271,9 @@ def test_the_drift_counts_only_as_far_as_the_estimate() -> None:
                 continue
             step_rise = float(e["unexplained_now"]) - float(e["unexplained_base"])
             capped = min(float(e["unexplained_drift"]), float(e["unexplained_leaked"]))
-            assert e["unexplained_rise"] == pytest.approx(max(step_rise, capped), abs=1e-9)
+            sure = float(e["unexplained_drift_z"]) >= leak_load.HINGE_Z
+            rise = max(step_rise, capped) if sure else step_rise
+            assert e["unexplained_rise"] == pytest.approx(rise, abs=1e-9)
             checked += 1
     assert checked
 
@@ -292,3 +305,112 @@ def test_a_lump_right_after_the_pool_drained_counts_from_before_the_drain() -> N
     e = found[-1].evidence
     assert e["unexplained_rise"] == pytest.approx(40.0, rel=0.01)
     assert found[-1].state == "leak"
+
+
+def test_buckets_before_a_drain_at_a_load_the_window_never_saw_are_no_baseline() -> None:
+    # 20 buckets at 2–4 running, then a drain, then 30 at 6–11 running; before the drain
+    # the pool held 30 blocks fewer than the line through the loads after it says (the
+    # level is not linear in the load over so wide a range, as on a ramp). Judged by the
+    # window's fit, they would open a 30-block step (3 % of the pool): none of them lies
+    # within the loads the window spans, so none is its "before", and nothing leaked
+    def bucket(minute: int, running: float, offset: float) -> list[EngineStats]:
+        return [loaded((minute * PER_BUCKET + i) * STEP, offset, running=running)
+                for i in range(PER_BUCKET)]
+
+    series = [s for m in range(20) for s in bucket(m, 2.0 + m % 3, -30.0)]
+    series += [replace(s, t=s.t + 20 * 60, blocks_used=0.0, kv_usage=0.0, running=0.0,
+                       tokens_in_flight=0.0) for s in series[:PER_BUCKET]]
+    series += [s for m in range(21, 51) for s in bucket(m, 6.0 + (m * 3) % 6, 0.0)]
+    found = floor_verdicts(series)
+    assert {v.state for v in found[21 * PER_BUCKET:]} == {"ok"}
+    assert closes(found)[-1].evidence["unexplained_rise"] == pytest.approx(0.0, abs=1.0)
+
+
+WINDOW = [LoadBucket(60.0 * i, 300.0 + 10 * i, 4000.0 + 500 * i, 4.0 + i, 100.0 * i,
+                     800.0 + 50 * i, 0.0, 0.0, True) for i in range(5)]
+
+
+@pytest.mark.parametrize(("field", "value", "kept"), [
+    ("in_flight", 4000.0, True), ("in_flight", 4000.0 - 1e-6, False),
+    ("in_flight", 6000.0, True), ("in_flight", 6000.0 + 1e-6, False),
+    ("running", 4.0, True), ("running", 4.0 - 1e-9, False),
+    ("prompt_rate", 1000.0, True), ("prompt_rate", 1000.0 + 1e-6, False),
+    ("deferred", 0.0, True), ("deferred", 1e-9, False),
+])
+def test_a_clean_bucket_is_comparable_within_the_windows_loads_bounds_included(
+        field: str, value: float, kept: bool) -> None:
+    # the middle bucket of the window, one feature moved to the window's bound or a hair
+    # beyond it (a feature that never moves in the window, such as deferred, bounds at
+    # its one value)
+    rows = [_features(b, 0.0) for b in WINDOW]
+    clean = [replace(WINDOW[2], **{field: value})]
+    assert comparable(clean, rows) == (clean if kept else [])
+
+
+def _smooth_leak_buckets() -> list[LoadBucket]:
+    """40 buckets under a swinging load leaking 2 blocks a bucket throughout (the split
+    lands inside the leak), and a little deterministic noise (so that the hinge's error
+    is not zero)."""
+    out = []
+    for i in range(40):
+        running = 4.0 + (i * 3) % 6
+        in_flight = running * (600.0 + 200.0 * (i % 3))
+        level = (in_flight / BLOCK + running / 2 + 2.0 * i
+                 + ((i * 7) % 5 - 2) * 0.8)
+        out.append(LoadBucket(60.0 * i + 30, level, in_flight, running, 0.0, 500.0, 0.0,
+                              0.0, True))
+    return out
+
+
+def _sse(columns: list[list[float]], y: list[float]) -> float:
+    """The residual sum of squares of least squares on these columns (Gauss–Jordan)."""
+    size = len(columns)
+    aug = [[sum(a * b for a, b in zip(ci, cj, strict=True)) for cj in columns]
+           + [sum(a * b for a, b in zip(ci, y, strict=True))] for ci in columns]
+    for c in range(size):
+        p = max(range(c, size), key=lambda r: abs(aug[r][c]))
+        aug[c], aug[p] = aug[p], aug[c]
+        aug[c] = [v / aug[c][c] for v in aug[c]]
+        for r in range(size):
+            if r != c:
+                aug[r] = [a - aug[r][c] * b for a, b in zip(aug[r], aug[c], strict=True)]
+    coef = [row[-1] for row in aug]
+    return sum((v - sum(k * col[j] for k, col in zip(coef, columns, strict=True))) ** 2
+               for j, v in enumerate(y))
+
+
+def test_the_hinges_sureness_is_its_slope_over_its_standard_error() -> None:
+    # against a brute-force least squares at every τ the fit tries: z² = (SSE without the
+    # hinge − SSE with it at the best τ) × dof / SSE with it, dof = n − 3 (intercept,
+    # tokens in flight, hinge)
+    buckets = _smooth_leak_buckets()
+    hours = [(b.t - buckets[0].t) / 3600 for b in buckets]
+    levels, x = [b.level for b in buckets], [b.in_flight for b in buckets]
+    n, ones = len(buckets), [1.0] * len(buckets)
+    taus = [hours[k - 1] for k in range(n - 1, 0, -1)
+            if n - k >= MIN_AFTER and (n - k - MIN_AFTER) % TAU_EVERY == 0]
+    with_hinge = min(_sse([ones, x, [max(0.0, h - tau) for h in hours]], levels)
+                     for tau in taus)
+    without = _sse([ones, x], levels)
+    expected = math.sqrt((without - with_hinge) * (n - 3) / with_hinge)
+    fit = _fit_levels(levels, [[v] for v in x], hours)
+    assert fit.drift_z == pytest.approx(expected, rel=1e-3)
+    assert fit.drift == pytest.approx(2.0 * 39, rel=0.05)
+
+
+def test_the_drift_counts_in_the_rise_from_hinge_z_on(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    # exactly at HINGE_Z the drift counts (a smooth leak's split sees only its part after
+    # the split); a hair below it, the rise is the split's alone
+    buckets = _smooth_leak_buckets()
+    found = explain(buckets, 5, 5, 15)
+    assert found is not None
+    split_only = found.now - found.base
+    assert min(found.drift, found.leaked) > split_only + 5.0  # the drift would matter
+    monkeypatch.setattr(leak_load, "HINGE_Z", found.drift_z)
+    at = explain(buckets, 5, 5, 15)
+    monkeypatch.setattr(leak_load, "HINGE_Z", math.nextafter(found.drift_z, math.inf))
+    above = explain(buckets, 5, 5, 15)
+    assert at is not None and above is not None
+    assert at.rise == pytest.approx(min(found.drift, found.leaked))
+    assert above.rise == pytest.approx(split_only)
