@@ -122,7 +122,7 @@ def test_a_smaller_pool_is_named_and_judged_worse(twins: tuple[TwinServer, TwinS
 
     baseline = json.loads((tmp_path / "kvtop/baselines/twin-big.json").read_text())
     (target,) = baseline["targets"]
-    assert target["server"] == {"kind": "vllm", "version": "0.33.0"}
+    assert target["server"] == {"kind": "vllm", "version": "0.33.0", "version_inferred": False}
     (engine,) = target["engines"]
     assert engine["config"]["num_gpu_blocks"] == BIG and engine["config"]["block_size"] == 16
     assert engine["config"]["prefix_caching"] is True
