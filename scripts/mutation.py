@@ -248,7 +248,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     # parts in this process; tests/unit/rehearse/test_run.py drives `kvtop sim` processes
     # (seconds each) and is left out
     "kvtop/rehearse/criteria.py": tuple(f"{UNIT}/rehearse/test_{name}.py" for name in (
-        "latency", "gpu_memory", "kv_free", "verdict", "advice")),
+        "criteria", "latency", "gpu_memory", "kv_free", "verdict", "advice")),
     "kvtop/rehearse/latency.py": (f"{UNIT}/rehearse/test_latency.py",),
     "kvtop/rehearse/gpu_memory.py": (f"{UNIT}/rehearse/test_gpu_memory.py",),
     # the advice reads the leak's figures from the criterion
