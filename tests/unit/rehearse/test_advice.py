@@ -236,6 +236,7 @@ def engine(blocks: float | None, rise: float | None, before: float) -> dict:
     ([engine(None, 5, 1), engine(3, 1, 2), engine(None, 9, 3)], 2, 3),  # the most blocks
     ([engine(None, 5, 1), engine(None, 9, 3), engine(None, 2, 4)], 3, None),  # else the rise
     ([engine(0, None, 1), engine(None, None, 2)], 1, 0),  # a tie: the first
+    ([engine(None, None, 1), engine(None, 0.5, 2)], 2, None),  # an unknown rise counts as 0
     ([engine(None, None, 1), engine(0.5, None, 2)], 2, 0.5)])
 def test_the_leak_advice_reads_the_worst_engine(engines: list[dict], chosen: int,
                                                 blocks: float | None) -> None:
