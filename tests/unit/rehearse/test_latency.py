@@ -233,30 +233,30 @@ def criterion_of(first: tuple[float, float], last: tuple[float, float],
     return rising(found)
 
 
-EVEN_FIRST = [(30, 250), (31, 250), (31, 250), (31, 250)]  # 123 of 1000: 12.3 %
 QUIET = [(0, 0)] * 4
 
 
 def test_a_rise_in_words_and_figures() -> None:
-    last = [(61, 251), (64, 249), (65, 250), (67, 250)]  # 257 of 1000
-    criterion = criterion_of((123, 1000), (257, 1000), EVEN_FIRST + QUIET + last)
+    first = [(30, 250), (31, 250), (31, 250), (31, 249)]  # 123 of 999: 12.3123 %
+    last = [(60, 251), (64, 249), (66, 250), (67, 251)]  # 257 of 1001: 25.6743 %
+    criterion = criterion_of((123, 999), (257, 1001), first + QUIET + last)
     assert (criterion.name, criterion.title, criterion.state) == (
         "latency", "slow-request share not rising", "fail")
     xs = [(w + 0.5) / 12 for w in (0, 1, 2, 3, 8, 9, 10, 11)]
-    ys = [30 / 250, 31 / 250, 31 / 250, 31 / 250, 61 / 251, 64 / 249, 65 / 250, 67 / 250]
+    ys = [s / c for s, c in first + last]
     slope = theil_sen(xs, ys, 2.33)[0]
     pooled = 380 / 2000
-    z = 0.134 / math.sqrt(pooled * (1 - pooled) * (1 / 1000 + 1 / 1000))
+    z = (257 / 1001 - 123 / 999) / math.sqrt(pooled * (1 - pooled) * (1 / 999 + 1 / 1001))
     assert criterion.figures == {
-        "slow_share": {"first": 0.123, "last": 0.257,
-                       "windows": [0.12, 0.124, 0.124, 0.124, None, None, None, None,
-                                   0.243, 0.257, 0.26, 0.268]},
-        "compared": {"first": 1000, "last": 1000}, "z": round(z, 2),
+        "slow_share": {"first": 0.1231, "last": 0.2567,
+                       "windows": [0.12, 0.124, 0.124, 0.1245, None, None, None, None,
+                                   0.239, 0.257, 0.264, 0.2669]},
+        "compared": {"first": 999, "last": 1001}, "z": round(z, 2),
         "trend_per_hour": round(slope, 4), "held_to_the_end": True}
-    assert criterion.figures["z"] == 7.64 and slope != round(slope, 4)
+    assert round(z, 2) != round(z, 3) and round(slope, 4) != round(slope, 5)
     assert criterion.reason == (f"rising: slow requests 12.3% in the first third, 25.7% in "
-                                f"the last (z 7.6; above the first third in every window of "
-                                f"the last; trend {slope:+.1%}/h)")
+                                f"the last (z {z:.1f}; above the first third in every window "
+                                f"of the last; trend {slope:+.1%}/h)")
 
 
 def test_a_creep_and_a_steady_share_in_words() -> None:
@@ -346,6 +346,7 @@ def test_the_sign_test_at_the_first_thirds_share_and_at_five_requests() -> None:
     assert held([(30, 100)] * 3 + [(11, 100)])
     assert not held([(30, 100)] * 2 + [(0, 5), (0, 5)])  # five requests are enough to say
     assert held([(30, 100)] * 3 + [(0, 4)])  # four are not
+    assert not held([(30, 100)] * 3 + [(0, 5)])
 
 
 def test_the_trend_needs_three_windows_of_five_requests() -> None:
@@ -391,16 +392,16 @@ def test_the_slow_thresholds_per_class_and_pooled() -> None:
     records = [(-5.0, "own", "ok", 50.0, 5.0, 60.0),  # before the load
                (10.0, "own", "cut", 40.0, None, 45.0),  # cut: not an answer
                (10.0, "few", "ok", None, None, 1.0)]  # answered, no timings
-    records += [(20.0 + i, "own", "ok", 1.0 + i / 100, 0.01 * (i + 1), 2.0) for i in range(20)]
+    records += [(15.0, "own", "ok", 1.5, None, 2.0)]  # one token: no time per token
+    records += [(20.0 + i, "own", "ok", 1.0 + i / 100, 0.01 * (i + 1), 2.0) for i in range(19)]
     records += [(2000.0, "own", "ok", 99.0, 9.0, 100.0)]  # the second third
     records += [(30.0 + i, "few", "ok", 2.0 + i / 100, 0.5, 3.0) for i in range(19)]
     table = rows(*records)
     found = _slow_thresholds(table, SPAN)
-    own = (percentile([1.0 + i / 100 for i in range(20)], 0.9),
-           percentile([0.01 * (i + 1) for i in range(20)], 0.9))
-    everything = [1.0 + i / 100 for i in range(20)] + [2.0 + i / 100 for i in range(19)]
-    pooled = (percentile(everything, 0.9),
-              percentile([0.01 * (i + 1) for i in range(20)] + [0.5] * 19, 0.9))
+    own_ttfts = [1.5] + [1.0 + i / 100 for i in range(19)]
+    own = (percentile(own_ttfts, 0.9), percentile([0.01 * (i + 1) for i in range(19)], 0.9))
+    pooled = (percentile(own_ttfts + [2.0 + i / 100 for i in range(19)], 0.9),
+              percentile([0.01 * (i + 1) for i in range(19)] + [0.5] * 19, 0.9))
     assert found == {0: own, 1: pooled}  # exactly 20 answers: its own; 19: the pooled
     assert pooled[0] > own[0] and pooled[1] > own[1]
     none = rows((10.0, "c", "error", None, None, 1.0), (2000.0, "c", "ok", 1.0, 0.1, 2.0))
@@ -444,10 +445,12 @@ def test_the_histogram_deltas_between_scrapes_in_the_load() -> None:
               (180.0, [(1.0, 2.0), (INF, 7.0)]),  # a restart: all new
               (240.0, [(1.0, 2.0), (2.0, 3.0), (INF, 4.0)]),  # other buckets: left out
               (300.0, [(1.0, 3.0), (2.0, 3.0), (INF, 5.0)]),
+              (360.0, [(1.0, 1.0), (2.0, 1.0), (INF, 4.0)]),  # a restart, fewer in all
               (3660.0, [(1.0, 9.0), (2.0, 9.0), (INF, 9.0)])]  # after the load
     assert _histogram_deltas(series, SPAN) == [
         (0.0, [(1.0, 4.0), (INF, 8.0)]), (120.0, [(1.0, 1.0), (INF, 1.0)]),
-        (180.0, [(1.0, 2.0), (INF, 7.0)]), (300.0, [(1.0, 1.0), (2.0, 0.0), (INF, 1.0)])]
+        (180.0, [(1.0, 2.0), (INF, 7.0)]), (300.0, [(1.0, 1.0), (2.0, 0.0), (INF, 1.0)]),
+        (360.0, [(1.0, 1.0), (2.0, 1.0), (INF, 4.0)])]
 
 
 def test_adding_buckets_by_bound() -> None:
