@@ -10,14 +10,23 @@ from collections.abc import Callable
 
 import pytest
 
+from kvtop.derive.quantiles import quantile as histogram_quantile
+from kvtop.derive.samples import percentile, theil_sen
 from kvtop.load.driver import RequestRecord
-from kvtop.rehearse.criteria import WINDOWS, Criterion, Span
+from kvtop.rehearse import latency
+from kvtop.rehearse.criteria import WINDOWS, Criterion, Span, Z
 from kvtop.rehearse.latency import (
     Z_WATCH,
+    _add_buckets,
     _histogram_deltas,
     _latency_needs,
     _rising,
     _Shares,
+    _slow,
+    _slow_thresholds,
+    _thirds_quantiles,
+    _two_proportion_z,
+    _window_slope,
     judge_latency,
     judge_latency_histograms,
 )
@@ -213,3 +222,292 @@ def test_the_minutes_a_short_run_needs() -> None:
         "third)")  # 90 at 0.25/s take 360 s, 240 more
     assert _latency_needs("requests", 0, span) == (
         "needs requests in every third of the load; none came in one")
+
+
+def criterion_of(first: tuple[float, float], last: tuple[float, float],
+                 windows: list[tuple[float, float]]) -> Criterion:
+    """_rising on counts given exactly: (slow, count) per third and per window 0 to 11."""
+    found = _Shares(slow=[first[0], 0.0, last[0]], count=[first[1], 0.0, last[1]],
+                    window_slow=[float(s) for s, _ in windows],
+                    window_count=[float(c) for _, c in windows])
+    return rising(found)
+
+
+QUIET = [(0, 0)] * 4
+
+
+def test_a_rise_in_words_and_figures() -> None:
+    first = [(30, 250), (31, 250), (31, 250), (31, 249)]  # 123 of 999: 12.3123 %
+    last = [(60, 251), (64, 249), (66, 250), (67, 251)]  # 257 of 1001: 25.6743 %
+    criterion = criterion_of((123, 999), (257, 1001), first + QUIET + last)
+    assert (criterion.name, criterion.title, criterion.state) == (
+        "latency", "slow-request share not rising", "fail")
+    xs = [(w + 0.5) / 12 for w in (0, 1, 2, 3, 8, 9, 10, 11)]
+    ys = [s / c for s, c in first + last]
+    slope = theil_sen(xs, ys, 2.33)[0]
+    pooled = 380 / 2000
+    z = (257 / 1001 - 123 / 999) / math.sqrt(pooled * (1 - pooled) * (1 / 999 + 1 / 1001))
+    assert criterion.figures == {
+        "slow_share": {"first": 0.1231, "last": 0.2567,
+                       "windows": [0.12, 0.124, 0.124, 0.1245, None, None, None, None,
+                                   0.239, 0.257, 0.264, 0.2669]},
+        "compared": {"first": 999, "last": 1001}, "z": round(z, 2),
+        "trend_per_hour": round(slope, 4), "held_to_the_end": True}
+    assert round(z, 2) != round(z, 3) and round(slope, 4) != round(slope, 5)
+    assert criterion.reason == (f"rising: slow requests 12.3% in the first third, 25.7% in "
+                                f"the last (z {z:.1f}; above the first third in every window "
+                                f"of the last; trend {slope:+.1%}/h)")
+
+
+def test_a_creep_and_a_steady_share_in_words() -> None:
+    creeping = criterion_of((100, 1000), (170, 1000), [(25, 250)] * 4 + QUIET
+                            + [(40, 250), (45, 250), (40, 250), (45, 250)])
+    assert (creeping.name, creeping.title, creeping.state) == (
+        "latency", "slow-request share not rising", "watch")
+    assert creeping.reason == ("creeping up: slow requests 10.0% in the first third, 17.0% in "
+                               "the last (z 4.6; above the first third in every window of the "
+                               "last; trend +9.0%/h)")
+    steady = criterion_of((100, 1000), (100, 1000), [(25, 250)] * 4 + QUIET
+                          + [(25, 250), (25, 250), (25, 250), (25, 250)])
+    assert (steady.name, steady.title, steady.state) == (
+        "latency", "slow-request share not rising", "ok")
+    assert steady.reason == ("not rising: slow requests 10.0% in the first third, 10.0% in "
+                             "the last (z 0.0; not above the first third in every window of "
+                             "the last; trend +0.0%/h)")
+    assert steady.figures["trend_per_hour"] == 0.0
+
+
+def test_a_share_of_nothing_slow_is_zero_not_missing() -> None:
+    from_zero = criterion_of((0, 30), (30, 30), [(0, 10)] * 3 + [(0, 0)] * 5 + [(10, 10)] * 3
+                             + [(0, 0)])
+    assert from_zero.figures["slow_share"] == {
+        "first": 0.0, "last": 1.0, "windows": [0.0] * 3 + [None] * 5 + [1.0] * 3 + [None]}
+    assert from_zero.figures["z"] == 7.75 and from_zero.state == "fail"
+    to_zero = criterion_of((30, 30), (0, 30), [(10, 10)] * 3 + [(0, 0)] * 5 + [(0, 10)] * 3
+                           + [(0, 0)])
+    assert to_zero.figures["slow_share"]["last"] == 0.0 and to_zero.state == "ok"
+    assert to_zero.figures["z"] == -7.75
+
+
+@pytest.mark.parametrize(("slow1", "n1", "slow3", "n3", "z"), [
+    (0, 30, 0, 30, 0.0), (30, 30, 30, 30, 0.0),  # nothing to tell apart: no rise
+    # a difference whose standard error underflows to 0: infinitely significant, no crash
+    (0, 10, 1e-322, 10, math.inf), (1e-322, 10, 0, 10, -math.inf),
+    (10, 100, 20, 100, 0.1 / math.sqrt(0.15 * 0.85 * 0.02)),
+    (10, 50, 60, 200, 0.1 / math.sqrt(0.28 * 0.72 * (1 / 50 + 1 / 200)))])
+def test_the_two_proportion_z(slow1: float, n1: float, slow3: float, n3: float,
+                              z: float) -> None:
+    assert _two_proportion_z(slow1, n1, slow3, n3) == pytest.approx(z, rel=1e-12)
+
+
+def test_a_rise_of_ten_points_short_by_a_float_digit_is_ten_points() -> None:
+    windows = [(25, 250)] * 4 + QUIET + [(50, 250)] * 4
+    criterion = criterion_of((100, 1000), (199.99999995, 1000), windows)
+    assert criterion.state == "fail"  # 0.09999999995 rounds to ten points at 9 digits
+    assert criterion_of((100, 1000), (199.9999995, 1000), windows).state == "watch"
+
+
+@pytest.mark.parametrize(("z", "state"), [
+    (Z, "fail"), (Z - 1e-9, "watch"), (Z_WATCH, "watch"), (Z_WATCH - 1e-9, "ok")])
+def test_the_z_thresholds_exactly(monkeypatch: pytest.MonkeyPatch, z: float,
+                                  state: str) -> None:
+    monkeypatch.setattr(latency, "_two_proportion_z", lambda *counts: z)
+    criterion = criterion_of((100, 1000), (250, 1000), [(25, 250)] * 4 + QUIET
+                             + [(60, 250)] * 4)
+    assert criterion.state == state
+
+
+def test_too_few_in_words() -> None:
+    criterion = rising(shares((0, 29), (0, 300)))
+    assert (criterion.name, criterion.title, criterion.state) == (
+        "latency", "slow-request share not rising", "not_judged")
+    needs = _latency_needs("requests", 29, SPAN)
+    assert criterion.reason == ("too few requests to compare: 29 in the first third, 300 in "
+                                f"the last (needs 30 each): {needs}")
+    assert criterion.figures == {"needs": needs}
+    assert needs == ("needs about 3 more minutes of load at this rate (1.4 requests/min in "
+                     "the sparser third)")
+
+
+def test_the_minutes_at_one_and_two_requests_a_third() -> None:
+    assert _latency_needs("requests", 2, SPAN).startswith(
+        "needs about 840 more minutes")  # 90 at 1/600 s: 54,000 s, 50,400 more
+    assert _latency_needs("requests", 1, SPAN).startswith("needs about 1740 more minutes")
+
+
+def test_the_sign_test_at_the_first_thirds_share_and_at_five_requests() -> None:
+    def held(last: list[tuple[float, float]]) -> bool:
+        slow = sum(s for s, _ in last)
+        count = sum(c for _, c in last)
+        return bool(criterion_of((10, 100), (slow, count), [(2, 25)] * 4 + QUIET + last)
+                    .figures["held_to_the_end"])
+    assert held([(30, 100)] * 4)
+    assert not held([(30, 100)] * 3 + [(10, 100)])  # exactly the first third's 10 %
+    assert held([(30, 100)] * 3 + [(11, 100)])
+    assert not held([(30, 100)] * 2 + [(0, 5), (0, 5)])  # five requests are enough to say
+    assert held([(30, 100)] * 3 + [(0, 4)])  # four are not
+    assert not held([(30, 100)] * 3 + [(0, 5)])
+
+
+def test_the_trend_needs_three_windows_of_five_requests() -> None:
+    def slope(windows: list[tuple[float, float]]) -> float | None:
+        found = _Shares(window_slow=[float(s) for s, _ in windows] + [0.0] * (12 - len(windows)),
+                        window_count=[float(c) for _, c in windows] + [0.0] * (12 - len(windows)))
+        return _window_slope(found, SPAN)
+    assert slope([(1, 5), (2, 5)]) is None
+    assert slope([(1, 5), (2, 5), (3, 4)]) is None  # four requests are too few to say
+    assert slope([(1, 5), (2, 5), (3, 5)]) == pytest.approx(0.2 / (1 / 12))
+    assert slope([(1, 10), (4, 10), (9, 10), (10, 10)]) == pytest.approx(
+        theil_sen([(w + 0.5) / 12 for w in range(4)], [0.1, 0.4, 0.9, 1.0], Z)[0])
+
+
+def test_a_share_of_an_empty_third_is_none() -> None:
+    found = _Shares()
+    found.add(SPAN, 0.0, 1.0)
+    assert (found.share(0), found.share(1)) == (1.0, None)
+
+
+def rows(*records: tuple) -> RequestTable:
+    """(t, class, status, ttft, tpot, total) per request."""
+    table = RequestTable()
+    for i, (t, cls, status, ttft, tpot, total) in enumerate(records):
+        table.add(RequestRecord(i + 1, 1, cls, t, 0.0, status, 100, 10, ttft_s=ttft,
+                                tpot_s=tpot, total_s=total))
+    return table
+
+
+def test_slow_at_the_thresholds() -> None:
+    limits = {0: (1.0, 0.1)}
+    table = rows((0, "c", "ok", 1.0, 0.1, 2.0), (0, "c", "ok", 1.0000001, 0.1, 2.0),
+                 (0, "c", "ok", 1.0, 0.1000001, 2.0), (0, "c", "ok", None, None, 2.0),
+                 (0, "c", "cut", 1.0, None, 5.0), (0, "c", "cut", 1.0000001, None, 5.0),
+                 (0, "c", "cut", 0.5, None, 5.0),  # answered in time, cut while streaming
+                 (0, "c", "cut", None, None, 1.0), (0, "c", "cut", None, None, 1.0000001),
+                 (0, "c", "error", None, None, 0.1), (0, "c", "dropped", None, None, None))
+    assert [_slow(table, i, limits) for i in range(len(table))] == [
+        False, True, True, False, False, True, False, None, True, True, True]
+
+
+def test_the_slow_thresholds_per_class_and_pooled() -> None:
+    records = [(-5.0, "own", "ok", 50.0, 5.0, 60.0),  # before the load
+               (10.0, "own", "cut", 40.0, None, 45.0),  # cut: not an answer
+               (10.0, "few", "ok", None, None, 1.0)]  # answered, no timings
+    records += [(15.0, "own", "ok", 1.5, None, 2.0)]  # one token: no time per token
+    records += [(20.0 + i, "own", "ok", 1.0 + i / 100, 0.01 * (i + 1), 2.0) for i in range(19)]
+    records += [(2000.0, "own", "ok", 99.0, 9.0, 100.0)]  # the second third
+    records += [(30.0 + i, "few", "ok", 2.0 + i / 100, 0.5, 3.0) for i in range(19)]
+    table = rows(*records)
+    found = _slow_thresholds(table, SPAN)
+    own_ttfts = [1.5] + [1.0 + i / 100 for i in range(19)]
+    own = (percentile(own_ttfts, 0.9), percentile([0.01 * (i + 1) for i in range(19)], 0.9))
+    pooled = (percentile(own_ttfts + [2.0 + i / 100 for i in range(19)], 0.9),
+              percentile([0.01 * (i + 1) for i in range(19)] + [0.5] * 19, 0.9))
+    assert found == {0: own, 1: pooled}  # exactly 20 answers: its own; 19: the pooled
+    assert pooled[0] > own[0] and pooled[1] > own[1]
+    none = rows((10.0, "c", "error", None, None, 1.0), (2000.0, "c", "ok", 1.0, 0.1, 2.0))
+    assert _slow_thresholds(none, SPAN) == {0: (math.inf, math.inf)}
+
+
+def test_the_thirds_quantiles_of_answers_in_the_load() -> None:
+    table = rows((-5.0, "c", "ok", 1.0, 0.1, 50.0),  # before the load
+                 (10.0, "c", "error", None, None, 70.0),  # failed, with a time
+                 (10.0, "c", "ok", 1.0, 0.1, None),
+                 (20.0, "c", "ok", 1.0, 0.1, 2.0), (30.0, "c", "ok", 1.0, 0.1, 4.0),
+                 (1500.0, "c", "ok", 1.0, 0.1, 9.0),
+                 (3000.0, "c", "ok", 1.0, 0.1, 10.0))
+    assert _thirds_quantiles(table, table.total, SPAN) == {
+        "first": {"p50": 3.0, "p90": 3.8, "p99": 3.98},
+        "last": {"p50": 10.0, "p90": 10.0, "p99": 10.0}}
+
+
+def test_judge_latency_counts_requests_in_the_load_only() -> None:
+    records = [(-1.0, "c", "ok", 9.0, 0.9, 10.0)]  # before the load: not compared
+    records += [(40.0 * i, "c", "ok", 1.0 + (i % 10) / 10, 0.01 * (1 + i % 10),
+                 2.0 + (i % 10) / 10) for i in range(90)]
+    records += [(3601.0, "c", "ok", 9.0, 0.9, 10.0)]
+    criterion = judge_latency(rows(*records), SPAN)
+    assert criterion.figures["compared"] == {"first": 30, "last": 30}
+    assert criterion.figures["slow_thresholds"] == {"c": {"ttft_s": 1.81, "tpot_s": 0.091}}
+    assert criterion.figures["tpot_s"]["first"] == {"p50": 0.055, "p90": 0.091, "p99": 0.1}
+    assert criterion.figures["total_s"]["last"] == {"p50": 2.45, "p90": 2.81, "p99": 2.9}
+    assert criterion.figures["ttft_s"]["first"] == {"p50": 1.45, "p90": 1.81, "p99": 1.9}
+
+
+INF = math.inf
+
+
+def test_the_histogram_deltas_between_scrapes_in_the_load() -> None:
+    series = [(-120.0, [(1.0, 0.0), (INF, 0.0)]),
+              (-60.0, [(1.0, 1.0), (INF, 2.0)]),  # before the load
+              (0.0, [(1.0, 5.0), (INF, 10.0)]),
+              (60.0, [(1.0, 5.0), (INF, 10.0)]),  # nothing new: left out
+              (120.0, [(1.0, 6.0), (INF, 11.0)]),  # exactly one observation
+              (180.0, [(1.0, 2.0), (INF, 7.0)]),  # a restart: all new
+              (240.0, [(1.0, 2.0), (2.0, 3.0), (INF, 4.0)]),  # other buckets: left out
+              (300.0, [(1.0, 3.0), (2.0, 3.0), (INF, 5.0)]),
+              (360.0, [(1.0, 1.0), (2.0, 1.0), (INF, 4.0)]),  # a restart, fewer in all
+              (3660.0, [(1.0, 9.0), (2.0, 9.0), (INF, 9.0)])]  # after the load
+    assert _histogram_deltas(series, SPAN) == [
+        (0.0, [(1.0, 4.0), (INF, 8.0)]), (120.0, [(1.0, 1.0), (INF, 1.0)]),
+        (180.0, [(1.0, 2.0), (INF, 7.0)]), (300.0, [(1.0, 1.0), (2.0, 0.0), (INF, 1.0)]),
+        (360.0, [(1.0, 1.0), (2.0, 1.0), (INF, 4.0)])]
+
+
+def test_adding_buckets_by_bound() -> None:
+    assert _add_buckets([[(1.0, 2.0), (INF, 3.0)], [(1.0, 1.0), (INF, 5.0)],
+                         [(0.5, 1.0), (INF, 1.0)]]) == [(0.5, 1.0), (1.0, 3.0), (INF, 9.0)]
+
+
+def per_scrape(slow_share: float) -> list[tuple[float, float]]:
+    """One scrape's cumulative buckets in histograms(): 300 observations."""
+    fast = 300 * (1 - slow_share)
+    counts = (fast * 0.45, fast * 0.9, fast * 0.9, fast, 300.0)
+    return list(zip((0.1, 0.5, 1.0, 5.0, INF), counts, strict=True))
+
+
+def test_the_histograms_figures_from_the_first_and_last_thirds() -> None:
+    def share(t: float) -> float:
+        return 0.05 if t < 1200 else 0.5 if t < 2400 else 0.25
+    criterion = judge_latency_histograms(histograms(lambda t: 5, share), SPAN)
+    assert (criterion.name, criterion.title, criterion.state) == (
+        "latency", "slow-request share not rising", "fail")
+    first = [(b, 19 * c) for b, c in per_scrape(0.05)]  # scrapes at 60 ... 1140 s
+    last = [(b, 21 * c) for b, c in per_scrape(0.25)]  # 2400 ... 3600 s
+    figures = criterion.figures
+    assert figures["ttft_s"] == {
+        name: {f"p{q}": round(histogram_quantile(q / 100, b), 6) for q in (50, 90, 99)}
+        for name, b in (("first", first), ("last", last))}
+    assert figures["ttft_s"]["first"] != figures["ttft_s"]["last"]
+    assert figures["slow_thresholds"] == {"all": {"ttft_s": 5.0}}
+    assert figures["source"] == "the server's TTFT histogram"
+    assert figures["compared"] == {"first": 19 * 300.0, "last": 21 * 300.0}
+    assert (figures["slow_share"]["first"], figures["slow_share"]["last"]) == (0.05, 0.25)
+    assert criterion.reason.startswith("rising: slow observations 5.0% in the first third, "
+                                       "25.0% in the last (z ")
+
+
+def test_histograms_of_the_first_third_only_are_not_judged() -> None:
+    series = [(t, b) for t, b in histograms(lambda t: 5, lambda t: 0.05) if t < 1200]
+    criterion = judge_latency_histograms(series, SPAN)
+    assert (criterion.name, criterion.title, criterion.state) == (
+        "latency", "slow-request share not rising", "not_judged")
+    assert criterion.figures["ttft_s"]["last"] is None
+    assert criterion.reason == (
+        "too few observations to compare: 5700 in the first third, 0 in the last (needs 30 "
+        "each): needs observations in every third of the load; none came in one")
+    late = [(t, b) for t, b in histograms(lambda t: 5, lambda t: 0.05) if t > 1200]
+    criterion = judge_latency_histograms(late, SPAN)
+    assert (criterion.name, criterion.title, criterion.state, criterion.reason,
+            criterion.figures) == (
+        "latency", "slow-request share not rising", "not_judged",
+        "the server exported no TTFT observations in the first third", {})
+
+
+def test_a_scrape_without_the_slow_bound_counts_nothing_slow() -> None:
+    series = histograms(lambda t: 5, lambda t: 0.05)
+    regrouped = [(t, b if t < 1800 else [(0.1, b[0][1]), (1.0, b[2][1]), (INF, b[4][1])])
+                 for t, b in series]  # the server's buckets changed after a restart
+    criterion = judge_latency_histograms(regrouped, SPAN)
+    assert criterion.figures["slow_thresholds"] == {"all": {"ttft_s": 5.0}}
+    assert criterion.figures["slow_share"]["first"] == 0.05
+    assert criterion.figures["slow_share"]["last"] == 0.0
