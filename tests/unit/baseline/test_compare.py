@@ -385,3 +385,388 @@ def test_an_inferred_version_is_no_change_against_an_exact_one() -> None:
     assert _versions(exact, guessed) == (None, None)
     assert _versions(guessed, older) == ("0.10.2+ (inferred)", "0.7+ (inferred)")
     assert _versions(exact, TargetSummary("t", "vllm", "0.34.0")) == ("0.33.0", "0.34.0")
+
+
+# -- the comparison on made-up runs: each rule at its boundary, each text exact -------------
+
+
+def made_engine(model: str | None = "m", label: str | None = "0", *,
+                config: dict[str, Any] | None = None, leak: str = "ok", reason: str = "",
+                **series: list[float]) -> Any:
+    """An engine whose figures are the given per-minute values, minute 0 onwards."""
+    from statistics import fmean
+
+    from kvtop.baseline.model import EngineSummary, Figure
+
+    return EngineSummary(model, label, config=config or {}, leak=leak, leak_reason=reason,
+                         figures={k: Figure(fmean(v), tuple(v)) for k, v in series.items()},
+                         minute_index={k: tuple(range(len(v))) for k, v in series.items()})
+
+
+def made_run(*targets: Any, gpus: tuple[Any, ...] = (), name: str | None = "b",
+             duration_s: float = 600.0) -> Any:
+    from kvtop.baseline.model import Baseline
+
+    return Baseline(name, "2026-12-05T10:00:00+00:00", "0.9.0", {"kind": "live"}, 1.0,
+                    duration_s, 60.0, targets=list(targets), gpus=list(gpus))
+
+
+def made_target(url: str, *engines: Any, probe: Any = None, kind: str | None = "vllm",
+                version: str | None = "0.33.0") -> Any:
+    from kvtop.baseline.model import TargetSummary
+
+    return TargetSummary(url, kind, version, engines=list(engines), probe=probe)
+
+
+def made_probe(requests: int = 4, failed: int = 0, error: str | None = None,
+               ttft: tuple[float, ...] = (0.10, 0.11, 0.09, 0.10) * 3) -> Any:
+    from kvtop.baseline.model import Figure, ProbeSummary
+
+    return ProbeSummary("m", "text", 64, 512, requests, failed,
+                        figures={"ttft": Figure(sum(ttft) / len(ttft), ttft)}, error=error)
+
+
+def made_gpu(used: tuple[float, ...], *, index: int | None = 0, name: str = "H100",
+             total: int | None = 80 * 2**30, host: str | None = None) -> Any:
+    from kvtop.baseline.model import Figure, GpuSummary
+
+    return GpuSummary(index, name, total, Figure(sum(used) / len(used), used), host=host)
+
+
+GIB = 2**30
+FOUR_LOW = [0.30, 0.31, 0.29, 0.30]  # four minutes each: p = 0.028, between 0.01 and 0.05
+FOUR_HIGH = [0.60, 0.61, 0.59, 0.60]
+
+
+def result_of(verdict: str, key: str = "kv_usage") -> Any:
+    from kvtop.baseline.figures import SPECS
+    from kvtop.baseline.judge import FigureResult
+
+    return FigureResult(SPECS[key], 0.3, 0.6, verdict)  # type: ignore[arg-type]
+
+
+def test_a_config_change_names_its_setting() -> None:
+    from kvtop.baseline.compare import ConfigChange
+
+    assert ConfigChange("num_gpu_blocks", 600, 420).to_json() == {
+        "key": "num_gpu_blocks", "label": "KV blocks (num_gpu_blocks)", "baseline": 600,
+        "now": 420}
+    assert ConfigChange("max_model_len", 4096, 8192).to_json()["label"] == "max_model_len"
+
+
+def test_config_changes_in_order_derived_ones_only_alone() -> None:
+    """The KV tokens follow the block count: listed only when the count stayed; a setting
+    kvtop does not compare is never listed; off -> on is a change like on -> off."""
+    from kvtop.baseline.compare import config_changes
+
+    base = {"kind": "vllm", "version": "0.33.0", "num_gpu_blocks": 600,
+            "kv_tokens_total": 9600, "prefix_caching": False, "max_model_len": 4096}
+    now = {"kind": "vllm", "version": "0.34.0", "num_gpu_blocks": 400,
+           "kv_tokens_total": 6400, "prefix_caching": True, "max_model_len": 8192}
+    assert [(c.key, c.baseline, c.now) for c in config_changes(base, now)] == [
+        ("version", "0.33.0", "0.34.0"), ("num_gpu_blocks", 600, 400),
+        ("prefix_caching", False, True)]
+    fewer_tokens = {**base, "kv_tokens_total": 9584}
+    assert [c.key for c in config_changes(base, fewer_tokens)] == ["kv_tokens_total"]
+    assert config_changes(base, dict(base)) == []
+
+
+def test_an_engine_row_in_json() -> None:
+    from kvtop.baseline.compare import ConfigChange, EngineComparison
+    from kvtop.baseline.judge import FigureResult
+    from kvtop.baseline.matched_load import ARRIVALS
+
+    load = FigureResult(ARRIVALS, 1.0, 2.0, "higher")
+    row = EngineComparison("http://now", "http://base", "m", "0",
+                           [ConfigChange("block_size", 16, 32)],
+                           [result_of("same"), result_of("better", "waiting")], "leak", "ok",
+                           "flat", load=load, load_range=(1.04, 1.96))
+    assert row.verdicts() == ["same", "better", "better"]
+    assert row.to_json() == {
+        "target": "http://now", "baseline_target": "http://base", "model": "m",
+        "engine": "0", "verdict": "better",
+        "config_changes": [{"key": "block_size", "label": "block size (tokens)",
+                            "baseline": 16, "now": 32}],
+        "leak": {"baseline": "leak", "now": "ok", "verdict": "better", "reason": "flat"},
+        "load": {**load.to_json(), "changed": True, "matched_range": [1.0, 2.0]},
+        "figures": [result_of("same").to_json(), result_of("better", "waiting").to_json()]}
+    lower = EngineComparison("t", "t", None, None, [], [], "ok", "ok", "",
+                             load=FigureResult(ARRIVALS, 2.0, 1.0, "lower"))
+    assert lower.to_json()["load"]["changed"] is True
+    assert lower.to_json()["load"]["matched_range"] is None
+    same = EngineComparison("t", "t", None, None, [], [], "ok", "ok", "",
+                            load=FigureResult(ARRIVALS, 1.0, 1.0, "same"))
+    assert same.to_json()["load"]["changed"] is False
+    assert EngineComparison("t", "t", None, None, [], [], "ok", "ok", "").to_json()[
+        "load"] is None
+
+
+@pytest.mark.parametrize(("engine_verdict", "verdict", "code"), [
+    ("worse", "worse", 1), ("better", "better", 0), ("same", "same", 0),
+    ("unknown", "unknown", 3)])
+def test_the_verdict_and_exit_code_of_a_comparison(engine_verdict: str, verdict: str,
+                                                   code: int) -> None:
+    from kvtop.baseline.compare import Comparison, EngineComparison
+
+    run = made_run()
+    row = EngineComparison("t", "t", "m", "0", [], [result_of(engine_verdict)], "unknown",
+                           "unknown", "")
+    result = Comparison(run, run, engines=[row])
+    assert (result.verdict, result.exit_code()) == (verdict, code)
+    assert result.to_json()["regression"] is (verdict == "worse")
+
+
+def test_without_a_matched_engine_the_comparison_is_unknown() -> None:
+    """A worse probe or GPU alone says nothing: no engine of the run was compared."""
+    from kvtop.baseline.compare import Comparison, GpuComparison, ProbeComparison
+
+    run = made_run()
+    worse = Comparison(run, run, probes=[ProbeComparison("t", "m", [result_of("worse")])],
+                       gpus=[GpuComparison(0, None, "H100", [], result_of("worse"))])
+    assert worse.verdicts() == ["worse", "worse"]
+    assert (worse.verdict, worse.exit_code()) == ("unknown", 3)
+
+
+def test_probes_and_gpus_count_in_the_verdict() -> None:
+    from kvtop.baseline.compare import (
+        Comparison,
+        EngineComparison,
+        GpuComparison,
+        ProbeComparison,
+    )
+
+    run = made_run()
+    same = EngineComparison("t", "t", "m", "0", [], [result_of("same")], "ok", "ok", "")
+    probe = Comparison(run, run, engines=[same],
+                       probes=[ProbeComparison("t", "m", [result_of("worse")])])
+    assert (probe.verdict, probe.exit_code()) == ("worse", 1)
+    gpu = Comparison(run, run, engines=[same],
+                     gpus=[GpuComparison(0, None, "H100", [], result_of("better"))])
+    assert gpu.verdicts() == ["same", "same", "better"] and gpu.verdict == "better"
+
+
+def test_a_comparison_in_json() -> None:
+    from kvtop.baseline.compare import compare
+
+    base = made_run(made_target("http://a", made_engine(
+        config={"num_gpu_blocks": 600}, kv_usage=FOUR_LOW)), name="before",
+        duration_s=1800.12345, gpus=(made_gpu((70.0 * GIB,) * 4),))
+    now = made_run(made_target("http://a", made_engine(config={"num_gpu_blocks": 400},
+                                                       kv_usage=FOUR_HIGH),
+                               made_engine("other", "1")),
+                   made_target("http://b", made_engine(kv_usage=FOUR_LOW)), name=None,
+                   gpus=(made_gpu((70.0 * GIB,) * 4, name="H200", total=141 * GIB),))
+    result = compare(base, now, alpha=0.05)
+    doc = result.to_json()
+    (engine,) = result.engines
+    (gpu,) = result.gpus
+    assert doc == {
+        "kvtop_compare": 1, "verdict": "worse", "regression": True,
+        "method": {"test": "mann-whitney-u", "alpha": 0.05, "noise_z": 2.576,
+                   "design_effect": 3.0, "minute_s": 60.0, "min_values": 3,
+                   "load": "arrivals/s per minute (else prompt + generation tokens/s); when it "
+                           "changed, load-driven figures are judged on the minutes both runs "
+                           "share a load range in",
+                   "load_driven": ["e2e_p50", "e2e_p99", "itl_p50", "itl_p99", "kv_limited",
+                                   "kv_usage", "preemptions_per_min", "ttft_p50", "ttft_p99",
+                                   "waiting"]},
+        "baseline": {"name": "before", "created": "2026-12-05T10:00:00+00:00",
+                     "source": {"kind": "live"}, "duration_s": 1800.123},
+        "now": {"name": None, "created": "2026-12-05T10:00:00+00:00",
+                "source": {"kind": "live"}, "duration_s": 600.0},
+        "config_changes": [
+            {"target": "http://a", "model": "m", "engine": "0", "key": "num_gpu_blocks",
+             "label": "KV blocks (num_gpu_blocks)", "baseline": 600, "now": 400},
+            {"gpu": 0, "host": None, "key": "name", "label": "GPU", "baseline": "H100",
+             "now": "H200"},
+            {"gpu": 0, "host": None, "key": "memory_total_bytes",
+             "label": "GPU memory (bytes)", "baseline": 80 * GIB, "now": 141 * GIB}],
+        "engines": [engine.to_json()],
+        "probes": [],
+        "gpus": [{"index": 0, "host": None, "name": "H200",
+                  "config_changes": [c.to_json() for c in gpu.config_changes],
+                  "figures": [gpu.memory.to_json()]}],
+        "unmatched": {"baseline": [],
+                      "now": [{"target": "http://a", "model": "other", "engine": "1"},
+                              {"target": "http://b", "model": "m", "engine": "0"}]},
+        "notes": []}
+    assert doc["engines"][0]["verdict"] == "worse"
+    assert doc["engines"][0]["figures"][0]["verdict"] == "worse"  # at alpha 0.05
+
+
+def test_the_alpha_reaches_every_figure() -> None:
+    """Four minutes a side, every one apart: p = 0.028, a change at alpha 0.05 and
+    unknown at the default 0.01, for the engine's figures, the load, a probe and a GPU."""
+    from kvtop.baseline.compare import compare
+
+    def runs(low: bool) -> Any:
+        kv, load = (FOUR_LOW, [1.0, 1.01, 0.99, 1.0]) if low else (
+            FOUR_HIGH, [3.0, 3.01, 2.99, 3.0])
+        ttft = (0.10, 0.11, 0.09, 0.10) if low else (0.20, 0.21, 0.19, 0.20)
+        used = tuple(g * GIB for g in ((10.0, 10.1, 9.9, 10.0) if low else
+                                       (20.0, 20.1, 19.9, 20.0)))
+        return made_run(made_target("http://a", made_engine(
+            kv_usage=kv, hit_rate=[1 - v for v in kv], arrivals_per_s=load),
+            probe=made_probe(ttft=ttft)), gpus=(made_gpu(used),))
+
+    loose = compare(runs(True), runs(False), alpha=0.05)
+    (engine,) = loose.engines
+    assert engine.load is not None and engine.load.verdict == "higher"
+    assert engine.load_range is None  # 1 and 3 arrivals/s: no load both saw
+    figures = {f.spec.key: f for f in engine.figures}
+    assert figures["hit_rate"].verdict == "worse"  # not load-driven: judged as it is
+    assert figures["kv_usage"].verdict == "higher"  # follows the load
+    assert loose.probes[0].figures[0].verdict == "worse"
+    assert loose.gpus[0].memory.verdict == "higher"
+    strict = compare(runs(True), runs(False))
+    assert strict.alpha == 0.01 and loose.alpha == 0.05
+    assert strict.engines[0].load.verdict == "unknown"  # type: ignore[union-attr]
+    assert {f.verdict for f in strict.engines[0].figures} == {"unknown"}
+    assert strict.probes[0].figures[0].verdict == "unknown"
+    assert strict.gpus[0].memory.verdict == "unknown"
+
+
+def test_a_changed_load_judges_load_driven_figures_on_the_load_both_saw() -> None:
+    from kvtop.baseline.compare import compare
+
+    def ramp(start: float) -> list[float]:
+        return [start + 0.05 * i for i in range(20)]
+
+    base = made_run(made_target("http://a", made_engine(
+        arrivals_per_s=ramp(1.0), kv_usage=[0.3] * 20, hit_rate=[0.5] * 20)))
+    now = made_run(made_target("http://a", made_engine(
+        arrivals_per_s=ramp(1.5), kv_usage=[0.6] * 20, hit_rate=[0.5] * 20)))
+    (engine,) = compare(base, now).engines
+    assert engine.load is not None and engine.load.verdict == "higher"
+    assert engine.load_range == pytest.approx((1.5, 1.95))
+    figures = {f.spec.key: f for f in engine.figures}
+    assert figures["kv_usage"].matched_load and figures["kv_usage"].verdict == "worse"
+    assert figures["kv_usage"].note == ("at matched load: 10 and 10 minutes of "
+                                        "1.50-1.95 arrivals/s")
+    assert not figures["hit_rate"].matched_load
+    assert (figures["hit_rate"].n_baseline, figures["hit_rate"].n_now) == (20, 20)
+    steady = compare(base, made_run(made_target("http://a", made_engine(
+        arrivals_per_s=ramp(1.0), kv_usage=[0.6] * 20))))
+    assert steady.engines[0].load_range is None
+    assert not steady.engines[0].figures[0].matched_load
+    assert steady.engines[0].figures[0].verdict == "worse"
+
+
+def test_engines_pair_with_the_closest_first() -> None:
+    """Same model, label and target beats same model and label, which beats the model
+    alone; another model never pairs."""
+    from kvtop.baseline.compare import compare
+
+    base = made_run(made_target("http://a", made_engine(label="0", kv_usage=FOUR_LOW)),
+                    made_target("http://b", made_engine(label="0", kv_usage=FOUR_LOW),
+                                made_engine(label="1", kv_usage=FOUR_LOW)),
+                    made_target("http://c", made_engine("gone")))
+    now = made_run(made_target("http://b", made_engine(label="0"), made_engine(label="2")),
+                   made_target("http://x", made_engine("new")))
+    result = compare(base, now)
+    assert [(e.target, e.baseline_target, e.engine) for e in result.engines] == [
+        ("http://b", "http://b", "0"), ("http://b", "http://a", "2")]
+    assert [(t, e.model, e.engine) for t, e in result.unmatched_baseline] == [
+        ("http://b", "m", "1"), ("http://c", "gone", "0")]
+    assert [(t, e.model) for t, e in result.unmatched_now] == [("http://x", "new")]
+    relabelled = compare(base, made_run(made_target("http://c", made_engine(label="1"))))
+    assert [(e.baseline_target, e.engine) for e in relabelled.engines] == [("http://b", "1")]
+
+
+def test_match_engine_finds_the_closest_or_none() -> None:
+    from kvtop.baseline.compare import match_engine
+
+    base = made_run(made_target("http://a", made_engine(label="0")),
+                    made_target("http://b", made_engine(label="0"), made_engine(label="1")))
+    found = match_engine(base, "http://b", "m", "0")
+    assert found is not None and (found[0].target, found[1].engine) == ("http://b", "0")
+    found = match_engine(base, "http://z", "m", "1")
+    assert found is not None and (found[0].target, found[1].engine) == ("http://b", "1")
+    found = match_engine(base, "http://z", "m", "9")
+    assert found is not None and (found[0].target, found[1].engine) == ("http://a", "0")
+    assert match_engine(base, "http://a", "other", "0") is None
+    assert match_engine(made_run(), "http://a", "m", "0") is None
+
+
+def test_runs_of_other_models_are_refused() -> None:
+    from kvtop.baseline.compare import ModelMismatch, compare
+
+    base = made_run(made_target("http://a", made_engine("llama"), made_engine(None, "1")),
+                    name="monday")
+    with pytest.raises(ModelMismatch) as raised:
+        compare(base, made_run(made_target("http://a", made_engine("qwen"))))
+    assert str(raised.value) == (
+        "the baseline monday is of model(s) (unnamed), 'llama', this run serves 'qwen': a "
+        "comparison across models would mean nothing; save a baseline of this model first")
+    with pytest.raises(ModelMismatch, match=r"^the baseline  is of model"):
+        compare(made_run(made_target("http://a", made_engine("llama")), name=None),
+                made_run(made_target("http://a", made_engine("qwen"))))
+    # one model in common is enough; a run without engines is no mismatch
+    assert len(compare(base, made_run(made_target("http://a", made_engine("qwen"),
+                                                  made_engine("llama")))).engines) == 1
+    assert compare(base, made_run(made_target("http://a"))).verdict == "unknown"
+    assert compare(made_run(made_target("http://a")), base).engines == []
+
+
+def test_the_kind_and_version_are_settings_of_the_engine() -> None:
+    from kvtop.baseline.compare import compare
+
+    base = made_run(made_target("http://a", made_engine(), kind="vllm", version="0.33.0"))
+    now = made_run(made_target("http://a", made_engine(), kind="sglang", version="0.5.0"))
+    assert [(c.key, c.baseline, c.now) for c in compare(base, now).engines[0].config_changes
+            ] == [("kind", "vllm", "sglang"), ("version", "0.33.0", "0.5.0")]
+
+
+def test_an_inferred_version_without_a_version_stays_unknown() -> None:
+    from kvtop.baseline.compare import _versions
+    from kvtop.baseline.model import TargetSummary
+
+    guessed = TargetSummary("t", "vllm", "0.10.2+", version_inferred=True)
+    unknown = TargetSummary("t", "vllm", None, version_inferred=True)
+    assert _versions(unknown, guessed) == (None, "0.10.2+ (inferred)")
+    assert _versions(guessed, unknown) == ("0.10.2+ (inferred)", None)
+
+
+def test_a_probe_is_compared_once_a_target_and_says_what_failed() -> None:
+    from kvtop.baseline.compare import compare
+
+    def run_of(probe: Any) -> Any:
+        return made_run(made_target("http://a", made_engine(label="0"), made_engine(label="1"),
+                                    probe=probe))
+
+    base = run_of(made_probe())
+    same = compare(base, run_of(made_probe()))
+    assert [(p.target, p.model, p.note) for p in same.probes] == [("http://a", "m", None)]
+    assert [f.spec.key for f in same.probes[0].figures] == ["ttft", "total"]
+    assert same.probes[0].to_json() == {
+        "target": "http://a", "model": "m", "note": None, "verdict": "same",
+        "figures": [f.to_json() for f in same.probes[0].figures]}
+    assert same.probes[0].figures[0].verdict == "same"
+    missing = compare(base, run_of(None)).probes[0]
+    assert missing.note == "not probed in this run (--probe sends the request)"
+    assert missing.figures[0].note == "not known in this run"
+    failed = compare(base, run_of(made_probe(requests=5, failed=1, error="timeout")))
+    assert failed.probes[0].note == "1 of 5 probe requests failed: timeout"
+    assert compare(run_of(None), base).probes == []
+
+
+def test_gpus_pair_by_place_and_a_lost_reading_is_noted() -> None:
+    from kvtop.baseline.compare import compare
+
+    used = (10.0 * GIB,) * 4
+    base = made_run(made_target("http://a", made_engine()),
+                    gpus=(made_gpu(used, index=0), made_gpu(used, index=1),
+                          made_gpu(used, index=None, host="node-7")))
+    now = made_run(made_target("http://a", made_engine()),
+                   gpus=(made_gpu(used, index=1, name="H200"),
+                         made_gpu(used, index=None, host="node-7")))
+    result = compare(base, now)
+    assert [(g.index, g.host, g.name) for g in result.gpus] == [
+        (1, None, "H200"), (None, "node-7", "H100")]
+    assert [c.key for c in result.gpus[0].config_changes] == ["name"]
+    assert result.gpus[1].config_changes == [] and result.notes == []
+    assert result.gpus[1].memory.spec.key == "memory_used_bytes"
+    blind = compare(base, made_run(made_target("http://a", made_engine())))
+    assert blind.gpus == []
+    assert blind.notes == ["the baseline has GPU readings, this run none"]
+    assert compare(made_run(made_target("http://a", made_engine())), now).notes == []
