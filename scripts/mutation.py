@@ -288,7 +288,9 @@ MODULES: dict[str, tuple[str, ...]] = {
         "test_the_kind_and_version_are_settings_of_the_engine",
         "test_an_inferred_version_without_a_version_stays_unknown",
         "test_a_probe_is_compared_once_a_target_and_says_what_failed",
-        "test_gpus_pair_by_place_and_a_lost_reading_is_noted")),
+        "test_gpus_pair_by_place_and_a_lost_reading_is_noted",
+        "test_the_leak_row_carries_both_runs_states_and_the_reason_now",
+        "test_closeness_counts_what_two_engines_share")),
     "kvtop/baseline/collect.py": (f"{UNIT}/baseline/test_collect.py",
                                   f"{UNIT}/baseline/test_compare.py::"
                                   "test_llama_cpp_carries_what_it_exports"),

@@ -480,7 +480,7 @@ def test_an_engine_row_in_json() -> None:
     row = EngineComparison("http://now", "http://base", "m", "0",
                            [ConfigChange("block_size", 16, 32)],
                            [result_of("same"), result_of("better", "waiting")], "leak", "ok",
-                           "flat", load=load, load_range=(1.04, 1.96))
+                           "flat", load=load, load_range=(1.24, 1.96))
     assert row.verdicts() == ["same", "better", "better"]
     assert row.to_json() == {
         "target": "http://now", "baseline_target": "http://base", "model": "m",
@@ -488,7 +488,7 @@ def test_an_engine_row_in_json() -> None:
         "config_changes": [{"key": "block_size", "label": "block size (tokens)",
                             "baseline": 16, "now": 32}],
         "leak": {"baseline": "leak", "now": "ok", "verdict": "better", "reason": "flat"},
-        "load": {**load.to_json(), "changed": True, "matched_range": [1.0, 2.0]},
+        "load": {**load.to_json(), "changed": True, "matched_range": [1.2, 2.0]},
         "figures": [result_of("same").to_json(), result_of("better", "waiting").to_json()]}
     lower = EngineComparison("t", "t", None, None, [], [], "ok", "ok", "",
                              load=FigureResult(ARRIVALS, 2.0, 1.0, "lower"))
@@ -549,7 +549,8 @@ def test_a_comparison_in_json() -> None:
     from kvtop.baseline.compare import compare
 
     base = made_run(made_target("http://a", made_engine(
-        config={"num_gpu_blocks": 600}, kv_usage=FOUR_LOW)), name="before",
+        config={"num_gpu_blocks": 600}, kv_usage=FOUR_LOW)),
+        made_target("http://c", made_engine("gone", "3")), name="before",
         duration_s=1800.12345, gpus=(made_gpu((70.0 * GIB,) * 4),))
     now = made_run(made_target("http://a", made_engine(config={"num_gpu_blocks": 400},
                                                        kv_usage=FOUR_HIGH),
@@ -586,7 +587,7 @@ def test_a_comparison_in_json() -> None:
         "gpus": [{"index": 0, "host": None, "name": "H200",
                   "config_changes": [c.to_json() for c in gpu.config_changes],
                   "figures": [gpu.memory.to_json()]}],
-        "unmatched": {"baseline": [],
+        "unmatched": {"baseline": [{"target": "http://c", "model": "gone", "engine": "3"}],
                       "now": [{"target": "http://a", "model": "other", "engine": "1"},
                               {"target": "http://b", "model": "m", "engine": "0"}]},
         "notes": []}
@@ -645,6 +646,10 @@ def test_a_changed_load_judges_load_driven_figures_on_the_load_both_saw() -> Non
                                         "1.50-1.95 arrivals/s")
     assert not figures["hit_rate"].matched_load
     assert (figures["hit_rate"].n_baseline, figures["hit_rate"].n_now) == (20, 20)
+    (quieter,) = compare(now, base).engines
+    assert quieter.load is not None and quieter.load.verdict == "lower"
+    assert quieter.load_range == pytest.approx((1.5, 1.95))
+    assert quieter.figures[0].matched_load and quieter.figures[0].verdict == "better"
     steady = compare(base, made_run(made_target("http://a", made_engine(
         arrivals_per_s=ramp(1.0), kv_usage=[0.6] * 20))))
     assert steady.engines[0].load_range is None
@@ -691,19 +696,19 @@ def test_match_engine_finds_the_closest_or_none() -> None:
 def test_runs_of_other_models_are_refused() -> None:
     from kvtop.baseline.compare import ModelMismatch, compare
 
-    base = made_run(made_target("http://a", made_engine("llama"), made_engine(None, "1")),
+    base = made_run(made_target("http://a", made_engine("Llama"), made_engine(None, "1")),
                     name="monday")
     with pytest.raises(ModelMismatch) as raised:
         compare(base, made_run(made_target("http://a", made_engine("qwen"))))
     assert str(raised.value) == (
-        "the baseline monday is of model(s) (unnamed), 'llama', this run serves 'qwen': a "
+        "the baseline monday is of model(s) (unnamed), 'Llama', this run serves 'qwen': a "
         "comparison across models would mean nothing; save a baseline of this model first")
     with pytest.raises(ModelMismatch, match=r"^the baseline  is of model"):
         compare(made_run(made_target("http://a", made_engine("llama")), name=None),
                 made_run(made_target("http://a", made_engine("qwen"))))
     # one model in common is enough; a run without engines is no mismatch
     assert len(compare(base, made_run(made_target("http://a", made_engine("qwen"),
-                                                  made_engine("llama")))).engines) == 1
+                                                  made_engine("Llama")))).engines) == 1
     assert compare(base, made_run(made_target("http://a"))).verdict == "unknown"
     assert compare(made_run(made_target("http://a")), base).engines == []
 
@@ -770,3 +775,28 @@ def test_gpus_pair_by_place_and_a_lost_reading_is_noted() -> None:
     assert blind.gpus == []
     assert blind.notes == ["the baseline has GPU readings, this run none"]
     assert compare(made_run(made_target("http://a", made_engine())), now).notes == []
+
+
+def test_the_leak_row_carries_both_runs_states_and_the_reason_now() -> None:
+    from kvtop.baseline.compare import compare
+
+    base = made_run(made_target("http://a", made_engine(leak="ok", reason="flat")))
+    now = made_run(made_target("http://a", made_engine(leak="leak",
+                                                       reason="12 blocks never freed")))
+    (engine,) = compare(base, now).engines
+    assert (engine.leak_baseline, engine.leak_now, engine.leak_reason) == (
+        "ok", "leak", "12 blocks never freed")
+    assert engine.leak_verdict == "worse"
+
+
+def test_closeness_counts_what_two_engines_share() -> None:
+    """The scale `_closeness` documents: 3 same model, label and target; 2 same model and
+    label; 1 same model; 0 another model."""
+    from kvtop.baseline.compare import _closeness
+    from kvtop.baseline.model import EngineSummary, TargetSummary
+
+    base = (TargetSummary("http://a"), EngineSummary("m", "0"))
+    assert _closeness(base, TargetSummary("http://a"), EngineSummary("m", "0")) == 3
+    assert _closeness(base, TargetSummary("http://b"), EngineSummary("m", "0")) == 2
+    assert _closeness(base, TargetSummary("http://a"), EngineSummary("m", "1")) == 1
+    assert _closeness(base, TargetSummary("http://a"), EngineSummary("n", "0")) == 0
