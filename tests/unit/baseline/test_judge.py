@@ -361,3 +361,8 @@ def test_the_minutes_needed_leave_minutes_each_unset() -> None:
     assert result.minutes_needed is not None and result.minutes_each is None
     assert (result.spec, result.baseline, result.now) == (KV, figure(base).value,
                                                            figure(now).value)
+
+
+def test_a_run_that_did_not_export_the_figure_keeps_the_baselines_value() -> None:
+    assert judge(KV, Figure(0.3, (0.3,) * 10), Figure(None)) == judging.FigureResult(
+        KV, 0.3, None, "unknown", n_baseline=10, note="not known in this run")
