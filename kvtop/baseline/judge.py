@@ -113,8 +113,9 @@ def judge(spec: FigureSpec, base: Figure, now: Figure, *, alpha: float = ALPHA,
                             note=f"not known in {side}", **counts)
     matters = max(spec.floor, spec.rel * abs(base.value))
     if min(len(base.values), len(now.values)) < min_values:
-        more = _minutes_for_ranks(max(len(base.values), min_values), alpha)
-        needed = max(0, more - len(now.values)) if len(base.values) >= min_values else None
+        # a baseline long enough (so this run is the short one): at least min_values here
+        more = max(min_values, _minutes_for_ranks(len(base.values), alpha))
+        needed = more - len(now.values) if len(base.values) >= min_values else None
         each = None if needed is not None else _minutes_for_ranks(min_values, alpha)
         return FigureResult(spec, base.value, now.value, "unknown",
                             note=f"too few minutes to judge (needs {min_values} each); "
@@ -172,7 +173,7 @@ def minutes_needed(spec: FigureSpec, base: Sequence[float], now: Sequence[float]
     ranks = _minutes_for_ranks(len(base), alpha)
     if budget <= 0 or ranks >= MAX_MINUTES:
         return None
-    for_noise = math.ceil(spread_now / budget) if spread_now > 0 else 0
+    for_noise = math.ceil(spread_now / budget)  # budget > 0 here
     if for_noise >= MAX_MINUTES:
         return None
     return max(0, max(for_noise, ranks) - len(now))
