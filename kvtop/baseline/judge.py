@@ -173,7 +173,8 @@ def minutes_needed(spec: FigureSpec, base: Sequence[float], now: Sequence[float]
     ranks = _minutes_for_ranks(len(base), alpha)
     if budget <= 0 or ranks >= MAX_MINUTES:
         return None
-    for_noise = math.ceil(spread_now / budget)  # budget > 0 here
+    # budget > 0 here; a spread that is not a number (a NaN minute) adds no minutes
+    for_noise = math.ceil(spread_now / budget) if spread_now > 0 else 0
     if for_noise >= MAX_MINUTES:
         return None
     return max(0, max(for_noise, ranks) - len(now))

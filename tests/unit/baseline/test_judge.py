@@ -66,6 +66,13 @@ def test_too_noisy_to_see_the_change_that_matters_is_unknown_with_the_minutes() 
         "could show is ")
 
 
+def test_a_minute_that_is_not_a_number_adds_no_minutes_and_never_raises() -> None:
+    base = steady(0.30, 20, 0.001)
+    now = [0.30, math.nan, 0.31]
+    ranks = judging.minutes_needed(KV, base, [0.30, 0.31, 0.32], 0.03, judging.ALPHA)
+    assert judging.minutes_needed(KV, base, now, 0.03, judging.ALPHA) == ranks
+
+
 def test_the_minutes_needed_follow_the_noise_margin() -> None:
     """The noise margin narrows as the square root of the minutes: with a quiet baseline,
     the run needs (its spread / the budget the baseline leaves) minutes."""
