@@ -96,41 +96,35 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
     return Recordings(tmp_path_factory.mktemp("baseline-runs"))
 
 
-@pytest.fixture(scope="session")
-def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
-    """A server-side TLS context with a fresh self-signed certificate for 127.0.0.1."""
+def _server_tls(folder: Path, subject: str, *extensions: str) -> tuple[ssl.SSLContext, Path]:
+    """A server-side TLS context with a fresh self-signed certificate (openssl), and the
+    certificate's PEM."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl not installed")
-    tmp_path = tmp_path_factory.mktemp("tls")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    added = [arg for extension in extensions for arg in ("-addext", extension)]
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+         "-subj", subject, *added, "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True,
     )  # fmt: skip
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
-    return context
+    return context, cert
+
+
+@pytest.fixture(scope="session")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
+    """A server-side TLS context with a fresh self-signed certificate for 127.0.0.1."""
+    return _server_tls(tmp_path_factory.mktemp("tls"), "/CN=127.0.0.1")[0]
 
 
 @pytest.fixture(scope="session")
 def private_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, Path]:
     """A server-side TLS context for 127.0.0.1 whose certificate is its own CA (a private
     CA, as behind a company gateway), and the path of that CA's PEM for --cacert."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl not installed")
-    tmp_path = tmp_path_factory.mktemp("private-ca")
-    key, cert = tmp_path / "key.pem", tmp_path / "ca.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=kvtop test CA", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-addext", "basicConstraints=critical,CA:TRUE", "-keyout", str(key),
-         "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    return context, cert
+    return _server_tls(tmp_path_factory.mktemp("private-ca"), "/CN=kvtop test CA",
+                       "subjectAltName=IP:127.0.0.1", "basicConstraints=critical,CA:TRUE")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
