@@ -25,7 +25,7 @@ class UnreadableFile(Exception):
 def open_regular(path: str | Path) -> BufferedReader:
     """``path`` opened for reading (buffered, binary), if it is a regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # not inherited (PEP 446)
     except FileNotFoundError as exc:
         raise UnreadableFile(exc.strerror or "no such file", missing=True) from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path

@@ -304,7 +304,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/baseline/live.py": (f"{UNIT}/baseline/test_live.py",),
     "kvtop/baseline/probe.py": (f"{UNIT}/baseline/test_live.py",
                                 f"{UNIT}/commands/test_baseline.py"),
-    "kvtop/store/time_range.py": (f"{UNIT}/commands/test_check.py::"
+    "kvtop/store/time_range.py": (f"{UNIT}/store/test_time_range.py",
+                                  f"{UNIT}/commands/test_check.py::"
                                   "test_a_check_of_part_of_a_recording_judges_only_that_part",
                                   f"{UNIT}/commands/test_check.py::"
                                   "test_a_time_range_needs_a_recording_and_a_time"),
