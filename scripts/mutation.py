@@ -372,7 +372,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/__main__.py": (f"{UNIT}/test_cli.py",),
     "kvtop/cli.py": (f"{UNIT}/test_cli.py", f"{UNIT}/test_cli_args.py"),
     "kvtop/manpage.py": (f"{UNIT}/test_cli.py",),
-    "kvtop/crash.py": (f"{UNIT}/test_cli.py",),
+    "kvtop/crash.py": (f"{UNIT}/test_crash.py",),
     "kvtop/runtime.py": (f"{UNIT}/test_runtime.py",),
     # the one output boundary, its readers' guard and the file reader every file kind uses
     "kvtop/safe_text.py": (f"{UNIT}/test_safe_text.py", "tests/hostile/test_headless_display.py",
