@@ -82,13 +82,18 @@ def describe_size(size: dict[str, float | None]) -> str:
 def warmup_needs(params: LeakParams, first_t: float | None, last_t: float | None) -> str:
     """What the leak detector still needs to leave warm-up, in words: the time under load
     its floor trend takes, or one idle period (the pool drained to its floor)."""
-    seen = 0.0 if first_t is None or last_t is None else max(0.0, last_t - first_t)
-    left = max(params.trend_min_span_s, params.trend_min_buckets * params.bucket_s) - seen
+    left = (max(params.trend_min_span_s, params.trend_min_buckets * params.bucket_s)
+            - seen_span(first_t, last_t))
     idle = (f"one idle period (nothing running or waiting for {params.idle_min_s:.0f} s, "
             f"{params.idle_min_scrapes} scrapes)")
     if left <= 0:
         return f"needs more scrapes under steady load, or {idle}"
     return f"needs {math.ceil(left / 60)} more minutes of scrapes under load, or {idle}"
+
+
+def seen_span(first_t: float | None, last_t: float | None) -> float:
+    """Seconds from an engine's first to its last good scrape (0 before two)."""
+    return 0.0 if first_t is None or last_t is None else max(0.0, last_t - first_t)
 
 
 def block_hash_text(key: int) -> str:
@@ -297,7 +302,7 @@ class CheckRun:
         if not self.engines_seen():
             return "needs a target that answers with an inference server's metrics"
         waiting = [e for per in self.engines.values() for e in per.values()]
-        closest = max(waiting, key=lambda e: (e.last_t or 0) - (e.first_t or 0))
+        closest = max(waiting, key=lambda e: seen_span(e.first_t, e.last_t))
         return closest.needs(self.params)
 
     def exit_code(self) -> int:

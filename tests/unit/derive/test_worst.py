@@ -31,6 +31,7 @@ from tests.scenarios.check_runs import (
     stalling,
     warmup,
 )
+from tests.scenarios.kv_cache import kv_event_stats
 
 
 def test_blocks_held_at_idle_are_a_leak_with_when_watch_and_leak_began() -> None:
@@ -311,3 +312,118 @@ def test_an_interrupted_run_exits_130_with_its_verdict_so_far() -> None:
     run.interrupted = True
     assert run.exit_code() == EXIT_INTERRUPTED == 130
     assert run.to_json()["interrupted"] is True and run.to_json()["verdict"] == "leak"
+
+
+def test_the_kv_event_witness_in_json_is_the_worst_it_reached() -> None:
+    verdict = EngineVerdict("m", "0")
+    evidence = kv_event_stats(leak="evidence", leak_reason="3 blocks unused", leaked_blocks=3,
+                              leaked_sample=(0xAB, 2**64 - 1), turnovers=4.236,
+                              lost_batches=1, malformed=2, restarts=3)
+    verdict.observe_kv_events(T0, kv_event_stats(leak="too_early"))
+    verdict.observe_kv_events(T0 + 10, evidence)
+    verdict.observe_kv_events(T0 + 20, kv_event_stats(leak="none"))  # lower: not the worst
+    assert verdict.to_json()["kv_events"] == {
+        "leak": "evidence", "reason": "3 blocks unused", "evidence_first_t": T0 + 10,
+        "leaked_blocks": 3, "leaked_sample": ["00000000000000ab", "ffffffffffffffff"],
+        "turnovers": 4.24, "stored_total": 500, "removed_total": 400, "lost_batches": 1,
+        "malformed": 2, "restarts": 3}
+    same_rank = kv_event_stats(leak="evidence", leaked_blocks=5)
+    verdict.observe_kv_events(T0 + 30, same_rank)  # as bad: the latest figures
+    assert verdict.kv_events is same_rank and verdict.kv_evidence_first_t == T0 + 10
+    assert EngineVerdict("m", "0").to_json()["kv_events"] is None
+
+
+def test_an_engine_keeps_its_span_block_size_and_block_bytes_across_scrapes() -> None:
+    verdict = EngineVerdict("m", "0")
+    verdict.seen(T0 + 50, 16, {"kv_cache_memory_bytes": "1600", "num_gpu_blocks": "100"})
+    verdict.seen(T0 + 10, None, None)  # an older scrape, saying nothing of the blocks
+    verdict.seen(T0 + 30, 0, {"num_gpu_blocks": "100"})
+    assert (verdict.first_t, verdict.last_t) == (T0 + 10, T0 + 50)
+    assert (verdict.block_size, verdict.bytes_per_block) == (16, 16.0)
+    verdict.seen(T0 + 60, 32, {"kv_cache_memory_bytes": "6400", "num_gpu_blocks": "100"})
+    assert (verdict.block_size, verdict.bytes_per_block) == (32, 64.0)
+
+
+def with_block_bytes(text: str) -> str:
+    return text.replace('num_gpu_blocks="1000"',
+                        'num_gpu_blocks="1000",kv_cache_memory_bytes="2097152000"')
+
+
+def test_a_leak_read_from_scrapes_gives_its_size_in_gib_where_the_server_says() -> None:
+    scrapes = [read_scrape(Scrape(TARGET, T0 + STEP * i, body=with_block_bytes(body(0.04))))
+               for i in range(12)]
+    entry = engine(judged(scrapes))
+    assert (entry["leaked_blocks"], entry["leaked_tokens"]) == (39.0, 624.0)
+    assert entry["leaked_gib"] == round(39 * 2 * 2**20 / 2**30, 3)
+
+
+def test_the_size_keeps_a_tenth_of_a_block() -> None:
+    assert worst.leak_size(12.34, None, None) == {"blocks": 12.3, "tokens": None, "gib": None}
+
+
+def test_a_value_of_exactly_one_is_a_number_of_bytes_or_blocks() -> None:
+    assert worst.kv_bytes_per_block({"kv_cache_memory_bytes": "1", "num_gpu_blocks": "1"}) == 1
+
+
+def test_the_warm_up_counts_from_the_first_good_scrape_to_the_last() -> None:
+    params = LeakParams(trend_min_span_s=600.5)  # 10 min and half a second
+    assert "needs 11 more minutes" in worst.warmup_needs(params, T0, T0)
+    assert "needs 11 more minutes" in worst.warmup_needs(params, None, T0)
+    assert "needs 11 more minutes" in worst.warmup_needs(params, T0, None)
+    assert "needs 10 more minutes" in worst.warmup_needs(params, T0, T0 + 0.5)
+    assert worst.seen_span(T0 + 5, T0) == 0.0 and worst.seen_span(T0, T0 + 2.5) == 2.5
+
+
+def test_what_unknown_needs_follows_the_runs_own_thresholds_and_closest_engine() -> None:
+    params = LeakParams(trend_min_span_s=3600.0)
+    run = CheckRun(params)
+    short = Target.from_spec("127.0.0.1:8001")  # listed first, seen for a minute only
+    run.feed(read_scrape(Scrape(short, T0, body=body(0.5, running=2, model="short"))))
+    run.feed(read_scrape(Scrape(short, T0 + 60, body=body(0.5, running=2, model="short"))))
+    run.feed(read_scrape(Scrape(TARGET, T0, body=body(0.5, running=2, model="long"))))
+    run.feed(read_scrape(Scrape(TARGET, T0 + 600, body=body(0.5, running=2, model="long")
+                                + body(0.5, running=2, model="new"))))
+    run.feed(read_scrape(Scrape(TARGET, T0 + 660, body=body(0.5, running=2, model="long")
+                                + body(0.5, running=2, model="new"))))
+    assert run.verdict() == "unknown"
+    assert run.needs() is not None and run.needs().startswith("needs 49 more minutes")
+    entries = {e["model"]: e["needs"] for t in run.to_json()["targets"] for e in t["engines"]}
+    assert entries["long"].startswith("needs 49 more minutes")
+    assert entries["new"].startswith("needs 59 more minutes")
+
+
+def test_a_judged_run_or_engine_needs_nothing() -> None:
+    run = judged(quiet(12))
+    other = Target.from_spec("127.0.0.1:8001")
+    run.feed(read_scrape(Scrape(other, T0, body=body(0.5, running=2))))
+    run.feed(read_scrape(Scrape(other, T0 + 300, body=body(0.5, running=2))))
+    assert run.verdict() == "ok" and run.needs() is None
+    assert engine(judged(quiet(12)))["needs"] is None
+
+
+def test_a_failed_or_older_scrape_does_not_stretch_an_engines_span() -> None:
+    older = judged(idle_holding(3))  # T0 .. T0 + 20; the tracker keeps its engines
+    older.feed(read_scrape(Scrape(TARGET, T0 - 100, body=body(0.04))))
+    entry = older.engines[TARGET.url][("m", "0")]
+    assert (entry.first_t, entry.last_t) == (T0, T0 + 20)
+    assert (older.first_t, older.last_t) == (T0 - 100, T0 + 20)
+    failed = judged(idle_holding(3))
+    failed.feed(Scrape(TARGET, T0 + 90, failure="down", error="refused"))
+    entry = failed.engines[TARGET.url][("m", "0")]
+    assert (entry.first_t, entry.last_t) == (T0, T0 + 20)
+    assert (failed.first_t, failed.last_t) == (T0, T0 + 90)
+
+
+def test_trackers_are_trimmed_only_past_the_cap_and_an_eighth(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worst, "MAX_TRACKED_TARGETS", 16)
+    run = CheckRun()
+    for i in range(18):  # 16 + 16 // 8: kept
+        run.feed(Scrape(Target(f"http://10.0.0.{i}:8000/metrics"), T0 + i, failure="down"))
+    assert len(run.trackers) == 18
+    run.feed(Scrape(Target("http://10.0.1.0:8000/metrics"), T0 + 18, failure="down"))
+    assert len(run.trackers) == 16
+    assert "http://10.0.0.2:8000/metrics" not in run.trackers
+    assert "http://10.0.0.3:8000/metrics" in run.trackers
+    assert run.trackers["http://10.0.1.0:8000/metrics"].state.target.url == (
+        "http://10.0.1.0:8000/metrics")
