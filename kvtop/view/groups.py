@@ -110,24 +110,20 @@ class GroupRow(FleetRow):
         return True
 
 
-def _worst_cell(cells: Iterable[Cell]) -> Cell:
-    return max(cells, key=lambda c: STATUS_RANK.get(c.level, 0), default=Cell(fmt.DASH, "dim"))
-
-
 def _worst_leak(members: list[FleetRow]) -> Cell:
     def rank(row: FleetRow) -> tuple[int, int]:
         cell = row.cells["leak"]
         verdict = row.stats.leak if row.stats is not None else None
-        return STATUS_RANK.get(cell.level, 0), LEAK_RANK[verdict.state] if verdict else -1
+        return STATUS_RANK[cell.level], LEAK_RANK[verdict.state] if verdict else -1
 
     return max(members, key=rank).cells["leak"] if members else Cell(fmt.DASH, "dim")
 
 
 def _status(members: list[FleetRow]) -> Cell:
     up = sum(1 for m in members if m.state.status == "up")
-    worst = _worst_cell(m.status for m in members)
-    level: Level | None = worst.level if worst.level not in ("ok", None) else "ok"
-    return Cell(f"{up}/{len(members)} up", level)
+    worst: Level | None = max((m.status.level for m in members),
+                              key=STATUS_RANK.__getitem__, default="dim")
+    return Cell(f"{up}/{len(members)} up", worst)
 
 
 def _sum(values: Iterable[float | None]) -> float | None:
@@ -191,15 +187,11 @@ def _group_sort_values(members: list[FleetRow]) -> dict[str, float | None]:
 
 def make_group(mode: str, value: str, members: list[FleetRow], collapsed: bool) -> GroupRow:
     name = f"{SHUT if collapsed else OPEN} {value} ({len(members)})"
-    first = members[0]
-    row = GroupRow(key=f"group:{mode}:{value}", url="", engine=None, name=name,
-                   state=first.state, stats=None, status=Cell(""),
-                   sort_values=_group_sort_values(members), members=members,
-                   collapsed=collapsed)
     cells = group_cells(name, members)
-    row.status = cells["status"]
-    row._cells = cells
-    return row
+    return GroupRow(key=f"group:{mode}:{value}", url="", engine=None, name=name,
+                    state=members[0].state, stats=None, status=cells["status"],
+                    sort_values=_group_sort_values(members), members=members,
+                    collapsed=collapsed, _cells=cells)
 
 
 def group_rows(rows: list[FleetRow], mode: str, collapsed: set[str], sort_key: str,
