@@ -45,11 +45,11 @@ class GpuTrails:
             trail.append((t, view.gpu.memory_used_bytes))
             while trail and t - trail[0][0] > self.span_s:
                 trail.popleft()
-        stale = [key for key, trail in self._trails.items()
-                 if not trail or t - trail[-1][0] > self.span_s]
-        stale += list(self._trails)[:max(0, len(self._trails) - len(stale) - MAX_TRAILS)]
-        for key in stale:
-            self._trails.pop(key, None)
+        for key in [key for key, trail in self._trails.items()
+                    if not trail or t - trail[-1][0] > self.span_s]:
+            del self._trails[key]
+        for key in list(self._trails)[:max(0, len(self._trails) - MAX_TRAILS)]:
+            del self._trails[key]
 
     def __len__(self) -> int:
         return len(self._trails)
@@ -96,8 +96,7 @@ def _title(view: GpuView) -> Line:
     return [(title, "title")]
 
 
-def _numbers(view: GpuView, trail: Sequence[Point], now: float, cells: int,
-             span_s: float) -> list[Line]:
+def _numbers(view: GpuView, trails: GpuTrails | None, now: float, cells: int) -> list[Line]:
     gpu = view.gpu
     used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
     share = used / total if used is not None and total else None
@@ -108,9 +107,10 @@ def _numbers(view: GpuView, trail: Sequence[Point], now: float, cells: int,
         [(f" mem {fmt.bar(share, 8)} {fmt.bytes_gib(used)}/{fmt.bytes_gib(total)} GiB", "")],
     ]
     width = cells - 9
-    if trail and total and width >= 8:  # memory over time, 0 to the GPU's total
-        [spark] = spark_rows(bins(trail, now, span_s, width), float(total), 1)
-        lines.append([(" ", ""), (spark, "spark"), (f" {fmt.age(span_s)}", "dim")])
+    # memory over time, 0 to the GPU's total
+    if trails is not None and total and width >= 8 and (trail := trails.of(gpu)):
+        [spark] = spark_rows(bins(trail, now, trails.span_s, width), float(total), 1)
+        lines.append([(" ", ""), (spark, "spark"), (f" {fmt.age(trails.span_s)}", "dim")])
     lines.append([(f" util {util}  {temp}  {power}", "")])
     return lines
 
@@ -166,9 +166,7 @@ def pane_lines(views: Sequence[GpuView], nvml_unavailable: str | None,
     for view in views:
         if lines:
             lines.append([])
-        trail = trails.of(view.gpu) if trails is not None else ()
-        span = trails.span_s if trails is not None else 0.0
-        lines += [_title(view), *_numbers(view, trail, now, cells, span), *_owners(view),
+        lines += [_title(view), *_numbers(view, trails, now, cells), *_owners(view),
                   *_processes(view)]
     if not lines:
         lines.append([("no GPU found", "dim")])
@@ -185,24 +183,6 @@ def owned_cell(owned: tuple[int | None, int | None] | None) -> Cell:
     if total is None:
         return Cell(f"{used / GIB:.0f}G")
     return Cell(f"{used / GIB:.0f}/{total / GIB:.0f}G")
-
-
-def memory_points(series: Sequence[tuple[float, int | None, int | None]], now: float,
-                  span_s: float, cells: int) -> list[float | None]:
-    """Mean GPU memory used per cell, on the same wall-clock cells as the KV sparkline
-    (``kv_points``), so the two lines share one time axis."""
-    if cells <= 0:
-        return []
-    step = span_s / cells
-    last = int(now // step)
-    sums = [0.0] * cells
-    counts = [0] * cells
-    for t, used, _ in series:
-        index = cells - 1 - (last - int(t // step))
-        if 0 <= index < cells and used is not None:
-            sums[index] += used
-            counts[index] += 1
-    return [s / c if c else None for s, c in zip(sums, counts, strict=True)]
 
 
 def memory_tail(owned: tuple[int | None, int | None] | None) -> str:

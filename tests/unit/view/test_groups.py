@@ -128,17 +128,27 @@ def test_one_series_gives_its_own_labels_less_those_of_series() -> None:
 
 def test_an_instances_labels_are_worked_out_once_per_scrape(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same scrape asked again is the same answer (not worked out again); the cache is
-    emptied when it reaches its cap, exactly there."""
+    """The same scrape asked again is the same answer (not worked out again), for every
+    instance of a fleet at once."""
     monkeypatch.setattr(groups, "_common_labels", {})
-    monkeypatch.setattr(groups, "MAX_CACHED_LABELS", 2)
-    first, second, third = (prometheus_rows({"pod": p})[0] for p in ("a", "b", "c"))
-    assert target_labels(first) is target_labels(first) == {"pod": "a"}
-    assert target_labels(second) == {"pod": "b"}
-    assert len(groups._common_labels) == 2  # at the cap: kept
-    assert target_labels(third) == {"pod": "c"}
+    rows = [prometheus_rows({"pod": p})[0] for p in ("a", "b", "c")]
+    first = [target_labels(row) for row in rows]
+    assert first == [{"pod": "a"}, {"pod": "b"}, {"pod": "c"}]
+    assert all(target_labels(row) is labels for row, labels in zip(rows, first, strict=True))
+
+
+def test_the_label_cache_is_emptied_at_its_cap_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2,048 scrapes' labels are kept; the next scrape empties the cache first (a fleet read
+    from Prometheus makes a new scrape per instance every refresh)."""
+    monkeypatch.setattr(groups, "_common_labels", {})
+    [sample] = parse('vllm:num_requests_running{pod="p"} 1\n').samples
+    rows = [_scraped([sample]) for _ in range(groups.MAX_CACHED_LABELS + 1)]
+    for row in rows[:-1]:
+        assert target_labels(row) == {"pod": "p"}
+    assert len(groups._common_labels) == 2048  # at the cap: kept
+    assert target_labels(rows[-1]) == {"pod": "p"}
     assert list(groups._common_labels.values()) == [
-        (third.state.last_good.samples, {"pod": "c"})]  # type: ignore[union-attr]
+        (rows[-1].state.last_good.samples, {"pod": "p"})]  # type: ignore[union-attr]
 
 
 def test_label_modes_stop_once_past_the_cap_exactly() -> None:
@@ -315,6 +325,8 @@ def test_a_group_row_is_its_members_summed() -> None:
                                 "kv": 0.3125, "running": 4.0, "waiting": 2.0, "prompt": 120.0,
                                 "gen": 60.0, "preempt": 0.75}
     assert head.search == " ".join(r.search for r in rows)
+    assert not GroupRow(key="k", url="", engine=None, name="▾ g (3)", state=rows[0].state,
+                        stats=None, status=Cell("")).collapsed  # open unless shut
     shut = make_group("label:pod", "p", rows[1:], collapsed=True)
     assert (shut.key, shut.name, shut.collapsed) == ("group:label:pod:p", "▸ p (2)", True)
     assert shut.state is rows[1].state
