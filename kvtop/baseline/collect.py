@@ -64,6 +64,9 @@ class _Window:
     def gauge(self, name: str, value: float) -> None:
         self.gauges.setdefault(name, []).append(value)
 
+    def samples(self, name: str) -> list[float]:
+        return self.gauges.get(name, [])
+
     def histogram(self, name: str, delta: list[tuple[float, float]]) -> None:
         summed = self.histograms.setdefault(name, {})
         for bound, count in delta:
@@ -78,7 +81,7 @@ class _Window:
         total = self.counts.get("prompt_sourced")
         if not total:
             return None
-        return max(0.0, 1.0 - self.counts.get("prompt_computed", 0.0) / total)
+        return max(0.0, 1.0 - self.counts["prompt_computed"] / total)  # counted together
 
     def hit_rate(self, caching_off: bool) -> float | None:
         if caching_off:  # the server says it reuses nothing: 0 wherever prompts came in
@@ -88,7 +91,7 @@ class _Window:
         queries = self.counts.get("prefix_queries_total")
         if not queries:
             return None
-        return self.counts.get("prefix_hits_total", 0.0) / queries
+        return self.counts["prefix_hits_total"] / queries  # adapters read both or neither
 
     def latency(self, name: str, q: float, min_observations: float = 1.0) -> float | None:
         buckets = sorted(self.histograms.get(name, {}).items())
@@ -107,49 +110,48 @@ class _EngineRun:
     restarts: int = 0
     total: _Window = field(default_factory=_Window)
     minutes: dict[int, _Window] = field(default_factory=dict)
-    previous: EngineReading | None = None
-    previous_t: float | None = None
+    previous: tuple[float, EngineReading] | None = None  # the last good scrape's time, reading
     config: dict[str, ConfigValue] = field(default_factory=dict)
     caching_off: bool = False
-    verdict: EngineVerdict | None = None
+    verdict: EngineVerdict = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.verdict = EngineVerdict(self.model, self.engine)
 
     def add(self, t: float, minute: int, stats: EngineStats, reading: EngineReading) -> None:
         self.samples += 1
         self.last_t = t
-        self.config = engine_config(stats, reading)
+        self.config = engine_config(stats)
         self.caching_off = stats.prefix_caching is False
         windows = (self.total, self.minutes.setdefault(minute, _Window()))
         _add_gauges(windows, stats)
-        previous, dt = self.previous, (None if self.previous_t is None else t - self.previous_t)
-        self.previous, self.previous_t = reading, t
+        before, self.previous = self.previous, (t, reading)
         if stats.restarted:
             self.restarts += 1
             return
-        if previous is None or dt is None or dt <= 0:
+        if before is None or t <= before[0]:
             return
+        dt = t - before[0]
         for window in windows:
             window.seconds += dt
-        _add_deltas(windows, reading, previous, dt)
+        _add_deltas(windows, reading, before[1], dt)
 
     def summary(self, minute_s: float) -> EngineSummary:
         full = [(m, w) for m, w in sorted(self.minutes.items()) if w.seconds >= minute_s / 2]
         figures, minute_index = _engine_figures(self.total, full, self.caching_off)
-        verdict = self.verdict
-        worst = verdict.at_worst if verdict else None
+        worst = self.verdict.at_worst
         return EngineSummary(
             model=self.model, engine=self.engine, config=self.config, figures=figures,
-            samples=self.samples, minutes=max((len(f.values) for f in figures.values()),
-                                              default=0),
-            duration_s=self.last_t - self.first_t,
-            leak=verdict.verdict if verdict else "unknown",
+            samples=self.samples, minutes=max(len(f.values) for f in figures.values()),
+            duration_s=self.last_t - self.first_t, leak=self.verdict.verdict,
             leak_reason=worst.reason if worst else "not enough data for a verdict",
             restarts=self.restarts, minute_index=minute_index)
 
 
 def _add_gauges(windows: Iterable[_Window], stats: EngineStats) -> None:
     values = {"usage": stats.kv_usage, "running": stats.running, "waiting": stats.waiting}
-    limit = stats.limit.limit if stats.limit is not None else "unknown"
-    if limit != "unknown":
+    if stats.limit is not None and stats.limit.limit != "unknown":
+        limit = stats.limit.limit
         values["kv_limited"] = float(limit == "kv_capacity")
         for window in windows:
             window.gauge(f"limit:{limit}", 1.0)
@@ -218,19 +220,16 @@ def _arrivals(now: EngineReading, before: EngineReading) -> float | None:
     return max(0.0, finished) + held[0] - held[1]
 
 
-def engine_config(stats: EngineStats, reading: EngineReading) -> dict[str, ConfigValue]:
+def engine_config(stats: EngineStats) -> dict[str, ConfigValue]:
     """The cache configuration a baseline keeps: what a change of explains most."""
     labels = stats.cache_config
-    config: dict[str, ConfigValue] = {
+    return {
         "num_gpu_blocks": _int(labels.get("num_gpu_blocks")),
         "blocks_total": stats.blocks_total, "block_size": stats.block_size,
         "kv_tokens_total": stats.tokens_total, "prefix_caching": stats.prefix_caching,
         "cache_dtype": labels.get("cache_dtype"),
         "gpu_memory_utilization": _float(labels.get("gpu_memory_utilization")),
     }
-    if reading.tokens_total is not None and config["kv_tokens_total"] is None:
-        config["kv_tokens_total"] = reading.tokens_total
-    return config
 
 
 def _int(text: str | None) -> int | None:
@@ -268,15 +267,14 @@ def _engine_figures(total: _Window, minutes: list[tuple[int, _Window]], caching_
         index[key] = tuple(m for m, v in values if v is not None)
         return tuple(v for _, v in values if v is not None)
 
-    usage = total.gauges.get("usage", [])
-    idle = total.gauges.get("idle_usage", [])
+    usage, idle = total.samples("usage"), total.samples("idle_usage")
     figures = {
         "kv_usage": Figure(percentile(usage, 0.5), series(
-            "kv_usage", lambda m: mean(m.gauges.get("usage", []))), _distribution(usage)),
+            "kv_usage", lambda m: mean(m.samples("usage"))), _distribution(usage)),
         "idle_kv_usage": Figure(percentile(idle, 0.5), series(
-            "idle_kv_usage", lambda m: percentile(m.gauges.get("idle_usage", []), 0.5)),
+            "idle_kv_usage", lambda m: percentile(m.samples("idle_usage"), 0.5)),
             {"max": max(idle, default=None), "samples": float(len(idle)),
-             "blocks": percentile(total.gauges.get("idle_blocks", []), 0.5)}),
+             "blocks": percentile(total.samples("idle_blocks"), 0.5)}),
         "preemptions_per_min": Figure(
             total.rate("preemptions_total", MINUTE_S),
             series("preemptions_per_min", lambda m: m.rate("preemptions_total", MINUTE_S)),
@@ -285,8 +283,8 @@ def _engine_figures(total: _Window, minutes: list[tuple[int, _Window]], caching_
                            series("hit_rate", lambda m: m.hit_rate(caching_off))),
         "reuse_share": Figure(total.reuse_share(), series("reuse_share",
                                                           lambda m: m.reuse_share())),
-        "kv_limited": Figure(mean(total.gauges.get("kv_limited", [])), series(
-            "kv_limited", lambda m: mean(m.gauges.get("kv_limited", []))), _limits(total)),
+        "kv_limited": Figure(mean(total.samples("kv_limited")), series(
+            "kv_limited", lambda m: mean(m.samples("kv_limited"))), _limits(total)),
         "prompt_tps": Figure(total.rate("prompt_tokens_total"),
                              series("prompt_tps", lambda m: m.rate("prompt_tokens_total"))),
         "generation_tps": Figure(total.rate("generation_tokens_total"), series(
@@ -296,13 +294,13 @@ def _engine_figures(total: _Window, minutes: list[tuple[int, _Window]], caching_
             "arrivals_per_s", lambda m: _at_least_0(m.rate("arrivals")))),
     }
     for name in ("running", "waiting"):
-        samples = total.gauges.get(name, [])
+        samples = total.samples(name)
         figures[name] = Figure(mean(samples), series(name, _gauge_mean(name)),
                                _distribution(samples))
     for name in HISTOGRAMS:
         observed = total.histograms.get(name)
         summary: dict[str, float | None] = (
-            {"observations": max(observed.values(), default=0.0)} if observed else {})
+            {"observations": max(observed.values())} if observed else {})
         for label, q in QUANTILES:
             key = f"{name}_{label}"
             figures[key] = Figure(total.latency(name, q), series(key, _latency(name, q)),
@@ -311,7 +309,7 @@ def _engine_figures(total: _Window, minutes: list[tuple[int, _Window]], caching_
 
 
 def _gauge_mean(name: str) -> Callable[[_Window], float | None]:
-    return lambda window: mean(window.gauges.get(name, []))
+    return lambda window: mean(window.samples(name))
 
 
 def _latency(name: str, q: float) -> Callable[[_Window], float | None]:
@@ -351,8 +349,7 @@ class Collector:
         self.minute_s = minute_s
         self.targets: dict[str, _TargetRun] = {}
         self.gpus: dict[tuple[str, str | None, str | None], _GpuRun] = {}
-        self.first_t: float | None = None
-        self.last_t: float | None = None
+        self.span: tuple[float, float] | None = None  # the first and the last time seen
 
     def add_target(self, target: Target) -> None:
         if target.url not in self.targets:
@@ -360,10 +357,9 @@ class Collector:
                                                                 leak_params=self.leak_params))
 
     def _minute(self, t: float) -> int:
-        if self.first_t is None:
-            self.first_t = t
-        self.last_t = t if self.last_t is None else max(self.last_t, t)
-        return math.floor((t - self.first_t) / self.minute_s)
+        first, last = self.span or (t, t)
+        self.span = (first, max(last, t))
+        return math.floor((t - first) / self.minute_s)
 
     @property
     def good_scrapes(self) -> int:
@@ -378,17 +374,15 @@ class Collector:
             return
         run.scrapes += 1
         minute = self._minute(scrape.t)
-        if state.gpus:  # a GPU exporter: its GPUs count like the local ones
-            self.feed_gpus(scrape.t, state.gpus)
+        self.feed_gpus(scrape.t, state.gpus)  # a GPU exporter's count like the local ones
         readings = run.tracker.readings
         for stats in state.engines:
             key = (stats.model, stats.engine)
             engine = run.engines.get(key)
             if engine is None:
                 engine = run.engines[key] = _EngineRun(stats.model, stats.engine, scrape.t)
-                engine.verdict = EngineVerdict(stats.model, stats.engine)
             engine.add(scrape.t, minute, stats, readings[key])
-            if stats.leak is not None and engine.verdict is not None:
+            if stats.leak is not None:
                 engine.verdict.observe(scrape.t, stats.leak)
 
     def feed_gpus(self, t: float, readings: Iterable[GpuReading]) -> None:
@@ -415,18 +409,17 @@ class Collector:
                 version_inferred=state.version_inferred, scrapes=run.scrapes,
                 failed_scrapes=run.failed, probe=run.probe,
                 engines=[e.summary(self.minute_s) for e in run.engines.values()]))
-        first_t, last_t = self.first_t, self.last_t  # set together, by the first scrape
-        duration = last_t - first_t if first_t is not None and last_t is not None else 0.0
+        duration = self.span[1] - self.span[0] if self.span else 0.0
         return Baseline(
             name=name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             kvtop_version=__version__, source=source, interval_s=interval_s,
-            duration_s=duration or 0.0, minute_s=self.minute_s, targets=targets,
+            duration_s=duration, minute_s=self.minute_s, targets=targets,
             gpus=[self._gpu_summary(g) for g in self.gpus.values()])
 
     def _gpu_summary(self, run: _GpuRun) -> GpuSummary:
-        used = run.used.gauges.get("used", [])
+        used = run.used.samples("used")
         per_minute = tuple(v for _, w in sorted(run.minutes.items())
-                           if (v := mean(w.gauges.get("used", []))) is not None)
+                           if (v := mean(w.samples("used"))) is not None)
         figure = Figure(percentile(used, 0.5), per_minute,
                         {"max": max(used, default=None), "samples": float(len(used))})
         gpu = run.reading

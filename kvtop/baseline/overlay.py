@@ -97,17 +97,13 @@ class _Window:
 
     def ttft_p99(self) -> float | None:
         """p99 of the TTFTs observed in the window (since the last restart in it)."""
-        start = 0
-        if self.restarts:
-            start = bisect.bisect_left(list(self.times), self.restarts[-1])
+        start = bisect.bisect_left(list(self.times), self.restarts[-1]) if self.restarts else 0
         first = next((h for h in list(self.ttft)[start:] if h is not None), None)
         last = self.ttft[-1]
         if first is None or last is None or first is last:
             return None
-        buckets = bucket_delta(last, first)
-        if not buckets or buckets[-1][1] <= 0:
-            return None
-        return quantile(0.99, buckets)
+        # no buckets (they changed) or no answer in them: quantile says None
+        return quantile(0.99, bucket_delta(last, first) or [])
 
 
 def baseline_overlay(default: str | None,
