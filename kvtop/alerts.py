@@ -116,7 +116,7 @@ class AlertRunner:
             await process.wait()
             return _said(argv, f"no exit after {self.settings.timeout_s:g} s: killed")
         if process.returncode:
-            quote = stderr.decode("utf-8", "replace").strip().splitlines()
+            quote = stderr.decode(errors="replace").strip().splitlines()
             detail = f": {quote[-1][:STDERR_QUOTE]}" if quote else ""
             return _said(argv, f"exit status {process.returncode}{detail}")
         return None

@@ -105,8 +105,7 @@ def _remember(value: str) -> None:
 
 def _mask_known(text: str) -> str:
     for secret in _known_order:
-        if secret in text:
-            text = text.replace(secret, MASK)
+        text = text.replace(secret, MASK)
     return text
 
 
@@ -126,7 +125,7 @@ def mask(text: str, token: Secret | Sequence[Secret] | None = None) -> str:
         if secret.reveal() and secret.reveal() in text:
             text = text.replace(secret.reveal(), MASK)
     text = _mask_known(text)
-    if "earer" in text or "EARER" in text or "earer" in text.lower():  # cheap tests first
+    if "earer" in text.lower():  # a cheap test first: most texts quote no header
         text = _BEARER.sub(lambda m: m.group(1) + MASK, text)
     return text
 
@@ -139,8 +138,8 @@ def mask_bytes(data: bytearray, token: Secret | Sequence[Secret] | None = None) 
                   if secret.reveal() and secret.reveal() not in _known)
     secrets = (*short, *_known_order)  # short ones are masked here only
     for secret in secrets:
-        raw = secret.encode("utf-8")
-        if raw in data:
+        raw = secret.encode()
+        if raw in data:  # bytearray.replace copies even when there is nothing to replace
             data = data.replace(raw, MASK.encode())
     return data
 
@@ -159,13 +158,14 @@ def display_text(value: object, max_len: int = DISPLAY_MAX) -> str:
     """``value`` as text that is safe to put on a terminal, known tokens masked, cut to
     ``max_len`` characters (with an ellipsis). Safe text passes through unchanged."""
     text = value if isinstance(value, str) else str(value)
-    if len(text) > max_len:  # each character shows as one or more: the rest can't fit
-        # a token straddling the cut must still be masked whole
-        text = text[: max_len + 1 + (len(_known_order[0]) if _known_order else 0)]
+    # Tokens first, in the whole value: masked ones shorten it, so a window cut before
+    # masking would show the start of a token repeated along it. A substring search each.
     for secret in _known_order:  # inlined: this runs for every string shown
-        if secret in text:
+        if secret in text:  # faster than replace when it is not there, as it seldom is
             text = text.replace(secret, MASK)
-    if not (text.isascii() and text.isprintable()) and _UNSAFE.search(text):  # fast path first
+    if len(text) > max_len:  # each character shows as one or more: the rest can't fit
+        text = text[: max_len + 1]
+    if not (text.isascii() and text.isprintable()):  # the fast path: nothing to write out
         text = _UNSAFE.sub(_visible, text)
     if len(text) > max_len:
         text = text[: max_len - 1] + ELLIPSIS if max_len > 0 else ""
@@ -179,7 +179,7 @@ def plain(value: object, style: str | Style = "", max_len: int = DISPLAY_MAX) ->
 
 def cells(text: str) -> int:
     """How many terminal cells ``text`` takes (a CJK character two, a combining mark none)."""
-    return len(text) if text.isascii() else _cells(text)
+    return len(text) if text.isascii() and text.isprintable() else _cells(text)
 
 
 @functools.lru_cache(maxsize=4096)  # a table's cells repeat ("–", "0/80G"): measured once
@@ -232,7 +232,7 @@ def file_text(text: str) -> str:
 def kept_text(text: str) -> str:
     """A server's text kept exactly in a file (a snapshot's metrics files), every known
     token masked: for a person's tools, not their terminal."""
-    return _mask_known(text) if _known_order else text
+    return _mask_known(text)
 
 
 def _json_forms(secret: str) -> set[str]:
@@ -245,8 +245,7 @@ def json_text(document: Any, **options: Any) -> str:
     text = json.dumps(document, **options)
     for secret in _known_order:
         for form in _json_forms(secret):
-            if form in text:
-                text = text.replace(form, MASK)
+            text = text.replace(form, MASK)
     return text
 
 
@@ -256,7 +255,5 @@ def json_bytes(document: Any, option: int = 0) -> bytes:
     data = orjson.dumps(document, option=option)
     for secret in _known_order:
         for form in _json_forms(secret):
-            raw = form.encode("utf-8")
-            if raw in data:
-                data = data.replace(raw, MASK.encode())
+            data = data.replace(form.encode(), MASK.encode())
     return data

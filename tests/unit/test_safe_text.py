@@ -7,16 +7,20 @@ import io
 import json
 import re
 from dataclasses import dataclass
+from enum import Enum
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 from rich.text import Text
 
+from kvtop import safe_text
 from kvtop.collect.target import Target
 from kvtop.safe_text import (
     DISPLAY_MAX,
+    MIN_KNOWN_SECRET,
     Secret,
     cells,
     display_text,
@@ -24,12 +28,14 @@ from kvtop.safe_text import (
     file_text,
     json_bytes,
     json_text,
+    kept_text,
     mask,
     mask_bytes,
     out,
     pad,
     plain,
     rewrite_line,
+    terminal_lines,
     warn,
 )
 from tests.support.paths import REPO
@@ -37,6 +43,14 @@ from tests.support.paths import REPO
 OSC52 = "\x1b]52;c;ZXZpbA==\x07"
 TOKEN = "tok-4f2a9c"
 SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture(autouse=True)
+def _no_token_known_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts knowing no token: the boundary's set lives as long as the process, so
+    a token an earlier test made known would pass a test of being remembered."""
+    monkeypatch.setattr(safe_text, "_known", set())
+    monkeypatch.setattr(safe_text, "_known_order", ())
 
 
 # -- secrets ---------------------------------------------------------------------------
@@ -86,6 +100,34 @@ def test_a_raw_answer_is_masked_before_it_is_read() -> None:
     assert mask_bytes(bytearray(b"kept as is"), Secret("")) == b"kept as is"
 
 
+def test_a_token_of_eight_characters_is_masked_everywhere_and_one_of_seven_by_its_client() -> None:
+    at_limit, under = "k" * MIN_KNOWN_SECRET, "s" * (MIN_KNOWN_SECRET - 1)
+    Secret(at_limit), Secret(under), Secret(at_limit)  # the same token twice is one
+    assert safe_text._known_order == (at_limit,)
+    assert display_text(f"a {at_limit} b {under}") == f"a *** b {under}"
+    assert mask(f"a {under}", Secret(under)) == "a ***"
+
+
+def test_a_token_inside_another_is_masked_last_so_no_part_of_the_longer_one_shows() -> None:
+    inner, outer = "token-12345678", "a-token-12345678-b"  # inner sorts last by letters
+    Secret(inner), Secret(outer)
+    text = f"{outer} / {inner}"
+    assert display_text(text) == mask(text) == kept_text(text) == file_text(text) == "*** / ***"
+    assert json_text(text) == '"*** / ***"' and json_bytes(text) == b'"*** / ***"'
+
+
+def test_every_secret_a_target_sends_is_masked_by_its_client_even_a_short_one() -> None:
+    sent = [Secret("hdr-val"), Secret("tok")]  # a header's value and a token, both short
+    assert mask("echo hdr-val, tok", sent) == "echo ***, ***"
+    assert mask_bytes(bytearray(b"echo hdr-val, tok"), sent) == bytearray(b"echo ***, ***")
+    assert mask_bytes(bytearray(b"echo tok"), Secret("tok")) == bytearray(b"echo ***")
+    assert display_text("echo hdr-val, tok") == "echo hdr-val, tok"  # too short for every output
+
+
+def test_distinct_tokens_spread_over_a_sets_buckets() -> None:
+    assert len({hash(Secret(f"token-{i:04d}")) for i in range(50)}) == 50
+
+
 # -- a terminal --------------------------------------------------------------------------
 
 
@@ -117,6 +159,22 @@ def test_cut_to_a_length_with_an_ellipsis() -> None:
     assert len(display_text("\x1b" * 10, 6)) == 6
 
 
+def test_a_value_exactly_at_its_length_is_whole_and_a_character_more_is_cut() -> None:
+    assert display_text("abcde", 5) == "abcde"
+    assert display_text("abcdef", 5) == "abcd…"
+    assert display_text("a", 1) == "a" and display_text("ab", 1) == "…"
+    assert plain("abcdef", max_len=5).plain == "abcd…" and plain("abc").style == ""
+
+
+class _Mode(str, Enum):
+    GO = "GO"
+
+
+def test_a_value_that_is_not_a_string_shows_as_its_text_and_a_string_as_its_characters() -> None:
+    assert display_text(42) == "42" and display_text(None) == "None"
+    assert display_text(_Mode.GO) == "GO"  # str() of it says "_Mode.GO"
+
+
 def test_json_keeps_the_exact_value() -> None:
     raw = f"m{OSC52}\n"
     assert json.loads(json.dumps(raw)) == raw  # JSON output is exact and escaped by json
@@ -136,12 +194,20 @@ def test_no_control_or_format_character_survives(text: str) -> None:
 def test_tag_characters_and_invisible_fillers_are_written_out() -> None:
     hidden = "ok\U000e0041\U000e0042\u3164"  # "AB" in tag characters: invisible on screen
     assert display_text(hidden) == "ok\\U000e0041\\U000e0042\\u3164"
+    assert display_text("\u3164name") == "\\u3164name"  # a filler alone reads as printable
 
 
 def test_a_huge_value_costs_no_more_than_its_shown_part() -> None:
     shown = display_text("\x1b" * 5_000_000)  # cut before the escapes are written
     assert len(shown) == DISPLAY_MAX and shown.endswith("…")
     assert display_text("m" * 2000) == "m" * (DISPLAY_MAX - 1) + "…"
+
+
+def test_a_token_repeated_along_a_long_value_leaves_no_part_of_itself_at_the_cut() -> None:
+    token = "tok-4f2a9c-secret-value"
+    Secret(token)
+    assert display_text(token * 3, 30) == "*********"
+    assert display_text(f"{token} " * 100) == "*** " * 100  # once shown: "… *** tok-4f2a9c-secre"
 
 
 def test_plain_is_rich_text_never_markup() -> None:
@@ -182,8 +248,33 @@ def test_json_for_files_and_scripts_masks_known_tokens_in_every_form() -> None:
     assert file_text(f"report: {TOKEN}\n{OSC52}") == "report: ***\n\\x1b]52;c;ZXZpbA==\\x07"
 
 
+def test_json_masks_a_token_written_with_escapes_or_unicode_as_either_writer_writes_it() -> None:
+    token = 'tök"en\\secret'  # a quote and a backslash JSON escapes, a letter it may
+    Secret(token)
+    doc = {"error": f"you sent {token}."}
+    assert json_text(doc) == '{"error": "you sent ***."}'  # t\u00f6k\"en\\secret
+    assert json_text(doc, ensure_ascii=False) == '{"error": "you sent ***."}'  # tök\"en\\secret
+    assert json_bytes(doc) == b'{"error":"you sent ***."}'  # orjson: tök\"en\\secret
+
+
+def test_json_is_written_with_the_options_asked_for() -> None:
+    Secret(TOKEN)
+    doc = {"b": 1, "a": [TOKEN]}
+    assert json_text(doc, indent=1, sort_keys=True) == '{\n "a": [\n  "***"\n ],\n "b": 1\n}'
+    assert json_bytes(doc) == b'{"b":1,"a":["***"]}'
+    assert json_bytes(doc, orjson.OPT_APPEND_NEWLINE) == b'{"b":1,"a":["***"]}\n'
+
+
+def test_a_servers_text_is_kept_exactly_but_for_known_tokens() -> None:
+    body = f'vllm:x{{model_name="m{OSC52}"}} 1\n'
+    assert kept_text(body) == body
+    Secret(TOKEN)
+    assert kept_text(body + TOKEN) == body + "***"
+
+
 @pytest.mark.parametrize(("text", "width"), [
     ("abc", 3), ("模型", 4), ("e\u0301", 1), ("", 0), ("Llama-3 模型 x", 14),
+    ("a\x07b", 2),  # a control character takes no cell, as Rich counts it
 ])
 def test_width_is_counted_in_terminal_cells(text: str, width: int) -> None:
     assert cells(text) == width
@@ -195,6 +286,16 @@ def test_width_is_counted_in_terminal_cells(text: str, width: int) -> None:
 def test_a_document_keeps_its_lines_and_loses_everything_else(capsys) -> None:
     out(f"kvtop: {OSC52}\nrow\r2\n")
     assert capsys.readouterr().out == "kvtop: \\x1b]52;c;ZXZpbA==\\x07\nrow\\x0d2\n"
+
+
+def test_a_line_of_a_document_or_a_progress_line_is_cut_at_16384_characters() -> None:
+    line = "r" * 16_384  # docs/security.md: no terminal is wider
+    cut = "r" * 16_383 + "…"
+    assert terminal_lines(f"{line}\n{line}r") == file_text(f"{line}\n{line}r") == f"{line}\n{cut}"
+    stream = io.StringIO()
+    rewrite_line(stream, line)
+    rewrite_line(stream, line + "r")
+    assert stream.getvalue() == f"\r{line}\x1b[K\r{cut}\x1b[K"
 
 
 def test_a_progress_line_carries_only_kvtops_own_controls() -> None:
