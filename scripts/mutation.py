@@ -203,7 +203,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the command line's shared options and types, and the source they name
     "kvtop/cli_args.py": (f"{UNIT}/test_cli_args.py", *CLI_IN_PROCESS),
     # every exit code and its meaning: the --help epilogs and the man page are made from it
-    "kvtop/exits.py": (f"{UNIT}/test_cli.py", f"{UNIT}/derive/test_worst.py"),
+    "kvtop/exits.py": (f"{UNIT}/test_exits.py", f"{UNIT}/test_cli.py",
+                       f"{UNIT}/derive/test_worst.py"),
     "kvtop/derive/verdicts.py": (f"{UNIT}/derive/test_verdicts.py", f"{UNIT}/derive/test_worst.py",
                                  f"{UNIT}/view/test_fleet.py"),
     "kvtop/contract.py": (f"{UNIT}/test_contract.py", f"{UNIT}/derive/test_worst.py"),

@@ -75,7 +75,7 @@ def xml_safe(svg: str) -> str:
 def default_snapshot_dir(environ: Mapping[str, str] = os.environ) -> Path:
     """``$XDG_STATE_HOME/kvtop/snapshots``; ``~/.local/state/kvtop/snapshots`` when it is
     unset, empty or relative (the XDG spec says to ignore a relative one)."""
-    state = environ.get("XDG_STATE_HOME", "")
+    state = environ.get("XDG_STATE_HOME")
     base = Path(state) if state and Path(state).is_absolute() else (
         Path.home() / ".local" / "state")
     return base / "kvtop" / "snapshots"

@@ -55,7 +55,7 @@ async def test_each_batch_comes_with_its_target_and_every_channel_connects(
 
 
 async def test_an_endpoint_that_cannot_be_opened_fails_alone(
-        publishers: list[KvPublisher]) -> None:
+        publishers: list[KvPublisher], caplog: pytest.LogCaptureFixture) -> None:
     """Listening on an address another socket holds: that channel says why, the other
     target's events still come."""
     taken = socket.create_server(("127.0.0.1", 0))
@@ -76,9 +76,15 @@ async def test_an_endpoint_that_cannot_be_opened_fails_alone(
         taken.close()
     assert "Address already in use" in (feed.channels[A.url].error or "")
     assert got[0].target == B
+    [record] = [r for r in caplog.records if r.name == "kvtop.collect.kv_feed"]
+    assert record.levelname == "WARNING" and isinstance(record.args, tuple)
+    _, error = record.args
+    assert record.getMessage() == f"KV events of 10.0.0.1:8000 stopped: {error!r}"
+    assert "Address already in use" in str(error)
 
 
-async def test_a_consumers_bug_stops_no_subscriber(publishers: list[KvPublisher]) -> None:
+async def test_a_consumers_bug_stops_no_subscriber(publishers: list[KvPublisher],
+                                                  caplog: pytest.LogCaptureFixture) -> None:
     pub = publishers[0]
     feed = KvEventsFeed([A], {A.url: parse_endpoint(pub.url)})
     calls: list[int] = []
@@ -96,3 +102,19 @@ async def test_a_consumers_bug_stops_no_subscriber(publishers: list[KvPublisher]
     stop.set()
     await asyncio.wait_for(task, 5)
     assert feed.channels[A.url].error is None
+    bugs = [r for r in caplog.records if r.name == "kvtop.collect.kv_feed"]
+    assert [r.getMessage() for r in bugs] == ["on_batch failed for 10.0.0.1:8000"] * 2
+    assert all(r.exc_info and r.exc_info[0] is RuntimeError for r in bugs)
+
+
+async def test_a_subscriber_stopped_by_a_bug_without_words_names_its_type(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtop.collect.kv_subscriber import KvEventsSubscriber
+
+    async def buggy_run(self: KvEventsSubscriber, stop: asyncio.Event) -> None:
+        raise LookupError()
+
+    monkeypatch.setattr(KvEventsSubscriber, "run", buggy_run)
+    feed = KvEventsFeed([A], {A.url: parse_endpoint("tcp://127.0.0.1:1")})
+    await asyncio.wait_for(feed.run(lambda item: None, stop=asyncio.Event()), 5)
+    assert feed.channels[A.url].error == "LookupError"

@@ -126,3 +126,13 @@ def test_a_longer_interval_spaces_the_frames_from_the_last_one() -> None:
     h.interval_s = 5.0  # `+` pressed
     h.timers.advance(12.0)
     assert h.frames == [100.0, 105.0, 110.0]
+
+
+def test_after_a_soon_frame_the_next_first_numbers_get_their_own() -> None:
+    h = Harness()
+    h.clock.request()
+    h.clock.soon()
+    h.timers.advance(SOON_S)
+    h.clock.soon()
+    h.timers.advance(SOON_S)
+    assert h.frames == [100.0, 100.0 + SOON_S, 100.0 + 2 * SOON_S]

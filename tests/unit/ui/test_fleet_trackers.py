@@ -51,3 +51,11 @@ def test_the_overlay_sees_each_good_scrape_once_and_a_rewind_starts_afresh(
     assert fleet.by_url[target.url] is not first
     assert fleet.states()[0].status == "pending"
     assert overlay.delta(target.url, KEY) is None  # the windows went with the trackers
+
+
+def test_a_rewind_without_a_baseline_starts_afresh_too() -> None:
+    fleet = FleetTrackers(TargetTracker, [HOST_A], None)
+    first = fleet.fold(read_scrape(Scrape(HOST_A, T0, fixture_text(UNDER_LOAD))))[0]
+    fleet.reset()
+    assert fleet.by_url[HOST_A.url] is not first
+    assert fleet.fold(read_scrape(Scrape(HOST_A, T0, fixture_text(UNDER_LOAD))))[1] is True

@@ -62,3 +62,35 @@ def test_a_batch_goes_to_its_targets_tracker_and_the_recording() -> None:
     made.fold(TargetKvEvents(ELSEWHERE, item.batch))  # no tracker follows it: dropped
     assert list(trackers[A.url].kv_events) == [0] and trackers[B.url].kv_events == {}
     assert recording.written == [item] and redraws == [1]
+
+
+class KeepingApp:
+    """Textual's run_worker as far as the tap uses it: the work and how it is run."""
+
+    def __init__(self) -> None:
+        self.workers: list[tuple[Any, dict[str, object]]] = []
+
+    def run_worker(self, work: Any, **kwargs: object) -> None:
+        self.workers.append((work, kwargs))
+
+
+async def test_the_worker_folds_the_feeds_batches_until_stopped() -> None:
+    feed, app, recording = FakeKvFeed([A, ELSEWHERE]), KeepingApp(), Recording()
+    stop = asyncio.Event()
+    trackers = {A.url: TargetTracker(A)}  # ELSEWHERE's channel has no tracker to show it
+    made = KvEventsTap(app, lambda: feed, lambda: trackers, recording,  # type: ignore[arg-type]
+                       on_batch=lambda: None, stop=stop)
+    made.start()
+    assert made.feed is feed and trackers[A.url].state.kv_channel is feed.channels[A.url]
+    [(work, how)] = app.workers
+    assert how == {"group": "kv-events", "exit_on_error": False}
+    running = asyncio.create_task(work)
+    batch = KvEventBatch(t=1.0, rank=0, seq=0, events=(BlockStored((1,), None, 16, 16, "GPU"),))
+    feed.push(A, batch)
+    for _ in range(100):
+        if recording.written:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(running, 5)
+    assert recording.written == [TargetKvEvents(A, batch)]
