@@ -127,3 +127,36 @@ def test_without_groups_the_rows_are_only_ordered() -> None:
     view.sort_by("kv")
     assert [r.name for r in view.arrange(rows)] == ["h002:1", "h001:1", "h000:1"]
     assert view.group_label == ""
+
+
+def test_groups_and_their_members_follow_the_sort_and_its_direction() -> None:
+    view = ViewState()
+    rows = build_rows([  # the west group is the fuller: by name it would come second
+        TargetState(Target.from_spec(f"{name}:1", group=group), "up", kind="vllm",
+                    last_good_t=NOW, engines=[EngineStats("a", None, NOW, kv_usage=kv,
+                                                          blocks_used=int(kv * 100),
+                                                          blocks_total=100)])
+        for name, group, kv in (("e1", "east", 0.1), ("w1", "west", 0.6),
+                                ("w2", "west", 0.8), ("e2", "east", 0.2))], NOW)
+    view.next_group_mode(rows)
+    view.sort_by("kv")  # fullest first
+    assert [r.name for r in view.arrange(rows)] == [
+        "▾ west (2)", "w2:1", "w1:1", "▾ east (2)", "e2:1", "e1:1"]
+    view.sort_by("kv")  # emptiest first
+    assert [r.name for r in view.arrange(rows)] == [
+        "▾ east (2)", "e1:1", "e2:1", "▾ west (2)", "w1:1", "w2:1"]
+
+
+def test_a_group_mode_the_rows_no_longer_carry_starts_the_cycle_again() -> None:
+    view = ViewState(group_mode="label:gone")
+    view.next_group_mode(_rows(4))
+    assert view.group_mode == NONE
+
+
+def test_an_explicit_direction_is_kept_for_the_key_already_sorted_by() -> None:
+    view = ViewState()
+    view.sort_by("kv")
+    view.sort_by("kv", reverse=False)
+    assert (view.sort_key, view.sort_reverse) == ("kv", False)
+    view.sort_by("kv", reverse=True)
+    assert view.sort_reverse is True
