@@ -5,9 +5,9 @@ from __future__ import annotations
 from kvtop.collect.target import Target
 from kvtop.derive.stats import EngineStats
 from kvtop.derive.tracker import TargetState
-from kvtop.derive.verdicts import LeakVerdict
+from kvtop.derive.verdicts import LeakVerdict, StallState, StallVerdict
 from kvtop.view.fleet import build_rows, filter_rows, order_rows
-from kvtop.view.fleet_summary import summarise
+from kvtop.view.fleet_summary import FleetSummary, summarise
 from tests.scenarios.app import LEAKING, QUIET
 
 NOW = 1000.0
@@ -87,3 +87,43 @@ def test_a_server_that_stopped_answering_leaves_the_fleet_s_sums_at_once() -> No
         assert (summary.blocks_used, summary.blocks_total) == (10, 100)
         assert (summary.running, summary.waiting, summary.leaks) == (1, 0, 0)
         assert summary.generation_tps is None
+
+
+def test_an_empty_fleet_has_no_pool_and_counts_nothing() -> None:
+    assert summarise([]) == FleetSummary(hosts_up=0, hosts_total=0, blocks_used=None,
+                                          blocks_total=None, running=0.0, waiting=0.0)
+    assert summarise([]).kv_usage is None
+
+
+def test_the_pool_sums_blocks_where_known_and_usage_times_pool_where_not() -> None:
+    # a rounded usage figure next to block counts: the blocks win (1 of 3, not 0.9999)
+    rounded = EngineStats("m", None, NOW, kv_usage=0.3333, blocks_used=1, blocks_total=3,
+                          running=2, waiting=4, prompt_tps=1000.0, generation_tps=80.0)
+    # a usage and a pool but no used count: a quarter of 400 blocks
+    usage_only = EngineStats("m", None, NOW, kv_usage=0.25, blocks_total=400, waiting=2,
+                             prompt_tps=250.5, hit_rate=0.5, hit_rate_scope="window",
+                             prefix_queries_per_s=200.0)
+    # a usage without a pool (llama.cpp) and a pool without a usage add no blocks; a hit
+    # rate since start, or one with no lookups, adds nothing to the window's hit rate
+    no_pool = EngineStats("m", None, NOW, kv_usage=0.5, running=1, hit_rate=0.1,
+                          hit_rate_scope="lifetime", prefix_queries_per_s=50.0)
+    no_usage = EngineStats("m", None, NOW, blocks_total=100, hit_rate=0.9,
+                           hit_rate_scope="window")
+    summary = summarise([_up("a:1", rounded, usage_only), _up("b:1", no_pool, no_usage)])
+    assert summary == FleetSummary(hosts_up=2, hosts_total=2, blocks_used=101.0,
+                                   blocks_total=403, running=3.0, waiting=6.0, hit_rate=0.5,
+                                   prompt_tps=1250.5, generation_tps=80.0)
+    assert summary.kv_usage == 101 / 403
+
+
+def _stalled(spec: str, *states: StallState | None) -> TargetState:
+    return _up(spec, *(EngineStats("m", None, NOW, stall=None if state is None else
+                                   StallVerdict(state, "why", None)) for state in states))
+
+
+def test_the_header_counts_stalled_and_saturated_engines_apart() -> None:
+    summary = summarise([_stalled("a:1", "stalled", "ok", "saturated"),
+                         _stalled("b:1", "stalled", "unknown", None)])
+    assert (summary.stalls, summary.saturated) == (2, 1)
+    calm = summarise([_stalled("a:1", "ok", None)])
+    assert (calm.stalls, calm.saturated) == (0, 0)
