@@ -31,7 +31,8 @@ def _by_label_delta(now: dict[str, float] | None,
 
 
 def _shares(values: dict[str, float] | None, total: float) -> dict[str, float] | None:
-    if values is None or total <= 0:
+    """Each value's share of ``total`` (above 0: _reuse_from returns before a total of 0)."""
+    if values is None:
         return None
     return {name: value / total for name, value in values.items()}
 
@@ -136,7 +137,7 @@ def add_cache_numbers(stats: EngineStats, now: EngineReading, before: EngineRead
     stats.reuse = reuse(now, before)
     stats.residency = residency(now, before)
     stats.mean_prompt_tokens = mean_prompt(now, before)
-    if before is None or not dt or dt <= 0:
+    if before is None or dt is None or dt <= 0:
         return
     rejections = _by_label_delta(now.admission_rejections_total,
                                  before.admission_rejections_total)

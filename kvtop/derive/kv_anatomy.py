@@ -125,7 +125,7 @@ class KvAnatomy:
             return
         index, parent, slack, reused = self.index, event.parent, self._slack(), False
         for key in event.hashes:
-            reused |= index.store(key, parent, born, slack).reuse
+            reused |= index.store(key, parent, born, slack)
             parent = key
         self.reuses += reused  # one chain, one reuse: however many of its blocks were hits
         self.peak = max(self.peak, len(index))

@@ -26,7 +26,6 @@ costs a bounded time.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 DEFAULT_CAP = 1 << 20  # blocks; 2 ** 20 is a pool of 16.7M tokens at 16 a block
@@ -52,15 +51,6 @@ _CHILD = 1 << _CHILD_AT
 _ONE_COPY = 1 << _COPIES_AT
 _ONE_REUSE = 1 << _REUSES_AT
 _NOT_STAMP = ~_STAMP
-
-
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """What storing one block found: whether it was new, and whether its parent was a
-    block another chain had already grown from (a reuse of that prefix)."""
-
-    new: bool
-    reuse: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +82,10 @@ class BlockIndex:
     def clear(self) -> None:
         self._blocks.clear()
 
-    def store(self, key: int, parent: int | None, born_ms: int, slack: int) -> Stored:
-        """Block ``key`` was stored on top of ``parent``; refreshes the prefix it extends."""
+    def store(self, key: int, parent: int | None, born_ms: int, slack: int) -> bool:
+        """Block ``key`` was stored on top of ``parent``; refreshes the prefix it extends.
+        True when ``parent`` is a block another chain had already grown from (a reuse of
+        that prefix)."""
         blocks, now = self._blocks, self.removals
         depth, reuse = 0, False
         if parent is not None and (above := blocks.get(parent)) is not None:
@@ -109,7 +101,7 @@ class BlockIndex:
             if (value >> _COPIES_AT) & _COPIES != _COPIES:
                 value += _ONE_COPY
             blocks[key] = (value & _NOT_STAMP) | now
-            return Stored(False, reuse)
+            return reuse
         if len(blocks) >= self.cap:
             self._drop()
         value = now | (min(born_ms, _BORN) << _BORN_AT) | _ONE_COPY
@@ -117,7 +109,7 @@ class BlockIndex:
         if parent is not None:
             value |= (1 << _HAS_PARENT_AT) | ((parent & _PARENT) << _PARENT_AT)
         blocks[key] = value
-        return Stored(True, reuse)
+        return reuse
 
     def remove(self, key: int) -> int | None:
         """A copy of ``key`` left the cache; its birth (ms) when it was the last copy, None
@@ -132,16 +124,18 @@ class BlockIndex:
         del self._blocks[key]
         return (value >> _BORN_AT) & _BORN
 
-    def _refresh(self, key: int | None, now: int, slack: int) -> None:
+    def _refresh(self, key: int, now: int, slack: int) -> None:
         """Stamp ``key`` and its ancestors used now, up to one used within ``slack``
         removals (its own ancestors were stamped with it then)."""
         blocks = self._blocks
         for _ in range(MAX_WALK):
-            value = None if key is None else blocks.get(key)
+            value = blocks.get(key)
             if value is None or (value & _STAMP) >= now - slack:
                 return
-            blocks[key] = (value & _NOT_STAMP) | now  # type: ignore[index]
-            key = (value >> _PARENT_AT) & _PARENT if (value >> _HAS_PARENT_AT) & 1 else None
+            blocks[key] = (value & _NOT_STAMP) | now
+            if not (value >> _HAS_PARENT_AT) & 1:
+                return
+            key = (value >> _PARENT_AT) & _PARENT
 
     def _drop(self) -> None:
         """Drop the least recently used blocks of a full index, down to 7/8 of its cap."""
@@ -175,6 +169,3 @@ class BlockIndex:
         return Scan(count, tuple(k for _, k in oldest),
                     self.removals - oldest[0][0] if oldest else 0,
                     tuple((key, reuses, depth) for reuses, depth, key in best))
-
-    def keys(self) -> Iterable[int]:
-        return self._blocks.keys()

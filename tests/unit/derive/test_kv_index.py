@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvtop.derive.kv_index import MAX_WALK, SAMPLE, BlockIndex, Stored
+from kvtop.derive.kv_index import BlockIndex, Scan
+
+MAX_WALK = 16_384  # docs/kv-anatomy.md: the walk up stops after 16,384 blocks
+SAMPLE = 8  # leaked blocks a scan names
 
 
 def chain(index: BlockIndex, keys: list[int], parent: int | None = None, slack: int = 0,
@@ -26,9 +29,11 @@ def churn(index: BlockIndex, count: int, start: int = 10_000) -> None:
 def test_a_second_chain_from_a_block_is_a_reuse_the_first_is_not() -> None:
     index = BlockIndex(64)
     chain(index, [1, 2, 3])
-    assert index.store(4, 3, 0, 0) == Stored(new=True, reuse=False)  # 3 extended once
-    assert index.store(5, 3, 0, 0) == Stored(new=True, reuse=True)  # a second branch
-    assert index.store(6, 99, 0, 0) == Stored(new=True, reuse=False)  # unknown parent
+    assert index.store(4, 3, 0, 0) is False  # 3 extended once
+    assert index.store(5, 3, 0, 0) is True  # a second branch
+    assert index.store(6, 99, 0, 0) is False  # unknown parent
+    assert index.store(5, 3, 0, 0) is True  # the second branch reported again: a hit
+    assert index.store(6, None, 0, 0) is False  # stored again without a parent
 
 
 def test_storing_on_top_refreshes_the_whole_prefix() -> None:
@@ -108,5 +113,70 @@ def test_a_scan_names_the_longest_unused_and_the_most_reused() -> None:
 
 @pytest.mark.parametrize("cap", [0, 7])
 def test_an_index_too_small_to_drop_an_eighth_is_refused(cap: int) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^an index of fewer than 8 blocks$"):
         BlockIndex(cap)
+
+
+def test_an_index_of_eight_blocks_drops_one_at_a_time() -> None:
+    index = BlockIndex(8)
+    chain(index, list(range(9)))
+    assert len(index) == 8 and index.dropped == 1 and 0 not in index
+
+
+def test_the_default_index_holds_2_to_the_20_blocks() -> None:
+    """docs/kv-anatomy.md's index_cap: ~120 MiB a target at ~120 bytes a block."""
+    assert BlockIndex().cap == 1 << 20
+
+
+def test_the_drop_goes_by_last_use_not_by_when_a_block_was_first_stored() -> None:
+    index = BlockIndex(64)
+    for key in range(63):  # all stored at removal 0, in key order
+        index.store(key, None, 0, 0)
+    for key in reversed(range(63)):  # used again in reverse: block k last used at 63 - k
+        churn(index, 1, start=1000 + key)
+        index.store(key, None, 0, 0)
+    index.store(100, None, 0, 0)
+    index.store(101, None, 0, 0)  # the 65th: a full index drops its eighth
+    assert index.dropped == 8
+    assert [key for key in range(63) if key not in index] == list(range(55, 63))
+
+
+def test_a_root_block_refreshes_nothing_above_it() -> None:
+    """A block without a parent ends the walk, even with a block whose hash is 0 cached."""
+    index = BlockIndex(64)
+    index.store(0, None, 0, 0)
+    index.store(5, None, 0, 0)
+    churn(index, 10)
+    index.store(6, 5, 0, 0)
+    assert index.scan(1, 0) == Scan(1, (0,), 10, ())
+
+
+def test_a_scan_that_finds_nothing_unused_names_nothing() -> None:
+    index = BlockIndex(64)
+    chain(index, [1, 2])
+    assert index.scan(1, 5) == Scan(0, (), 0, ())
+
+
+def test_of_blocks_unused_equally_long_the_first_stored_are_named() -> None:
+    """The sample stays put as more blocks go unused as long: the first SAMPLE stored."""
+    index = BlockIndex(64)
+    for key in range(SAMPLE + 2):
+        index.store(key, None, 0, 0)
+    churn(index, 1)
+    assert index.scan(1, 0).sample == tuple(range(SAMPLE))
+
+
+def test_copies_of_one_hash_are_counted_up_to_255() -> None:
+    index = BlockIndex(64)
+    for _ in range(300):
+        index.store(1, None, 7, 0)
+    assert [index.remove(1) for _ in range(256)] == [None] * 254 + [7, None]
+    assert 1 not in index
+
+
+def test_reuses_of_one_prefix_are_counted_up_to_65535_without_touching_its_depth() -> None:
+    index = BlockIndex(1 << 17)
+    chain(index, [1, 2, 3])
+    for branch in range(65_540):
+        index.store(10 + branch, 3, 0, 0)  # one chain extends 3, the rest reuse it
+    assert index.scan(0, 1).hot == ((3, 65_535, 3),)
