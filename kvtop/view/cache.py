@@ -31,7 +31,7 @@ LIMIT_WORDS: dict[str, str] = {
     "kv_capacity": "KV capacity", "max_sequences": "max sequences",
     "token_budget": "token budget", "deferred": "deferred", "kv_transfer": "KV transfer",
     "sleeping": "sleeping", "none": "nothing waits", "unknown": "unknown"}
-EXACT_TURNOVERS = "3+"  # AnatomyParams.leak_turnovers, as the pane says it
+EXACT_TURNOVERS = 3  # AnatomyParams.leak_turnovers: full pool turnovers a block goes unused
 MAX_TIERS = 4  # cache tiers named on one line
 
 
@@ -177,14 +177,14 @@ def exact_line(events: KvEventStats) -> Line:
     if events.leak == "evidence":
         oldest = f" (oldest {events.turnovers:.1f})" if events.turnovers is not None else ""
         return [("exact  ", "key"), ("EVIDENCE", "alarm"),
-                (f" {fmt.count(events.leaked_blocks)} blocks unused {EXACT_TURNOVERS} "
+                (f" {fmt.count(events.leaked_blocks)} blocks unused {EXACT_TURNOVERS}+ "
                  f"turnovers{oldest}", "bad")]
     if events.leak == "none":
         return [("exact  ", "key"), ("no leak", "ok"),
                 (f"  {events.turnovers or 0:.1f} turnovers seen", "dim")]
     if events.leak == "too_early" and events.turnovers is not None:
         return [("exact  ", "key"), (f"too early: {events.turnovers:.1f} of "
-                                     f"{EXACT_TURNOVERS[:-1]} turnovers seen", "dim")]
+                                     f"{EXACT_TURNOVERS} turnovers seen", "dim")]
     return [("exact  ", "key"), ("no pool size yet", "dim")]
 
 
@@ -238,7 +238,7 @@ def _exact_short(events: KvEventStats) -> Piece:
     if events.leak == "none":
         return "no leak", "ok"
     if events.turnovers is not None:
-        return f"{events.turnovers:.1f}/{EXACT_TURNOVERS[:-1]} turnovers", "dim"
+        return f"{events.turnovers:.1f}/{EXACT_TURNOVERS} turnovers", "dim"
     return "no pool size yet", "dim"
 
 

@@ -17,6 +17,8 @@ from kvtop.view import format as fmt
 from kvtop.view.cache import LIMIT_WORDS, channel_state, quantiles_text
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kvtop.collect.kv_endpoint import KvChannel
     from kvtop.derive.stats import EngineStats, KvEventStats, Quantiles, Residency, Reuse
 
@@ -34,12 +36,12 @@ def _evidence(evidence: dict[str, float | str]) -> str:
                      for k, v in evidence.items())
 
 
-def _labels(values: dict[str, float] | None, as_share: bool = False) -> str:
+def _labels(values: dict[str, float] | None, form: Callable[[float], str] = fmt.count) -> str:
+    """Names biggest first, each with its value in ``form`` (a count, a rate, a share)."""
     if values is None:
         return "not exported"
     items = sorted(values.items(), key=lambda item: -item[1])[:MAX_LABELS]
-    return "  ".join(f"{shown(name, 24)} {fmt.percent(v) if as_share else fmt.count(v)}"
-                     for name, v in items) or "none"
+    return "  ".join(f"{shown(name, 24)} {form(v)}" for name, v in items) or "none"
 
 
 def limit_lines(stats: EngineStats) -> list[str]:
@@ -50,10 +52,9 @@ def limit_lines(stats: EngineStats) -> list[str]:
     lines = [f"limit   {word}" + ("" if reason == word else f"  {reason}")]
     if verdict.evidence and verdict.limit != "none":
         lines.append(f"        {_evidence(verdict.evidence)}")
-    refused = stats.admission_rejections_per_s
     lines.append(f"waiting by reason {_labels(stats.waiting_by_reason)}"
                  f"   KV fetch {_labels(stats.kv_fetch_by_stage)}"
-                 f"   refused/s {_labels(refused) if refused is not None else 'not exported'}"
+                 f"   refused/s {_labels(stats.admission_rejections_per_s, fmt.rate)}"
                  f"   sleep {shown(stats.sleep_state or 'not exported')}")
     return lines
 
@@ -66,8 +67,8 @@ def reuse_lines(reuse: Reuse | None) -> list[str]:
                 else f"   connector hits {fmt.percent(reuse.external_hit_rate)}")
     return [f"reuse   {fmt.percent(reuse.reuse_share)} of {fmt.count(reuse.prompt_tokens)} "
             f"prompt tokens not computed ({scope})   by source "
-            f"{_labels(reuse.by_source, as_share=True)}",
-            f"        by tier {_labels(reuse.cached_by_tier, as_share=True)}{external}"]
+            f"{_labels(reuse.by_source, fmt.percent)}",
+            f"        by tier {_labels(reuse.cached_by_tier, fmt.percent)}{external}"]
 
 
 def _q3(q: Quantiles | None) -> str:

@@ -97,8 +97,7 @@ def visible_columns(width: int, *, gpu: bool = False, delta: bool = False) -> li
     for column in by_priority:
         if fits() or column.priority == 0:
             break
-        if column.priority <= NARROW_AFTER:
-            shown = [c for c in shown if c.key != column.key]
+        shown = [c for c in shown if c.key != column.key]  # those above NARROW_AFTER: gone
     return shown
 
 

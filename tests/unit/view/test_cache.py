@@ -21,6 +21,7 @@ from kvtop.view.cache import (
     limits_text,
     residency_lines,
     reuse_line,
+    stored_tail,
     waiting_line,
 )
 from tests.scenarios.kv_cache import kv_event_stats as events
@@ -153,3 +154,163 @@ def test_the_blocks_chart_needs_a_scrape_that_carried_events() -> None:
     assert [v for _, v in stored.points] == [None, 12.5, None]  # a gap, never a 0
     assert [v for _, v in removed.points] == [None, 11.0, None]
     assert cache_pane([stats()], NOW, 300.0) is None
+
+
+# -- every piece with its role: the pane's colours are part of what it says ---------------
+
+URL_60 = "tcp://" + "g" * 49 + ":5557"  # as long as the channel's URL may show whole
+
+
+def test_an_empty_engine_s_pane_says_each_absence_dimmed_under_its_key() -> None:
+    assert cache_lines(stats(), None) == [
+        [("limit  ", "key"), ("not judged", "dim")],
+        [("blocks ", "key"), ("KV events off (no kv_events endpoint)", "dim")],
+        [("reuse  ", "key"), ("not exported", "dim")],
+        [("life   ", "key"), ("residency not exported", "dim")]]
+    assert residency_lines(stats(residency=Residency("off"))) == [
+        [("life   ", "key"), ("residency off (vLLM --kv-cache-metrics)", "dim")]]
+
+
+def test_the_limit_word_takes_the_column_s_level_and_its_reason_is_dimmed() -> None:
+    held = stats(limit=LimitVerdict("kv_capacity", "3 wait"))
+    assert cache_lines(held, None)[0] == [
+        ("limit  ", "key"), ("KV capacity", "warn"), ("  3 wait", "dim")]
+    quiet = stats(limit=LimitVerdict("none", "nothing waits"))
+    assert cache_lines(quiet, None)[0] == [
+        ("limit  ", "key"), ("nothing waits", "dim"), ("", "dim")]
+
+
+def test_the_pane_with_events_has_every_line_in_order() -> None:
+    engine = stats(waiting_by_reason={"capacity": 3.0}, kv_events=events(lost_batches=2))
+    assert cache_lines(engine, None) == [
+        [("limit  ", "key"), ("not judged", "dim")],
+        [("wait   ", "key"), ("capacity 3", "")],
+        [("blocks ", "key"), ("+12", "s1"), (" −11/s", "s2"), ("  100 cached", "")],
+        [("reuse  ", "key"), ("10% of chains", ""), ("  (KV events)", "dim")],
+        [("life   ", "key"), ("residency not exported", "dim")],
+        [("exact  ", "key"), ("no leak", "ok"), ("  4.2 turnovers seen", "dim")],
+        [("events ", "key"), ("2 lost", "warn")]]
+
+
+def test_a_waiting_reason_is_cut_at_20_characters() -> None:
+    whole, cut = "r" * 20, "r" * 21
+    assert waiting_line(stats(waiting_by_reason={whole: 1.0})) == [
+        ("wait   ", "key"), (f"{whole} 1", "")]
+    assert waiting_line(stats(waiting_by_reason={cut: 1.0})) == [
+        ("wait   ", "key"), ("r" * 19 + "… 1", "")]
+
+
+def test_the_channel_s_state_has_its_level_and_cuts_outside_text() -> None:
+    channel = KvChannel(KvEventsEndpoint(URL_60), [RankStatus(0, "connecting")])
+    assert blocks_line(None, channel) == [
+        ("blocks ", "key"), (f"KV events: waiting for {URL_60}", "dim")]
+    channel.ranks[0].state = "connected"
+    assert blocks_line(None, channel)[1] == (
+        f"KV events: connected to {URL_60}, no batch yet", "dim")
+    channel.ranks[0].state = "disconnected"
+    assert blocks_line(None, channel)[1] == (f"KV events: {URL_60} went away", "warn")
+    longer = KvChannel(KvEventsEndpoint(URL_60 + "7"), [RankStatus(0, "connecting")])
+    assert blocks_line(None, longer)[1] == (f"KV events: waiting for {URL_60[:59]}…", "dim")
+    channel.error = "e" * 80
+    assert blocks_line(None, channel)[1] == (f"KV events failed: {'e' * 80}", "bad")
+    channel.error = "e" * 81
+    assert blocks_line(None, channel)[1] == (f"KV events failed: {'e' * 79}…", "bad")
+
+
+def test_reuse_tiers_biggest_first_at_most_four_each_name_cut_at_12() -> None:
+    tiers = {"a": 0.05, "b": 0.1, "c": 0.2, "d": 0.3, "twelve_chars": 0.4, "thirteen_char": 0.01}
+    reuse = Reuse("window", 1000.0, None, tiers, 0.5, None)
+    assert reuse_line(stats(reuse=reuse)) == [
+        ("reuse  ", "key"), ("50% of prompt", ""),
+        ("  twelve_chars 40%  d 30%  c 20%  b 10%", "dim")]
+    cut = Reuse("window", 1000.0, None, {"thirteen_char": 0.2}, 0.5, None)
+    assert reuse_line(stats(reuse=cut))[2] == ("  thirteen_ch… 20%", "dim")
+    bare = Reuse("window", 1000.0, None, None, 0.5, None)
+    assert reuse_line(stats(reuse=bare))[2] == ("", "dim")  # no tier, no connector: nothing
+    assert reuse_line(stats(kv_events=events())) == [
+        ("reuse  ", "key"), ("10% of chains", ""), ("  (KV events)", "dim")]
+
+
+def test_residency_lines_with_their_roles_and_an_unknown_reuse_gap() -> None:
+    on = stats(residency=Residency("on", Quantiles(2.0, 8.0, 30.0, 40, "window"),
+                                   Quantiles(1.0, 2.0, 4.0, 40, "window"), None))
+    assert residency_lines(on) == [
+        [("life   ", "key"), ("p50 2.0s p99 30.0s", "")],
+        [("idle   ", "key"), ("p50 1.0s p99 4.0s", ""), ("  reuse gap p50 –", "dim")]]
+    aged = stats(kv_events=events(age_at_eviction=Quantiles(1.0, 2.0, 3.0, 5, "window")))
+    assert residency_lines(aged) == [
+        [("life   ", "key"), ("p50 1.0s p99 3.0s", ""), ("  (KV events)", "dim")]]
+
+
+def test_the_exact_line_in_each_state_with_its_roles() -> None:
+    assert exact_line(events(leak="evidence", leaked_blocks=31, turnovers=3.5)) == [
+        ("exact  ", "key"), ("EVIDENCE", "alarm"),
+        (" 31 blocks unused 3+ turnovers (oldest 3.5)", "bad")]
+    assert exact_line(events(leak="evidence", leaked_blocks=31, turnovers=None))[2] == (
+        " 31 blocks unused 3+ turnovers", "bad")  # no pool turnover known: no "oldest"
+    assert exact_line(events(leak="none", turnovers=None)) == [
+        ("exact  ", "key"), ("no leak", "ok"), ("  0.0 turnovers seen", "dim")]
+    assert exact_line(events(leak="too_early", turnovers=1.25)) == [
+        ("exact  ", "key"), ("too early: 1.2 of 3 turnovers seen", "dim")]
+    assert exact_line(events(leak="unknown", turnovers=2.0)) == [
+        ("exact  ", "key"), ("no pool size yet", "dim")]
+
+
+def test_a_failed_channel_leads_what_it_lost() -> None:
+    partial = events(lost_batches=3, malformed=2)
+    channel = KvChannel(ENDPOINT, [RankStatus(0, "disconnected")])
+    assert cache_lines(stats(kv_events=partial), channel)[-1] == [
+        ("events ", "key"),
+        ("KV events: tcp://gpu-1:5557 went away · 3 lost · 2 malformed", "warn")]
+    channel.error = "refused"
+    assert cache_lines(stats(kv_events=partial), channel)[-1][1] == (
+        "KV events failed: refused · 3 lost · 2 malformed", "warn")
+
+
+def test_the_evidence_over_the_charts_is_the_exact_line_said_as_its_own_witness() -> None:
+    found = events(leak="evidence", leaked_blocks=8, turnovers=None)
+    assert exact_evidence_line(stats(kv_events=found)) == [
+        ("KV events ", "key"), ("EVIDENCE", "alarm"), (" 8 blocks unused 3+ turnovers", "bad"),
+        ("  (its own witness, not the leak verdict)", "dim")]
+
+
+def test_the_one_line_form_with_everything_known() -> None:
+    engine = stats(limit=LimitVerdict("kv_capacity", "3 wait"),
+                   reuse=Reuse("window", 1000.0, None, None, 0.5, None),
+                   residency=Residency("on", Quantiles(2.0, 8.0, 30.0, 40, "window"), None, None),
+                   kv_events=events())
+    assert cache_summary_line(engine, KvChannel(ENDPOINT)) == [
+        ("cache ", "key"), ("limit ", "key"), ("KV cap", "warn"), ("  ", ""),
+        ("reuse ", "key"), ("50% of prompt", ""), ("  ", ""),
+        ("life ", "key"), ("p50 2.0s p99 30.0s", ""), ("  ", ""),
+        ("exact ", "key"), ("no leak", "ok")]
+    # a limit that holds nothing back, and a dimmed (unknown) reuse and life: left out
+    quiet = stats(limit=LimitVerdict("none", "nothing waits"), residency=Residency("off"),
+                  kv_events=events(leak="evidence", leaked_blocks=8))
+    assert cache_summary_line(quiet, None) == [
+        ("cache ", "key"), ("reuse ", "key"), ("10% of chains", ""), ("  ", ""),
+        ("exact ", "key"), ("EVIDENCE 8 blocks", "alarm")]
+
+
+def test_the_one_line_form_s_exact_witness_before_it_can_judge() -> None:
+    def short(**changes: object) -> tuple[str, str]:
+        line = cache_summary_line(stats(kv_events=events(**changes)), None)
+        assert line is not None
+        return line[-1]
+
+    assert short(leak="too_early", turnovers=1.25) == ("1.2/3 turnovers", "dim")
+    assert short(leak="unknown", turnovers=None) == ("no pool size yet", "dim")
+    assert short(leak="none", turnovers=None) == ("no leak", "ok")
+
+
+def test_the_blocks_chart_s_series_and_span() -> None:
+    chart = cache_pane([stats(kv_events=events())], NOW, 300.0)
+    assert chart is not None
+    assert (chart.now, chart.span_s) == (NOW, 300.0)
+    assert [(s.label, s.role, list(s.points)) for s in chart.series] == [
+        ("stored", "s1", [(NOW, 12.5)]), ("removed", "s2", [(NOW, 11.0)])]
+
+
+def test_the_blocks_tail_beside_the_sparkline() -> None:
+    assert stored_tail(stats()) == [("–", "dim")]
+    assert stored_tail(stats(kv_events=events())) == [("+12", "s1"), (" −11 blk/s", "s2")]

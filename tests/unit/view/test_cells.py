@@ -181,3 +181,149 @@ def test_the_limit_column_needs_86_cells_and_sits_after_the_queue_it_explains() 
     assert "limit" not in [c.key for c in visible_columns(85)]
     assert [c.key for c in visible_columns(86)] == [
         "name", "status", "kv", "leak", "running", "waiting", "limit", "hit", "gen"]
+
+
+# -- each cell's text and level, exactly ------------------------------------------------------
+
+
+def _state(status: str, **changes: object) -> TargetState:
+    return replace(TargetState(Target.from_spec("h:1"), status), **changes)  # type: ignore[arg-type]
+
+
+def test_the_status_cell_in_each_state_and_the_restart_badge_at_five_minutes() -> None:
+    from kvtop.view.cells import status_cell
+
+    assert status_cell(_state("pending"), NOW) == Cell("…", "dim")
+    assert status_cell(_state("up", kind="vllm"), NOW) == Cell("up", "ok")
+    assert status_cell(_state("up", kind="unknown"), NOW) == Cell("unknown", "warn")
+    badge_since = NOW - 300.0  # a restart stays flagged for five minutes
+    assert status_cell(_state("up", kind="vllm", restarted_at=badge_since), NOW) == Cell(
+        "restarted", "warn")
+    assert status_cell(_state("up", kind="vllm", restarted_at=badge_since - 0.001), NOW) == (
+        Cell("up", "ok"))
+    assert status_cell(_state("down", last_good_t=NOW - 300), NOW) == Cell("down 5m", "bad")
+    assert status_cell(_state("stale", failure="auth", last_good_t=NOW - 30), NOW) == Cell(
+        "auth 30s", "warn")
+    assert status_cell(_state("timeout"), NOW) == Cell("timeout", "bad")
+
+
+def test_a_status_without_a_failure_word_reads_as_itself() -> None:
+    from kvtop.view.cells import failure_label
+
+    assert failure_label(_state("pending")) == "pending"
+    assert failure_label(_state("stale")) == "down"  # stale without a failure: it went away
+    assert failure_label(_state("bad_payload")) == "bad data"
+
+
+def test_kv_use_turns_amber_at_80_and_red_at_95_percent() -> None:
+    from kvtop.view.cells import engine_cells
+
+    def kv(usage: float | None) -> Cell:
+        return engine_cells(EngineStats("m", None, NOW, kv_usage=usage))["kv"]
+
+    assert kv(None) == Cell(fmt.DASH, None, short=fmt.DASH)
+    assert kv(0.7999).level is None
+    assert kv(0.8).level == "warn"
+    assert kv(0.9499).level == "warn"
+    assert kv(0.95) == Cell("████▊ 95%", "bad", short="██▉ 95%")
+
+
+def test_an_engine_s_cells_all_at_once() -> None:
+    from kvtop.view.cells import engine_cells
+
+    stats = EngineStats("m\x1b[2J", None, NOW, kv_usage=0.5, blocks_used=10, blocks_total=100,
+                        running=4, waiting=3, preemptions_per_s=0.5, prompt_tps=1200.0,
+                        generation_tps=300.0, hit_rate=0.42, hit_rate_scope="window",
+                        ttft=Quantiles(0.05, 0.1, 0.2, 5, "window"))
+    expected = {
+        "kv": Cell("██▌░░ 10/100", short="█▌░ 10/100"),  # the pool's own usage, not 10/100
+        "running": Cell("4"), "waiting": Cell("3", "warn"), "limit": Cell(fmt.DASH, "dim"),
+        "preempt": Cell("0.5", "bad"), "hit": Cell("42%"), "prompt": Cell("1200"),
+        "gen": Cell("300"), "ttft": Cell("50ms/200ms"), "model": Cell("m\\x1b[2J"),
+        "leak": Cell(fmt.DASH, "dim")}
+    assert engine_cells(stats) == expected
+    dimmed = {key: Cell(cell.text, "dim") for key, cell in expected.items()}
+    assert engine_cells(stats, live=False) == {**dimmed, "model": Cell("m\\x1b[2J")}
+    calm = engine_cells(EngineStats("", None, NOW, waiting=0, preemptions_per_s=0.0))
+    assert (calm["waiting"], calm["preempt"], calm["model"]) == (
+        Cell("0"), Cell("0"), Cell(fmt.DASH))
+
+
+def test_a_saturated_pool_under_a_leak_shows_the_leak_and_an_unjudged_engine_a_dim_dash() -> None:
+    from kvtop.view.cells import limit_cell
+
+    saturated = StallVerdict("saturated", "pinned full", NOW)
+    assert leak_cell(LEAKING, saturated) == Cell("LEAK +4.2k/h", "alarm", short="LEAK")
+    assert leak_cell(None) == Cell(fmt.DASH, "dim")
+    assert limit_cell(EngineStats("m", None, NOW)) == Cell(fmt.DASH, "dim")
+
+
+def test_the_slope_is_shown_only_once_the_floor_rises() -> None:
+    assert leak_cell(replace(WATCHING, slope_blocks_per_hour=0.0)) == Cell("WATCH", "warn")
+    assert leak_cell(replace(WATCHING, slope_blocks_per_hour=1.0)) == Cell(
+        "WATCH +1/h", "warn", short="WATCH")
+
+
+def test_the_lifetime_hit_rate_from_the_counters_else_as_reported() -> None:
+    from kvtop.view.cells import lifetime_hit
+
+    counted = EngineStats("m", None, NOW, prefix_queries_total=200.0, prefix_hits_total=50.0,
+                          hit_rate=0.9, hit_rate_scope="window")
+    assert lifetime_hit(counted) == 0.25
+    for scope, rate in [("lifetime", 0.38), ("reported", 0.38), ("window", None)]:
+        no_lookups = EngineStats("m", None, NOW, prefix_queries_total=0.0,
+                                 prefix_hits_total=0.0, hit_rate=0.38, hit_rate_scope=scope)
+        assert lifetime_hit(no_lookups) == rate
+    no_hits = EngineStats("m", None, NOW, prefix_queries_total=200.0, hit_rate=0.38,
+                          hit_rate_scope="lifetime")
+    assert lifetime_hit(no_hits) == 0.38
+
+
+def test_the_baseline_cell_red_on_a_worse_figure_green_on_a_better_one() -> None:
+    from kvtop.baseline.overlay import Delta
+    from kvtop.view.cells import NO_DELTA, delta_cell
+
+    assert delta_cell(None) == NO_DELTA == Cell(fmt.DASH, "dim")
+    moved = Delta(0.5, 0.007, 0.2, 0.006)  # +0.7 points, +0.6 %: both round up
+    assert delta_cell(moved) == Cell("+1pt +1%")
+    assert delta_cell(replace(moved, kv_worse=True, ttft_better=True)) == Cell("+1pt +1%", "bad")
+    assert delta_cell(replace(moved, ttft_worse=True)) == Cell("+1pt +1%", "bad")
+    assert delta_cell(replace(moved, kv_better=True)) == Cell("+1pt +1%", "ok")
+    assert delta_cell(replace(moved, ttft_better=True)) == Cell("+1pt +1%", "ok")
+    assert delta_cell(Delta(None, None, None, None)) == Cell(f"{fmt.DASH} {fmt.DASH}")
+    assert delta_cell(Delta(0.5, -0.12, 0.2, 0.4)) == Cell("-12pt +40%")
+    assert delta_cell(Delta(0.9, 0.7, 0.2, 0.9)) == Cell("+70pt +90%")  # x100, not x101
+
+
+def test_an_engineless_target_says_why() -> None:
+    from kvtop.collect.gpu import GpuReading
+    from kvtop.ui.widgets.fleet_table import cell_text
+    from kvtop.view.cells import empty_cells
+
+    gpu = GpuReading(0, "NVIDIA H100", "GPU-0", None, None, None, None, None)
+    assert empty_cells(_state("up", kind="dcgm", gpus=[gpu]))["model"] == Cell("dcgm: 1 GPU")
+    assert empty_cells(_state("stale", kind="nvidia_gpu_exporter", gpus=[gpu, gpu]))[
+        "model"] == Cell("nvidia_gpu_exporter: 2 GPUs")
+    assert empty_cells(_state("up", kind="dcgm"))["model"] == Cell("dcgm: 0 GPUs")
+    up = empty_cells(_state("up", kind="vllm", gpus=[gpu]))
+    assert up["model"] == Cell("vllm: no engine reported", "warn")
+    assert up["kv"] == up["gpu"] == up["delta"] == Cell(fmt.DASH, "dim")
+    not_llm = empty_cells(_state("up", kind="unknown"))["kv"]
+    assert not_llm == Cell("not LLM server?", "warn")
+    assert cell_text(not_llm, 9) == "not LLM …"  # cut at its end: only a DP suffix is kept
+    assert empty_cells(_state("down", error="refused"))["model"] == Cell("refused", "dim")
+    assert empty_cells(_state("pending"))["model"] == Cell(fmt.DASH, "dim")
+    # targets down for one reason share one dict, whatever GPUs a server's last scrape saw
+    assert empty_cells(_state("down", kind="vllm", error="refused", gpus=[gpu])) is (
+        empty_cells(_state("down", kind="vllm", error="refused")))
+
+
+def test_the_gpu_column_follows_kv_and_the_baseline_column_follows_leak() -> None:
+    keys = [c.key for c in visible_columns(220, gpu=True, delta=True)]
+    assert keys == ["name", "model", "status", "kv", "gpu", "leak", "delta", "running",
+                    "waiting", "limit", "preempt", "hit", "prompt", "gen", "ttft"]
+    assert [c.key for c in visible_columns(220, gpu=True)][3:6] == ["kv", "gpu", "leak"]
+    assert [c.key for c in visible_columns(220, delta=True)][3:6] == ["kv", "leak", "delta"]
+    assert [(c.key, c.priority) for c in visible_columns(79)] == [
+        ("name", 0), ("status", 0), ("kv", 0), ("leak", 0), ("running", 1), ("waiting", 1),
+        ("hit", 2), ("gen", 2)]
