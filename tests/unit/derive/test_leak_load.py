@@ -163,6 +163,25 @@ def test_unexplained_blocks_count_only_while_half_the_step_stays_up() -> None:
     assert seen == {True, False}
 
 
+def test_a_step_already_falling_back_below_half_is_no_evidence() -> None:
+    # a bump of 60 blocks for 5 buckets, then 25 for good: with explain_z at 4.0 the
+    # split is first sure where the latest buckets already hold under half the step
+    # (25 < 30). Its rise, 25, clears WATCH's and the noise's: only "still up" keeps it OK
+    # (a bump already gone would read as a stepped level). Later the step itself falls to
+    # the 25 that stayed, and that is WATCH.
+    p = LeakParams(explain_z=4.0)
+    found = closes(floor_verdicts(swinging([0.0] * 20 + [60.0] * 5 + [25.0] * 6), p))
+    judged = [v for v in found if "unexplained_z" in v.evidence]
+    sure = next(v for v in judged if float(v.evidence["unexplained_z"]) >= p.explain_z)
+    e = sure.evidence
+    assert e["unexplained_still_up"] == "no"
+    assert float(e["unexplained_rise"]) >= max(p.watch_rise_frac * FLOOR_POOL,
+                                              p.explain_noise * float(e["unexplained_noise"]))
+    assert sure.state == "ok"
+    assert judged[-1].evidence["unexplained_still_up"] == "yes"
+    assert judged[-1].state == "watch"
+
+
 def test_unexplained_blocks_must_clear_their_own_noise() -> None:
     # before the lump the unexplained level wanders (-2d..2d in a cycle of 5 the load,
     # which swings in cycles of 2 and 3, cannot explain): its noise is 1.4826 x its median
