@@ -1,6 +1,6 @@
 """Never-idle leak benchmark (issue 30): kvtop's detector on servers that never go idle.
 
-Run: ``python -m benchmarks.leak_eval.never_idle [--part tune|held|fresh|final|last|all] [--quick]
+Run: ``python -m benchmarks.leak_eval.never_idle [--part tune|held|fresh|final|last|post|all] [--quick]
 [--out DIR] [--jobs N] [--only a,b] [--reuse] [--record-only]``.
 
 Makes the cases of `never_idle_cases.py` (kvtop's simulator, and vLLM 0.33's own scheduler
@@ -10,7 +10,7 @@ after the start), the share that reach WATCH within 30 min and LEAK within 60 mi
 for smaller leaks; false LEAKs (on look-alikes, and before any leak's start); which
 look-alikes reach WATCH and why; the leaked-block estimate at the first LEAK. Recordings
 go to DIR (default: a folder under the system temp dir), never into the repository. Tune on
-``--part tune``; score a held-aside part (``held``, ``fresh``, ``final``, ``last``) only at the end
+``--part tune``; score a held-aside part (``held``, ``fresh``, ``final``, ``last``, ``post``) only at the end
 (``--record-only`` makes its recordings without scoring them). Method and results:
 docs/leak-evaluation.md.
 """
