@@ -1,7 +1,8 @@
 """Never-idle leak benchmark (issue 30): kvtop's detector on servers that never go idle.
 
-Run: ``python -m benchmarks.leak_eval.never_idle [--part tune|held|fresh|final|all] [--quick]
-[--out DIR] [--jobs N] [--only a,b] [--reuse] [--record-only]``.
+Run: ``python -m benchmarks.leak_eval.never_idle [--part PART|all] [--quick] [--out DIR]
+[--jobs N] [--only a,b] [--reuse] [--record-only]``, PART one of tune, held, fresh, final,
+last, post.
 
 Makes the cases of `never_idle_cases.py` (kvtop's simulator, and vLLM 0.33's own scheduler
 where the twin interpreter is installed), replays each through the code of ``kvtop check
@@ -10,9 +11,9 @@ after the start), the share that reach WATCH within 30 min and LEAK within 60 mi
 for smaller leaks; false LEAKs (on look-alikes, and before any leak's start); which
 look-alikes reach WATCH and why; the leaked-block estimate at the first LEAK. Recordings
 go to DIR (default: a folder under the system temp dir), never into the repository. Tune on
-``--part tune``; score a held-aside part (``held``, ``fresh``, ``final``) only at the end
-(``--record-only`` makes its recordings without scoring them). Method and results:
-docs/leak-evaluation.md.
+``--part tune``; score a held-aside part (``held``, ``fresh``, ``final``, ``last``,
+``post``) only at the end (``--record-only`` makes its recordings without scoring them).
+Method and results: docs/leak-evaluation.md.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from kvtop.sim.workloads import make_workload
 from kvtop.store.recording import RecordingWriter
 from twin.serve import twin_python
 
-Part = Literal["tune", "held", "fresh", "final"]
+Part = Literal["tune", "held", "fresh", "final", "last", "post"]
 LEAK_RUN_S = 3600.0  # a leak's size is what it has leaked one hour after its start
 AFTER_S = 120.0  # recorded past that hour
 LOOKALIKE_S = 4800.0  # look-alikes: 80 min recorded
@@ -449,12 +449,17 @@ def draw_lookalike(name: str, part: Part, seed: int, family: str,
 # "fresh" was added for the second pass and scored once, at its end, larger so that at
 # least 7 of its leaks measure >= 3 % of the pool (the draw makes ~40 % of them so).
 # "final" was added when "fresh" had been looked at (its false LEAK diagnosed), recorded
-# and scored once with the third pass's code: the held-aside result.
+# and scored once with the third pass's code: the held-aside result. "last" was added for
+# the fourth pass, when every other part had been seen: recorded once the detector was
+# frozen and scored once, the same size as "final". "post" was added when "last" had
+# been scored and its false LEAKs diagnosed (a guard found there): the guard's own
+# held-aside part, recorded once it was frozen and scored once.
 PART_SIZES: dict[Part, tuple[int, int, int, int]] = {
     "tune": (16, 16, 2, 2), "held": (16, 16, 2, 2), "fresh": (22, 20, 2, 2),
-    "final": (22, 20, 2, 2)}
-PART_SEEDS: dict[Part, int] = {"tune": 3000, "held": 7000, "fresh": 11000, "final": 15000}
-PARTS: tuple[Part, ...] = ("tune", "held", "fresh", "final")
+    "final": (22, 20, 2, 2), "last": (22, 20, 2, 2), "post": (22, 20, 2, 2)}
+PART_SEEDS: dict[Part, int] = {"tune": 3000, "held": 7000, "fresh": 11000, "final": 15000,
+                               "last": 19000, "post": 23000}
+PARTS: tuple[Part, ...] = ("tune", "held", "fresh", "final", "last", "post")
 
 
 def cases(part: Part) -> list[Case]:

@@ -184,7 +184,8 @@ class LeakDetector:
     def _explain(self, t: float, closed: list[Bucket]) -> None:
         """Add the bucket just closed to the load-explained level and judge it. A bucket
         without tokens in flight at every scrape starts the level over; one the ledger
-        cannot speak for (a preemption, a full pool) keeps standing evidence, starts none."""
+        cannot speak for (a preemption, a full pool) keeps standing evidence, starts none;
+        one it can speak for without the evidence ends it at once."""
         p = self.params
         point = load_bucket(closed, p, self._total or 1.0)
         if point is None:
@@ -201,6 +202,12 @@ class LeakDetector:
             self._explain_last = t
         elif point is not None and not point.usable and self._explain_since is not None:
             self._explain_last = t
+        elif point is not None and point.usable:
+            # No grace: LEAK needs the evidence at every close that can speak for
+            # leak_persist_s. With the floor's grace (floor_grace_s), evidence at every
+            # other close counted as sustained: a load ramp whose best split alternated
+            # between two places reached LEAK (last-ramp-up-08, docs/leak-evaluation.md).
+            self._explain_since = None
         elif self._explain_last is None or t - self._explain_last > p.floor_grace_s:
             self._explain_since = None
 

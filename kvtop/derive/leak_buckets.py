@@ -155,13 +155,15 @@ def loads(buckets: list[Bucket], span: int) -> tuple[list[float], str]:
     running = known([mean(b.running) for b in buckets])
     if running is None:
         return [0.0] * len(buckets), "none"
-    per_request = []
-    for i in range(len(buckets)):
-        known_rate = tokens_per_request(buckets[max(0, i - span + 1):i + 1])
-        if known_rate is None:
+    tokens, finished = [b.tokens for b in buckets], [b.finished for b in buckets]
+    out = []
+    for i, r in enumerate(running):  # tokens_per_request of the trailing span, unrolled
+        start = max(0, i - span + 1)
+        done, made = finished[start:i + 1], tokens[start:i + 1]
+        if None in done or None in made or not sum(done):
             return [float(r) for r in running], "running"
-        per_request.append(known_rate)
-    return [r * q for r, q in zip(running, per_request, strict=True)], "tokens"
+        out.append(r * (sum(made) / sum(done)))
+    return out, "tokens"
 
 
 

@@ -34,7 +34,7 @@ import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 from kvtop.derive.leak_estimate import RIDGE
 
@@ -170,15 +170,15 @@ def _lumps(levels: list[float], rows: list[list[float]]) -> list[int]:
     badly, and where the load ramps a levels fit takes a lump in as load; in changes, a
     lump is one change, whatever the load did."""
     d_level = [b - a for a, b in pairwise(levels)]
-    d_rows = [[x1 - x0 for x0, x1 in zip(r0, r1, strict=True)] for r0, r1 in pairwise(rows)]
-    columns = [[1.0] * len(d_rows), *(list(col) for col in zip(*d_rows, strict=True)
-                                      if any(col))]
+    changes = ([b - a for a, b in pairwise(col)] for col in zip(*rows, strict=True))
+    columns = [[1.0] * len(d_level), *(col for col in changes if any(col))]
     scale = [math.sqrt(_dot(col, col) / len(col)) or 1.0 for col in columns]
     scaled = [[v / sd for v in col] for col, sd in zip(columns, scale, strict=True)]
-    inverse = _inverse([[_dot(a, b) for b in scaled] for a in scaled])
+    inverse = _inverse(_gram(scaled))
     if inverse is None:
         return []
-    coef = [_dot(row, [_dot(col, d_level) for col in scaled]) for row in inverse]
+    xty = [_dot(col, d_level) for col in scaled]
+    coef = [_dot(row, xty) for row in inverse]
     misses = [y - _dot(coef, row)
               for y, row in zip(d_level, zip(*scaled, strict=True), strict=True)]
     spread = MAD_TO_SIGMA * statistics.median(abs(m) for m in misses)
@@ -216,33 +216,40 @@ def _fit_levels(levels: list[float], rows: list[list[float]], hours: list[float]
                          for col, m, sd in zip(columns, means, spreads, strict=True))]
     x = [list(row) for row in zip(*cols, strict=True)]
     width = len(cols)
-    inverse = _inverse([[_dot(a, b) for b in cols] for a in cols])
+    inverse = _inverse(_gram(cols))
     if inverse is None:
         return _Fit([0.0] * len(every), 0.0)
     xty = [_dot(col, levels) for col in cols]
     coef = [_dot(row, xty) for row in inverse]
     errors = [y - _dot(coef, a) for a, y in zip(x, levels, strict=True)]
+    # Suffix sums over buckets k..n−1 for every k ≥ 1, one column at a time (accumulate
+    # runs in C; a Python loop over the buckets was most of the fit's cost): position
+    # n − 1 − k holds bucket k's.
+    t_back = hours[:0:-1]  # buckets n − 1 down to 1
+    suffix = [list(accumulate(col[:0:-1])) for col in cols]
+    suffix_t = [list(accumulate(map(operator.mul, t_back, col[:0:-1]))) for col in cols]
+    sum_t = list(accumulate(t_back))
+    sum_tt = list(accumulate(map(operator.mul, t_back, t_back)))
+    sum_e = list(accumulate(errors[:0:-1]))
+    sum_te = list(accumulate(map(operator.mul, t_back, errors[:0:-1])))
+
+    def sums_at(k: int) -> tuple[list[float], list[float], float, float, float, float]:
+        at = n - 1 - k
+        return ([col[at] for col in suffix], [col[at] for col in suffix_t], sum_t[at],
+                sum_tt[at], sum_e[at], sum_te[at])
+
     best: tuple[float, int] | None = None  # the hinge's gain, k
-    sums: dict[int, tuple[list[float], list[float], float, float, float, float]] = {}
-    sum_x, sum_tx = [0.0] * width, [0.0] * width
-    sum_t = sum_tt = sum_e = sum_te = 0.0
-    for k in range(n - 1, 0, -1):  # the hinge is 0 up to and including bucket k − 1
-        t, a, e = hours[k], x[k], errors[k]
-        sum_x = [s + v for s, v in zip(sum_x, a, strict=True)]
-        sum_tx = [s + t * v for s, v in zip(sum_tx, a, strict=True)]
-        sum_t, sum_tt, sum_e, sum_te = sum_t + t, sum_tt + t * t, sum_e + e, sum_te + t * e
-        if n - k < MIN_AFTER or (n - k - MIN_AFTER) % TAU_EVERY:
-            continue
-        sums[k] = (sum_x, sum_tx, sum_t, sum_tt, sum_e, sum_te)
+    for k in range(n - MIN_AFTER, 0, -TAU_EVERY):  # the hinge is 0 up to bucket k − 1
+        sum_x, sum_tx, t1, t2, e1, te = sums_at(k)
         tau = hours[k - 1]
         xh = [tx - tau * v for tx, v in zip(sum_tx, sum_x, strict=True)]
-        hmh = sum_tt - 2 * tau * sum_t + tau * tau * (n - k) - _quad(inverse, xh, xh)
-        he = sum_te - tau * sum_e
+        hmh = t2 - 2 * tau * t1 + tau * tau * (n - k) - _quad(inverse, xh, xh)
+        he = te - tau * e1
         if hmh > 1e-12 and (best is None or he * he / hmh > best[0]):
             best = (he * he / hmh, k)
     drift = drift_z = 0.0
     if best is not None:
-        coef, drift = _shifted(coef, inverse, sums[best[1]], hours, best[1])
+        coef, drift = _shifted(coef, inverse, sums_at(best[1]), hours, best[1])
         sse = sum(e * e for e in errors) - best[0]  # the hinge's gain is what it removes
         dof = n - width - 1
         drift_z = math.sqrt(best[0] * dof / sse) if sse > 0 and dof > 0 else math.inf
@@ -264,6 +271,15 @@ def _shifted(coef: list[float], inverse: list[list[float]],
     slope = (sum_te - tau * sum_e) / hmh
     coef = [c - slope * _dot(row, xh) for c, row in zip(coef, inverse, strict=True)]
     return coef, max(slope * (hours[-1] - tau), 0.0)
+
+
+def _gram(cols: list[list[float]]) -> list[list[float]]:
+    """X'X of these columns, each product once (it is symmetric)."""
+    gram = [[0.0] * len(cols) for _ in cols]
+    for i, a in enumerate(cols):
+        for j in range(i, len(cols)):
+            gram[i][j] = gram[j][i] = _dot(a, cols[j])
+    return gram
 
 
 def _quad(inverse: list[list[float]], a: list[float], b: list[float]) -> float:

@@ -30,11 +30,11 @@ def median(values: Sequence[float]) -> float:
 def theil_sen(xs: list[float], ys: list[float], z: float) -> tuple[float, float, float]:
     """(slope, lower, upper): median pairwise slope and Sen's distribution-free bounds."""
     n = len(xs)
-    slopes = []
-    for i in range(n - 1):  # every pair once; one list per i is faster than one generator
-        xi, yi = xs[i], ys[i]
-        slopes += [(y - yi) / (x - xi) for x, y in zip(xs[i + 1:], ys[i + 1:], strict=True)
-                   if x != xi]
+    points = list(zip(xs, ys, strict=True))
+    # Every pair once, in one comprehension: the leak detector runs five of these per
+    # bucket close, and a list per i (with its slices and zip) cost ~1.8x as much.
+    slopes = [(y - yi) / (x - xi) for i, (xi, yi) in enumerate(points)
+              for x, y in points[i + 1:] if x != xi]
     slopes.sort()
     if not slopes:
         return 0.0, -math.inf, math.inf
@@ -45,4 +45,6 @@ def theil_sen(xs: list[float], ys: list[float], z: float) -> tuple[float, float,
     high = math.ceil((count + c) / 2)
     lower = slopes[low] if low >= 0 else -math.inf
     upper = slopes[high] if high < count else math.inf
-    return median(slopes), lower, upper
+    mid = count // 2  # sorted already: median() would sort them again
+    middle = slopes[mid] if count % 2 else (slopes[mid - 1] + slopes[mid]) / 2
+    return middle, lower, upper

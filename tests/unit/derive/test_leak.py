@@ -49,6 +49,7 @@ from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive import leak_load
 from kvtop.derive.leak import LeakDetector
+from kvtop.derive.leak_buckets import Bucket, loads
 from kvtop.derive.leak_estimate import (
     MIN_AFTER,
     MIN_POINTS,
@@ -1895,3 +1896,28 @@ def test_preemptions_up_count_from_twice_as_many_at_the_same_load(
     found = closes(floor_verdicts(series))
     consequences = found[19].evidence["consequences"]
     assert (consequences == "preemptions up at the same load") == counted
+
+
+def _bucket(index: int, tokens: float | None, finished: float | None) -> Bucket:
+    return Bucket(index, 60.0 * index, 300.0, 300.0, running=[2.0], tokens=tokens,
+                  finished=finished)
+
+
+def test_the_floors_load_is_running_times_tokens_per_request_of_the_trailing_span() -> None:
+    # span 3: tokens per finished request over each bucket and the two before it (fewer at
+    # the start), so 100, 400/2, 900/3, then (300+500+700)/3, times 2 running. A span of
+    # 2 or 4 gives 800 at one of the last two.
+    buckets = [_bucket(i, tokens, 1.0) for i, tokens in enumerate([100.0, 300.0, 500.0, 700.0])]
+    assert loads(buckets, 3) == ([200.0, 400.0, 600.0, 1000.0], "tokens")
+
+
+@pytest.mark.parametrize(("tokens", "finished"), [
+    (None, 1.0),  # no token counter in the span
+    (300.0, None),  # no finish counter in the span
+    (300.0, 0.0),  # nothing finished in the span
+], ids=["no-tokens", "no-finished", "none-finished"])
+def test_the_floors_load_is_running_alone_where_a_span_has_no_tokens_per_request(
+        tokens: float | None, finished: float | None) -> None:
+    # the last bucket's span (itself alone) says nothing: every bucket's load is running
+    buckets = [_bucket(0, 100.0, 1.0), _bucket(1, 100.0, 1.0), _bucket(2, tokens, finished)]
+    assert loads(buckets, 1) == ([2.0, 2.0, 2.0], "running")

@@ -9,10 +9,13 @@ from LeakParams, never restated."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
+from kvtop.derive import leak as leak_module
 from kvtop.derive import leak_load
 from kvtop.derive.leak_load import (
     MIN_AFTER,
@@ -161,6 +164,62 @@ def test_unexplained_blocks_count_only_while_half_the_step_stays_up() -> None:
         assert e["unexplained_still_up"] == ("yes" if up else "no")
         seen.add(up)
     assert seen == {True, False}
+
+
+def test_a_step_already_falling_back_below_half_is_no_evidence() -> None:
+    # a bump of 60 blocks for 5 buckets, then 25 for good: with explain_z at 4.0 the
+    # split is first sure where the latest buckets already hold under half the step
+    # (25 < 30). Its rise, 25, clears WATCH's and the noise's: only "still up" keeps it OK
+    # (a bump already gone would read as a stepped level). Later the step itself falls to
+    # the 25 that stayed, and that is WATCH.
+    p = LeakParams(explain_z=4.0)
+    found = closes(floor_verdicts(swinging([0.0] * 20 + [60.0] * 5 + [25.0] * 6), p))
+    judged = [v for v in found if "unexplained_z" in v.evidence]
+    sure = next(v for v in judged if float(v.evidence["unexplained_z"]) >= p.explain_z)
+    e = sure.evidence
+    assert e["unexplained_still_up"] == "no"
+    assert float(e["unexplained_rise"]) >= max(p.watch_rise_frac * FLOOR_POOL,
+                                              p.explain_noise * float(e["unexplained_noise"]))
+    assert sure.state == "ok"
+    assert judged[-1].evidence["unexplained_still_up"] == "yes"
+    assert judged[-1].state == "watch"
+
+
+def _knocked_out(monkeypatch: pytest.MonkeyPatch, bucket: int) -> None:
+    """The witness finds no step (z 0) at the close that judges bucket `bucket` last."""
+    judge = leak_module.explain
+
+    def without(buckets: Sequence[LoadBucket], *args: Any, **kwargs: Any) -> Any:
+        found = judge(buckets, *args, **kwargs)
+        if found is not None and buckets[-1].t == T0M + bucket * 60 + 30:
+            return replace(found, z=0.0)
+        return found
+
+    monkeypatch.setattr(leak_module, "explain", without)
+
+
+@pytest.mark.parametrize("gap", ["none", "usable", "preempted"])
+def test_leak_needs_the_evidence_at_every_close_that_can_speak_for_leak_persist_s(
+        monkeypatch: pytest.MonkeyPatch, gap: str) -> None:
+    # a lump of 4 %: WATCH at close w, LEAK leak_persist_s later. One usable close without
+    # the evidence, two after w, restarts the clock: LEAK leak_persist_s after the close
+    # after it (a grace for gaps let evidence at every other close count as sustained: a
+    # load ramp reached LEAK so, last-ramp-up-08). A bucket with a preemption there
+    # (the ledger cannot speak for it, nor for the one after) neither breaks nor builds it.
+    p = LeakParams()
+    series = swinging([0.0] * 20 + [40.0] * 30)
+    states = [v.state for v in closes(floor_verdicts(series))]
+    watch, persist = states.index("watch"), round(p.leak_persist_s / p.bucket_s)
+    assert states.index("leak") == watch + persist
+    if gap == "usable":
+        _knocked_out(monkeypatch, watch + 1)  # judged at close watch + 2
+    if gap == "preempted":
+        series = [replace(s, preemptions_per_s=0.1)
+                  if (watch + 1) * 60 <= s.t - T0M < (watch + 2) * 60 else s for s in series]
+    states = [v.state for v in closes(floor_verdicts(series))]
+    assert states[watch:watch + 3] == ["watch"] * 3  # WATCH holds through the gap
+    restarted = watch + 3 if gap == "usable" else watch
+    assert states.index("leak") == restarted + persist
 
 
 def test_unexplained_blocks_must_clear_their_own_noise() -> None:
