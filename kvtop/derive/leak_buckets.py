@@ -73,17 +73,14 @@ class Bucket:
             self.prefix_hits += stats.hit_rate * stats.prefix_queries_per_s * dt
 
 
-
 def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
 
 
 def known(values: list[float | None]) -> list[float] | None:
     """The values when every one is known; None when any is missing."""
     known = [v for v in values if v is not None]
     return known if len(known) == len(values) else None
-
 
 
 def pool(stats: EngineStats) -> tuple[float, float, bool] | None:
@@ -99,7 +96,6 @@ def pool(stats: EngineStats) -> tuple[float, float, bool] | None:
     return None
 
 
-
 def load_point(buckets: list[Bucket], p: LeakParams) -> LoadPoint:
     """The last bucket's level and load: running, and running × tokens per request."""
     last = buckets[-1]
@@ -110,7 +106,6 @@ def load_point(buckets: list[Bucket], p: LeakParams) -> LoadPoint:
         loads = (running,) if per_request is None else (running, running * per_request)
     middle = (last.index + 0.5) * p.bucket_s  # the level is the whole bucket's mean
     return LoadPoint(middle, last.used_sum / last.scrapes, loads)
-
 
 
 def load_bucket(buckets: list[Bucket], p: LeakParams, total: float) -> LoadBucket | None:
@@ -138,7 +133,6 @@ def load_bucket(buckets: list[Bucket], p: LeakParams, total: float) -> LoadBucke
                       last.deferred / last.scrapes, lost, usable)
 
 
-
 def tokens_per_request(recent: list[Bucket]) -> float | None:
     """Tokens per finished request over these buckets; None without both counters or
     without a finished request."""
@@ -147,7 +141,6 @@ def tokens_per_request(recent: list[Bucket]) -> float | None:
     if tokens is None or finished is None or not sum(finished):
         return None
     return sum(tokens) / sum(finished)
-
 
 
 def loads(buckets: list[Bucket], span: int) -> tuple[list[float], str]:
@@ -159,12 +152,11 @@ def loads(buckets: list[Bucket], span: int) -> tuple[list[float], str]:
     out = []
     for i, r in enumerate(running):  # tokens_per_request of the trailing span, unrolled
         start = max(0, i - span + 1)
-        done, made = finished[start:i + 1], tokens[start:i + 1]
-        if None in done or None in made or not sum(done):
+        done, made = known(finished[start:i + 1]), known(tokens[start:i + 1])
+        if done is None or made is None or not sum(done):
             return [float(r) for r in running], "running"
         out.append(r * (sum(made) / sum(done)))
     return out, "tokens"
-
 
 
 def per_load(levels: list[float], loads: list[float], z: float) -> float:
@@ -180,14 +172,12 @@ def per_load(levels: list[float], loads: list[float], z: float) -> float:
     return max(theil_sen(d_load, d_level, z)[0], 0.0)
 
 
-
 def turnover(buckets: list[Bucket]) -> float | None:
     finished = [b.finished for b in buckets if b.finished is not None]
     if not finished:
         return None
     most = max((max(b.running) for b in buckets if b.running), default=0.0)
     return sum(finished) / max(most, 1.0)
-
 
 
 def preempt_rate(buckets: list[Bucket]) -> float | None:
