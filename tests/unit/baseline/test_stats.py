@@ -85,6 +85,19 @@ def test_nothing_to_rank_is_no_evidence() -> None:
     assert mann_whitney([1, 1, 1], [1, 1, 1]) == (4.5, 1.0)  # no variance left
     assert mann_whitney([], [1.0]) == (0.0, 1.0)
     assert mann_whitney([1.0], []) == (0.0, 1.0)
+    assert mann_whitney([], []) == (0.0, 1.0)
+
+
+def test_one_value_a_side_is_ranked_like_any_other() -> None:
+    """One against five, apart: U 5 or 0 and p = 2 / 6, exactly."""
+    assert mann_whitney([1], [2, 3, 4, 5, 6]) == (5, pytest.approx(1 / 3))
+    assert mann_whitney([2, 3, 4, 5, 6], [1]) == (0, pytest.approx(1 / 3))
+
+
+def test_a_small_variance_is_still_a_variance() -> None:
+    """2 against a tied 1 1: U 0, variance 2/12 · (4 - 6/6) = 0.5, z = (1 - 0.5) / sqrt(0.5)."""
+    assert mann_whitney([2], [1, 1]) == (
+        0.0, pytest.approx(math.erfc(0.5 / math.sqrt(0.5) / math.sqrt(2))))
 
 
 def test_the_normal_approximation_agrees_with_the_exact_count() -> None:
