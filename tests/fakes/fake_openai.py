@@ -1,6 +1,6 @@
 """A small OpenAI-shaped server on 127.0.0.1 whose answers a test controls: errors on given
 attempts, hanging or slow streams, streams without usage, and a log of when each request
-arrived and how many were in flight. For what the simulator cannot be made to do."""
+arrived, what it asked and how many were in flight. For what the simulator cannot be made to do."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ class FakeOpenAI:
     hang: bool = False  # accept, then never answer
     cut_after: int | None = None  # close the stream after this many chunks
     arrivals: list[float] = field(default_factory=list)  # time.monotonic() per POST
+    bodies: list[dict[str, object]] = field(default_factory=list)  # each POST's JSON body
+    authorizations: list[str | None] = field(default_factory=list)  # each request's header
+    models: tuple[str, ...] = (MODEL,)  # what /v1/models lists
     in_flight: int = 0
     max_in_flight: int = 0
     _runner: web.AppRunner | None = None
@@ -48,13 +51,16 @@ class FakeOpenAI:
         await self._runner.cleanup()
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.authorizations.append(request.headers.get("Authorization"))
         return web.json_response({"object": "list", "data": [
-            {"id": MODEL, "object": "model", "max_model_len": 2048}]})
+            {"id": model, "object": "model", "max_model_len": 2048} for model in self.models]})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         self.arrivals.append(time.monotonic())
         number = len(self.arrivals)
         body = orjson.loads(await request.read())
+        self.bodies.append(body)
+        self.authorizations.append(request.headers.get("Authorization"))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
