@@ -170,9 +170,9 @@ def _gpu_json(gpu: GpuSummary) -> dict[str, Any]:
 class _Reader:
     """Typed access to a parsed document; every failure names the field."""
 
-    def __init__(self, data: Any, where: str) -> None:
-        if not isinstance(data, dict):
-            raise BaselineError(f"{where or 'the document'}: expected an object")
+    def __init__(self, data: Any, where: str = "") -> None:
+        if not isinstance(data, dict):  # the document itself is checked before
+            raise BaselineError(f"{where}: expected an object")
         self.data, self.where = data, where
 
     def _name(self, key: str) -> str:
@@ -182,9 +182,8 @@ class _Reader:
         value = self.data.get(key)
         if value is None and optional:
             return None
-        if isinstance(value, bool) and bool not in kinds:
-            value = object()  # True is an int to Python, not to a reader of this format
-        if not isinstance(value, kinds):
+        # True is an int to Python, not to a reader of this format
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise BaselineError(f"{self._name(key)}: expected {what}")
         return value
 
@@ -317,7 +316,7 @@ def baseline_from_json(data: Any) -> Baseline:
     if version > VERSION:
         raise BaselineError(f"baseline format version {version} is newer than this kvtop "
                             f"reads ({VERSION}); upgrade kvtop, or save the baseline again")
-    reader = _Reader(data, "")
+    reader = _Reader(data)
     return Baseline(
         name=reader.text("name", optional=True), created=reader.text("created") or "",
         kvtop_version=reader.text("kvtop_version", optional=True) or "?",

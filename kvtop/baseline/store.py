@@ -99,7 +99,7 @@ def list_saved() -> list[Listed]:
     """Every ``*.json`` in the baselines folder, read (unreadable ones say why)."""
     folder = baselines_dir()
     found = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    for path in sorted(folder.glob("*.json")):  # none where there is no folder
         try:
             found.append(Listed(path.stem, path, load(str(path)), None))
         except BaselineError as exc:
