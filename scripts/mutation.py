@@ -261,7 +261,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/rehearse/report.py": (f"{UNIT}/rehearse/test_report.py",
                                  f"{UNIT}/commands/test_rehearse.py::"
                                  "test_outside_text_is_made_safe_in_the_text_report"),
-    "kvtop/rehearse/requests.py": (f"{UNIT}/rehearse/test_latency.py",
+    "kvtop/rehearse/requests.py": (f"{UNIT}/rehearse/test_requests.py",
+                                   f"{UNIT}/rehearse/test_latency.py",
                                    f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
     "kvtop/rehearse/run.py": (f"{UNIT}/commands/test_rehearse.py",),
     "kvtop/rehearse/watch.py": (f"{UNIT}/commands/test_rehearse.py",),
