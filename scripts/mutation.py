@@ -265,7 +265,9 @@ MODULES: dict[str, tuple[str, ...]] = {
                                    f"{UNIT}/rehearse/test_latency.py",
                                    f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
     "kvtop/rehearse/run.py": (f"{UNIT}/commands/test_rehearse.py",),
-    "kvtop/rehearse/watch.py": (f"{UNIT}/commands/test_rehearse.py",),
+    # its own tests feed scrapes and GPU readings to a Watcher in this process; the command's
+    # tests run whole rehearsals (seconds per mutant)
+    "kvtop/rehearse/watch.py": (f"{UNIT}/rehearse/test_watch.py",),
     # the baseline: each module's tests; compare's scenario tests build recordings once a
     # session (seconds), so they stay in the normal suite and out of a mutant's run
     "kvtop/baseline/judge.py": (f"{UNIT}/baseline/test_judge.py",
