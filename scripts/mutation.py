@@ -262,10 +262,13 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/rehearse/report.py": (f"{UNIT}/rehearse/test_report.py",
                                  f"{UNIT}/commands/test_rehearse.py::"
                                  "test_outside_text_is_made_safe_in_the_text_report"),
-    "kvtop/rehearse/requests.py": (f"{UNIT}/rehearse/test_latency.py",
+    "kvtop/rehearse/requests.py": (f"{UNIT}/rehearse/test_requests.py",
+                                   f"{UNIT}/rehearse/test_latency.py",
                                    f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
     "kvtop/rehearse/run.py": (f"{UNIT}/commands/test_rehearse.py",),
-    "kvtop/rehearse/watch.py": (f"{UNIT}/commands/test_rehearse.py",),
+    # its own tests feed scrapes and GPU readings to a Watcher in this process; the command's
+    # tests run whole rehearsals (seconds per mutant)
+    "kvtop/rehearse/watch.py": (f"{UNIT}/rehearse/test_watch.py",),
     # the baseline: each module's tests; compare's scenario tests build recordings once a
     # session (seconds), so they stay in the normal suite and out of a mutant's run
     "kvtop/baseline/judge.py": (f"{UNIT}/baseline/test_judge.py",

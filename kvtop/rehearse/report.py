@@ -147,7 +147,7 @@ def _kv_state(state: dict[str, Any] | None) -> str:
     if state is None:
         return "not read"
     used, total = state.get("used_blocks"), state.get("blocks_total")
-    blocks = f"{used:.0f}/{total} blocks used" if used is not None and total else "usage "
+    blocks = f"{used:.0f}/{total} blocks used" if used is not None and total else "usage"
     idle = "idle" if state.get("idle") else "busy"
     usage = state.get("usage")
     return f"{blocks} ({'' if usage is None else f'{usage:.1%}, '}{idle})"
