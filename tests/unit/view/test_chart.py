@@ -92,6 +92,7 @@ def test_the_axis_top_is_the_next_round_number_at_or_above_the_highest() -> None
         1.0, 1.0, 1.0, 1.0, 1.0, 1.5, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 10.0,
         0.08, 1500.0, 10.0]
     assert nice_ceiling(1.5 * (1 + 1e-9)) == 1.5  # exactly at the tolerance: still 1.5
+    assert nice_ceiling(85.0) == 100.0  # past 8 x 10: the next power of ten
 
 
 def test_a_chart_axis_uses_its_top_when_positive_else_the_highest_point_or_rule() -> None:
