@@ -71,10 +71,10 @@ def nice_ceiling(value: float) -> float:
     if value <= 0 or not math.isfinite(value):
         return 1.0
     scale = 10 ** math.floor(math.log10(value))
-    for step in (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0):
+    for step in (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0):
         if value <= step * scale * (1 + 1e-9):
             return step * scale
-    return 10 * scale
+    return 10 * scale  # value < 10 x scale: the next power of ten
 
 
 def bins(points: Iterable[Point], now: float, span_s: float, count: int) -> list[float | None]:
@@ -263,8 +263,6 @@ def spark_rows(values: Sequence[float | None], top: float, height: int) -> list[
     """Block sparkline ``height`` cells tall with eighth-cell steps, top row first. Zero is
     the floor (an eighth), any use shows at least two eighths, so a quiet server never looks
     like one with no numbers: an unknown value is blank."""
-    if height <= 0:
-        return []
     eighths = height * 8
     levels = []
     for v in values:
