@@ -320,8 +320,11 @@ MODULES: dict[str, tuple[str, ...]] = {
                                    f"{UNIT}/store/test_recording.py"),
     "kvtop/collect/kv_subscriber.py": (f"{UNIT}/collect/test_kv_subscriber.py",
                                        "tests/hostile/test_kv_events.py"),
-    "kvtop/collect/kv_endpoint.py": (f"{UNIT}/collect/test_kv_endpoint.py",
-                                     f"{UNIT}/test_config.py"),
+    # the config's own cases of an endpoint (its fuzz tests cost seconds a mutant)
+    "kvtop/collect/kv_endpoint.py": (f"{UNIT}/collect/test_kv_endpoint.py", *(
+        f"{UNIT}/test_config.py::{name}" for name in (
+            "test_a_target_names_where_its_kv_events_are",
+            "test_a_kv_events_endpoint_that_cannot_be_used_is_a_config_error"))),
     "kvtop/collect/kv_feed.py": (f"{UNIT}/collect/test_kv_feed.py",),
     "kvtop/derive/cache.py": (f"{UNIT}/derive/test_cache.py", f"{UNIT}/derive/test_rates.py"),
     "kvtop/derive/limits.py": (f"{UNIT}/derive/test_limits.py", f"{UNIT}/derive/test_tracker.py"),
