@@ -119,6 +119,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/http.py": POLLER_TESTS,
     **{f"kvtop/collect/prometheus/{name}.py": (f"{UNIT}/collect/test_prometheus.py",
                                                 f"{UNIT}/collect/prometheus/test_promql.py",
+                                                f"{UNIT}/collect/prometheus/test_answers.py",
                                                 "tests/hostile/test_prometheus_answers.py")
        for name in ("__init__", "answers", "api", "promql", "source")},
     # targets, tokens and secrets in URLs: test_cli.py's own cases run kvtop as a subprocess
@@ -383,9 +384,10 @@ MODULES: dict[str, tuple[str, ...]] = {
                            "tests/hostile/test_secrets.py"),
     "kvtop/files.py": (f"{UNIT}/test_files.py", f"{UNIT}/test_config.py"),
     "kvtop/alerts.py": (f"{UNIT}/test_alerts.py",),
-    "kvtop/commands/completion.py": (f"{UNIT}/test_cli.py",),
+    "kvtop/commands/completion.py": (f"{UNIT}/commands/test_completion.py", f"{UNIT}/test_cli.py"),
     "kvtop/commands/replay.py": (f"{UNIT}/test_cli.py", "tests/ui/pilot/test_record_replay.py"),
-    "kvtop/commands/rules.py": (f"{UNIT}/report/test_rules.py", f"{UNIT}/test_cli.py"),
+    "kvtop/commands/rules.py": (f"{UNIT}/commands/test_rules.py", f"{UNIT}/report/test_rules.py",
+                                f"{UNIT}/test_cli.py"),
     "kvtop/commands/sim.py": (f"{UNIT}/sim/test_server.py",),
     # the load generator against a real OpenAI-compatible server on 127.0.0.1
     **{f"kvtop/load/{name}.py": tuple(f"{UNIT}/load/test_{test}.py" for test in (
