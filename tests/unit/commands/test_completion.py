@@ -9,7 +9,7 @@ import pytest
 
 from kvtop.cli import build_reference_parser, main
 from kvtop.commands.completion import SHELLS, _mark_paths, completion_script
-from kvtop.exits import EXIT_OK
+from kvtop.exits import EXIT_OK, EXIT_USAGE
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -44,3 +44,16 @@ def test_every_path_option_of_every_command_is_marked() -> None:
         "file": "files", "path": "files", "recording": "files", "dir": "folders", "name": None}
     inner = next(a for a in sub._actions if a.dest == "inner")
     assert getattr(inner, "complete", None) == "files"
+
+
+def test_the_command_and_its_shells_are_listed_and_any_other_shell_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    listed = [line.split(None, 1) for line in capsys.readouterr().out.splitlines()
+              if line.strip().startswith("completion ")]
+    assert listed == [["completion", "print a shell completion script for bash, zsh or fish"]]
+    assert main(["completion", "--help"]) == 0
+    assert any(line.split(None, 1) == ["SHELL", "bash, zsh, fish"]
+               for line in capsys.readouterr().out.splitlines())
+    assert main(["completion", "tcsh"]) == EXIT_USAGE
+    assert "invalid choice: 'tcsh'" in capsys.readouterr().err

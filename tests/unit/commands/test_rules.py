@@ -53,5 +53,7 @@ def test_a_selector_that_is_not_one_is_a_usage_error(
 
 def test_the_command_is_listed_with_its_summary(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
-    assert any(line.split()[:1] == ["rules"] and len(line.split()) > 1
-               for line in capsys.readouterr().out.splitlines())
+    listed = [line.split(None, 1) for line in capsys.readouterr().out.splitlines()
+              if line.strip().startswith("rules ")]
+    assert listed == [["rules", "print Prometheus recording and alerting rules for KV-cache "
+                                "leaks"]]
