@@ -119,6 +119,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/http.py": POLLER_TESTS,
     **{f"kvtop/collect/prometheus/{name}.py": (f"{UNIT}/collect/test_prometheus.py",
                                                 f"{UNIT}/collect/prometheus/test_promql.py",
+                                                f"{UNIT}/collect/prometheus/test_answers.py",
                                                 "tests/hostile/test_prometheus_answers.py")
        for name in ("__init__", "answers", "api", "promql", "source")},
     # targets, tokens and secrets in URLs: test_cli.py's own cases run kvtop as a subprocess
@@ -330,8 +331,11 @@ MODULES: dict[str, tuple[str, ...]] = {
                                    f"{UNIT}/store/test_recording.py"),
     "kvtop/collect/kv_subscriber.py": (f"{UNIT}/collect/test_kv_subscriber.py",
                                        "tests/hostile/test_kv_events.py"),
-    "kvtop/collect/kv_endpoint.py": (f"{UNIT}/collect/test_kv_endpoint.py",
-                                     f"{UNIT}/test_config.py"),
+    # the config's own cases of an endpoint (its fuzz tests cost seconds a mutant)
+    "kvtop/collect/kv_endpoint.py": (f"{UNIT}/collect/test_kv_endpoint.py", *(
+        f"{UNIT}/test_config.py::{name}" for name in (
+            "test_a_target_names_where_its_kv_events_are",
+            "test_a_kv_events_endpoint_that_cannot_be_used_is_a_config_error"))),
     "kvtop/collect/kv_feed.py": (f"{UNIT}/collect/test_kv_feed.py",),
     "kvtop/derive/cache.py": (f"{UNIT}/derive/test_cache.py", f"{UNIT}/derive/test_rates.py"),
     "kvtop/derive/limits.py": (f"{UNIT}/derive/test_limits.py", f"{UNIT}/derive/test_tracker.py"),
@@ -390,9 +394,10 @@ MODULES: dict[str, tuple[str, ...]] = {
                            "tests/hostile/test_secrets.py"),
     "kvtop/files.py": (f"{UNIT}/test_files.py", f"{UNIT}/test_config.py"),
     "kvtop/alerts.py": (f"{UNIT}/test_alerts.py",),
-    "kvtop/commands/completion.py": (f"{UNIT}/test_cli.py",),
+    "kvtop/commands/completion.py": (f"{UNIT}/commands/test_completion.py", f"{UNIT}/test_cli.py"),
     "kvtop/commands/replay.py": (f"{UNIT}/test_cli.py", "tests/ui/pilot/test_record_replay.py"),
-    "kvtop/commands/rules.py": (f"{UNIT}/report/test_rules.py", f"{UNIT}/test_cli.py"),
+    "kvtop/commands/rules.py": (f"{UNIT}/commands/test_rules.py", f"{UNIT}/report/test_rules.py",
+                                f"{UNIT}/test_cli.py"),
     "kvtop/commands/sim.py": (f"{UNIT}/sim/test_server.py",),
     # the load generator against a real OpenAI-compatible server on 127.0.0.1
     **{f"kvtop/load/{name}.py": tuple(f"{UNIT}/load/test_{test}.py" for test in (

@@ -62,7 +62,7 @@ def _tcp_url(text: object, what: str) -> str:
         port = parts.port
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
-    if not parts.hostname or port is None or parts.path or parts.query:
+    if not parts.hostname or not port or parts.path or parts.query:  # port 0: none to reach
         raise ValueError(f"{what} must be tcp://host:port")
     return text
 

@@ -17,6 +17,10 @@ from kvtop.collect.kv_endpoint import (
 @pytest.mark.parametrize("url, kwargs, error", [
     ("http://h:1", {}, "kv_events must be tcp://host:port"),
     ("tcp://h", {}, "kv_events must be tcp://host:port"),
+    ("tcp://h:0", {}, "kv_events must be tcp://host:port"),
+    ("tcp://h:1", {"replay": "tcp://h:0"}, "kv_events replay must be tcp://host:port"),
+    ("tcp://h:1", {"replay": "tcp://h:65535", "ranks": 2},
+     "kv_events: 2 ranks from tcp://h:65535 pass port 65535"),
     ("tcp://h:99999", {}, "kv_events: Port out of range 0-65535"),
     ("tcp://h:1/x", {}, "kv_events must be tcp://host:port"),
     ("tcp://h:1", {"replay": "h:2"}, "kv_events replay must be tcp://host:port"),
@@ -70,3 +74,9 @@ def test_a_channel_sums_its_ranks_counts() -> None:
     both = channel("connected", "connected")
     both.ranks[0].lost, both.ranks[1].lost, both.ranks[1].gaps = 2, 3, 1
     assert both.total("lost") == 5 and both.total("gaps") == 1
+
+
+def test_the_last_rank_may_sit_on_port_65535() -> None:
+    endpoint = parse_endpoint("tcp://h:65534", replay="tcp://h:65533", ranks=2)
+    assert endpoint.rank_url(endpoint.url, 1) == "tcp://h:65535"
+    assert parse_endpoint("tcp://h:65535").rank_url("tcp://h:65535", 0) == "tcp://h:65535"

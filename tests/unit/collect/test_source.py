@@ -151,3 +151,36 @@ def test_kv_events_live_only_where_a_target_names_an_endpoint() -> None:
     assert feed is not None and feed is source.kv_live()  # made once
     assert [t.url for t in feed.targets] == [b.url]
     assert feed.channels[b.url].state == "connecting"
+
+
+async def test_a_consumer_that_returns_nothing_is_not_awaited(
+        caplog: pytest.LogCaptureFixture) -> None:
+    got: list[Scrape] = []
+    scrape = Scrape(TARGET, 1.0, failure="down")
+    with caplog.at_level(logging.ERROR):
+        await deliver(got.append, scrape)
+    assert got == [scrape] and caplog.records == []
+
+
+class Closing:
+    """What delivers scrapes, holding a connection until closed."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+async def test_closing_a_source_closes_what_it_made_live() -> None:
+    live = Closing()
+
+    class Live(Source):
+        def _make_live(self) -> Closing:  # type: ignore[override]
+            return live
+
+    source = Live([TARGET])
+    await source.aclose()  # nothing live made yet: nothing to close
+    assert source.live() is live and live.closed == 0
+    await source.aclose()
+    assert live.closed == 1

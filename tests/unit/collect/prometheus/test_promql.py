@@ -53,3 +53,8 @@ def test_matchers_and_alternatives() -> None:
     assert duration(1.2345) == "1234ms" and duration(0) == "1ms"
     with pytest.raises(ValueError, match="operator"):
         matcher("job", "==", "x")
+
+
+@pytest.mark.parametrize("op", ["=", "!=", "=~", "!~"])
+def test_every_promql_matcher_operator_is_written(op: str) -> None:
+    assert matcher("job", op, "x") == f'job{op}"x"'
