@@ -253,7 +253,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/commands/baseline.py": (f"{UNIT}/commands/test_baseline.py",
                                    f"{UNIT}/baseline/test_compare.py::test_commands_on_recordings",
                                    *CLI_IN_PROCESS),
-    "kvtop/commands/compare.py": (f"{UNIT}/commands/test_baseline.py",
+    "kvtop/commands/compare.py": (f"{UNIT}/commands/test_compare.py",
+                                  f"{UNIT}/commands/test_baseline.py",
                                   f"{UNIT}/baseline/test_compare.py::test_commands_on_recordings",
                                   *CLI_IN_PROCESS),
     # the go-live rehearsal (issue 28): each module's tests and the end-to-end runs' fast
