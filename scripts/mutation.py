@@ -112,6 +112,8 @@ SNAPSHOT_IN_PROCESS = tuple(f"{UNIT}/commands/test_snapshot.py::{name}" for name
     "test_watch_is_every_interval_given_or_the_reads_interval",
     "test_watch_prints_a_flushed_line_per_interval_until_ctrl_c",
     "test_watch_waits_for_every_target_to_be_tried_before_its_first_document",
+    "test_a_watch_prints_nothing_before_its_first_beat_and_closes_its_connections",
+    "test_watch_through_prometheus_shows_an_instance_its_discovery_missed",
     "test_watch_is_json_lines_only"))
 POLLER_TESTS = (f"{UNIT}/collect/test_poller.py", "tests/hostile/test_bodies.py",
                 *deselected("tests/hostile/test_bodies.py",

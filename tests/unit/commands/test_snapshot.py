@@ -41,6 +41,7 @@ from kvtop.commands.snapshot import (
     read_states,
     snapshot,
     snapshot_exit_code,
+    stream,
 )
 from kvtop.derive.tracker import TargetState
 from kvtop.exits import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
@@ -50,6 +51,7 @@ from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet, SimServer
 from kvtop.sim.simulation import Truth
 from tests.fakes.fake_nvml import FakeGpuReader
+from tests.fakes.fake_prometheus import INSTANCES, FakePrometheus, answer
 from tests.fakes.faultserver import FaultServer, closed_port, fixture, served_in_thread
 from tests.scenarios.derived import vllm_08_idle
 from tests.scenarios.gpu import DCGM_MIG, NVIDIA_SMI_H100, gpu_fixture
@@ -499,12 +501,13 @@ def test_watch_prints_a_flushed_line_per_interval_until_ctrl_c(
         monkeypatch: pytest.MonkeyPatch) -> None:
     tape = Tape()
     monkeypatch.setattr(sys, "stdout", tape)
+    monkeypatch.setattr(gpus, "read_gpus", FakeGpuReader().read)
     with served_in_thread(FaultServer(bodies=[fixture(LOAD), fixture(IDLE)])) as server:
         down = f"127.0.0.1:{closed_port()}"
         ctrl_c = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
         ctrl_c.start()
         try:
-            code = main(["snapshot", server.url(), down, "--watch", "0.25", "--no-gpu"])
+            code = main(["snapshot", server.url(), down, "--watch", "0.25"])
         finally:
             ctrl_c.cancel()
     assert code == EXIT_INTERRUPTED
@@ -516,7 +519,12 @@ def test_watch_prints_a_flushed_line_per_interval_until_ctrl_c(
     assert all("".join(f"{line}\n" for line in lines[:n]) in tape.flushed
                for n in range(1, len(lines) + 1))
     documents = [json.loads(line) for line in lines]
+    # a line each, with no spaces between its items (NDJSON as compact as it goes)
+    assert lines == [json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+                     for doc in documents]
     assert all(doc["kvtop_snapshot"] == 1 for doc in documents)
+    # this machine's GPUs (fake NVML) in every document: no --no-gpu
+    assert {len(doc["gpus"]) for doc in documents} == {2}
     taken = [doc["taken_at"] for doc in documents]
     assert taken == sorted(set(taken))
     for doc in documents:  # the down target is in every document, never holding one back
@@ -543,6 +551,45 @@ def test_watch_waits_for_every_target_to_be_tried_before_its_first_document(
     assert 1 <= len(documents) <= 2.0 / 0.2, documents
     for doc in documents:
         assert [t["status"] for t in doc["targets"]] == ["up", "timeout"]
+
+
+def test_a_watch_prints_nothing_before_its_first_beat_and_closes_its_connections(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer()) as server:
+        source = direct([Target.from_spec(server.url())], interval_s=0.1, timeout_s=10,
+                        insecure=False)
+        ctrl_c = threading.Timer(0.7, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
+        try:
+            code = stream(source, every_s=1.5, with_gpus=False)
+        finally:
+            ctrl_c.cancel()
+        hits = server.hits
+    # the target was read (every 0.1 s), but the first beat (1.5 s) never came
+    assert (code, capsys.readouterr(), hits >= 2) == (EXIT_INTERRUPTED, ("", ""), True)
+    assert source.live()._session is None  # the poller's HTTP session was closed
+
+
+def test_watch_through_prometheus_shows_an_instance_its_discovery_missed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tape = Tape()
+    monkeypatch.setattr(sys, "stdout", tape)
+    listed, missed = INSTANCES
+    with served_in_thread(FakePrometheus()) as prom:  # type: ignore[type-var]
+        prom.hostile["discover"] = answer(
+            [{"metric": {"job": "vllm", "instance": listed}, "value": [0, "85"]}], "vector")
+        ctrl_c = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
+        try:
+            code = main(["snapshot", "--prometheus", prom.url, "--watch", "0.2",
+                         "--interval", "0.2", "--no-gpu"])
+        finally:
+            ctrl_c.cancel()
+    documents = [json.loads(line) for line in tape.getvalue().splitlines()]
+    assert code == EXIT_INTERRUPTED and documents
+    assert [(t["label"], t["status"], t["engines"][0]["model"])
+            for t in documents[-1]["targets"]] == [
+        (listed, "up", "twin-llama"), (missed, "up", "twin-llama")]
 
 
 async def test_watch_into_head_1_ends_quietly() -> None:
