@@ -108,6 +108,8 @@ SNAPSHOT_IN_PROCESS = tuple(f"{UNIT}/commands/test_snapshot.py::{name}" for name
     "test_kvtop_snapshot_in_this_process_is_json_to_a_pipe_and_its_notes_only_with_a_table",
     "test_kvtop_snapshot_shows_this_machines_gpus_unless_told_not_to",
     "test_a_snapshot_closes_its_connections_when_it_has_read",
+    "test_the_two_reads_are_the_interval_given_apart",
+    "test_a_watch_whose_prometheus_answers_nonsense_closes_its_connection",
     "test_a_prometheus_that_cannot_be_read_ends_a_snapshot_or_a_watch_with_exit_3",
     "test_watch_is_every_interval_given_or_the_reads_interval",
     "test_watch_prints_a_flushed_line_per_interval_until_ctrl_c",

@@ -33,7 +33,8 @@ import pytest
 
 from kvtop.cli import build_command_parser, main
 from kvtop.collect.gpu import MIB
-from kvtop.collect.live import DirectSource
+from kvtop.collect.live import DirectSource, PrometheusFeed
+from kvtop.collect.prometheus import load_settings
 from kvtop.collect.target import Target
 from kvtop.commands.snapshot import (
     _watch_seconds,
@@ -736,6 +737,27 @@ def test_a_snapshot_closes_its_connections_when_it_has_read() -> None:
         [state] = asyncio.run(read_states(source, samples=1))
     assert state.status == "up"
     assert source.live()._session is None  # the poller's HTTP session was closed
+
+
+def test_the_two_reads_are_the_interval_given_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer()) as server:
+        code, out, err = in_process(capsys, "snapshot", server.url(), "--interval", "3",
+                                    "--json", "--no-gpu")
+    assert (code, err) == (EXIT_OK, "")
+    # 3 s less the reads' latency; the source's own default (1 s) would be far under it
+    assert json.loads(out)["targets"][0]["engines"][0]["rates"]["window_s"] >= 2.0
+
+
+def test_a_watch_whose_prometheus_answers_nonsense_closes_its_connection(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FakePrometheus()) as prom:  # type: ignore[type-var]
+        prom.hostile["discover"] = answer([1, "x"])
+        feed = PrometheusFeed(load_settings(prom.url), interval_s=0.2, timeout_s=10)
+        code = stream(feed, every_s=0.2, with_gpus=False)
+    out, err = capsys.readouterr()
+    assert (code, out) == (EXIT_UNREADABLE, "")
+    assert err.startswith("kvtop snapshot: ") and "not a Prometheus query answer" in err
+    assert feed.source.api._session is None  # discovery's session was closed
 
 
 def test_a_prometheus_that_cannot_be_read_ends_a_snapshot_or_a_watch_with_exit_3(
