@@ -116,7 +116,8 @@ SNAPSHOT_IN_PROCESS = tuple(f"{UNIT}/commands/test_snapshot.py::{name}" for name
     "test_watch_waits_for_every_target_to_be_tried_before_its_first_document",
     "test_a_watch_prints_nothing_before_its_first_beat_and_closes_its_connections",
     "test_watch_through_prometheus_shows_an_instance_its_discovery_missed",
-    "test_watch_is_json_lines_only"))
+    "test_watch_is_json_lines_only",
+    "test_snapshot_is_listed_with_its_summary"))
 POLLER_TESTS = (f"{UNIT}/collect/test_poller.py", "tests/hostile/test_bodies.py",
                 *deselected("tests/hostile/test_bodies.py",
                             "test_the_app_shows_a_bad_value_as_bad_payload_and_reads_the_rest",

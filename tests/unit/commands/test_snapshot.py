@@ -608,7 +608,17 @@ async def test_watch_into_head_1_ends_quietly() -> None:
 
 def test_watch_is_json_lines_only(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["snapshot", "--watch", "--table", "--no-gpu"]) == EXIT_USAGE
-    assert "--watch prints JSON lines" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "kvtop: --watch prints JSON lines; --table is for one snapshot\n")
+    assert main(["snapshot", "--watch", "0", "--no-gpu"]) == EXIT_USAGE
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "kvtop snapshot: error: argument --watch: must be a finite number > 0 (got '0')")
+
+
+def test_snapshot_is_listed_with_its_summary() -> None:
+    listing = build_command_parser().format_help().splitlines()
+    assert [line for line in listing if "snapshot" in line] == [
+        "    snapshot  read the targets once and print JSON or a table"]
 
 
 # -- --header and --cacert: every request to the target carries them -------------------------
@@ -743,7 +753,7 @@ def test_the_two_reads_are_the_interval_given_apart(capsys: pytest.CaptureFixtur
     with served_in_thread(FaultServer()) as server:
         code, out, err = in_process(capsys, "snapshot", server.url(), "--interval", "3",
                                     "--json", "--no-gpu")
-    assert (code, err) == (EXIT_OK, "")
+    assert (code, err, server.hits) == (EXIT_OK, "", 2)  # two reads unless --samples 1
     # 3 s less the reads' latency; the source's own default (1 s) would be far under it
     assert json.loads(out)["targets"][0]["engines"][0]["rates"]["window_s"] >= 2.0
 
