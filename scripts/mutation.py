@@ -104,7 +104,20 @@ SNAPSHOT_IN_PROCESS = tuple(f"{UNIT}/commands/test_snapshot.py::{name}" for name
     "test_kvtop_snapshot_for_a_person_is_the_table_and_its_time_is_utc",
     "test_kvtop_snapshot_asks_for_its_series_only_unless_told",
     "test_kvtop_snapshot_keeps_to_the_timeout_given_or_twice_the_interval",
-    "test_kvtop_snapshot_reads_a_self_signed_server_only_when_insecure"))
+    "test_kvtop_snapshot_reads_a_self_signed_server_only_when_insecure",
+    "test_kvtop_snapshot_in_this_process_is_json_to_a_pipe_and_its_notes_only_with_a_table",
+    "test_kvtop_snapshot_shows_this_machines_gpus_unless_told_not_to",
+    "test_a_snapshot_closes_its_connections_when_it_has_read",
+    "test_the_two_reads_are_the_interval_given_apart",
+    "test_a_watch_whose_prometheus_answers_nonsense_closes_its_connection",
+    "test_a_prometheus_that_cannot_be_read_ends_a_snapshot_or_a_watch_with_exit_3",
+    "test_watch_is_every_interval_given_or_the_reads_interval",
+    "test_watch_prints_a_flushed_line_per_interval_until_ctrl_c",
+    "test_watch_waits_for_every_target_to_be_tried_before_its_first_document",
+    "test_a_watch_prints_nothing_before_its_first_beat_and_closes_its_connections",
+    "test_watch_through_prometheus_shows_an_instance_its_discovery_missed",
+    "test_watch_is_json_lines_only",
+    "test_snapshot_is_listed_with_its_summary"))
 POLLER_TESTS = (f"{UNIT}/collect/test_poller.py", "tests/hostile/test_bodies.py",
                 *deselected("tests/hostile/test_bodies.py",
                             "test_the_app_shows_a_bad_value_as_bad_payload_and_reads_the_rest",
@@ -213,7 +226,10 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 f"{UNIT}/collect/test_live.py"),
     "kvtop/report/output.py": (f"{UNIT}/report/test_output.py", f"{UNIT}/commands/test_check.py"),
     "kvtop/report/snapshot.py": (f"{UNIT}/report/test_snapshot.py", *SNAPSHOT_IN_PROCESS),
-    "kvtop/commands/snapshot.py": SNAPSHOT_IN_PROCESS,
+    # + its help in the man page, and an instance Prometheus's discovery missed
+    "kvtop/commands/snapshot.py": (*SNAPSHOT_IN_PROCESS, *CLI_IN_PROCESS,
+                                   f"{UNIT}/collect/test_live.py::"
+                                   "test_an_instance_discovery_missed_is_shown_from_its_scrapes"),
     "kvtop/report/rules.py": (f"{UNIT}/report/test_rules.py",),
     "kvtop/view/table.py": (f"{UNIT}/view/test_table.py", *SNAPSHOT_IN_PROCESS,
                             "tests/hostile/test_headless_display.py::"
@@ -243,7 +259,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/commands/baseline.py": (f"{UNIT}/commands/test_baseline.py",
                                    f"{UNIT}/baseline/test_compare.py::test_commands_on_recordings",
                                    *CLI_IN_PROCESS),
-    "kvtop/commands/compare.py": (f"{UNIT}/commands/test_baseline.py",
+    "kvtop/commands/compare.py": (f"{UNIT}/commands/test_compare.py",
+                                  f"{UNIT}/commands/test_baseline.py",
                                   f"{UNIT}/baseline/test_compare.py::test_commands_on_recordings",
                                   *CLI_IN_PROCESS),
     # the go-live rehearsal (issue 28): each module's tests and the end-to-end runs' fast

@@ -115,13 +115,13 @@ def run(args: argparse.Namespace) -> int:
 # -- the run to summarise -------------------------------------------------------------------
 
 
-def from_recording(path: Path, args: argparse.Namespace, name: str | None,
-                   option: str = "--from") -> Baseline:
+def from_recording(path: Path, args: argparse.Namespace, name: str | None) -> Baseline:
     """The recording summarised, within ``--since``/``--until`` when given."""
     from kvtop.baseline.collect import summarise
     from kvtop.store.recording import RecordingError, open_recording
+    from kvtop.store.time_range import TimeRange
 
-    span = time_range(args, path, option)
+    span = TimeRange(args.since, args.until)  # the caller refused them without a recording
     try:
         recording = open_recording(path)
     except RecordingError as exc:

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     time_range(args, args.replay, "--replay")
     try:
         if args.replay is not None:
-            now = from_recording(args.replay, args, None, "--replay")
+            now = from_recording(args.replay, args, None)
         elif (other := _other_baseline(args)) is not None:
             now = load(other)
         else:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -187,8 +186,6 @@ async def _print_every(every_s: float, trackers: dict[str, TargetTracker], tried
 async def _until(stop: asyncio.Event, other: asyncio.Event, seconds: float) -> None:
     """Wait until ``stop`` or ``other`` is set, or ``seconds`` pass."""
     waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(other.wait())]
-    with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-        await asyncio.wait(waits, timeout=max(0.0, seconds),
-                           return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait(waits, timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED)
     for waiting in waits:
         waiting.cancel()

@@ -20,6 +20,7 @@ import io
 import json
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -30,17 +31,28 @@ from typing import Any
 import certifi
 import pytest
 
-from kvtop.cli import main
+from kvtop.cli import build_command_parser, main
 from kvtop.collect.gpu import MIB
-from kvtop.collect.live import DirectSource
+from kvtop.collect.live import DirectSource, PrometheusFeed
+from kvtop.collect.prometheus import load_settings
 from kvtop.collect.target import Target
-from kvtop.commands.snapshot import print_snapshot, read_states, snapshot, snapshot_exit_code
+from kvtop.commands.snapshot import (
+    _watch_seconds,
+    print_snapshot,
+    read_states,
+    snapshot,
+    snapshot_exit_code,
+    stream,
+)
 from kvtop.derive.tracker import TargetState
 from kvtop.exits import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE
+from kvtop.report import gpus
 from kvtop.sim.engine import EngineConfig, RequestSpec
 from kvtop.sim.faults import plan
 from kvtop.sim.server import SimConfig, SimFleet, SimServer
 from kvtop.sim.simulation import Truth
+from tests.fakes.fake_nvml import FakeGpuReader
+from tests.fakes.fake_prometheus import INSTANCES, FakePrometheus, answer
 from tests.fakes.faultserver import FaultServer, closed_port, fixture, served_in_thread
 from tests.scenarios.derived import vllm_08_idle
 from tests.scenarios.gpu import DCGM_MIG, NVIDIA_SMI_H100, gpu_fixture
@@ -490,27 +502,95 @@ def test_watch_prints_a_flushed_line_per_interval_until_ctrl_c(
         monkeypatch: pytest.MonkeyPatch) -> None:
     tape = Tape()
     monkeypatch.setattr(sys, "stdout", tape)
+    monkeypatch.setattr(gpus, "read_gpus", FakeGpuReader().read)
     with served_in_thread(FaultServer(bodies=[fixture(LOAD), fixture(IDLE)])) as server:
         down = f"127.0.0.1:{closed_port()}"
         ctrl_c = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
         ctrl_c.start()
         try:
-            code = main(["snapshot", server.url(), down, "--watch", "0.25", "--no-gpu"])
+            code = main(["snapshot", server.url(), down, "--watch", "0.25"])
         finally:
             ctrl_c.cancel()
     assert code == EXIT_INTERRUPTED
     lines = tape.getvalue().splitlines()
-    assert len(lines) >= 3, lines
+    # one a beat (0.25 s) until Ctrl-C at 2 s (+1: a late one is printed, the beat goes
+    # on from it), never a burst of the beats missed
+    assert 3 <= len(lines) <= 2.0 / 0.25 + 1, lines
     # every line was in the pipe before the next was written (a reader gets it at once)
     assert all("".join(f"{line}\n" for line in lines[:n]) in tape.flushed
                for n in range(1, len(lines) + 1))
     documents = [json.loads(line) for line in lines]
+    # a line each, with no spaces between its items (NDJSON as compact as it goes)
+    assert lines == [json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+                     for doc in documents]
     assert all(doc["kvtop_snapshot"] == 1 for doc in documents)
+    # this machine's GPUs (fake NVML) in every document: no --no-gpu
+    assert {len(doc["gpus"]) for doc in documents} == {2}
     taken = [doc["taken_at"] for doc in documents]
     assert taken == sorted(set(taken))
     for doc in documents:  # the down target is in every document, never holding one back
         assert [t["status"] for t in doc["targets"]] == ["up", "down"]
     assert documents[-1]["targets"][0]["engines"][0]["rates"]["window_s"] > 0
+
+
+def test_watch_waits_for_every_target_to_be_tried_before_its_first_document(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tape = Tape()
+    monkeypatch.setattr(sys, "stdout", tape)
+    with served_in_thread(FaultServer()) as server, \
+            served_in_thread(FaultServer(mode="hang")) as hung:
+        ctrl_c = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
+        try:
+            code = main(["snapshot", server.url(), hung.url(), "--watch", "0.2",
+                         "--timeout", "0.6", "--no-gpu"])
+        finally:
+            ctrl_c.cancel()
+    assert code == EXIT_INTERRUPTED
+    documents = [json.loads(line) for line in tape.getvalue().splitlines()]
+    # the hung target held the first document back for its 0.6 s deadline, no "pending"
+    assert 1 <= len(documents) <= 2.0 / 0.2, documents
+    for doc in documents:
+        assert [t["status"] for t in doc["targets"]] == ["up", "timeout"]
+
+
+def test_a_watch_prints_nothing_before_its_first_beat_and_closes_its_connections(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer()) as server:
+        source = direct([Target.from_spec(server.url())], interval_s=0.1, timeout_s=10,
+                        insecure=False)
+        ctrl_c = threading.Timer(0.7, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
+        try:
+            code = stream(source, every_s=1.5, with_gpus=False)
+        finally:
+            ctrl_c.cancel()
+        hits = server.hits
+    # the target was read (every 0.1 s), but the first beat (1.5 s) never came
+    assert (code, capsys.readouterr(), hits >= 2) == (EXIT_INTERRUPTED, ("", ""), True)
+    assert source.live()._session is None  # the poller's HTTP session was closed
+
+
+def test_watch_through_prometheus_shows_an_instance_its_discovery_missed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tape = Tape()
+    monkeypatch.setattr(sys, "stdout", tape)
+    listed, missed = INSTANCES
+    with served_in_thread(FakePrometheus()) as prom:  # type: ignore[type-var]
+        prom.hostile["discover"] = answer(
+            [{"metric": {"job": "vllm", "instance": listed}, "value": [0, "85"]}], "vector")
+        ctrl_c = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
+        try:
+            code = main(["snapshot", "--prometheus", prom.url, "--watch", "0.2",
+                         "--interval", "0.2", "--no-gpu"])
+        finally:
+            ctrl_c.cancel()
+    documents = [json.loads(line) for line in tape.getvalue().splitlines()]
+    assert code == EXIT_INTERRUPTED and documents
+    assert [(t["label"], t["status"], t["engines"][0]["model"])
+            for t in documents[-1]["targets"]] == [
+        (listed, "up", "twin-llama"), (missed, "up", "twin-llama")]
 
 
 async def test_watch_into_head_1_ends_quietly() -> None:
@@ -528,7 +608,17 @@ async def test_watch_into_head_1_ends_quietly() -> None:
 
 def test_watch_is_json_lines_only(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["snapshot", "--watch", "--table", "--no-gpu"]) == EXIT_USAGE
-    assert "--watch prints JSON lines" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "kvtop: --watch prints JSON lines; --table is for one snapshot\n")
+    assert main(["snapshot", "--watch", "0", "--no-gpu"]) == EXIT_USAGE
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "kvtop snapshot: error: argument --watch: must be a finite number > 0 (got '0')")
+
+
+def test_snapshot_is_listed_with_its_summary() -> None:
+    listing = build_command_parser().format_help().splitlines()
+    assert [line for line in listing if "snapshot" in line] == [
+        "    snapshot  read the targets once and print JSON or a table"]
 
 
 # -- --header and --cacert: every request to the target carries them -------------------------
@@ -599,3 +689,104 @@ async def test_a_config_targets_headers_and_ca_and_insecure_over_them(
     # its own CA verifies it; --insecure verifies nothing, whatever CA bundle a target names
     assert [code for code, *_ in runs] == [EXIT_OK, EXIT_OK], runs
     assert sent == {(SHORT_KEY, "text/plain")}
+
+
+# -- the command's run() in this process (main), against real servers on 127.0.0.1 ------------
+
+
+def in_process(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """`kvtop ARGV` through main() in this process: exit code, stdout, stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_kvtop_snapshot_in_this_process_is_json_to_a_pipe_and_its_notes_only_with_a_table(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    down = f"127.0.0.1:{closed_port()}"
+    with served_in_thread(FaultServer()) as server:
+        url = server.url()
+        runs = {form: in_process(capsys, "snapshot", url, down, "--samples", "1", "--no-gpu",
+                                 *form)
+                for form in ((), ("--json",), ("--table",))}
+    (piped, piped_out, piped_err), (json_code, json_out, json_err) = runs[()], runs[("--json",)]
+    # stdout is not a terminal: JSON, the same as --json, and no notes beside it
+    assert (piped, json_code, piped_err, json_err) == (EXIT_UNREADABLE, EXIT_UNREADABLE, "", "")
+    for out in (piped_out, json_out):
+        document = json.loads(out)
+        assert [(t["target"], t["status"]) for t in document["targets"]] == [
+            (url, "up"), (f"http://{down}/metrics", "down")]
+        assert (document["gpus"], document["gpu_sources"]) == ([], [])
+    table_code, table_out, table_err = runs[("--table",)]
+    assert table_code == EXIT_UNREADABLE
+    assert table_out.splitlines()[0].startswith("NAME ") and "twin-llama" in table_out
+    [note] = table_err.splitlines()  # the down target's whole error, on stderr alone
+    assert note.startswith(f"kvtop: {down}: ") and note != f"kvtop: {down}: "
+
+
+def test_kvtop_snapshot_shows_this_machines_gpus_unless_told_not_to(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpus, "read_gpus", FakeGpuReader().read)
+    with served_in_thread(FaultServer()) as server:
+        runs = [in_process(capsys, "snapshot", server.url(), "--samples", "1", "--json", *flag)
+                for flag in ((), ("--no-gpu",))]
+    (code, out, err), (no_gpu_code, no_gpu_out, _) = runs
+    assert (code, no_gpu_code, err) == (EXIT_OK, EXIT_OK, "")
+    document, no_gpu = json.loads(out), json.loads(no_gpu_out)
+    assert [gpu["name"] for gpu in document["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 2
+    assert document["gpu_sources"] == [{"source": "nvml", "target": None,
+                                        "host": socket.gethostname(), "status": "ok",
+                                        "error": None, "gpus": 2}]
+    assert (no_gpu["gpus"], no_gpu["gpu_sources"]) == ([], [])
+
+
+def test_a_snapshot_closes_its_connections_when_it_has_read() -> None:
+    with served_in_thread(FaultServer()) as server:
+        source = direct([Target.from_spec(server.url())], interval_s=0.1, timeout_s=10,
+                        insecure=False)
+        [state] = asyncio.run(read_states(source, samples=1))
+    assert state.status == "up"
+    assert source.live()._session is None  # the poller's HTTP session was closed
+
+
+def test_the_two_reads_are_the_interval_given_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FaultServer()) as server:
+        code, out, err = in_process(capsys, "snapshot", server.url(), "--interval", "3",
+                                    "--json", "--no-gpu")
+    assert (code, err, server.hits) == (EXIT_OK, "", 2)  # two reads unless --samples 1
+    # 3 s less the reads' latency; the source's own default (1 s) would be far under it
+    assert json.loads(out)["targets"][0]["engines"][0]["rates"]["window_s"] >= 2.0
+
+
+def test_a_watch_whose_prometheus_answers_nonsense_closes_its_connection(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with served_in_thread(FakePrometheus()) as prom:  # type: ignore[type-var]
+        prom.hostile["discover"] = answer([1, "x"])
+        feed = PrometheusFeed(load_settings(prom.url), interval_s=0.2, timeout_s=10)
+        code = stream(feed, every_s=0.2, with_gpus=False)
+    out, err = capsys.readouterr()
+    assert (code, out) == (EXIT_UNREADABLE, "")
+    assert err.startswith("kvtop snapshot: ") and "not a Prometheus query answer" in err
+    assert feed.source.api._session is None  # discovery's session was closed
+
+
+def test_a_prometheus_that_cannot_be_read_ends_a_snapshot_or_a_watch_with_exit_3(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    prometheus = f"http://127.0.0.1:{closed_port()}"
+    for watching in ((), ("--watch", "0.2")):
+        code, out, err = in_process(capsys, "snapshot", "--prometheus", prometheus,
+                                    "--no-gpu", "--timeout", "5", *watching)
+        assert (code, out) == (EXIT_UNREADABLE, "")
+        [line] = err.splitlines()
+        assert line.startswith(f"kvtop snapshot: Prometheus {prometheus}"), line
+
+
+def test_watch_is_every_interval_given_or_the_reads_interval() -> None:
+    def every(*argv: str) -> float | None:
+        return _watch_seconds(build_command_parser().parse_args(["snapshot", *argv]))
+
+    assert every() is None
+    assert every("--watch") == 1.0  # --interval's default
+    assert every("--watch", "--interval", "0.3") == 0.3
+    assert every("--watch", "2.5", "--interval", "0.3") == 2.5
+    assert every("--watch", "--json") == 1.0
