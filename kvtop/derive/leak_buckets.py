@@ -148,14 +148,12 @@ def loads(buckets: list[Bucket], span: int) -> tuple[list[float], str]:
     running = known([mean(b.running) for b in buckets])
     if running is None:
         return [0.0] * len(buckets), "none"
-    tokens, finished = [b.tokens for b in buckets], [b.finished for b in buckets]
     out = []
-    for i, r in enumerate(running):  # tokens_per_request of the trailing span, unrolled
-        start = max(0, i - span + 1)
-        done, made = known(finished[start:i + 1]), known(tokens[start:i + 1])
-        if done is None or made is None or not sum(done):
+    for i, r in enumerate(running):
+        per_request = tokens_per_request(buckets[max(0, i - span + 1):i + 1])
+        if per_request is None:
             return [float(r) for r in running], "running"
-        out.append(r * (sum(made) / sum(done)))
+        out.append(r * per_request)
     return out, "tokens"
 
 
