@@ -69,7 +69,7 @@ class FramePainter:
         pane.display = bool(watch.views or watch.failed_sources) and self._view.gpu_wanted
         if pane.display:
             views, failed = watch.views, watch.failed_sources
-            pane.show(lambda cells: pane_lines(views, None, failed, trails=watch.trails,
+            pane.show(lambda cells: pane_lines(views, failed, trails=watch.trails,
                                                now=now, cells=cells))
 
     def _set_gpu_cells(self, table: FleetTable, rows: list[FleetRow]) -> None:

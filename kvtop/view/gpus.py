@@ -150,15 +150,12 @@ def _processes(view: GpuView) -> list[Line]:
     return lines
 
 
-def pane_lines(views: Sequence[GpuView], nvml_unavailable: str | None,
-               failed: Sequence[GpuSource] = (), *, trails: GpuTrails | None = None,
-               now: float = 0.0, cells: int = 0) -> list[Line]:
+def pane_lines(views: Sequence[GpuView], failed: Sequence[GpuSource] = (), *,
+               trails: GpuTrails | None = None, now: float = 0.0, cells: int = 0) -> list[Line]:
     """Per GPU: title, memory (with its history over ``cells`` when ``trails`` are
     given), use, owners and processes (each process with the server it belongs to); then
-    why a source gave nothing."""
+    why an exporter gave nothing (NVML's absence is the header's note, :func:`gpu_note`)."""
     lines: list[Line] = []
-    if nvml_unavailable is not None:
-        lines.append([(f"NVML unavailable: {_text(nvml_unavailable)}", "bad")])
     for source in failed:
         what = SOURCE_LABEL.get(source.source, source.source)
         lines.append([(f"{what} {_text(source.host or '')}: {_text(source.error or 'failed')}",

@@ -81,9 +81,7 @@ def test_the_engine_panes_gpu_memory_line() -> None:
 
 
 def test_pane_says_why_it_is_empty() -> None:
-    assert pane_lines([], None) == [[("no GPU found", "dim")]]
-    lines = pane_lines([], "NVML Shared Library Not Found")
-    assert lines == [[("NVML unavailable: NVML Shared Library Not Found", "bad")]]
+    assert pane_lines([]) == [[("no GPU found", "dim")]]
 
 
 def test_pane_says_which_exporter_failed_and_why() -> None:
@@ -94,7 +92,7 @@ def test_pane_says_which_exporter_failed_and_why() -> None:
                         0),
               GpuSource("other", "http://c:1/metrics", "c\x1b[2J", "failed", "bad\x07", 0)]
     [gpu] = read_exposition(gpu_fixture(DCGM_POD)).gpus
-    lines = pane_lines([GpuView(gpu, None, EXPORTER)], None, failed)
+    lines = pane_lines([GpuView(gpu, None, EXPORTER)], failed)
     assert lines == [
         [("dcgm-exporter 10.0.0.5: timeout after 5s", "bad")],
         [("nvidia_gpu_exporter : failed", "bad")],
@@ -110,7 +108,7 @@ def test_pane_says_which_exporter_failed_and_why() -> None:
 def test_pane_mig_instance_title() -> None:
     whole, instance = read_exposition(gpu_fixture(DCGM_MIG)).gpus
     views = [GpuView(gpu, gpu.host, "http://10.1.1.1:9400/metrics") for gpu in (whole, instance)]
-    titles = [line[0][0] for line in pane_lines(views, None) if line and line[0][1] == "title"]
+    titles = [line[0][0] for line in pane_lines(views) if line and line[0][1] == "title"]
     assert titles == ["ub20-a100-k8s GPU0 GPU", "ub20-a100-k8s GPU0 GPU MIG 13 1g.5gb"]
 
 
@@ -120,7 +118,7 @@ def test_a_gpus_title() -> None:
     name cut at 80 cells."""
     def title(gpu: GpuReading, host: str | None = "node-1", target: str | None = EXPORTER
               ) -> str:
-        [(text, role)] = pane_lines([GpuView(gpu, host, target)], None)[0]
+        [(text, role)] = pane_lines([GpuView(gpu, host, target)])[0]
         assert role == "title"
         return text
 
@@ -140,7 +138,7 @@ def test_a_local_gpus_lines() -> None:
     busy, idle = sample_gpus()
     owner = Owner("http://127.0.0.1:8000/metrics", "vllm-a", "process")
     views = [GpuView(busy, "host", None, (owner,), {4242: owner}), GpuView(idle, "host", None)]
-    assert pane_lines(views, None) == [
+    assert pane_lines(views) == [
         [("GPU0 NVIDIA H100 80GB HBM3", "title")],
         [(" mem ███████▍ 74.0/80.0 GiB", "")],
         [(" util 91%  63°C  512W", "")],
@@ -162,7 +160,7 @@ def test_an_exporters_gpu_lines() -> None:
     t4, unread = read_exposition(gpu_fixture(DCGM_T4)).gpus
     views = [GpuView(h100, "gpu-1", EXPORTER), GpuView(t4, None, EXPORTER),
              GpuView(unread, "551bdf382151", EXPORTER)]
-    assert pane_lines(views, None) == [
+    assert pane_lines(views) == [
         [("gpu-1 GPU0 NVIDIA H100 80GB HBM3", "title")],
         [(" mem ██░░░░░░ 19.4/79.6 GiB", "")],
         [(" util 100%  59°C  632W", "")],
@@ -185,7 +183,7 @@ def test_an_exporters_gpu_serves_the_servers_of_its_pod_or_host() -> None:
     the display boundary; the pods dcgm names follow, without the parts it leaves out."""
     in_pod = prometheus_state("10.0.0.5:8000", VLLM, pod="bar", namespace="foo")
     [view] = gpu_views([], {}, [in_pod, server_state("10.0.0.5:9400", gpu_fixture(DCGM_POD))])
-    assert pane_lines([view], None)[3:] == [
+    assert pane_lines([view])[3:] == [
         [(" serves ", "dim"), ("10.0.0.5:8000", "owner"), (" (same pod)", "dim")],
         [(" pod foo/bar/baz", "dim")],
     ]
@@ -193,11 +191,11 @@ def test_an_exporters_gpu_serves_the_servers_of_its_pod_or_host() -> None:
                server_state("gpu-1:8001", VLLM), server_state("gpu-1:9400",
                                                               gpu_fixture(DCGM_T4))]
     view = gpu_views([], {}, on_host)[0]
-    assert pane_lines([view], None)[3:] == [
+    assert pane_lines([view])[3:] == [
         [(" serves ", "dim"), ("a\\x1b[2J, gpu-1:8001", "owner"), (" (same host)", "dim")]]
     [gpu] = read_exposition(gpu_fixture(DCGM_POD)).gpus
     bare = dataclasses.replace(gpu, workloads=(Workload(None, "p", None),))
-    assert pane_lines([GpuView(bare, None, EXPORTER)], None)[3:] == [[(" pod p", "dim")]]
+    assert pane_lines([GpuView(bare, None, EXPORTER)])[3:] == [[(" pod p", "dim")]]
 
 
 def _rising(trails: GpuTrails, gpu: GpuReading) -> None:
@@ -220,17 +218,17 @@ def test_a_gpus_memory_history_over_the_panes_width() -> None:
     view = GpuView(gpu, "host", None)
 
     def history(cells: int, now: float = 1000.0) -> list[list[tuple[str, str]]]:
-        return sparks(pane_lines([view], None, trails=trails, now=now, cells=cells))
+        return sparks(pane_lines([view], trails=trails, now=now, cells=cells))
 
     assert history(17) == [[(" ", ""), ("▁ ▂ ▄ ▆█", "spark"), (" 1m", "dim")]]
     assert history(16) == []
     assert history(25) == [[(" ", ""), (" ▁   ▂   ▄   ▆ █", "spark"), (" 1m", "dim")]]
     assert history(17, now=1010.0) == [[(" ", ""), (" ▂ ▄ ▆█ ", "spark"), (" 1m", "dim")]]
-    assert pane_lines([view], None, cells=17) == pane_lines([view], None)  # no trails
+    assert pane_lines([view], cells=17) == pane_lines([view])  # no trails
     unknown_total = GpuView(dataclasses.replace(gpu, memory_total_bytes=None), "host", None)
-    assert sparks(pane_lines([unknown_total], None, trails=trails, now=1000.0, cells=40)) == []
+    assert sparks(pane_lines([unknown_total], trails=trails, now=1000.0, cells=40)) == []
     other = GpuView(sample_gpus()[1], "host", None)  # no history of its own
-    assert sparks(pane_lines([other], None, trails=trails, now=1000.0, cells=40)) == []
+    assert sparks(pane_lines([other], trails=trails, now=1000.0, cells=40)) == []
 
 
 def test_a_gpus_history_is_drawn_as_of_0_unless_now_is_given() -> None:
@@ -240,9 +238,9 @@ def test_a_gpus_history_is_drawn_as_of_0_unless_now_is_given() -> None:
     trails = GpuTrails(span_s=8.0)
     trails.record(0.0, [GpuView(gpu, None, None)])
     view = GpuView(gpu, None, None)
-    assert sparks(pane_lines([view], None, trails=trails, cells=17)) == [
+    assert sparks(pane_lines([view], trails=trails, cells=17)) == [
         [(" ", ""), ("       ▇", "spark"), (" 8s", "dim")]]
-    assert sparks(pane_lines([view], None, trails=trails, now=1.0, cells=17)) == [
+    assert sparks(pane_lines([view], trails=trails, now=1.0, cells=17)) == [
         [(" ", ""), ("      ▇ ", "spark"), (" 8s", "dim")]]
 
 
