@@ -46,6 +46,12 @@ def _flags(action: argparse.Action) -> str:
     return f"{names} \\fI{roff(str(metavar))}\\fR"
 
 
+def _positional(action: argparse.Action) -> str:
+    """What stands for a positional argument: its metavar, else its name (as argparse's
+    usage line)."""
+    return roff(str(action.metavar or action.dest))
+
+
 def _options(parser: argparse.ArgumentParser) -> list[str]:
     lines: list[str] = []
     for action in parser._actions:
@@ -53,7 +59,7 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
             continue
         if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             continue
-        label = _flags(action) if action.option_strings else f"\\fI{roff(str(action.metavar))}\\fR"
+        label = _flags(action) if action.option_strings else f"\\fI{_positional(action)}\\fR"
         text = action.help or ""
         if action.choices and not action.option_strings:
             text = text or ", ".join(map(str, action.choices))
@@ -70,7 +76,7 @@ def _synopsis(name: str, parser: argparse.ArgumentParser) -> str:
                    and not isinstance(a, argparse._SubParsersAction)]
     words = [f"\\fBkvtop {name}\\fR", "[\\fIoptions\\fR]"]
     for action in positionals:
-        metavar = f"\\fI{action.metavar}\\fR"
+        metavar = f"\\fI{_positional(action)}\\fR"
         words.append(f"[{metavar} ...]" if action.nargs in ("*", "+") else metavar)
     return " ".join(words)
 

@@ -403,7 +403,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the entry points: `python -m kvtop` and main() run in this process
     "kvtop/__main__.py": (f"{UNIT}/test_cli.py",),
     "kvtop/cli.py": (f"{UNIT}/test_cli.py", f"{UNIT}/test_cli_args.py"),
-    "kvtop/manpage.py": (f"{UNIT}/test_cli.py",),
+    "kvtop/manpage.py": (f"{UNIT}/test_manpage.py", f"{UNIT}/test_cli.py"),
     "kvtop/crash.py": (f"{UNIT}/test_crash.py",),
     "kvtop/runtime.py": (f"{UNIT}/test_runtime.py",),
     # the one output boundary, its readers' guard and the file reader every file kind uses

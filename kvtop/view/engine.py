@@ -27,7 +27,6 @@ from kvtop.view.cache import (
 from kvtop.view.cells import (
     LEAK_LABEL,
     LEAK_LEVEL,
-    Cell,
     lifetime_hit,
     window_hit,
     window_quantiles,
@@ -88,10 +87,14 @@ def _legend(title: str, series: Sequence[Series], rules: Sequence[Rule] = ()) ->
     line: Line = [(title, "title")]
     for item in series if len(series) > 1 else ():
         line += [(" ━ ", item.role), (item.label, "")]
-    for rule in rules:
-        if rule.label:  # "": a band's other edge, named with its first
-            line += [(" ┄ ", rule.role), (rule.label, "")]
-    return line
+    return line + _rules_legend(rules)
+
+
+def _rules_legend(rules: Sequence[Rule]) -> Line:
+    """Each rule's colour and name; "" names none (a band's other edge, named with its
+    first)."""
+    return [piece for rule in rules if rule.label
+            for piece in ((" ┄ ", rule.role), (rule.label, ""))]
 
 
 def with_rules(pane: PaneView, rules: Sequence[Rule]) -> PaneView:
@@ -99,7 +102,7 @@ def with_rules(pane: PaneView, rules: Sequence[Rule]) -> PaneView:
     if not rules or pane.chart is None:
         return pane
     chart = replace(pane.chart, rules=(*pane.chart.rules, *rules))
-    legend = pane.legend + _legend("", (), rules)[1:]
+    legend = pane.legend + _rules_legend(rules)
     return replace(pane, chart=chart, legend=legend)
 
 
@@ -263,7 +266,7 @@ def latency_pane(stats: EngineStats, history: Sequence[EngineStats], now: float,
 PANES_AFTER_KV = (queue_pane, hit_pane, throughput_pane, latency_pane)
 
 
-def leak_line(row: FleetRow, stats: EngineStats) -> Line:
+def leak_line(stats: EngineStats) -> Line:
     verdict = stats.leak
     if verdict is None:
         return [("leak ", "key"), ("not judged for this server", "dim")]
@@ -377,7 +380,7 @@ def engine_view(row: FleetRow | None, state: TargetState | None,
     if row is None or state is None:
         return EngineView("no engine selected")
     title = f"{row.name} · {row.cells['model'].text}"
-    stats = _shown_stats(row, state, history)
+    stats = _shown_stats(row, history)
     status = status_line(row, state, now)
     view = EngineView(title, [status] if status is not None else [])
     if stats is None:
@@ -388,7 +391,7 @@ def engine_view(row: FleetRow | None, state: TargetState | None,
             view.lines += _never_answered(state, interval_s)
         return view
     stall = stall_line(stats)  # a stall is now: above the leak's trend
-    for line in (stall, leak_line(row, stats), exact_evidence_line(stats),
+    for line in (stall, leak_line(stats), exact_evidence_line(stats),
                  lora_line(stats.lora), gpu_line(gpu) if with_gpu else None):
         if line is not None:
             view.lines.append(line)
@@ -465,7 +468,6 @@ def _p50_p99(q: Quantiles | None) -> str:
     return fmt.DASH if q is None else f"{fmt.seconds(q.p50)}/{fmt.seconds(q.p99)}"
 
 
-
 def group_view(group: FleetRow, member: EngineView) -> EngineView:
     """A group's panes: those of its worst member (what needs a look), said so."""
     line: Line = [("group ", "key"), (group.cells["status"].text, ""),
@@ -475,14 +477,9 @@ def group_view(group: FleetRow, member: EngineView) -> EngineView:
                       member.facts, member.empty)
 
 
-def _shown_stats(row: FleetRow, state: TargetState,
-                 history: Sequence[EngineStats]) -> EngineStats | None:
-    """The row's engine now, else (the server is down) its last good numbers."""
+def _shown_stats(row: FleetRow, history: Sequence[EngineStats]) -> EngineStats | None:
+    """The row's engine, else (a row for a target without engines now: it stopped
+    answering) its last good numbers."""
     if row.stats is not None:
         return row.stats
-    current = next((s for s in state.engines if (s.model, s.engine) == row.engine), None)
-    return current or (history[-1] if history else None)
-
-
-def cell_piece(cell: Cell) -> Piece:
-    return cell.text, cell.level or ""
+    return history[-1] if history else None
