@@ -178,8 +178,10 @@ def kv_pane(stats: EngineStats, history: Sequence[EngineStats], now: float,
     with the idle floor and, against a baseline, the baseline's median."""
     pool = stats.blocks_total
     usage = stats.kv_usage
-    latest: Line = [(fmt.kv_cell(usage, stats.blocks_used, pool, 10), ""),
-                    (f" {fmt.percent(usage)}", "")]
+    latest: Line = [(fmt.kv_cell(usage, stats.blocks_used, pool, 10), "")]
+    if stats.blocks_used is not None and pool:  # the cell shows blocks: add the percent
+        shown = usage if usage is not None else stats.blocks_used / pool
+        latest.append((f" {fmt.percent(shown)}", ""))
     if band is not None and band.kv_p50 is not None:
         latest.append((f"  base {fmt.percent(band.kv_p50)}", "base"))
     if pool:

@@ -72,6 +72,21 @@ def test_without_block_counts_the_kv_pane_is_a_percentage() -> None:
     assert _text(render(pane.chart, 30, 6))[0].startswith("100%┤")
 
 
+def test_the_kv_panes_latest_value_says_the_percent_once() -> None:
+    """Blocks shown: the server's own percent beside them (worked out from the blocks when
+    the server gives none); without blocks the cell is already the percent, said once."""
+    def latest(**kv: float | int) -> list[tuple[str, str]]:
+        stats = EngineStats("m", None, NOW, **kv)  # type: ignore[arg-type]
+        return kv_pane(stats, [stats], NOW, SPAN).latest
+
+    assert latest(blocks_total=1000, blocks_used=250, kv_usage=0.26) == [
+        ("██▋░░░░░░░ 250/1000", ""), (" 26%", "")]
+    assert latest(blocks_total=1000, blocks_used=250) == [
+        ("██▌░░░░░░░ 250/1000", ""), (" 25%", "")]
+    assert latest(kv_usage=0.25) == [("██▌░░░░░░░ 25%", "")]
+    assert latest(blocks_used=250, kv_usage=0.25) == [("██▌░░░░░░░ 25%", "")]
+
+
 def test_a_silence_stays_a_gap_while_scrape_spacing_is_joined() -> None:
     assert join_gaps([1.0, None, None, 4.0], most=3) == [1.0, 2.0, 3.0, 4.0]
     assert join_gaps([1.0, None, None, None, None, 6.0], most=3) == [
@@ -340,7 +355,7 @@ def test_a_pane_without_numbers_has_no_chart_and_says_why() -> None:
     panes = [kv_pane(blank, [blank], NOW, SPAN),
              *(pane(blank, [blank], NOW, SPAN) for pane in PANES_AFTER_KV)]
     assert [_pane(p) for p in panes] == [
-        ("kv", [("KV use %", "title")], [("–", ""), (" –", "")], "no data yet", {}, None),
+        ("kv", [("KV use %", "title")], [("–", "")], "no data yet", {}, None),
         ("queue", [("requests", "title"), (" ━ ", "s1"), ("run", ""), (" ━ ", "s2"), ("wait", "")],
          [("run ", "key"), ("–", ""), ("  wait ", "key"), ("0", "")], "no data yet",
          {"run": [("–", "")], "wait": [("0", "")]},
@@ -365,7 +380,7 @@ def test_a_pane_without_numbers_has_no_chart_and_says_why() -> None:
 def test_without_a_pool_size_the_kv_pane_draws_percent_of_the_pool() -> None:
     stats = EngineStats("m", "0", NOW, kv_usage=0.25)
     assert _pane(kv_pane(stats, [stats], NOW, SPAN)) == (
-        "kv", [("KV use %", "title")], [("██▌░░░░░░░ 25%", ""), (" 25%", "")], "no data yet", {},
+        "kv", [("KV use %", "title")], [("██▌░░░░░░░ 25%", "")], "no data yet", {},
         ((Series("used", "s1", [(NOW, 25.0)]),), NOW, SPAN, 100.0, (), "50%"))
 
 
