@@ -429,12 +429,18 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/sim/stats.py": (f"{UNIT}/sim/test_exposition.py", f"{UNIT}/sim/test_engine.py"),
     "kvtop/view/gpus.py": (f"{UNIT}/view/test_gpus.py",),
     "kvtop/view/groups.py": (f"{UNIT}/view/test_groups.py", f"{UNIT}/view/test_fleet.py"),
+    # Widgets scored on their own test file, which mounts them in a small app (Pilot, a
+    # fraction of a second each), and the one app test that draws them end to end: the whole
+    # Pilot tier below costs minutes per mutant
+    "kvtop/ui/widgets/cache_pane.py": (f"{UNIT}/ui/widgets/test_cache_pane.py",
+                                       "tests/ui/pilot/test_kv_cache.py::"
+                                       "test_the_cache_pane_the_limit_and_the_exact_evidence"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
        for name in ("alert_tap", "app", "frame", "gpu_watch", "keys", "recording_tap", "replay",
                     "selected_engine", "snapshot_taker", "watchdog", "screens/detail",
-                    "screens/help", "screens/sort_menu", "widgets/cache_pane",
+                    "screens/help", "screens/sort_menu",
                     "widgets/engine_panel", "widgets/fleet_table", "widgets/gpu_pane",
                     "widgets/message_line", "widgets/panes", "widgets/summary")},
 }
