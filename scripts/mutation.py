@@ -437,14 +437,16 @@ MODULES: dict[str, tuple[str, ...]] = {
                                        "test_the_cache_pane_the_limit_and_the_exact_evidence"),
     "kvtop/ui/widgets/gpu_pane.py": (f"{UNIT}/ui/widgets/test_gpu_pane.py",
                                      "tests/ui/pilot/test_app.py::test_gpu_pane_with_fake_nvml"),
+    "kvtop/ui/widgets/message_line.py": (f"{UNIT}/ui/widgets/test_message_line.py",
+                                         "tests/ui/pilot/test_app.py::"
+                                         "test_a_message_takes_the_footer_s_line_never_a_pane_s"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
        for name in ("alert_tap", "app", "frame", "gpu_watch", "keys", "recording_tap", "replay",
                     "selected_engine", "snapshot_taker", "watchdog", "screens/detail",
-                    "screens/help", "screens/sort_menu",
-                    "widgets/engine_panel", "widgets/fleet_table", "widgets/message_line",
-                    "widgets/panes", "widgets/summary")},
+                    "screens/help", "screens/sort_menu", "widgets/engine_panel",
+                    "widgets/fleet_table", "widgets/panes", "widgets/summary")},
 }
 
 
