@@ -440,11 +440,17 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/ui/widgets/message_line.py": (f"{UNIT}/ui/widgets/test_message_line.py",
                                          "tests/ui/pilot/test_app.py::"
                                          "test_a_message_takes_the_footer_s_line_never_a_pane_s"),
+    # the app's parts scored the same way: a small app of their own, and the app's tests of them
+    "kvtop/ui/snapshot_taker.py": (f"{UNIT}/ui/test_snapshot_taker.py",
+                                   "tests/ui/pilot/test_app.py::"
+                                   "test_snapshot_writes_json_bodies_and_svg",
+                                   "tests/ui/pilot/test_app.py::"
+                                   "test_snapshot_to_unwritable_folder_is_a_message"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
        for name in ("alert_tap", "app", "frame", "gpu_watch", "keys", "recording_tap", "replay",
-                    "selected_engine", "snapshot_taker", "watchdog", "screens/detail",
+                    "selected_engine", "watchdog", "screens/detail",
                     "screens/help", "screens/sort_menu", "widgets/engine_panel",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
 }
