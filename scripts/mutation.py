@@ -448,10 +448,13 @@ MODULES: dict[str, tuple[str, ...]] = {
                                    "test_snapshot_to_unwritable_folder_is_a_message"),
     "kvtop/ui/watchdog.py": (f"{UNIT}/ui/test_watchdog.py",
                              "tests/ui/pilot/test_app.py::test_lost_terminal_exits"),
+    # two tables of bindings (no function for mutmut): its test reads every key and action
+    "kvtop/ui/keys.py": (f"{UNIT}/ui/test_keys.py",
+                         f"{UNIT}/test_cli.py::test_the_man_pages_keys_are_the_keys_the_app_binds"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
-       for name in ("alert_tap", "app", "frame", "gpu_watch", "keys", "recording_tap", "replay",
+       for name in ("alert_tap", "app", "frame", "gpu_watch", "recording_tap", "replay",
                     "selected_engine", "screens/detail",
                     "screens/help", "screens/sort_menu", "widgets/engine_panel",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
