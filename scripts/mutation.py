@@ -122,6 +122,11 @@ POLLER_TESTS = (f"{UNIT}/collect/test_poller.py", "tests/hostile/test_bodies.py"
                 *deselected("tests/hostile/test_bodies.py",
                             "test_the_app_shows_a_bad_value_as_bad_payload_and_reads_the_rest",
                             "test_a_big_body_is_read_off_the_event_loop"))
+# The Prometheus package's tests: its modules' own, each source query through a fake API on
+# 127.0.0.1 (the real-Prometheus tier, tests/prometheus, costs seconds a test and stays out)
+PROMETHEUS_TESTS = (*(f"{UNIT}/collect/prometheus/test_{name}.py"
+                      for name in ("source", "api", "promql", "answers")),
+                    "tests/hostile/test_prometheus_answers.py")
 MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/exposition.py": (f"{UNIT}/collect/test_exposition.py",),
     **{f"kvtop/collect/adapters/{name}.py": ADAPTER_TESTS
@@ -130,10 +135,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the app's test (Pilot) and the one that times the event loop's lag (load-dependent)
     "kvtop/collect/poller.py": POLLER_TESTS,
     "kvtop/collect/http.py": POLLER_TESTS,
-    **{f"kvtop/collect/prometheus/{name}.py": (f"{UNIT}/collect/test_prometheus.py",
-                                                f"{UNIT}/collect/prometheus/test_promql.py",
-                                                f"{UNIT}/collect/prometheus/test_answers.py",
-                                                "tests/hostile/test_prometheus_answers.py")
+    **{f"kvtop/collect/prometheus/{name}.py": PROMETHEUS_TESTS
        for name in ("__init__", "answers", "api", "promql", "source")},
     # targets, tokens and secrets in URLs: test_cli.py's own cases run kvtop as a subprocess
     "kvtop/collect/target.py": (f"{UNIT}/collect/test_target.py", f"{UNIT}/collect/test_poller.py",

@@ -1408,3 +1408,42 @@ def test_settings_reject_credentials_and_bad_selectors() -> None:
 def test_prometheus_retention_is_read_from_its_runtime_info(text: str,
                                                             seconds: float | None) -> None:
     assert parse_retention(text) == seconds
+
+
+# -- the caps, at their boundaries -------------------------------------------------------
+
+
+async def test_an_instance_unseen_for_exactly_15_minutes_is_kept_and_a_hair_longer_forgotten(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        await src.discover()  # heard of at T0, never named again
+        stored.scrapes = {}
+        clock.now = T0 + prometheus_source.FORGET_AFTER_S
+        [stale] = await src.poll_once()
+        assert (stale.target.name, stale.failure) == (A, "bad_payload")
+        assert [t.name for t in src.targets] == [A]
+        clock.now = T0 + prometheus_source.FORGET_AFTER_S + 0.001
+        assert await src.poll_once() == []
+        assert src.targets == []
+
+
+async def test_at_most_2048_instances_are_known_and_the_least_recently_heard_goes_first(
+        prom: tuple[Stored, FaultServer]) -> None:
+    assert prometheus_source.MAX_INSTANCES == 2048
+    stored, server = prom
+    fleet = [f"10.1.{i // 250}.{i % 250}:8000" for i in range(2048)]
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        stored.scrapes = {(JOB, A): [(T0 - 1, 1.0)]}
+        await src.poll_once()  # A heard at T0
+        clock.now = T0 + 5
+        stored.scrapes = {(JOB, name): [(T0 + 4, 1.0)] for name in fleet[:-1]}
+        await src.poll_once()  # 2,047 more at T0 + 5: 2,048 known, the cap, A kept
+        assert len(src.targets) == 2048 and A in {t.name for t in src.targets}
+        clock.now = T0 + 10
+        stored.scrapes = {(JOB, fleet[-1]): [(T0 + 9, 1.0)]}
+        await src.poll_once()  # one more: A, heard least recently, goes
+    assert sorted(t.name for t in src.targets) == sorted(fleet)
