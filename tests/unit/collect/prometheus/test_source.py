@@ -1452,3 +1452,39 @@ async def test_at_most_2048_instances_are_known_and_the_least_recently_heard_goe
         stored.scrapes = {(JOB, fleet[-1]): [(T0 + 9, 1.0)]}
         await src.poll_once()  # one more: A, heard least recently, goes
     assert sorted(t.name for t in src.targets) == sorted(fleet)
+
+
+async def test_past_the_cap_the_forgotten_go_then_the_least_recent_one_15_minutes_unseen_too(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    old, edge = "10.9.0.1:8000", "10.9.0.2:8000"
+    fleet = [f"10.1.{i // 250}.{i % 250}:8000" for i in range(2048)]
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        stored.scrapes = {(JOB, old): [(T0 - 1, 1.0)]}
+        await src.poll_once()  # old heard at T0
+        clock.now = T0 + 0.5
+        stored.scrapes = {(JOB, edge): [(T0 - 1.5, 1.0)]}
+        await src.poll_once()  # edge heard at T0 + 0.5
+        clock.now = T0 + 0.5 + prometheus_source.FORGET_AFTER_S
+        stored.scrapes = {(JOB, name): [(clock.now - 2.5, 1.0)] for name in fleet}
+        await src.poll_once()  # 2,050 known: old unseen 900.5 s, edge exactly 900 s
+    assert sorted(t.name for t in src.targets) == sorted(fleet)
+
+
+@pytest.mark.parametrize("values", [("0", "1"), ("1", "0")])
+async def test_two_up_series_of_an_instance_at_one_moment_down_decides_in_any_order(
+        prom: tuple[Stored, FaultServer], values: tuple[str, str]) -> None:
+    """Two scrape jobs relabelled into one (job, instance): one scrape failed, one did not,
+    at the same moment. The failure is reported (down), and not contradicted by a stale
+    'up == 1 but no series' beside it, whichever series Prometheus lists first."""
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 60, 1.0)]}  # its series gone for a minute
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        stored.hostile["up"] = matrix(*(
+            {"metric": labels(__name__="up", job=JOB, instance=A, scheme=scheme),
+             "values": [[T0 - 5, value]]}
+            for scheme, value in zip(("http", "https"), values, strict=True)))
+        delivered = await src.poll_once()
+    assert [(s.target.name, s.t, s.failure) for s in delivered] == [(A, T0 - 5, "down")]
