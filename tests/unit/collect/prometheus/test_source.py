@@ -1291,6 +1291,10 @@ def test_the_limits_and_periods_the_docs_give_are_the_sources() -> None:
     assert f"Per refresh (default every {PROMETHEUS_INTERVAL_S:g} s;" in said
     assert f"A refresh reads up to {INGEST_LAG_S:g} s ago" in said
     assert f"read at most every {TARGETS_CACHE_S:g} s" in said
+    forget_s = prometheus_source.FORGET_AFTER_S
+    assert f"An instance no query has named for {forget_s / 60:g} min ({forget_s:g} s) is " \
+           f"forgotten" in said
+    assert f"at most {prometheus_source.MAX_INSTANCES:,} instances are known at once" in said
     assert f"default max(refresh interval, {DEFAULT_BACKFILL_STEP_S:g} s)" in said
     assert f"never more than {MAX_POINTS:,} points per series".replace(",", " ") in said
     assert f"An answer is read up to {MAX_ANSWER_BYTES / 2**20:g} MiB" in said
