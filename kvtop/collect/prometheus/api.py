@@ -21,12 +21,11 @@ from kvtop.safe_text import mask_bytes
 # holds the refresh of ~2,500 engines and the backfill of ~1,200; decoded, an answer takes
 # ~6x its size in memory (~400 MB here).
 MAX_ANSWER_BYTES = 64 << 20
-# Answers and results this large are decoded and grouped in a worker thread, so the event
-# loop (the keys, the screen) never waits for them.
+# Answers this large are decoded in a worker thread, so the event loop (the keys, the
+# screen) never waits for them (source.py groups large results there too).
 OFF_LOOP_BYTES = 1 << 20
-OFF_LOOP_SERIES = 2_000
 BACKFILL_TIMEOUT_FACTOR = 6
-MAX_POINTS = 11_000  # Prometheus refuses range queries with more points per series
+
 
 @dataclass(frozen=True, slots=True)
 class PrometheusSettings:

@@ -51,6 +51,7 @@ from kvtop.collect.prometheus import (
 from kvtop.collect.prometheus import source as prometheus_source
 from kvtop.collect.prometheus.answers import _heads
 from kvtop.collect.target import Scrape, Secret
+from kvtop.safe_text import MIN_KNOWN_SECRET
 from tests.fakes.faultserver import FaultServer, Request, mode
 from tests.support.paths import REPO
 from tests.support.waiting import eventually
@@ -641,10 +642,14 @@ def escaped(token: str) -> str:
     return "".join(f"\\u{ord(c):04x}" for c in token)
 
 
+# a token kvtop masks everywhere it writes, and one a character short of that (only the
+# settings' own token masks it)
+@pytest.mark.parametrize("secret", ["s3cret-token", "t0k3n-7"])
 async def test_a_token_echoed_in_json_escapes_is_masked_in_what_is_quoted(
-        prom: tuple[Stored, FaultServer]) -> None:
+        prom: tuple[Stored, FaultServer], secret: str) -> None:
+    assert len("t0k3n-7") == MIN_KNOWN_SECRET - 1
     stored, server = prom
-    token = Secret("s3cret-token")
+    token = Secret(secret)
     down_at(stored, (JOB, A), T0 - 5)
     async with source(server, Clock(), lookback_s=60.0, token=token) as src:
         await src.discover()
@@ -1286,6 +1291,10 @@ def test_the_limits_and_periods_the_docs_give_are_the_sources() -> None:
     assert f"Per refresh (default every {PROMETHEUS_INTERVAL_S:g} s;" in said
     assert f"A refresh reads up to {INGEST_LAG_S:g} s ago" in said
     assert f"read at most every {TARGETS_CACHE_S:g} s" in said
+    forget_s = prometheus_source.FORGET_AFTER_S
+    assert f"An instance no query has named for {forget_s / 60:g} min ({forget_s:g} s) is " \
+           f"forgotten" in said
+    assert f"at most {prometheus_source.MAX_INSTANCES:,} instances are known at once" in said
     assert f"default max(refresh interval, {DEFAULT_BACKFILL_STEP_S:g} s)" in said
     assert f"never more than {MAX_POINTS:,} points per series".replace(",", " ") in said
     assert f"An answer is read up to {MAX_ANSWER_BYTES / 2**20:g} MiB" in said
@@ -1408,3 +1417,78 @@ def test_settings_reject_credentials_and_bad_selectors() -> None:
 def test_prometheus_retention_is_read_from_its_runtime_info(text: str,
                                                             seconds: float | None) -> None:
     assert parse_retention(text) == seconds
+
+
+# -- the caps, at their boundaries -------------------------------------------------------
+
+
+async def test_an_instance_unseen_for_exactly_15_minutes_is_kept_and_a_hair_longer_forgotten(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 5, 1.0)]}
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        await src.discover()  # heard of at T0, never named again
+        stored.scrapes = {}
+        clock.now = T0 + prometheus_source.FORGET_AFTER_S
+        [stale] = await src.poll_once()
+        assert (stale.target.name, stale.failure) == (A, "bad_payload")
+        assert [t.name for t in src.targets] == [A]
+        clock.now = T0 + prometheus_source.FORGET_AFTER_S + 0.001
+        assert await src.poll_once() == []
+        assert src.targets == []
+
+
+async def test_at_most_2048_instances_are_known_and_the_least_recently_heard_goes_first(
+        prom: tuple[Stored, FaultServer]) -> None:
+    assert prometheus_source.MAX_INSTANCES == 2048
+    stored, server = prom
+    fleet = [f"10.1.{i // 250}.{i % 250}:8000" for i in range(2048)]
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        stored.scrapes = {(JOB, A): [(T0 - 1, 1.0)]}
+        await src.poll_once()  # A heard at T0
+        clock.now = T0 + 5
+        stored.scrapes = {(JOB, name): [(T0 + 4, 1.0)] for name in fleet[:-1]}
+        await src.poll_once()  # 2,047 more at T0 + 5: 2,048 known, the cap, A kept
+        assert len(src.targets) == 2048 and A in {t.name for t in src.targets}
+        clock.now = T0 + 10
+        stored.scrapes = {(JOB, fleet[-1]): [(T0 + 9, 1.0)]}
+        await src.poll_once()  # one more: A, heard least recently, goes
+    assert sorted(t.name for t in src.targets) == sorted(fleet)
+
+
+async def test_past_the_cap_the_forgotten_go_then_the_least_recent_one_15_minutes_unseen_too(
+        prom: tuple[Stored, FaultServer]) -> None:
+    stored, server = prom
+    old, edge = "10.9.0.1:8000", "10.9.0.2:8000"
+    fleet = [f"10.1.{i // 250}.{i % 250}:8000" for i in range(2048)]
+    clock = Clock()
+    async with source(server, clock, lookback_s=60.0) as src:
+        stored.scrapes = {(JOB, old): [(T0 - 1, 1.0)]}
+        await src.poll_once()  # old heard at T0
+        clock.now = T0 + 0.5
+        stored.scrapes = {(JOB, edge): [(T0 - 1.5, 1.0)]}
+        await src.poll_once()  # edge heard at T0 + 0.5
+        clock.now = T0 + 0.5 + prometheus_source.FORGET_AFTER_S
+        stored.scrapes = {(JOB, name): [(clock.now - 2.5, 1.0)] for name in fleet}
+        await src.poll_once()  # 2,050 known: old unseen 900.5 s, edge exactly 900 s
+    assert sorted(t.name for t in src.targets) == sorted(fleet)
+
+
+@pytest.mark.parametrize("values", [("0", "1"), ("1", "0")])
+async def test_two_up_series_of_an_instance_at_one_moment_down_decides_in_any_order(
+        prom: tuple[Stored, FaultServer], values: tuple[str, str]) -> None:
+    """Two scrape jobs relabelled into one (job, instance): one scrape failed, one did not,
+    at the same moment. The failure is reported (down), and not contradicted by a stale
+    'up == 1 but no series' beside it, whichever series Prometheus lists first."""
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 60, 1.0)]}  # its series gone for a minute
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        stored.hostile["up"] = matrix(*(
+            {"metric": labels(__name__="up", job=JOB, instance=A, scheme=scheme),
+             "values": [[T0 - 5, value]]}
+            for scheme, value in zip(("http", "https"), values, strict=True)))
+        delivered = await src.poll_once()
+    assert [(s.target.name, s.t, s.failure) for s in delivered] == [(A, T0 - 5, "down")]
