@@ -244,7 +244,9 @@ class PrometheusSource:
                 continue  # an exporter beside the inference servers, not one of them
             entry = self._known(metric)
             for t, value in values:
-                if entry.up_t is None or t >= entry.up_t:
+                # the newest sample decides; at one moment a failed scrape outweighs a
+                # good one (two jobs relabelled into one instance), whatever the order
+                if entry.up_t is None or t > entry.up_t or (t == entry.up_t and value == "0"):
                     entry.up_t, entry.up = t, value != "0"
                 samples.append((entry, t, value))
         return samples

@@ -1492,3 +1492,22 @@ async def test_two_up_series_of_an_instance_at_one_moment_down_decides_in_any_or
             for scheme, value in zip(("http", "https"), values, strict=True)))
         delivered = await src.poll_once()
     assert [(s.target.name, s.t, s.failure) for s in delivered] == [(A, T0 - 5, "down")]
+
+
+@pytest.mark.parametrize("values", [("0", "1"), ("1", "0")])
+async def test_two_up_series_seen_at_discovery_leave_the_instance_down_in_any_order(
+        prom: tuple[Stored, FaultServer], values: tuple[str, str]) -> None:
+    """The same two series, seen first by discovery: the instance is down (its failure
+    was the newest news), not 'up == 1 but no series', whichever Prometheus lists first."""
+    stored, server = prom
+    stored.scrapes = {(JOB, A): [(T0 - 60, 1.0)]}
+    stored.hostile["up"] = matrix(*(
+        {"metric": labels(__name__="up", job=JOB, instance=A, scheme=scheme),
+         "values": [[T0 - 5, value]]}
+        for scheme, value in zip(("http", "https"), values, strict=True)))
+    async with source(server, Clock(), lookback_s=60.0) as src:
+        await src.discover()
+        [entry] = src._instances.values()
+        assert (entry.up_t, entry.up) == (T0 - 5, False)
+        delivered = await src.poll_once()
+    assert [(s.target.name, s.t, s.failure) for s in delivered] == [(A, T0 - 5, "down")]
