@@ -361,7 +361,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/derive/kv_anatomy.py": (f"{UNIT}/derive/test_kv_anatomy.py",
                                    f"{UNIT}/derive/test_tracker.py",
                                    "tests/hostile/test_kv_events.py"),
-    "kvtop/sim/kv_publisher.py": (f"{UNIT}/sim/test_server.py",),
+    "kvtop/sim/kv_publisher.py": (f"{UNIT}/sim/test_kv_publisher.py", f"{UNIT}/sim/test_server.py",
+                                  *deselected(f"{UNIT}/sim/test_server.py",
+                                              "test_kvtop_sim_command_serves_until_interrupted")),
     # the simulation's faults (leaks, lumps, wedges, restarts, stalls) drive the engine too
     "kvtop/sim/engine.py": (f"{UNIT}/sim/test_engine.py", f"{UNIT}/sim/test_simulation.py"),
     # the fleet view's model (issue 26 split it by concern): each part's own tests, and the
