@@ -750,3 +750,10 @@ async def test_tokens_put_off_by_a_slower_clock_leave_later_with_no_empty_chunk(
         chunks = streamed((await posted).content, False, 0)
     texts = [chunk["choices"][0]["text"] for chunk in chunks]
     assert "".join(texts) == " the cache" and "" not in texts  # one chunk or two, none empty
+
+
+async def test_tokens_due_within_two_milliseconds_leave_together_and_later_ones_do_not() -> None:
+    base = asyncio.get_running_loop().time()
+    output = Output(pending=deque([0.0, 0.001, 0.015]))
+    assert await output.next_tokens(lambda sim_t: base + sim_t) == 2  # 15 ms later: not yet
+    assert list(output.pending) == [0.015] and output.sent == 2
