@@ -407,6 +407,8 @@ async def test_kv_events_are_published_per_step_and_a_restart_starts_them_again(
     try:
         publisher = server.kv_events
         assert publisher is not None
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        assert low <= publisher.replay_port <= high  # ephemeral unless the config names one
         server.simulation.advance_to(5.0)
         engine = server.simulation.engine
         batches = list(engine.kv_batches)
@@ -427,18 +429,20 @@ async def test_kv_events_are_published_per_step_and_a_restart_starts_them_again(
 
 
 def test_due_at_is_a_tokens_wall_time_plus_a_tick_or_now_by_hand() -> None:
-    async def due() -> tuple[float, float, float]:
+    async def due() -> tuple[float, float, float, float]:
         server = SimServer(SimConfig(speed=4.0, tick=0.5, autostep=False))
         loop = asyncio.get_running_loop()
         before = loop.time()
         by_hand = server.due_at(1e6)
         after = loop.time()
-        server._anchor = (100.0, 2.0)
-        return by_hand - before, after - by_hand, server.due_at(10.0)
+        server._anchor = default._anchor = (100.0, 2.0)
+        return by_hand - before, after - by_hand, server.due_at(10.0), default.due_at(10.0)
 
-    early, late, driven = asyncio.run(due())
+    default = SimServer(SimConfig())
+    early, late, driven, by_default = asyncio.run(due())
     assert early >= 0 and late >= 0
     assert driven == 100.0 + (10.0 - 2.0) / 4.0 + 0.5
+    assert by_default == 100.0 + 8.0 + 0.02  # a 20 ms tick behind, at wall speed
 
 
 async def test_a_fleet_that_cannot_start_stops_the_servers_it_started() -> None:
@@ -502,13 +506,17 @@ async def test_a_simulation_that_cannot_keep_up_runs_slower_and_leaves_the_loop_
         loop = asyncio.get_running_loop()
         await eventually(lambda: server._anchor is not None, "the stepping to start")
         first = server._anchor
-        started = loop.time()
+        assert first is not None
+        started, cpu = loop.time(), time.process_time()
         for _ in range(20):
             await asyncio.sleep(0.01)  # the loop keeps turning
         assert loop.time() - started < 1.5
+        # a quarter of each tick at most (a loaded machine gives it less, never more)
+        assert (time.process_time() - cpu) / (loop.time() - started) < 0.5
         # behind by less wall time than max_lag (2 s) can be: not re-anchored yet
         assert server._anchor == first
         await eventually(lambda: server._anchor != first, "a re-anchor")
+        assert loop.time() - first[0] < 4.0  # soon after max_lag: the lag grows with time
         anchor = server._anchor
         assert anchor is not None and anchor[1] > 0.0
         assert server.simulation.clock < (loop.time() - first[0]) * 10_000.0  # behind
@@ -625,3 +633,24 @@ def test_the_ports_are_the_configs_before_the_server_starts() -> None:
     assert (server.port, server.url) == (5000, "http://127.0.0.1:5000")
     assert server.kv_events is not None
     assert (server.kv_events.port, server.kv_events.replay_port) == (5001, 5002)
+
+
+async def test_by_default_the_simulated_clock_is_wall_time() -> None:
+    server = SimServer(SimConfig(workload="none"))
+    await server.start()
+    try:
+        loop = asyncio.get_running_loop()
+        await eventually(lambda: server._anchor is not None, "the stepping to start")
+        anchor = server._anchor
+        assert anchor is not None
+        await asyncio.sleep(0.5)
+        assert 0.25 <= server.simulation.clock <= loop.time() - anchor[0]
+    finally:
+        await server.stop()
+
+
+def test_a_config_without_a_seed_replays_seed_zero() -> None:
+    server = SimServer(SimConfig(faults=[Fault(0.0, "leak", 0.5)]))
+    expected = Simulation(EngineConfig(), make_workload("synthetic", seed=0, block_size=16),
+                          [Fault(0.0, "leak", 0.5)], seed=0)
+    assert truth_after(server.simulation, 30.0) == truth_after(expected, 30.0)
