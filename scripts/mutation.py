@@ -363,7 +363,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/derive/kv_anatomy.py": (f"{UNIT}/derive/test_kv_anatomy.py",
                                    f"{UNIT}/derive/test_tracker.py",
                                    "tests/hostile/test_kv_events.py"),
-    "kvtop/sim/kv_publisher.py": (f"{UNIT}/sim/test_server.py",),
+    "kvtop/sim/kv_publisher.py": (f"{UNIT}/sim/test_kv_publisher.py", f"{UNIT}/sim/test_server.py",
+                                  *deselected(f"{UNIT}/sim/test_server.py",
+                                              "test_kvtop_sim_command_serves_until_interrupted")),
     # the simulation's faults (leaks, lumps, wedges, restarts, stalls) drive the engine too
     "kvtop/sim/engine.py": (f"{UNIT}/sim/test_engine.py", f"{UNIT}/sim/test_simulation.py"),
     # the fleet view's model (issue 26 split it by concern): each part's own tests, and the
@@ -428,9 +430,21 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the simulator's other parts: its own tests and the engine's
     **{f"kvtop/sim/{name}.py": (f"{UNIT}/sim/test_{name}.py", f"{UNIT}/sim/test_engine.py",
                                 f"{UNIT}/sim/test_simulation.py")
-       for name in ("demo", "exposition", "openai_api", "server", "simulation", "workloads")},
-    "kvtop/sim/faults.py": (f"{UNIT}/sim/test_simulation.py", f"{UNIT}/sim/test_engine.py",
-                            f"{UNIT}/sim/test_server.py"),
+       for name in ("exposition", "simulation", "workloads")},
+    # the demo's story in simulated time and its fleet on 127.0.0.1
+    "kvtop/sim/demo.py": (f"{UNIT}/sim/test_demo.py",),
+    # the simulated servers over real HTTP on 127.0.0.1, in this process (`kvtop sim` in a
+    # subprocess is out of a mutant's reach and costs seconds)
+    "kvtop/sim/openai_api.py": (f"{UNIT}/sim/test_openai_api.py",),
+    "kvtop/sim/server.py": (f"{UNIT}/sim/test_server.py", f"{UNIT}/sim/test_openai_api.py",
+                            *deselected(f"{UNIT}/sim/test_server.py",
+                                        "test_kvtop_sim_command_serves_until_interrupted")),
+    # the faults' own tests, then run in a simulation and served over HTTP in this process
+    # (`kvtop sim` in a subprocess is out of a mutant's reach and costs seconds)
+    "kvtop/sim/faults.py": (f"{UNIT}/sim/test_faults.py", f"{UNIT}/sim/test_simulation.py",
+                            f"{UNIT}/sim/test_engine.py", f"{UNIT}/sim/test_server.py",
+                            *deselected(f"{UNIT}/sim/test_server.py",
+                                        "test_kvtop_sim_command_serves_until_interrupted")),
     "kvtop/sim/stats.py": (f"{UNIT}/sim/test_exposition.py", f"{UNIT}/sim/test_engine.py"),
     "kvtop/view/gpus.py": (f"{UNIT}/view/test_gpus.py",),
     "kvtop/view/groups.py": (f"{UNIT}/view/test_groups.py", f"{UNIT}/view/test_fleet.py"),

@@ -11,7 +11,6 @@ replay buffer is empty, as a restarted vLLM's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from collections import deque
 from collections.abc import Iterable
@@ -92,9 +91,8 @@ class SimKvPublisher:
         payload = self._encoder.encode([ts, [_event(e, block_size) for e in events], 0])
         seq, self.seq = self.seq, self.seq + 1
         self.buffer.append((seq, payload))
-        if self._pub is not None:  # a full subscriber queue drops it, as vLLM's PUB does
-            with contextlib.suppress(zmq.Again):
-                self._pub.send_multipart([b"", seq.to_bytes(8, "big"), payload], zmq.NOBLOCK)
+        if self._pub is not None:  # PUB never blocks: a full subscriber queue drops it
+            self._pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
 
     async def _serve_replay(self) -> None:
         assert self._router is not None

@@ -85,7 +85,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(part.get("text", "") for part in content
+        return " ".join(part["text"] for part in content
                         if isinstance(part, dict) and isinstance(part.get("text"), str))
     raise ApiError(400, "message content must be a string or a list of parts",
                    param="messages")

@@ -24,8 +24,11 @@ from kvtop.collect.target import Scrape, Target
 from kvtop.derive.kv_anatomy import KvAnatomy
 from kvtop.derive.tracker import TargetTracker
 from kvtop.sim.demo import NAMES, STOP_TIMEOUT_S, demo_configs, demo_fleet
+from kvtop.sim.engine import EngineConfig
 from kvtop.sim.exposition import render
+from kvtop.sim.faults import Fault
 from kvtop.sim.kv_publisher import _event
+from kvtop.sim.server import SimConfig
 from kvtop.sim.simulation import Simulation
 from kvtop.sim.workloads import make_workload
 
@@ -76,6 +79,27 @@ def kv_evidence_over(name: str, seconds: int) -> list[tuple[str, int | None]]:
             stats = anatomy.stats(T0 + second, engine.num_gpu_blocks - 1)
             found.append((stats.leak, stats.leaked_blocks))
     return found
+
+
+def test_the_demo_servers_are_the_four_its_story_tells_of() -> None:
+    """A pool of 2000 blocks, residency histograms and KV events on an ephemeral port each;
+    the leak of one in twenty requests from 30 s, restarts at 90 s and 210 s."""
+    engine = EngineConfig(num_gpu_blocks=2000, max_num_seqs=64, kv_cache_metrics=True)
+    assert demo_configs() == [
+        ("mooncake", SimConfig(model_name="llama-3-8b", engine=engine, workload="mooncake",
+                               workload_params={"rate_scale": 0.5}, seed=1, kv_events_port=0)),
+        ("prefix-heavy", SimConfig(
+            model_name="qwen2.5-7b", engine=engine, seed=2, kv_events_port=0,
+            workload_params={"rate": 5.0, "groups": 2, "system_prompt_len": 2048,
+                             "shared_frac": 0.95})),
+        ("leaky", SimConfig(
+            model_name="llama-3-8b", engine=engine, seed=3, kv_events_port=0,
+            workload_params={"rate": 1.0, "arrival": "bursty", "burst_factor": 8.0,
+                             "burst_len": 5.0},
+            faults=[Fault(30.0, "leak", 0.05)])),
+        ("restarts", SimConfig(model_name="mistral-7b", engine=engine, seed=4, kv_events_port=0,
+                               workload_params={"rate": 3.0},
+                               faults=[Fault(90.0, "restart"), Fault(210.0, "restart")]))]
 
 
 def test_only_the_leaky_demo_server_shows_exact_leak_evidence_within_three_minutes() -> None:

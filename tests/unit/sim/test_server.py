@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtop.sim.engine import EngineConfig
-from kvtop.sim.faults import Fault
+from kvtop.sim.engine import EngineConfig, RequestSpec
+from kvtop.sim.exposition import CONTENT_TYPE
+from kvtop.sim.faults import Fault, malform
 from kvtop.sim.server import SimConfig, SimFleet, SimServer
-from kvtop.sim.simulation import Truth
+from kvtop.sim.simulation import Simulation, Truth
+from kvtop.sim.workloads import make_workload
 from tests.support.paths import REPO
 from tests.support.waiting import DEADLINE_S, eventually, wait_until
 
@@ -292,3 +297,360 @@ async def test_kv_events_count_every_block_the_pool_stored_and_removed() -> None
     assert stats.lost_batches == stats.malformed == 0 and stats.removed_unknown == 0
     lifetimes = parsed["vllm:kv_block_lifetime_seconds_count"]
     assert one(parsed, "vllm:kv_block_lifetime_seconds_count") > 0 and len(lifetimes) == 1
+
+
+# --- each route's answer in full, the clock driven by hand ------------------------------------
+
+UNAUTHORIZED = {"error": "Unauthorized"}
+
+
+async def test_models_health_and_version_answer_as_vllm_does() -> None:
+    engine = EngineConfig(num_gpu_blocks=101, block_size=8)  # model_len (101 - 1) * 8
+    configs = [SimConfig(model_name="m-7b", names=names, autostep=False, engine=engine)
+               for names in ("v1", "v0", "sglang")]
+    async with SimFleet(configs) as fleet, httpx.AsyncClient(timeout=5) as client:
+        for server in fleet.servers:
+            models = await client.get(f"{server.url}/v1/models")
+            assert models.json() == {"object": "list", "data": [{
+                "id": "m-7b", "object": "model",
+                "created": int(server.simulation.engine.created), "owned_by": "vllm",
+                "root": "m-7b", "parent": None, "max_model_len": 800}]}
+            health = await client.get(f"{server.url}/health")
+            assert (health.status_code, health.content) == (200, b"")
+        v1, v0, sglang = fleet.servers
+        assert (await client.get(f"{v1.url}/version")).json() == {"version": "0.33.0"}
+        assert (await client.get(f"{v0.url}/version")).json() == {"version": "0.7.3"}
+        assert (await client.get(f"{sglang.url}/version")).status_code == 404
+
+
+async def test_without_the_bearer_token_the_answer_is_401_and_nothing_is_rendered() -> None:
+    config = SimConfig(autostep=False, faults=[Fault(0.0, "auth", "s3cret")])
+    async with SimFleet([config]) as fleet, httpx.AsyncClient(timeout=5) as client:
+        server = fleet.servers[0]
+        for path in ("/metrics", "/metrics/", "/v1/models"):
+            for headers in ({}, {"Authorization": "s3cret"}, {"Authorization": "Bearer s3cre"}):
+                answer = await client.get(f"{server.url}{path}", headers=headers)
+                assert (answer.status_code, answer.json(), answer.headers["www-authenticate"]
+                        ) == (401, UNAUTHORIZED, "Bearer")
+        assert (server.scrapes, server.last_scrape) == (0, None)
+        ok = await client.get(f"{server.url}/metrics",
+                              headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and server.scrapes == 1
+
+
+async def test_each_metrics_answer_is_counted_and_records_the_truth_it_shows() -> None:
+    async with SimFleet([SimConfig(autostep=False)]) as fleet, \
+            httpx.AsyncClient(timeout=5) as client:
+        server = fleet.servers[0]
+        server.simulation.advance_to(5.0)
+        answer = await client.get(f"{server.url}/metrics", headers={"Accept-Encoding": "gzip"})
+        assert answer.headers["content-type"] == CONTENT_TYPE
+        assert "content-encoding" not in answer.headers  # vLLM's /metrics never compresses
+        assert answer.text == server.render()
+        assert server.last_scrape == server.truth() and server.scrapes == 1
+        plain = await client.get(f"{server.url}/metrics/", headers={"Accept-Encoding": "br"})
+        assert "content-encoding" not in plain.headers and plain.text == server.render()
+        assert server.scrapes == 2
+
+
+async def test_a_metrics_answer_waits_as_long_as_told() -> None:
+    async with SimFleet([SimConfig(autostep=False)]) as fleet, \
+            httpx.AsyncClient(timeout=5) as client:
+        server = fleet.servers[0]
+        server.simulation.inject("slow", 0.2)
+        started = time.monotonic()
+        assert (await client.get(f"{server.url}/metrics")).status_code == 200
+        assert time.monotonic() - started >= 0.2
+        server.simulation.inject("slow", 0.0)
+
+
+async def test_a_malformed_exposition_that_is_empty_stays_empty() -> None:
+    configs = [SimConfig(names="v0", autostep=False), SimConfig(autostep=False)]
+    async with SimFleet(configs) as fleet, httpx.AsyncClient(timeout=5) as client:
+        v0, v1 = fleet.servers
+        for server in fleet.servers:
+            server.simulation.inject("malformed")
+        named = await client.get(f"{v0.url}/metrics/", params={"name[]": "vllm:x"})
+        assert (named.status_code, named.content) == (200, b"")
+        broken = await client.get(f"{v1.url}/metrics")
+        assert broken.text == malform(v1.render())
+
+
+async def test_a_hanging_metrics_answer_is_released_by_the_stop_with_a_503() -> None:
+    server = SimServer(SimConfig(autostep=False, faults=[Fault(0.0, "hang")]))
+    await server.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    assert server._runner is not None and server._runner.server is not None
+    await eventually(lambda: server._runner.server.connections, "the request to arrive")
+    stopping = asyncio.create_task(server.stop())
+    status = await asyncio.wait_for(reader.readline(), DEADLINE_S)
+    await asyncio.wait_for(stopping, DEADLINE_S)
+    writer.close()
+    assert status == b"HTTP/1.1 503 Service Unavailable\r\n" and server.scrapes == 0
+
+
+def test_kv_events_turn_the_engines_events_on_and_are_off_without_a_port() -> None:
+    on = SimServer(SimConfig(kv_events_port=0, kv_events_replay_port=0))
+    assert on.simulation.engine.config.kv_events and on.config.engine.kv_events
+    assert on.kv_events is not None
+    off = SimServer(SimConfig())
+    assert off.kv_events is None and not off.simulation.engine.config.kv_events
+    off.publish_kv_events()  # nothing to publish to: nothing happens
+
+
+async def test_kv_events_are_published_per_step_and_a_restart_starts_them_again() -> None:
+    config = SimConfig(autostep=False, kv_events_port=0, seed=1)
+    server = SimServer(config)
+    await server.start()
+    try:
+        publisher = server.kv_events
+        assert publisher is not None
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        assert low <= publisher.replay_port <= high  # ephemeral unless the config names one
+        server.simulation.advance_to(5.0)
+        engine = server.simulation.engine
+        batches = list(engine.kv_batches)
+        assert batches
+        server.publish_kv_events()
+        assert (publisher.seq, len(engine.kv_batches)) == (len(batches), 0)
+        assert [msgspec.msgpack.decode(payload)[0] for _, payload in publisher.buffer] == [
+            engine.created + clock for clock, _ in batches]
+        server.publish_kv_events()  # nothing new: nothing sent
+        assert publisher.seq == len(batches)
+        server.simulation.inject("restart")
+        server.simulation.advance_to(10.0)
+        after = len(server.simulation.engine.kv_batches)
+        server.publish_kv_events()
+        assert [seq for seq, _ in publisher.buffer] == list(range(after))
+    finally:
+        await server.stop()
+
+
+def test_due_at_is_a_tokens_wall_time_plus_a_tick_or_now_by_hand() -> None:
+    async def due() -> tuple[float, float, float, float]:
+        server = SimServer(SimConfig(speed=4.0, tick=0.5, autostep=False))
+        loop = asyncio.get_running_loop()
+        before = loop.time()
+        by_hand = server.due_at(1e6)
+        after = loop.time()
+        server._anchor = default._anchor = (100.0, 2.0)
+        return by_hand - before, after - by_hand, server.due_at(10.0), default.due_at(10.0)
+
+    default = SimServer(SimConfig())
+    early, late, driven, by_default = asyncio.run(due())
+    assert early >= 0 and late >= 0
+    assert driven == 100.0 + (10.0 - 2.0) / 4.0 + 0.5
+    assert by_default == 100.0 + 8.0 + 0.02  # a 20 ms tick behind, at wall speed
+
+
+async def test_a_fleet_that_cannot_start_stops_the_servers_it_started() -> None:
+    taken = socket.create_server(("127.0.0.1", 0))
+    try:
+        fleet = SimFleet([SimConfig(autostep=False),
+                          SimConfig(autostep=False, port=taken.getsockname()[1])])
+        with pytest.raises(OSError):
+            await fleet.start()
+        first = fleet.servers[0]
+        assert first._closing.is_set()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(first.url, timeout=5)
+    finally:
+        taken.close()
+
+
+async def test_a_fleet_serves_on_the_sockets_it_is_given() -> None:
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    kv = [(socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0)))
+          for _ in range(2)]
+    kv_ports = [(p.getsockname()[1], r.getsockname()[1]) for p, r in kv]  # ZeroMQ takes them
+    fleet = SimFleet([SimConfig(autostep=False, kv_events_port=0) for _ in range(2)])
+    await fleet.start(listeners, kv)
+    try:
+        assert [s.port for s in fleet.servers] == [s.getsockname()[1] for s in listeners]
+        assert [(s.kv_events.port, s.kv_events.replay_port) for s in fleet.servers  # type: ignore[union-attr]
+                ] == kv_ports
+        async with httpx.AsyncClient(timeout=5) as client:
+            for server in fleet.servers:
+                assert (await client.get(f"{server.url}/health")).status_code == 200
+    finally:
+        await fleet.stop()
+        for sock in listeners:
+            sock.close()
+
+
+async def test_a_simulation_that_keeps_up_follows_wall_time_times_its_speed() -> None:
+    server = SimServer(SimConfig(workload="none", speed=10.0))
+    await server.start()
+    try:
+        loop = asyncio.get_running_loop()
+        await eventually(lambda: server._anchor is not None, "the stepping to start")
+        anchor = server._anchor
+        assert anchor is not None and anchor[1] == 0.0
+        await asyncio.sleep(1.3)  # past max_lag (2 s) times speed in target plus clock
+        clock, elapsed = server.simulation.clock, loop.time() - anchor[0]
+        assert 1.3 * 10.0 * 0.5 <= clock <= elapsed * 10.0  # never ahead of it
+        assert server._anchor == anchor  # nothing to catch up on: never re-anchored
+    finally:
+        await server.stop()
+
+
+async def test_a_simulation_that_cannot_keep_up_runs_slower_and_leaves_the_loop_free() -> None:
+    """At ten thousand times wall time the engine falls behind at once: each tick steps for
+    a quarter of it at most, and the clock is re-anchored where it got to."""
+    spec = {"rate": 200.0, "prompt_mean": 500.0, "output_mean": 200.0}
+    server = SimServer(SimConfig(speed=10_000.0, workload_params=spec))
+    await server.start()
+    try:
+        loop = asyncio.get_running_loop()
+        await eventually(lambda: server._anchor is not None, "the stepping to start")
+        first = server._anchor
+        assert first is not None
+        started, cpu = loop.time(), time.process_time()
+        for _ in range(20):
+            await asyncio.sleep(0.01)  # the loop keeps turning
+        assert loop.time() - started < 1.5
+        # a quarter of each tick at most (a loaded machine gives it less, never more)
+        assert (time.process_time() - cpu) / (loop.time() - started) < 0.5
+        # behind by less wall time than max_lag (2 s) can be: not re-anchored yet
+        assert server._anchor == first
+        await eventually(lambda: server._anchor != first, "a re-anchor")
+        assert loop.time() - first[0] < 4.0  # soon after max_lag: the lag grows with time
+        anchor = server._anchor
+        assert anchor is not None and anchor[1] > 0.0
+        assert server.simulation.clock < (loop.time() - first[0]) * 10_000.0  # behind
+    finally:
+        await server.stop()
+
+
+async def test_a_client_that_accepts_no_encoding_gets_the_exposition_plain() -> None:
+    async with SimFleet([SimConfig(autostep=False)]) as fleet, \
+            httpx.AsyncClient(timeout=5) as client:
+        del client.headers["accept-encoding"]  # httpx asks for gzip unless told not to
+        server = fleet.servers[0]
+        for path in ("/metrics", "/metrics/"):
+            answer = await client.get(f"{server.url}{path}")
+            assert answer.status_code == 200 and "content-encoding" not in answer.headers
+            assert answer.text == server.render()
+
+
+async def test_the_stepping_keeps_up_with_more_steps_than_one_batch_per_tick() -> None:
+    """One long request decodes a token per 5.1 ms step: at ten times wall time a 20 ms tick
+    needs ~39 steps, far more than one advance of 10 steps, yet little CPU. The clock must
+    keep pace (within half, for a loaded machine), not crawl at 10 steps a tick."""
+    config = SimConfig(speed=10.0, requests=[RequestSpec(0.0, 16, 30_000)])
+    server = SimServer(config)
+    await server.start()
+    try:
+        loop = asyncio.get_running_loop()
+        await eventually(lambda: server._anchor is not None, "the stepping to start")
+        anchor = server._anchor
+        assert anchor is not None
+        await asyncio.sleep(1.0)
+        elapsed = loop.time() - anchor[0]
+        assert server.truth().running == 1
+        assert server.simulation.clock >= 0.5 * 10.0 * elapsed
+    finally:
+        await server.stop()
+
+
+async def test_a_stop_ends_every_task_and_a_server_never_started_stops_too() -> None:
+    await SimServer(SimConfig()).stop()
+    server = SimServer(SimConfig(kv_events_port=0))
+    await server.start()
+    assert len(asyncio.all_tasks()) == 3  # this test, the stepping and the KV replay server
+    await server.stop()
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+async def test_a_stop_with_an_answer_streaming_takes_half_a_second_not_a_minute() -> None:
+    """aiohttp waits for open handlers before it cancels them (60 s unless told): a stream
+    that never ends holds a stop for the half second the server allows."""
+    server = SimServer(SimConfig(workload="none", speed=1.0))
+    await server.start()
+    async with httpx.AsyncClient(timeout=30) as client, client.stream(
+            "POST", f"{server.url}/v1/completions",
+            json={"prompt": "a b c", "max_tokens": 30_000, "stream": True}) as answer:
+        lines = answer.aiter_lines()
+        while not (await anext(lines)).startswith("data: "):
+            pass
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await server.stop()
+        assert 0.4 <= loop.time() - started < 1.2
+
+
+async def test_a_client_that_hangs_up_on_a_whole_answer_aborts_it_at_once() -> None:
+    """A whole answer writes nothing until its end, so only the handler's cancellation
+    (vLLM's too) can tell the engine that nobody waits for it any more."""
+    async with SimFleet([SimConfig(workload="none", speed=1.0)]) as fleet, \
+            httpx.AsyncClient() as client:
+        server = fleet.servers[0]
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(f"{server.url}/v1/completions", timeout=0.3,
+                              json={"prompt": "a b c", "max_tokens": 30_000})
+        await eventually(lambda: server.truth().finished["abort"] == 1, "the abort")
+        assert server.truth().running == 0
+
+
+async def test_the_servers_log_no_access_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """The demo's servers run inside the terminal app: a log line per scrape would land on
+    its screen."""
+    caplog.set_level(logging.INFO, logger="aiohttp.access")
+    async with SimFleet([SimConfig(autostep=False)]) as fleet, \
+            httpx.AsyncClient(timeout=5) as client:
+        assert (await client.get(f"{fleet.urls[0]}/health")).status_code == 200
+    assert [r for r in caplog.records if r.name == "aiohttp.access"] == []
+
+
+def truth_after(simulation: Simulation, seconds: float) -> tuple:
+    simulation.advance_to(seconds)
+    truth = simulation.truth()
+    return (truth.generation_tokens, truth.prompt_tokens, truth.prefix_queries,
+            truth.prefix_hits, dict(truth.finished), truth.leaked_requests)
+
+
+def test_a_server_runs_its_configs_workload_with_its_seed_and_block_size() -> None:
+    engine = EngineConfig(block_size=32)
+    params = {"rate": 4.0, "groups": 2, "system_prompt_len": 256, "shared_frac": 0.9}
+    leak = [Fault(0.0, "leak", 0.5)]  # which requests leak: the engine's seeded draws
+    server = SimServer(SimConfig(seed=7, engine=engine, workload_params=params, faults=leak))
+    expected = Simulation(engine, make_workload("synthetic", seed=7, block_size=32, **params),
+                          leak, seed=7)
+    assert truth_after(server.simulation, 30.0) == truth_after(expected, 30.0)
+    assert server.simulation.truth().prefix_hits > 0
+
+
+def test_the_requests_given_replace_the_workload() -> None:
+    server = SimServer(SimConfig(requests=[RequestSpec(1.0, 100, 10)]))
+    server.simulation.advance_to(60.0)
+    assert (server.truth().prompt_tokens, server.truth().generation_tokens) == (100, 10)
+
+
+def test_the_ports_are_the_configs_before_the_server_starts() -> None:
+    server = SimServer(SimConfig(port=5000, kv_events_port=5001, kv_events_replay_port=5002))
+    assert (server.port, server.url) == (5000, "http://127.0.0.1:5000")
+    assert server.kv_events is not None
+    assert (server.kv_events.port, server.kv_events.replay_port) == (5001, 5002)
+
+
+async def test_by_default_the_simulated_clock_is_wall_time() -> None:
+    server = SimServer(SimConfig(workload="none"))
+    await server.start()
+    try:
+        loop = asyncio.get_running_loop()
+        await eventually(lambda: server._anchor is not None, "the stepping to start")
+        anchor = server._anchor
+        assert anchor is not None
+        await asyncio.sleep(0.5)
+        assert 0.25 <= server.simulation.clock <= loop.time() - anchor[0]
+    finally:
+        await server.stop()
+
+
+def test_a_config_without_a_seed_replays_seed_zero() -> None:
+    server = SimServer(SimConfig(faults=[Fault(0.0, "leak", 0.5)]))
+    expected = Simulation(EngineConfig(), make_workload("synthetic", seed=0, block_size=16),
+                          [Fault(0.0, "leak", 0.5)], seed=0)
+    assert truth_after(server.simulation, 30.0) == truth_after(expected, 30.0)
