@@ -426,7 +426,8 @@ MODULES: dict[str, tuple[str, ...]] = {
        for name in ("demo", "exposition", "openai_api", "server", "simulation", "workloads")},
     "kvtop/sim/faults.py": (f"{UNIT}/sim/test_simulation.py", f"{UNIT}/sim/test_engine.py",
                             f"{UNIT}/sim/test_server.py"),
-    "kvtop/sim/stats.py": (f"{UNIT}/sim/test_exposition.py", f"{UNIT}/sim/test_engine.py"),
+    "kvtop/sim/stats.py": (f"{UNIT}/sim/test_stats.py", f"{UNIT}/sim/test_exposition.py",
+                           f"{UNIT}/sim/test_engine.py"),
     "kvtop/view/gpus.py": (f"{UNIT}/view/test_gpus.py",),
     "kvtop/view/groups.py": (f"{UNIT}/view/test_groups.py", f"{UNIT}/view/test_fleet.py"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
