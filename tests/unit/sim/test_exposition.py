@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import platform
+import sys
 
 import pytest
 from hypothesis import given
@@ -10,7 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from kvtop.collect.exposition import parse
+from kvtop.collect.exposition import Exposition, Sample, parse
 from kvtop.sim.engine import Engine, EngineConfig
 from kvtop.sim.exposition import fmt, render
 from kvtop.sim.faults import malform
@@ -225,10 +228,6 @@ def test_process_series_are_the_twins_constants_and_its_start_time_to_the_hundre
 
 
 def test_python_series_are_this_interpreters() -> None:
-    import gc
-    import platform
-    import sys
-
     gc.disable()  # no collection between the render and the read below
     try:
         text = render(twin_engine(), model_name="m")
@@ -311,12 +310,11 @@ def test_v1_every_counter_and_gauge_is_the_engine_state_or_what_the_twin_reads_t
     assert v1_values(render(sim.engine, model_name="m")) == expected
 
 
-def histogram(expo: object, name: str, **labels: str) -> tuple[list[tuple[str, float]], float,
-                                                                 float]:
+def histogram(expo: Exposition, name: str, **labels: str
+              ) -> tuple[list[tuple[str, float]], float, float]:
     """(le, cumulative count) pairs, the count and the sum of one histogram in a parse."""
-    def matching(suffix: str) -> list:
-        return [s for s in expo.series(name + suffix)  # type: ignore[attr-defined]
-                if labels.items() <= s.labels.items()]
+    def matching(suffix: str) -> list[Sample]:
+        return [s for s in expo.series(name + suffix) if labels.items() <= s.labels.items()]
 
     (count,), (total,) = matching("_count"), matching("_sum")
     return [(s.labels["le"], s.value) for s in matching("_bucket")], count.value, total.value
