@@ -188,6 +188,8 @@ def test_lengths_are_lognormal_around_their_means_and_clamped_to_their_limits() 
     assert sum(r.prompt_len for r in reqs) / len(reqs) == pytest.approx(500.0, rel=0.02)
     assert sum(r.output_len for r in reqs) / len(reqs) == pytest.approx(200.0, rel=0.02)
     assert all(r.max_tokens == r.output_len and r.prefix_keys == () for r in reqs)
+    # the tails reach the default limits (8000 prompt, 2000 output tokens) and stop there
+    assert (max(r.prompt_len for r in reqs), max(r.output_len for r in reqs)) == (8000, 2000)
     tiny = take(synthetic(SyntheticSpec(prompt_mean=0.01, output_mean=0.01), seed=1), 50)
     assert {(r.prompt_len - len(r.prefix_keys) * 16, r.output_len) for r in tiny} == {(1, 1)}
     huge = SyntheticSpec(prompt_mean=1e9, output_mean=1e9, max_prompt=700, max_output=90,
@@ -362,3 +364,13 @@ def test_mooncake_reads_a_trace_from_the_folder_given_blank_lines_aside(tmp_path
 def test_an_azure_prompt_never_scales_below_one_token(tmp_path: Path) -> None:
     write_azure(tmp_path, ["2023-11-16 18:15:46.0000000,10,1"])
     assert take(workloads.azure(directory=tmp_path, token_scale=0.01), 1)[0].prompt_len == 1
+
+
+def test_synthetic_defaults_are_bursts_of_10_s_at_four_times_the_rate_and_80_percent_eos() -> None:
+    reqs = take(synthetic(SyntheticSpec(arrival="bursty"), seed=5), 8000)
+    times = [r.arrival for r in reqs]
+    # bursts of 10 s at 32/s, then 30 s of quiet: one 40 s period, 8/s on average
+    assert all(t % 40.0 < 10.0 for t in times) and max(t % 40.0 for t in times) > 9.9
+    assert 8000 / times[-1] == pytest.approx(8.0, rel=0.05)
+    eos = sum(r.max_tokens > r.output_len for r in reqs) / len(reqs)
+    assert eos == pytest.approx(0.8, abs=0.02)
