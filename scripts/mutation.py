@@ -430,7 +430,13 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the simulator's other parts: its own tests and the engine's
     **{f"kvtop/sim/{name}.py": (f"{UNIT}/sim/test_{name}.py", f"{UNIT}/sim/test_engine.py",
                                 f"{UNIT}/sim/test_simulation.py")
-       for name in ("exposition", "simulation", "workloads")},
+       for name in ("exposition", "simulation")},
+    # the workloads' own tests but the one of the wheel's package data: it reads the checkout's
+    # pyproject.toml, which in a mutation workspace is the mutmut config
+    "kvtop/sim/workloads.py": (f"{UNIT}/sim/test_workloads.py", f"{UNIT}/sim/test_engine.py",
+                               f"{UNIT}/sim/test_simulation.py", *deselected(
+                                   f"{UNIT}/sim/test_workloads.py",
+                                   "test_the_samples_ship_inside_the_package")),
     # the demo's story in simulated time and its fleet on 127.0.0.1
     "kvtop/sim/demo.py": (f"{UNIT}/sim/test_demo.py",),
     # the simulated servers over real HTTP on 127.0.0.1, in this process (`kvtop sim` in a
@@ -445,7 +451,8 @@ MODULES: dict[str, tuple[str, ...]] = {
                             f"{UNIT}/sim/test_engine.py", f"{UNIT}/sim/test_server.py",
                             *deselected(f"{UNIT}/sim/test_server.py",
                                         "test_kvtop_sim_command_serves_until_interrupted")),
-    "kvtop/sim/stats.py": (f"{UNIT}/sim/test_exposition.py", f"{UNIT}/sim/test_engine.py"),
+    "kvtop/sim/stats.py": (f"{UNIT}/sim/test_stats.py", f"{UNIT}/sim/test_exposition.py",
+                           f"{UNIT}/sim/test_engine.py"),
     "kvtop/view/gpus.py": (f"{UNIT}/view/test_gpus.py",),
     "kvtop/view/groups.py": (f"{UNIT}/view/test_groups.py", f"{UNIT}/view/test_fleet.py"),
     # Widgets scored on their own test file, which mounts them in a small app (Pilot, a

@@ -301,13 +301,11 @@ _V1_RESIDENCY = (
 
 
 def _rebucket(hist: Histogram, bounds: Sequence[float]) -> Histogram:
-    """The same observations under other bounds, each placed at its old bucket's edge."""
+    """The same observations under other bounds, each placed at its old bucket's upper edge
+    (those above the old last bound stay above every new one: nothing says where they were)."""
     out = Histogram(bounds)
-    lower = 0.0
     for upper, n in zip((*hist.bounds, float("inf")), hist.counts, strict=True):
-        point = upper if math.isfinite(upper) else lower
-        out.counts[bisect_left(out.bounds, point)] += n
-        lower = upper
+        out.counts[bisect_left(out.bounds, upper)] += n
     out.count, out.sum = hist.count, hist.sum
     return out
 

@@ -96,14 +96,14 @@ class Simulation:
         submitted through the API are lost (their listeners hear "lost")."""
         self.restarts += 1
         self._aborts.clear()
-        lost = [(self.engine.requests.get(req_id), listener)
+        # a listener is dropped when its request ends: each one left has a request running
+        lost = [(self.engine.requests[req_id], listener)
                 for req_id, listener in self._listeners.items()]
         self._listeners.clear()
         self.engine = self._new_engine(self.clock)
         self.engine.leak_frac = self.state.leak_frac
         for req, listener in lost:
-            if req is not None:
-                listener(req, "lost")
+            listener(req, "lost")
 
     def submit(self, prompt_len: int, max_tokens: int, prefix_keys: tuple[Hashable, ...],
                listener: Listener) -> Request | None:
