@@ -78,9 +78,11 @@ async def test_a_closed_loop_holds_its_concurrency_and_stops() -> None:
 
 
 async def test_retries_are_logged_apart_and_take_an_arrivals_place() -> None:
+    # the retries are due 0.3 s on, long after request 3 (id 3, at 0.1 s) was sent: at 0.1 s
+    # a retry could take its place, be the server's third request and meet its 400
     async with FakeOpenAI(tokens=1, fail_status={1: 503, 2: 503, 3: 400}) as server:
         settings = DriverSettings(server.url + "/v1", MODEL, rate=20.0, concurrency=20,
-                                  retries=1, retry_after_s=0.1)
+                                  retries=1, retry_after_s=0.3)
         _, records = await drive(server.url, settings, seconds=1.0)
     first = [r for r in records if r.attempt == 1]
     again = [r for r in records if r.attempt == 2]
