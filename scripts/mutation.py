@@ -419,7 +419,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the load generator against a real OpenAI-compatible server on 127.0.0.1
     **{f"kvtop/load/{name}.py": tuple(f"{UNIT}/load/test_{test}.py" for test in (
         "driver", "openai_client", "workloads"))
-       for name in ("driver", "openai_client", "prompts", "workloads")},
+       for name in ("driver", "openai_client", "workloads")},
+    # the prompts, and the driver that asks for one per request
+    "kvtop/load/prompts.py": (f"{UNIT}/load/test_prompts.py", f"{UNIT}/load/test_driver.py"),
     # the simulator's other parts: its own tests and the engine's
     **{f"kvtop/sim/{name}.py": (f"{UNIT}/sim/test_{name}.py", f"{UNIT}/sim/test_engine.py",
                                 f"{UNIT}/sim/test_simulation.py")

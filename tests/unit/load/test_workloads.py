@@ -1,4 +1,4 @@
-"""Workloads and synthetic prompts: the lengths asked for, shared where they should be."""
+"""Workloads: the lengths asked for, shared where they should be."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtop.load.prompts import MAX_WORD, WORDS, PromptMaker
 from kvtop.load.workloads import WorkloadError, make_workload
-from kvtop.sim.openai_api import text_tokens
 
 
 def test_mixed_has_three_classes_that_fit_the_model() -> None:
@@ -94,23 +92,3 @@ def test_the_real_traces_replay() -> None:
         assert all(p.prompt_tokens + p.max_tokens < 32768 for p in plans)
         times = [p.at for p in plans]
         assert times == sorted(times)
-
-
-def test_text_prompts_have_the_length_kvtop_sim_counts() -> None:
-    assert all(len(w) <= MAX_WORD for w in WORDS) and len(WORDS) > 200
-    maker = PromptMaker(seed=3)
-    for length in (1, 17, 500):
-        assert len(text_tokens(maker.make(length))) == length  # type: ignore[arg-type]
-    shared = ((("system",), 40),)
-    a, b = maker.make(60, shared), maker.make(60, shared)
-    assert isinstance(a, str) and isinstance(b, str)
-    assert a.split()[:40] == b.split()[:40] and a.split()[40:] != b.split()[40:]
-    assert PromptMaker(seed=3).make(30, shared).split()[:30] == a.split()[:30]
-
-
-def test_token_id_prompts() -> None:
-    maker = PromptMaker(token_ids=True)
-    ids = maker.make(100, ((("p",), 64),))
-    assert isinstance(ids, list) and len(ids) == 100
-    assert all(1000 <= i < 30000 for i in ids)
-    assert maker.make(64, ((("p",), 64),)) == ids[:64]
