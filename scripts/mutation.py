@@ -417,11 +417,10 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 f"{UNIT}/test_cli.py"),
     "kvtop/commands/sim.py": (f"{UNIT}/sim/test_server.py",),
     # the load generator against a real OpenAI-compatible server on 127.0.0.1
-    **{f"kvtop/load/{name}.py": tuple(f"{UNIT}/load/test_{test}.py" for test in (
-        "driver", "openai_client", "workloads"))
-       for name in ("driver", "openai_client", "workloads")},
-    # the prompts, and the driver that asks for one per request
-    "kvtop/load/prompts.py": (f"{UNIT}/load/test_prompts.py", f"{UNIT}/load/test_driver.py"),
+    # (each module's own tests, then the driver's, which uses them all)
+    **{f"kvtop/load/{name}.py": (f"{UNIT}/load/test_{name}.py", f"{UNIT}/load/test_driver.py")
+       for name in ("openai_client", "prompts", "workloads")},
+    "kvtop/load/driver.py": (f"{UNIT}/load/test_driver.py",),
     # the simulator's other parts: its own tests and the engine's
     **{f"kvtop/sim/{name}.py": (f"{UNIT}/sim/test_{name}.py", f"{UNIT}/sim/test_engine.py",
                                 f"{UNIT}/sim/test_simulation.py")
