@@ -241,9 +241,11 @@ class LoadDriver:
         while not stop.is_set():
             plan, request_id, attempt = next(self.workload), next(self._ids), 1
             record = await self._send(plan, request_id, attempt, self.clock.now())
-            while self._should_retry(record) and not stop.is_set():
+            while self._should_retry(record):
                 await self.clock.sleep_until(self.clock.now() + self.settings.retry_after_s,
                                              stop)
+                if stop.is_set():  # the stop ended the wait: nothing is sent after it
+                    return
                 attempt += 1
                 record = await self._send(plan, request_id, attempt, self.clock.now())
 
