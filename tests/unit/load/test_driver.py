@@ -173,7 +173,7 @@ async def test_a_closed_loop_sends_the_workloads_plans_in_order_with_its_prompts
     for record in records:
         assert before <= record.time <= time.time()
         assert record.ttft_s is not None and record.total_s is not None
-        assert record.queued_s is not None and 0.0 <= record.queued_s < 0.5
+        assert record.queued_s is not None and 0.0 < record.queued_s < 0.5
         assert 0.0 <= record.t < 5.0 and record.tpot_s is not None
         assert record.itl_max_s is not None and record.retryable is False
 
@@ -218,18 +218,28 @@ async def test_a_closed_loop_retries_what_may_be_retried_as_often_as_set(
         assert server.arrivals[1] - server.arrivals[0] >= 0.05
 
 
-async def test_in_an_open_loop_a_retry_takes_the_next_arrivals_place() -> None:
+async def test_in_an_open_loop_a_retry_takes_the_place_of_the_arrival_it_is_due_at() -> None:
     async with FakeOpenAI(tokens=1, fail_status={1: 503}) as server:
         settings = DriverSettings(server.url + "/v1", MODEL, rate=10.0, concurrency=8,
-                                  retry_after_s=0.01)
-        driver, records = await run_until(server.url, settings, 3)
-    first, retry, second = records
-    assert [outcome(r) for r in records] == [(1, 1, "error", 503, "HTTP 503: refused 1"),
-                                             (1, 2, "ok", 200, None), (2, 1, "ok", 200, None)]
-    # the retry went at the second arrival (0.1 s), the second request at the third
-    assert second.t - first.t == pytest.approx(0.2)
-    assert 0.1 <= retry.t - first.t < 0.2
-    assert driver.counts.retries == 1 and driver.counts.sent == 3
+                                  retry_after_s=0.25)
+        driver, records = await run_until(server.url, settings, 5)
+    assert [outcome(r) for r in records] == [
+        (1, 1, "error", 503, "HTTP 503: refused 1"), (2, 1, "ok", 200, None),
+        (3, 1, "ok", 200, None), (1, 2, "ok", 200, None), (4, 1, "ok", 200, None)]
+    first, retry, fourth = records[0], records[3], records[4]
+    # due 0.25 s after the answer, it went at the fourth arrival (0.3 s), id 4 at the fifth
+    assert 0.3 <= retry.t - first.t < 0.4
+    assert fourth.t - first.t == pytest.approx(0.4)
+    assert [r.t - first.t for r in records[1:3]] == pytest.approx([0.1, 0.2])
+    assert driver.counts.retries == 1 and driver.counts.sent == 5
+
+
+async def test_an_open_loop_sends_nothing_once_stopped() -> None:
+    async with FakeOpenAI(tokens=1) as server:
+        settings = DriverSettings(server.url + "/v1", MODEL, rate=4.0)
+        _, records = await drive(server.url, settings, seconds=0.4)
+        await asyncio.sleep(0.3)
+    assert len(server.arrivals) == len(records) == 2  # at 0 and 0.25 s; not the one at 0.5
 
 
 async def test_a_trace_sends_at_its_own_times_and_a_retry_adds_to_them(tmp_path: Path) -> None:
@@ -246,6 +256,8 @@ async def test_a_trace_sends_at_its_own_times_and_a_retry_adds_to_them(tmp_path:
         (2, 1, "ok", 200, None), (3, 1, "ok", 200, None)]
     planned = {r.id: r.t - first.t for r in records if r.attempt == 1}
     assert planned == pytest.approx({1: 0.0, 2: 0.15, 3: 0.3})
+    # each sent when planned: waiting is from the planned time, not from the start
+    assert all(r.queued_s is not None and r.queued_s < 0.25 for r in records)
 
 
 async def test_an_arrival_that_finds_the_concurrency_in_flight_is_dropped() -> None:
@@ -272,16 +284,19 @@ async def test_the_end_waits_its_grace_in_target_time_then_cuts(
     async with FakeOpenAI(tokens=4, token_gap_s=0.2) as server:  # 0.8 s per answer
         settings = DriverSettings(server.url + "/v1", MODEL, concurrency=2)
         records: list[RequestRecord] = []
+        clock = RunClock(scale)
+        await asyncio.sleep(0.2)  # the run starts late in its clock's time
         async with make_session() as session:
             driver = LoadDriver(settings, make_workload("mixed", model_len=2048), session,
-                                RunClock(scale), records.append)
+                                clock, records.append)
             stop = asyncio.Event()
             asyncio.get_running_loop().call_later(0.1, stop.set)
             await driver.run(stop)
             await driver.finish(grace_s)
     assert [r.status for r in records] == statuses
+    # cut after 0.1 s running and 0.3 s of grace: 4 target seconds from its sending (at 2)
     cut = [r for r in records if r.status == "cut"]
-    assert all(r.total_s is not None and r.total_s > 0 for r in cut)
+    assert all(r.total_s is not None and 3.0 < r.total_s < 6.0 for r in cut)
     assert all(r.completion_tokens is not None and r.completion_tokens < 4 for r in cut)
 
 
