@@ -227,6 +227,10 @@ async def test_in_an_open_loop_a_retry_takes_the_place_of_the_arrival_it_is_due_
         (1, 1, "error", 503, "HTTP 503: refused 1"), (2, 1, "ok", 200, None),
         (3, 1, "ok", 200, None), (1, 2, "ok", 200, None), (4, 1, "ok", 200, None)]
     first, retry, fourth = records[0], records[3], records[4]
+    plans = list(itertools.islice(make_workload("mixed", model_len=2048), 4))
+    assert [(r.cls, r.planned_prompt_tokens, r.max_tokens) for r in records if r.attempt == 1] \
+        == [(p.cls, p.prompt_tokens, p.max_tokens) for p in plans]
+    assert first.t < 0.08  # the first arrival is at the start
     # due 0.25 s after the answer, it went at the fourth arrival (0.3 s), id 4 at the fifth
     assert 0.3 <= retry.t - first.t < 0.4
     assert fourth.t - first.t == pytest.approx(0.4)
@@ -269,6 +273,7 @@ async def test_an_arrival_that_finds_the_concurrency_in_flight_is_dropped() -> N
     dropped = records[0]
     assert dropped == RequestRecord(3, 1, plans[2].cls, dropped.t, dropped.time, "dropped",
                                     plans[2].prompt_tokens, plans[2].max_tokens)
+    assert dropped.retryable is False and dropped.completion_tokens is None
     assert sorted((r.id, r.status) for r in records[2:]) == [(1, "cut"), (2, "cut")]
     assert driver.counts == DriverCounts(sent=2, dropped=2, retries=0, in_flight=0,
                                          max_in_flight=2, by_status={"dropped": 2, "cut": 2})
@@ -277,6 +282,7 @@ async def test_an_arrival_that_finds_the_concurrency_in_flight_is_dropped() -> N
 
 @pytest.mark.parametrize(("scale", "grace_s", "statuses"), [
     (1.0, 3.0, ["ok", "ok"]),  # 3 s of grace: both answers end
+    (0.25, 1.0, ["ok", "ok"]),  # 1 target second at 0.25x is 4 wall seconds: enough
     (10.0, 3.0, ["cut", "cut"]),  # 3 target seconds at 10x are 0.3 wall seconds: too short
 ])
 async def test_the_end_waits_its_grace_in_target_time_then_cuts(
@@ -361,3 +367,21 @@ async def test_a_retry_waiting_when_the_run_stops_is_never_sent() -> None:
         await asyncio.sleep(0.1)
     assert [outcome(r) for r in records] == [(1, 1, "error", 503, "HTTP 503: refused 1")]
     assert len(server.arrivals) == 1
+
+
+async def test_a_trace_arrival_takes_one_due_retry_the_next_waits_for_the_next_arrival(
+        tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{t:010.7f},10,1\n" for t in (0.0, 0.01, 0.5)), encoding="utf-8")
+    async with FakeOpenAI(tokens=1, fail_status={1: 503, 2: 503}) as server:
+        settings = DriverSettings(server.url + "/v1", MODEL, concurrency=8, retry_after_s=0.05)
+        _, records = await run_until(
+            server.url, settings, 6, workload=make_workload(f"trace:{trace}", model_len=100))
+    at = {(r.id, r.attempt): r.t for r in records}
+    at = {key: t - at[1, 1] for key, t in at.items()}
+    assert {key: at[key] for key in ((1, 1), (2, 1), (3, 1), (4, 1))} == pytest.approx(
+        {(1, 1): 0.0, (2, 1): 0.01, (3, 1): 0.5, (4, 1): 4 / 3})
+    # a retry's time is its sending: one at the 0.5 s arrival; the other waited for the
+    # next, a lap (1 s) and a mean gap (1/3 s) from the start
+    assert 0.5 <= at[1, 2] < 0.6 and 4 / 3 <= at[2, 2] < 4 / 3 + 0.1
