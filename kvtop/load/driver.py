@@ -68,7 +68,7 @@ class RunClock:
         if stop is None:
             await asyncio.sleep(delay)
             return
-        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError itself from 3.11
             await asyncio.wait_for(stop.wait(), delay)
 
 
@@ -217,7 +217,7 @@ class LoadDriver:
         """Target seconds from the start to an arrival: a trace's own, else slot / rate."""
         if plan.at is not None:
             return plan.at
-        assert self.settings.rate, "an open loop without a trace has a rate"
+        assert self.settings.rate  # an open loop without a trace has a rate
         return slot / self.settings.rate
 
     def _due_retry(self) -> _Retry | None:

@@ -238,6 +238,21 @@ async def test_in_an_open_loop_a_retry_takes_the_place_of_the_arrival_it_is_due_
     assert driver.counts.retries == 1 and driver.counts.sent == 5
 
 
+async def test_an_open_loop_keeps_only_the_requests_in_flight() -> None:
+    async with FakeOpenAI(tokens=1) as server, make_session() as session:
+        settings = DriverSettings(server.url + "/v1", MODEL, rate=50.0)
+        records: list[RequestRecord] = []
+        driver = LoadDriver(settings, make_workload("mixed", model_len=2048), session,
+                            RunClock(), records.append)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.4, stop.set)
+        await driver.run(stop)
+        await asyncio.sleep(0.2)  # every answer in
+        # a long run's finished requests are not kept until its end
+        assert len(records) >= 10 and driver._tasks == set()
+        await driver.finish(1.0)
+
+
 async def test_an_open_loop_sends_nothing_once_stopped() -> None:
     async with FakeOpenAI(tokens=1) as server:
         settings = DriverSettings(server.url + "/v1", MODEL, rate=4.0)
@@ -265,6 +280,7 @@ async def test_a_trace_sends_at_its_own_times_and_a_retry_adds_to_them(tmp_path:
 
 
 async def test_an_arrival_that_finds_the_concurrency_in_flight_is_dropped() -> None:
+    before = time.time()
     async with FakeOpenAI(tokens=20, token_gap_s=0.05) as server:  # 1 s per answer
         settings = DriverSettings(server.url + "/v1", MODEL, rate=20.0, concurrency=2)
         driver, records = await run_until(server.url, settings, 2, grace_s=0.0)
@@ -274,6 +290,9 @@ async def test_an_arrival_that_finds_the_concurrency_in_flight_is_dropped() -> N
     assert dropped == RequestRecord(3, 1, plans[2].cls, dropped.t, dropped.time, "dropped",
                                     plans[2].prompt_tokens, plans[2].max_tokens)
     assert dropped.retryable is False and dropped.completion_tokens is None
+    # logged at their planned arrivals (0.1 and 0.15 s), stamped when dropped
+    assert 0.1 <= dropped.t < 0.2 and records[1].t - dropped.t == pytest.approx(0.05)
+    assert before <= dropped.time <= records[1].time <= time.time()
     assert sorted((r.id, r.status) for r in records[2:]) == [(1, "cut"), (2, "cut")]
     assert driver.counts == DriverCounts(sent=2, dropped=2, retries=0, in_flight=0,
                                          max_in_flight=2, by_status={"dropped": 2, "cut": 2})
@@ -363,10 +382,22 @@ def test_the_settings_default_to_the_documented_values() -> None:
 async def test_a_retry_waiting_when_the_run_stops_is_never_sent() -> None:
     async with FakeOpenAI(tokens=1, fail_status={1: 503}) as server:
         settings = DriverSettings(server.url + "/v1", MODEL, concurrency=1, retry_after_s=5.0)
+        started = time.perf_counter()
         _, records = await drive(server.url, settings, seconds=0.3)
+        took = time.perf_counter() - started
         await asyncio.sleep(0.1)
     assert [outcome(r) for r in records] == [(1, 1, "error", 503, "HTTP 503: refused 1")]
     assert len(server.arrivals) == 1
+    assert took < 2.0  # the stop ended the wait (of 5 s): nothing was left to finish
+
+
+async def test_an_open_loop_stops_between_arrivals() -> None:
+    async with FakeOpenAI(tokens=1) as server:
+        settings = DriverSettings(server.url + "/v1", MODEL, rate=0.5)  # 2 s apart
+        started = time.perf_counter()
+        _, records = await drive(server.url, settings, seconds=0.3)
+        took = time.perf_counter() - started
+    assert len(records) == 1 and took < 1.5  # not at the next arrival, 2 s on
 
 
 async def test_a_trace_arrival_takes_one_due_retry_the_next_waits_for_the_next_arrival(
