@@ -318,7 +318,9 @@ async def test_the_end_waits_its_grace_in_target_time_then_cuts(
             asyncio.get_running_loop().call_later(0.1, stop.set)
             await driver.run(stop)
             await driver.finish(grace_s)
-    assert [r.status for r in records] == statuses
+            # logged by the time finish returns, cut ones too
+            assert [r.status for r in records] == statuses
+            assert driver.counts.in_flight == 0
     # cut after 0.1 s running and 0.3 s of grace: 4 target seconds from its sending (at 2)
     cut = [r for r in records if r.status == "cut"]
     assert all(r.total_s is not None and 3.0 < r.total_s < 6.0 for r in cut)
