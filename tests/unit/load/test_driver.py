@@ -375,6 +375,11 @@ def test_a_log_line_rounds_to_microseconds_and_keeps_no_driver_state() -> None:
         "finish_reason": "length"}
 
 
+def test_a_driver_that_sent_nothing_counts_nothing() -> None:
+    assert DriverCounts() == DriverCounts(sent=0, dropped=0, retries=0, in_flight=0,
+                                          max_in_flight=0, by_status={})
+
+
 def test_the_settings_default_to_the_documented_values() -> None:
     assert DriverSettings("http://a/v1", "m") == DriverSettings(
         "http://a/v1", "m", rate=None, concurrency=8, request_timeout_s=300.0, retries=1,
