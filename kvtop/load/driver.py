@@ -68,7 +68,7 @@ class RunClock:
         if stop is None:
             await asyncio.sleep(delay)
             return
-        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError itself from 3.11
             await asyncio.wait_for(stop.wait(), delay)
 
 
@@ -171,11 +171,9 @@ class LoadDriver:
         self._ids = itertools.count(1)
         self._retries: deque[_Retry] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._stop = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Send until ``stop`` is set; requests in flight then are left to ``finish``."""
-        self._stop = stop
         if self.workload.timed or self.settings.rate:
             await self._open_loop(stop)
         else:
@@ -197,14 +195,12 @@ class LoadDriver:
     # -- loops ---------------------------------------------------------------------
 
     async def _open_loop(self, stop: asyncio.Event) -> None:
-        rate = self.settings.rate
         start = self.clock.now()
         slot = 0
         plan: Planned | None = None
         while not stop.is_set():
             plan = plan or next(self.workload)
-            offset = plan.at if self.workload.timed and plan.at is not None else slot / (rate or 1)
-            at = start + offset
+            at = start + self._offset(plan, slot)
             await self.clock.sleep_until(at, stop)
             if stop.is_set():
                 break
@@ -216,6 +212,13 @@ class LoadDriver:
                     continue  # the retry took this arrival's place
             self._start(plan, next(self._ids), 1, at)
             plan = None
+
+    def _offset(self, plan: Planned, slot: int) -> float:
+        """Target seconds from the start to an arrival: a trace's own, else slot / rate."""
+        if plan.at is not None:
+            return plan.at
+        assert self.settings.rate  # an open loop without a trace has a rate
+        return slot / self.settings.rate
 
     def _due_retry(self) -> _Retry | None:
         if self._retries and self._retries[0].due <= self.clock.now():
@@ -241,15 +244,18 @@ class LoadDriver:
         while not stop.is_set():
             plan, request_id, attempt = next(self.workload), next(self._ids), 1
             record = await self._send(plan, request_id, attempt, self.clock.now())
-            while self._should_retry(record) and not stop.is_set():
+            while self._should_retry(record):
                 await self.clock.sleep_until(self.clock.now() + self.settings.retry_after_s,
                                              stop)
+                if stop.is_set():  # the stop ended the wait: nothing is sent after it
+                    return
                 attempt += 1
                 record = await self._send(plan, request_id, attempt, self.clock.now())
 
     def _should_retry(self, record: RequestRecord) -> bool:
+        """Whether the attempt may be sent again: once the run stops, no loop sends it."""
         return (record.status == "error" and record.retryable
-                and record.attempt <= self.settings.retries and not self._stop.is_set())
+                and record.attempt <= self.settings.retries)
 
     # -- one request ------------------------------------------------------------------
 

@@ -159,7 +159,7 @@ class CompletionResult:
 
 async def stream_completion(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], *,
-    token: str | None = None, timeout_s: float = 300.0,
+    timeout_s: float, token: str | None = None,
     clock: Callable[[], float] = time.perf_counter, result: CompletionResult | None = None,
 ) -> CompletionResult:
     """POST a streamed request to ``url`` and time it; never raises. It can be cancelled:
@@ -205,7 +205,7 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: dict[str, An
             if len(buffer) > MAX_EVENT_LINE:
                 raise EventTooLong(f"a line of the event stream over {MAX_EVENT_LINE:,} bytes "
                                    "with no end: not server-sent events")
-        raise ConnectionResetError("the stream ended before data: [DONE]")
+        raise ConnectionResetError  # the stream ended before data: [DONE]: mid-answer
 
 
 class EventTooLong(Exception):
@@ -278,10 +278,10 @@ class _Stream:
 
     def _tokens_arrived(self, tokens: int) -> None:
         result, now = self.result, self.clock()
-        if result._first_t is None:
+        if result._last_t is None:  # the first token (the two times are set together)
             result._first_t = now
             result.ttft_s = now - self.started
-        elif result._last_t is not None:
+        else:
             gap = now - result._last_t
             result.itl_max_s = gap if result.itl_max_s is None else max(result.itl_max_s, gap)
         result._last_t = now

@@ -69,8 +69,6 @@ class PromptMaker:
         return " ".join(cast("list[str]", parts))
 
     def _unique(self, count: int) -> list[str] | list[int]:
-        if count <= 0:
-            return []
         if self.token_ids:
             low, high = TOKEN_ID_RANGE
             return [self._rng.randrange(low, high) for _ in range(count)]

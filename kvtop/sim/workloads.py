@@ -123,7 +123,8 @@ class TraceRow:
 
 @lru_cache(maxsize=4)
 def load_mooncake(path: Path) -> tuple[TraceRow, ...]:
-    with gzip.open(path, "rt") as f:
+    opener = gzip.open if path.suffix == ".gz" else open  # as published: plain JSON Lines
+    with opener(path, "rt") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return tuple(TraceRow(r["timestamp"] / 1000, r["input_length"], r["output_length"],
                           tuple(r["hash_ids"])) for r in rows)

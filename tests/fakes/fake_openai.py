@@ -25,6 +25,7 @@ class FakeOpenAI:
     cut_after: int | None = None  # close the stream after this many chunks
     arrivals: list[float] = field(default_factory=list)  # time.monotonic() per POST
     bodies: list[dict[str, object]] = field(default_factory=list)  # each POST's JSON body
+    paths: list[str] = field(default_factory=list)  # each POST's path
     authorizations: list[str | None] = field(default_factory=list)  # each request's header
     models: tuple[str, ...] = (MODEL,)  # what /v1/models lists
     metrics: str | None = None  # served at /metrics (and the narrowed /metrics/?...) if set
@@ -43,6 +44,7 @@ class FakeOpenAI:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)  # answered alike
         if self.metrics is not None:
             app.router.add_get("/metrics", self._metrics)
             app.router.add_get("/metrics/", self._metrics)
@@ -71,6 +73,7 @@ class FakeOpenAI:
         number = len(self.arrivals)
         body = orjson.loads(await request.read())
         self.bodies.append(body)
+        self.paths.append(request.path)
         self.authorizations.append(request.headers.get("Authorization"))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)

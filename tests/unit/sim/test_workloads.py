@@ -76,6 +76,14 @@ def test_the_whole_hour_of_each_trace_ships() -> None:
     assert azure[-1].arrival == pytest.approx(3501.72, abs=0.01)
 
 
+def test_a_mooncake_trace_reads_the_same_gzipped_or_plain(tmp_path: Path) -> None:
+    # Mooncake publishes conversation_trace.jsonl uncompressed; docs/rehearse.md replays it
+    shipped = workloads.SHIPPED_DIR / workloads.MOONCAKE_SHIPPED
+    plain = tmp_path / "conversation_trace.jsonl"
+    plain.write_bytes(b"".join(gzip.decompress(shipped.read_bytes()).splitlines(True)[:3]))
+    assert workloads.load_mooncake(plain) == workloads.load_mooncake(shipped)[:3]
+
+
 def test_traces_dir_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A trace under its source name (here: the first rows of the shipped Azure one) wins.
     rows = gzip.decompress((workloads.SHIPPED_DIR / workloads.AZURE_SHIPPED).read_bytes())
