@@ -216,7 +216,9 @@ def _undecodable(encoding: str, exc: zlib.error) -> str:
 
 
 def over_cap(max_bytes: int, what: str) -> str:
-    return f"{what} is over the {max_bytes:,}-byte size cap; dropped (raise the cap if it is real)"
+    """No option raises the cap: a real body is far smaller, so the reason says what it is."""
+    return (f"{what} is over the {max_bytes:,}-byte size cap; dropped "
+            "(a guard against broken or hostile servers)")
 
 
 # ---------------------------------------------------------------------------- one scrape

@@ -746,7 +746,7 @@ async def test_a_decoded_body_over_the_cap_is_dropped_with_the_cap_named(name: s
     result = await read_encoded(name, max_bytes=len(TEXT) - 1)  # sent small, decoded over
     assert (result.failure, result.error) == (
         "bad_payload", f"the body is over the {len(TEXT) - 1:,}-byte size cap; dropped "
-                       "(raise the cap if it is real)")
+                       "(a guard against broken or hostile servers)")
 
 
 CAP = 4 * 1024 * 1024
@@ -1302,7 +1302,7 @@ async def test_a_body_announced_at_exactly_the_cap_is_read_and_one_byte_over_is_
     assert at_cap.ok, at_cap.error
     assert (over.failure, over.error) == ("bad_payload", (
         f"Content-Length {size:,} is over the {size - 1:,}-byte size cap; dropped "
-        "(raise the cap if it is real)"))
+        "(a guard against broken or hostile servers)"))
 
 
 async def test_a_body_cut_short_says_so() -> None:

@@ -438,7 +438,7 @@ async def test_a_model_list_is_read_up_to_1024_models_and_1_mib() -> None:
         await models_of(one.ljust(1024 * 1024 + 1))
     assert str(refused.value).endswith(
         "/v1/models: cannot read the server: the body is over the 1,048,576-byte size cap; "
-        "dropped (raise the cap if it is real)")
+        "dropped (a guard against broken or hostile servers)")
 
 
 @pytest.mark.parametrize(("answer", "said"), [
