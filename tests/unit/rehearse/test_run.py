@@ -534,7 +534,7 @@ async def test_a_confirmed_leak_ends_the_load_early_then_drains_and_reads_the_fl
     assert doc["verdict"] == "no-go" and doc["reasons"][0].startswith("a leak: ")
     run_ = doc["run"]
     assert (run_["stopped"], run_["stopped_reason"]) == ("leak", LEAK_REASON)
-    assert 40.0 < run_["load_s"] < 120.0
+    assert run_["load_s"] < 120.0  # of 600
     requests = doc["requests"]
     assert requests["ok"] == requests["first_attempts"] > 30 and requests["cut"] == 0  # drained
     (engine,) = doc["kv"]["engines"]
