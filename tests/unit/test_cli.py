@@ -630,3 +630,121 @@ async def test_check_shows_progress_on_a_terminal_only() -> None:
     assert "kvtop check: OK (" in output  # the text verdict on a terminal
     assert piped.returncode == 0 and "engine(s) seen" not in piped.stderr
     assert json.loads(piped.stdout)["verdict"] == "ok"
+
+
+# -- main() in this process: each way a command ends, and the parsers it builds -----------
+
+
+def test_each_way_a_command_ends_is_its_exit_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug is 70 with one line and the traceback in a file; Ctrl-C 130; a config error
+    2 with its words; what the command returns, as it is."""
+    import tempfile
+
+    import kvtop.commands.rules as rules
+    from kvtop.config import ConfigError
+
+    def ends(how: BaseException | int):  # type: ignore[no-untyped-def]
+        def run(args: object) -> int:
+            if isinstance(how, int):
+                return how
+            raise how
+        return run
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    said = {}
+    for name, how in (("bug", RuntimeError("a planted bug")), ("ctrl-c", KeyboardInterrupt()),
+                      ("config", ConfigError("rules: no such thing")), ("code", 4),
+                      ("zero", 0)):
+        monkeypatch.setattr(rules, "run", ends(how))
+        code = main(["rules"])
+        out, err = capsys.readouterr()
+        said[name] = (code, out, err)
+    (report,) = tmp_path.glob("kvtop-crash-*.txt")
+    assert said == {
+        "bug": (70, "", f"kvtop: internal error, a bug: RuntimeError: a planted bug "
+                        f"(traceback in {report})\n"),
+        "ctrl-c": (130, "", ""), "config": (2, "", "kvtop: rules: no such thing\n"),
+        "code": (4, "", ""), "zero": (0, "", "")}
+    assert "a planted bug" in report.read_text(encoding="utf-8")
+
+
+def test_a_reader_gone_is_141_and_what_is_left_goes_nowhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    read, write = os.pipe()
+    os.close(read)  # `kvtop rules | head -0`: the reader has gone
+    stdout = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    try:
+        assert main(["rules"]) == 141
+        # stdout's descriptor now leads to /dev/null: the interpreter's last flush is quiet
+        assert os.fstat(write).st_rdev == os.stat(os.devnull).st_rdev
+        stdout.write("more\n")
+        stdout.flush()
+    finally:
+        stdout.close()
+
+
+def test_help_and_version_go_to_stdout_with_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvtop import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr() == (f"kvtop {__version__}\n", "")
+    assert main(["--help"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith(
+        "usage: kvtop [TARGET ...] [options]\n       kvtop {" + ",".join(SUMMARIES) + "} ...\n")
+    # the description and the exit codes as written, line by line; the commands aligned
+    assert ("\nhtop for the KV cache of vLLM, SGLang and llama.cpp servers: KV blocks, queues,\n"
+            "preemptions, prefix hits, throughput, latency, local GPUs and a leak indicator.\n"
+            in out)
+    width = max(map(len, SUMMARIES))
+    table = "\n".join(f"  {name:<{width}}  {summary}" for name, summary in SUMMARIES.items())
+    assert ("\ncommands (kvtop COMMAND --help for each):\n" + table
+            + "\n\nKeys in the app: ? for help.\n\nexit status:\n  0    quit\n") in out
+
+
+@pytest.mark.parametrize(("argv", "ending"), [
+    (["snapshot", "--jsno=1"], "unrecognized arguments: --jsno=1 (did you mean '--json'?)"),
+    (["snapshot", "host:1", "--zzzzzzzz"], "unrecognized arguments: --zzzzzzzz"),
+    (["snapshot", "host:1", "--zzzzzzzz", "--jsno"],
+     "unrecognized arguments: --zzzzzzzz --jsno (did you mean '--json'?)"),
+])
+def test_an_unknown_option_is_named_with_the_closest_known_one_if_any(
+        capsys: pytest.CaptureFixture[str], argv: list[str], ending: str) -> None:
+    err = usage_error(in_process(capsys, *argv))
+    assert err.splitlines()[-1] == f"kvtop snapshot: error: {ending}"
+
+
+def test_the_apps_options_default_as_documented(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtop.cli import build_app_parser
+    from kvtop.store.writer import DEFAULT_MAX_BYTES
+
+    monkeypatch.chdir(tmp_path)
+    args = vars(build_app_parser().parse_args([]))
+    assert {key: args[key] for key in (
+        "interval", "demo", "no_gpu", "snapshot_dir", "low_bandwidth", "record",
+        "record_max_size", "baseline")} == {
+        "interval": None, "demo": False, "no_gpu": False, "snapshot_dir": tmp_path,
+        "low_bandwidth": False, "record": None, "record_max_size": DEFAULT_MAX_BYTES,
+        "baseline": None}
+
+
+def test_every_command_runs_its_own_module_and_lists_its_exit_codes() -> None:
+    import argparse
+
+    from kvtop.cli import Formatter, build_command_parser, command_module
+    from kvtop.exits import epilog
+
+    parser = build_command_parser()
+    assert parser.prog == "kvtop"
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(commands.choices) == list(SUMMARIES)
+    for name, command in commands.choices.items():
+        assert command.get_default("command") is command_module(name).run, name
+        assert command.epilog == epilog(name) and command.formatter_class is Formatter
+    save = commands.choices["baseline"]._subparsers._group_actions[0].choices["save"]  # type: ignore[union-attr]
+    assert save.epilog == epilog("baseline") and save.formatter_class is Formatter
+    assert parser.get_default("reference").__name__ == "build_reference_parser"
