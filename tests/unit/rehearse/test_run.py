@@ -671,4 +671,5 @@ async def test_the_settings_in_the_report_are_the_ones_the_run_used(tmp_path: Pa
     assert doc["requests"]["ok"] == 0 and doc["verdict"] == "no-go"
     assert doc["server"]["expected_hit_rate"] > 0  # the shared prefixes' expected hits
     token_ids = await _rehearse_with(tmp_path / "ids", duration_s=5.0, token_ids=True)
-    assert token_ids["settings"]["token_ids"] is True and token_ids["requests"]["ok"] == 20
+    assert token_ids["settings"]["token_ids"] is True
+    assert token_ids["requests"]["ok"] == token_ids["requests"]["first_attempts"] > 0
