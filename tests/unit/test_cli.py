@@ -748,3 +748,38 @@ def test_every_command_runs_its_own_module_and_lists_its_exit_codes() -> None:
     save = commands.choices["baseline"]._subparsers._group_actions[0].choices["save"]  # type: ignore[union-attr]
     assert save.epilog == epilog("baseline") and save.formatter_class is Formatter
     assert parser.get_default("reference").__name__ == "build_reference_parser"
+
+
+def test_the_app_on_a_prometheus_that_cannot_be_read_exits_3_before_drawing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The instances are found first; a Prometheus that can't be asked ends it there."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # as at a terminal
+    url = f"http://127.0.0.1:{closed_port()}"
+    assert main(["--prometheus", url, "--no-gpu"]) == 3
+    assert capsys.readouterr() == (
+        "", f"kvtop: Prometheus {url}: connection refused: nothing listens on that port\n")
+
+
+def test_the_apps_options_reach_its_config_and_each_target_its_max_num_seqs(
+        tmp_path: Path) -> None:
+    """What the app is started with (its own run needs a terminal: tests/ui/pilot)."""
+    from kvtop.cli import _app_config, _trackers, build_app_parser
+    from kvtop.config import load_config
+    from kvtop.derive.limits import LimitParams
+    from kvtop.ui.app import AppConfig
+
+    path = tmp_path / "kvtop.toml"
+    path.write_text('[[targets]]\nurl = "gpu-1:8000"\nmax_num_seqs = 32\n')
+    config = load_config(path)
+    args = build_app_parser().parse_args([
+        "gpu-1:8000", "--no-gpu", "--low-bandwidth", "--insecure", "--full-metrics",
+        "--record", str(tmp_path / "r.jsonl.gz"), "--record-max-size", "1M",
+        "--snapshot-dir", str(tmp_path)])
+    target = Target.from_spec("gpu-1:8000")
+    assert _app_config(args, [target], 2.5, config, demo=True) == AppConfig(
+        targets=[target], interval_s=2.5, no_gpu=True, demo=True, snapshot_dir=tmp_path,
+        low_bandwidth=True, insecure=True, full_metrics=True, record=tmp_path / "r.jsonl.gz",
+        record_max_bytes=1024 * 1024, alerts=config.alerts)
+    trackers = _trackers(config)
+    assert trackers(target).limit_params == LimitParams(max_num_seqs=32)
+    assert trackers(Target.from_spec("gpu-2:8000")).limit_params is None
