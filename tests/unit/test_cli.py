@@ -706,7 +706,8 @@ def test_help_and_version_go_to_stdout_with_exit_0(capsys: pytest.CaptureFixture
 
 
 @pytest.mark.parametrize(("argv", "ending"), [
-    (["snapshot", "--jsno=1"], "unrecognized arguments: --jsno=1 (did you mean '--json'?)"),
+    (["snapshot", "--jsno=yes-as-json"],
+     "unrecognized arguments: --jsno=yes-as-json (did you mean '--json'?)"),
     (["snapshot", "host:1", "--zzzzzzzz"], "unrecognized arguments: --zzzzzzzz"),
     (["snapshot", "host:1", "--zzzzzzzz", "--jsno"],
      "unrecognized arguments: --zzzzzzzz --jsno (did you mean '--json'?)"),
