@@ -673,3 +673,24 @@ async def test_the_settings_in_the_report_are_the_ones_the_run_used(tmp_path: Pa
     token_ids = await _rehearse_with(tmp_path / "ids", duration_s=5.0, token_ids=True)
     assert token_ids["settings"]["token_ids"] is True
     assert token_ids["requests"]["ok"] == token_ids["requests"]["first_attempts"] > 0
+
+
+async def test_requests_failing_around_a_restart_are_counted_as_failing_across_it(
+        tmp_path: Path) -> None:
+    """The server restarts (its counters start again) during the load, and no request is
+    ever answered: each times out after 2 s. Those sent from 3 s before the restart (their
+    2 s and a scrape interval's 1 s) to 1 s after it count: 4 s of requests at 4 a second."""
+    bodies = ([vllm(0.0, tokens=500.0)] * 3
+              + [vllm(0.1, running=1, tokens=600.0 + 100 * i) for i in range(6)]
+              + [vllm(0.1, running=1, tokens=100.0 * i) for i in range(1, 11)]
+              + [vllm(0.0, tokens=1000.0)])
+    async with FakeOpenAI(hang=True) as api, FaultServer(bodies=bodies) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=40.0,
+                                  request_timeout_s=2.0, retries=0), gpu_reader=None,
+                             progress=None)
+    assert_reported(doc, tmp_path / "out")
+    (restart,) = doc["run"]["restarts_s"]
+    assert 4.0 <= restart <= 36.0
+    requests = doc["requests"]
+    assert requests["timeouts"] > 100 and requests["ok"] == 0
+    assert 14 <= doc["run"]["failed_across_restarts"] <= 18, doc["run"]
