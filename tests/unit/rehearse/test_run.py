@@ -34,7 +34,7 @@ from kvtop.collect.nvml import GpuReading
 from kvtop.collect.target import Target
 from kvtop.rehearse.report import render_text
 from kvtop.rehearse.run import BadUsage, CannotRun, RehearsalSettings, rehearse
-from kvtop.safe_text import file_text
+from kvtop.safe_text import Secret, file_text
 from kvtop.store.recording import read_recording
 from tests.fakes.fake_nvml import GIB, FakeGpuReader, sample_gpus
 from tests.fakes.fake_openai import FakeOpenAI
@@ -694,3 +694,18 @@ async def test_requests_failing_around_a_restart_are_counted_as_failing_across_i
     requests = doc["requests"]
     assert requests["timeouts"] > 100 and requests["ok"] == 0
     assert 14 <= doc["run"]["failed_across_restarts"] <= 18, doc["run"]
+
+
+async def test_the_targets_token_goes_with_every_request_and_nowhere_else(
+        tmp_path: Path) -> None:
+    async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+        config = dataclasses.replace(
+            fast(api.url, api.url + "/metrics", tmp_path / "out", duration_s=5.0),
+            metrics=Target(url=api.url + "/metrics", token=Secret("tok-Zq9")))
+        doc = await rehearse(config, gpu_reader=None, progress=None)
+    assert_reported(doc, tmp_path / "out")
+    assert doc["requests"]["ok"] > 0
+    assert set(api.authorizations) == {"Bearer tok-Zq9"}  # /v1/models and each completion
+    assert {auth for _, auth in api.metrics_requests} == {"Bearer tok-Zq9"}
+    for path in (tmp_path / "out").iterdir():
+        assert b"tok-Zq9" not in path.read_bytes(), path
