@@ -429,8 +429,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/commands/rules.py": (f"{UNIT}/commands/test_rules.py", f"{UNIT}/report/test_rules.py",
                                 f"{UNIT}/test_cli.py"),
     # `kvtop sim` through main() in this process: its options, errors and servers (Ctrl-C
-    # from a helper thread); test_server.py runs it as a subprocess, out of a mutant's reach
-    "kvtop/commands/sim.py": (f"{UNIT}/commands/test_sim.py",),
+    # from a helper thread); test_server.py runs it as a subprocess, out of a mutant's reach;
+    # the man page test pins every help text
+    "kvtop/commands/sim.py": (f"{UNIT}/commands/test_sim.py", *CLI_IN_PROCESS),
     # the load generator against a real OpenAI-compatible server on 127.0.0.1
     **{f"kvtop/load/{name}.py": tuple(f"{UNIT}/load/test_{test}.py" for test in (
         "driver", "openai_client", "workloads"))

@@ -5,6 +5,7 @@ and servers that print their URLs, answer, and stop on Ctrl-C."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import io
 import os
@@ -172,10 +173,18 @@ def test_a_port_in_use_cannot_be_listened_on(capsys: pytest.CaptureFixture[str])
 
 
 class Lines(io.StringIO):
-    """stdout that another thread may read while `kvtop sim` writes it."""
+    """stdout that another thread may read while `kvtop sim` writes it: what was flushed, as
+    a pipe to another process would show it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed = ""
+
+    def flush(self) -> None:
+        self.flushed = self.getvalue()
 
     def lines(self) -> list[str]:
-        return self.getvalue().splitlines()
+        return self.flushed.splitlines()
 
 
 def serve_until_ctrl_c(*argv: str, check: int) -> tuple[int, list[str], list[int]]:
@@ -185,7 +194,7 @@ def serve_until_ctrl_c(*argv: str, check: int) -> tuple[int, list[str], list[int
 
     def press_ctrl_c() -> None:
         try:
-            wait_until(lambda: len(out.lines()) == check, "the servers' URLs")
+            wait_until(lambda: len(out.lines()) == check, "the servers' URLs", timeout_s=15)
             for line in out.lines():
                 statuses.append(httpx.get(line.split()[0], timeout=10).status_code)
         finally:
@@ -193,10 +202,38 @@ def serve_until_ctrl_c(*argv: str, check: int) -> tuple[int, list[str], list[int
 
     helper = threading.Thread(target=press_ctrl_c)
     with contextlib.redirect_stdout(out), frozen_gc_undone():
+        gc.freeze()
+        frozen_at_start = gc.get_freeze_count()  # what main() freezes as it starts
+        gc.unfreeze()
         helper.start()
         code = main(["sim", *argv])
+        # and what serving made is frozen as it ends: the interpreter's exit skips it
+        assert gc.get_freeze_count() > frozen_at_start + 1000
     helper.join(30)
     return code, out.lines(), statuses
+
+
+def test_ctrl_c_where_no_signal_handler_can_be_set_ends_it_quietly_with_0() -> None:
+    """In a thread no signal handler can be set: Ctrl-C comes as a KeyboardInterrupt in the
+    middle of serving (planted here as that thread's asynchronous exception)."""
+    args = build_command_parser().parse_args(["sim", "--port", "0", "--workload", "none"])
+    ended: list[object] = []
+
+    def serve() -> None:
+        try:
+            ended.append(sim_command.run(args))
+        except BaseException as exc:  # the test reports what escaped
+            ended.append(exc)
+
+    out = Lines()
+    with contextlib.redirect_stdout(out), frozen_gc_undone():
+        thread = threading.Thread(target=serve)
+        thread.start()
+        wait_until(lambda: len(out.lines()) == 1, "the server's URL")
+        assert ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident or 0), ctypes.py_object(KeyboardInterrupt)) == 1
+        thread.join(30)
+    assert ended == [EXIT_OK]
 
 
 def test_each_server_prints_its_url_and_answers_until_ctrl_c() -> None:
