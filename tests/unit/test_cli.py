@@ -711,6 +711,11 @@ def test_help_and_version_go_to_stdout_with_exit_0(capsys: pytest.CaptureFixture
     (["snapshot", "host:1", "--zzzzzzzz"], "unrecognized arguments: --zzzzzzzz"),
     (["snapshot", "host:1", "--zzzzzzzz", "--jsno"],
      "unrecognized arguments: --zzzzzzzz --jsno (did you mean '--json'?)"),
+    # the words after the first ": " of argparse's message, each option's name before its "="
+    (["snapshot", "host:1", "--jsno", "--zzzzzzzz: q"],
+     "unrecognized arguments: --jsno --zzzzzzzz: q (did you mean '--json'?)"),
+    (["snapshot", "--jsno=yes-as-json=1"],
+     "unrecognized arguments: --jsno=yes-as-json=1 (did you mean '--json'?)"),
 ])
 def test_an_unknown_option_is_named_with_the_closest_known_one_if_any(
         capsys: pytest.CaptureFixture[str], argv: list[str], ending: str) -> None:
@@ -770,7 +775,8 @@ def test_the_apps_options_reach_its_config_and_each_target_its_max_num_seqs(
     from kvtop.ui.app import AppConfig
 
     path = tmp_path / "kvtop.toml"
-    path.write_text('[[targets]]\nurl = "gpu-1:8000"\nmax_num_seqs = 32\n')
+    path.write_text('[alerts]\nbell = false\n\n[[targets]]\nurl = "gpu-1:8000"\n'
+                    'max_num_seqs = 32\n')
     config = load_config(path)
     args = build_app_parser().parse_args([
         "gpu-1:8000", "--no-gpu", "--low-bandwidth", "--insecure", "--full-metrics",
@@ -781,6 +787,74 @@ def test_the_apps_options_reach_its_config_and_each_target_its_max_num_seqs(
         targets=[target], interval_s=2.5, no_gpu=True, demo=True, snapshot_dir=tmp_path,
         low_bandwidth=True, insecure=True, full_metrics=True, record=tmp_path / "r.jsonl.gz",
         record_max_bytes=1024 * 1024, alerts=config.alerts)
+    assert config.alerts.bell is False  # the config's alerts, not the default ones
     trackers = _trackers(config)
+    assert trackers(target).state.target == target
     assert trackers(target).limit_params == LimitParams(max_num_seqs=32)
     assert trackers(Target.from_spec("gpu-2:8000")).limit_params is None
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    # "-" is a target word, not an option: what follows is a target too, not a command
+    (["-", "chek", "--no-gpu"], "kvtop: the app draws on a terminal, and stdout is not one; "
+                                "for a pipe or a file use `kvtop snapshot` (JSON) or `kvtop "
+                                "snapshot --table`\n"),
+    # a word with none of : / . and not localhost is no server: a mistyped command
+    (["recordX"], "kvtop: unknown command 'recordX' (did you mean 'record'?)\n"
+                  "kvtop: a server is written host:port or as a URL\nusage: kvtop record [-h]"),
+    # an option that takes a value, given none: argparse says so
+    (["--interval"], "kvtop: error: argument --interval: expected one argument\n"),
+])
+def test_the_first_word_that_is_not_an_option_decides_app_or_command(
+        capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:
+    done = in_process(capsys, *argv)
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    assert said in done.stderr, done.stderr
+
+
+def test_the_app_reads_its_config_and_baseline_before_the_terminal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "kvtop.toml"
+    bad.write_text("interval_s = -1\n")
+    config_error = in_process(capsys, "--config", str(bad), "--no-gpu")
+    assert config_error.returncode == EXIT_USAGE
+    assert config_error.stderr.startswith(f"kvtop: {bad}: ")
+    assert "terminal" not in config_error.stderr
+    baseline = in_process(capsys, "127.0.0.1:1", "--baseline", "no-such-baseline", "--no-gpu")
+    assert baseline.returncode == EXIT_USAGE and "no-such-baseline" in baseline.stderr
+    assert "terminal" not in baseline.stderr
+    no_terminal = in_process(capsys, "127.0.0.1:1", "--no-gpu")
+    assert no_terminal.stderr == (
+        "kvtop: the app draws on a terminal, and stdout is not one; for a pipe or a file use "
+        "`kvtop snapshot` (JSON) or `kvtop snapshot --table`\n")
+
+
+def test_the_app_is_handed_its_targets_and_refuses_a_recording_that_exists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """At a terminal, the app is started on what the command line names: a recording that
+    exists already is refused there (exit 2) before anything is drawn."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    existing = tmp_path / "r.jsonl.gz"
+    existing.write_bytes(b"")
+    assert main(["127.0.0.1:1", "127.0.0.1:2", "--no-gpu", "--interval", "3",
+                 "--record", str(existing)]) == EXIT_USAGE
+    assert capsys.readouterr() == ("", f"kvtop: can't record to {existing}: it is an existing "
+                                       "file, and kvtop does not overwrite or follow one\n")
+
+
+def test_one_tree_of_every_option_has_the_commands_and_no_targets_of_the_app() -> None:
+    from kvtop.cli import build_app_parser, build_reference_parser
+
+    assert [a.dest for a in build_reference_parser()._actions if not a.option_strings] == [
+        "==SUPPRESS=="]  # the commands' subparsers
+    assert [a.dest for a in build_app_parser()._actions if not a.option_strings] == ["targets"]
+
+
+def test_a_commands_description_is_wrapped_to_the_terminal(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    assert main(["sim", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert ("\n\nServe simulated vLLM V1 servers whose /metrics look like\nvLLM 0.33's, each "
+            "printing its URL on a line of stdout,\nuntil Ctrl-C.\n\n") in out
