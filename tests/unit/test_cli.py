@@ -716,11 +716,13 @@ def test_help_and_version_go_to_stdout_with_exit_0(capsys: pytest.CaptureFixture
      "unrecognized arguments: --jsno --zzzzzzzz: q (did you mean '--json'?)"),
     (["snapshot", "--jsno=yes-as-json=1"],
      "unrecognized arguments: --jsno=yes-as-json=1 (did you mean '--json'?)"),
+    # a word that is no option is not taken for a mistyped one, however close
+    (["rules", "config"], "unrecognized arguments: config"),
 ])
 def test_an_unknown_option_is_named_with_the_closest_known_one_if_any(
         capsys: pytest.CaptureFixture[str], argv: list[str], ending: str) -> None:
     err = usage_error(in_process(capsys, *argv))
-    assert err.splitlines()[-1] == f"kvtop snapshot: error: {ending}"
+    assert err.splitlines()[-1] == f"kvtop {argv[0]}: error: {ending}"
 
 
 def test_the_apps_options_default_as_documented(tmp_path: Path,
