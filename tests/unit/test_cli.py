@@ -716,8 +716,12 @@ def test_help_and_version_go_to_stdout_with_exit_0(capsys: pytest.CaptureFixture
      "unrecognized arguments: --jsno --zzzzzzzz: q (did you mean '--json'?)"),
     (["snapshot", "--jsno=yes-as-json=1"],
      "unrecognized arguments: --jsno=yes-as-json=1 (did you mean '--json'?)"),
+    (["snapshot", "host:1", "--zzzzzzzz", "--yy: q", "--jsno"],
+     "unrecognized arguments: --zzzzzzzz --yy: q --jsno (did you mean '--json'?)"),
     # a word that is no option is not taken for a mistyped one, however close
     (["rules", "config"], "unrecognized arguments: config"),
+    # only unknown options get a suggestion, not a missing one
+    (["record", "host:1"], "the following arguments are required: -o/--output"),
 ])
 def test_an_unknown_option_is_named_with_the_closest_known_one_if_any(
         capsys: pytest.CaptureFixture[str], argv: list[str], ending: str) -> None:
