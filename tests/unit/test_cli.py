@@ -645,7 +645,7 @@ def test_each_way_a_command_ends_is_its_exit_code(
     import kvtop.commands.rules as rules
     from kvtop.config import ConfigError
 
-    def ends(how: BaseException | int):  # type: ignore[no-untyped-def]
+    def ends(how: BaseException | int) -> Any:
         def run(args: object) -> int:
             if isinstance(how, int):
                 return how
@@ -757,7 +757,7 @@ def test_every_command_runs_its_own_module_and_lists_its_exit_codes() -> None:
     for name, command in commands.choices.items():
         assert command.get_default("command") is command_module(name).run, name
         assert command.epilog == epilog(name) and command.formatter_class is Formatter
-    save = commands.choices["baseline"]._subparsers._group_actions[0].choices["save"]  # type: ignore[union-attr]
+    save = commands.choices["baseline"]._subparsers._group_actions[0].choices["save"]
     assert save.epilog == epilog("baseline") and save.formatter_class is Formatter
     assert parser.get_default("reference").__name__ == "build_reference_parser"
 
