@@ -718,3 +718,11 @@ async def test_the_targets_token_goes_with_every_request_and_nowhere_else(
     assert {auth for _, auth in api.metrics_requests} == {"Bearer tok-Zq9"}
     for path in (tmp_path / "out").iterdir():
         assert b"tok-Zq9" not in path.read_bytes(), path
+
+
+async def test_a_stall_stops_the_load_early_without_a_progress_line_too(tmp_path: Path) -> None:
+    """--quiet (no progress stream): the stop does not wait on a line to say it."""
+    async with FakeOpenAI(hang=True) as api, FaultServer() as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=600.0,
+                                  rate=1.0), gpu_reader=None, progress=None)
+    assert doc["run"]["stopped"] == "stalled" and doc["run"]["load_s"] < 60.0
