@@ -292,12 +292,12 @@ def _refuse_a_command_as_target(word: str | None) -> None:
         message = f"the command '{word}' comes first: kvtop {word} [options]"
     elif close := difflib.get_close_matches(word, list(SUMMARIES), n=1):
         word, message = close[0], (f"unknown command {quoted(word)} (did you mean "
-                                   f"'{close[0]}'?)\nkvtop: a server is written host:port "
-                                   f"or as a URL")
+                                   f"'{close[0]}'?)\na server is written host:port or as a URL")
     else:
         return
     command = build_command_parser()
-    warn(f"kvtop: {message}")
+    for line in message.splitlines():  # warn() shows a newline as \x0a: a line each
+        warn(f"kvtop: {line}")
     sys.stderr.write(terminal_lines(_innermost(command, [word]).format_usage()))
     raise SystemExit(EXIT_USAGE)
 
@@ -327,8 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _drop_stdout()
         return EXIT_BROKEN_PIPE
-    except Exception:
-        return _internal_error()
+    except Exception as bug:
+        return _internal_error(bug)
 
 
 def _drop_stdout() -> None:
@@ -338,9 +338,9 @@ def _drop_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def _internal_error() -> int:
+def _internal_error(bug: Exception) -> int:
     """A bug: one line on stderr, the traceback in a file (no locals, so no secrets)."""
-    line = write_crash_report(sys.exc_info()[1] or RuntimeError("unknown error"))
+    line = write_crash_report(bug)
     print(display_text(f"kvtop: internal error, a bug: {line}"), file=sys.stderr)
     return EXIT_INTERNAL
 

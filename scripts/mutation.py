@@ -285,7 +285,20 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/rehearse/requests.py": (f"{UNIT}/rehearse/test_requests.py",
                                    f"{UNIT}/rehearse/test_latency.py",
                                    f"{UNIT}/commands/test_rehearse.py::test_progress_lines"),
-    "kvtop/rehearse/run.py": (f"{UNIT}/commands/test_rehearse.py",),
+    # whole rehearsals in this process against servers on 127.0.0.1 whose answers the test
+    # sets (a second each); left out: the runs against `kvtop sim` processes (its own file's
+    # first tests, and the command's: seconds each, which every mutant of the run would cost)
+    "kvtop/rehearse/run.py": (f"{UNIT}/rehearse/test_run.py", *deselected(
+        f"{UNIT}/rehearse/test_run.py",
+        "test_a_healthy_server_is_go_and_its_log_agrees_with_its_counters",
+        "test_a_slow_leak_only_free_kv_sees_is_no_go_naming_the_leak",
+        "test_a_leak_that_wedges_the_pool_is_no_go_naming_the_stall_and_stops_early",
+        "test_a_stall_is_no_go_naming_it_and_the_run_stops_early",
+        "test_a_server_that_answers_nothing_is_never_go",
+        "test_an_overloaded_server_is_no_go_on_latency",
+        "test_a_restart_mid_run_is_reported_and_the_run_goes_on",
+        "test_ctrl_c_stops_early_and_still_writes_the_report",
+        "test_gpu_memory_growing_alone_fails_its_criterion_but_is_go")),
     # its own tests feed scrapes and GPU readings to a Watcher in this process; the command's
     # tests run whole rehearsals (seconds per mutant)
     "kvtop/rehearse/watch.py": (f"{UNIT}/rehearse/test_watch.py",),
@@ -422,7 +435,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/commands/replay.py": (f"{UNIT}/commands/test_replay.py", *CLI_IN_PROCESS),
     "kvtop/commands/rules.py": (f"{UNIT}/commands/test_rules.py", f"{UNIT}/report/test_rules.py",
                                 f"{UNIT}/test_cli.py"),
-    "kvtop/commands/sim.py": (f"{UNIT}/sim/test_server.py",),
+    # `kvtop sim` through main() in this process: its options, errors and servers (Ctrl-C
+    # from a helper thread); test_server.py runs it as a subprocess, out of a mutant's reach;
+    # the man page test pins every help text
+    "kvtop/commands/sim.py": (f"{UNIT}/commands/test_sim.py", *CLI_IN_PROCESS),
     # the load generator against a real OpenAI-compatible server on 127.0.0.1
     # (prompts and workloads: their own tests, then the driver's, which uses them; the client's
     # own tests reach every rule the driver's do, which take seconds more per mutant)

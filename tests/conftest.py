@@ -19,7 +19,7 @@ import pytest
 from tests.fakes.faultserver import FaultServer
 from tests.scenarios.baseline_runs import Recordings
 from tests.support.full_disk import small_tmpfs
-from tests.support.mutation_run import MUTATION, cold_caches
+from tests.support.mutation_run import MUTATION, cold_caches, fastest_first
 from tests.support.tmux import Tmux, processes_with
 
 TESTS = Path(__file__).resolve().parent
@@ -142,6 +142,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         tier = next((name for name in XDIST_GROUPS if CI_FOLDERS[name] in path.parents), None)
         if tier:
             item.add_marker(pytest.mark.xdist_group(tier))
+    if MUTATION:
+        fastest_first(items)
 
 
 WORKER_SUMMARIES: list[str] = []  # lines a tier's conftest left for the end of the run

@@ -5,6 +5,9 @@ kvtop's caches warm across tests. A mutation run reruns the tests once per plant
 
 * Hypothesis's "mutation" profile keeps each property test to a few fixed examples, so the
   behaviour and unit tests do the catching and a mutant costs seconds, not tens of them;
+* the tests a mutant runs go fastest first (`fastest_first`): mutmut hands them over in no
+  order and stops at the first failure, so a bug the quick tests catch costs a second, not
+  the slow tests' time before them;
 * every test starts with kvtop's caches empty (`cold_caches`). mutmut runs a mutant only
   against the tests that reached the mutated function in a first, recorded run; with the
   caches warm, only the first test to see a comment line or label block reaches the code
@@ -13,8 +16,11 @@ kvtop's caches warm across tests. A mutation run reruns the tests once per plant
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
+from typing import Any
 
 from hypothesis import settings
 
@@ -42,3 +48,13 @@ def cold_caches() -> None:
                 value.clear()
             elif callable(getattr(value, "cache_clear", None)):
                 value.cache_clear()
+
+
+def fastest_first(items: list[Any]) -> None:
+    """Order a mutation run's tests by the durations mutmut recorded in its first run
+    (mutmut-stats.json in its working folder); unknown ones last, in their order."""
+    stats = Path("mutmut-stats.json")
+    if not stats.exists():
+        return
+    durations = json.loads(stats.read_text(encoding="utf-8")).get("duration_by_test", {})
+    items.sort(key=lambda item: durations.get(item.nodeid, float("inf")))

@@ -630,3 +630,237 @@ async def test_check_shows_progress_on_a_terminal_only() -> None:
     assert "kvtop check: OK (" in output  # the text verdict on a terminal
     assert piped.returncode == 0 and "engine(s) seen" not in piped.stderr
     assert json.loads(piped.stdout)["verdict"] == "ok"
+
+
+# -- main() in this process: each way a command ends, and the parsers it builds -----------
+
+
+def test_each_way_a_command_ends_is_its_exit_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug is 70 with one line and the traceback in a file; Ctrl-C 130; a config error
+    2 with its words; what the command returns, as it is."""
+    import tempfile
+
+    import kvtop.commands.rules as rules
+    from kvtop.config import ConfigError
+
+    def ends(how: BaseException | int) -> Any:
+        def run(args: object) -> int:
+            if isinstance(how, int):
+                return how
+            raise how
+        return run
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    said = {}
+    for name, how in (("bug", RuntimeError("a planted bug")), ("ctrl-c", KeyboardInterrupt()),
+                      ("config", ConfigError("rules: no such thing")), ("code", 4),
+                      ("zero", 0)):
+        monkeypatch.setattr(rules, "run", ends(how))
+        code = main(["rules"])
+        out, err = capsys.readouterr()
+        said[name] = (code, out, err)
+    (report,) = tmp_path.glob("kvtop-crash-*.txt")
+    assert said == {
+        "bug": (70, "", f"kvtop: internal error, a bug: RuntimeError: a planted bug "
+                        f"(traceback in {report})\n"),
+        "ctrl-c": (130, "", ""), "config": (2, "", "kvtop: rules: no such thing\n"),
+        "code": (4, "", ""), "zero": (0, "", "")}
+    assert "a planted bug" in report.read_text(encoding="utf-8")
+
+
+def test_a_reader_gone_is_141_and_what_is_left_goes_nowhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    read, write = os.pipe()
+    os.close(read)  # `kvtop rules | head -0`: the reader has gone
+    stdout = os.fdopen(write, "w")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    try:
+        assert main(["rules"]) == 141
+        # stdout's descriptor now leads to /dev/null: the interpreter's last flush is quiet
+        assert os.fstat(write).st_rdev == os.stat(os.devnull).st_rdev
+        stdout.write("more\n")
+        stdout.flush()
+    finally:
+        stdout.close()
+
+
+def test_help_and_version_go_to_stdout_with_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvtop import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr() == (f"kvtop {__version__}\n", "")
+    assert main(["--help"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith(
+        "usage: kvtop [TARGET ...] [options]\n       kvtop {" + ",".join(SUMMARIES) + "} ...\n")
+    # the description and the exit codes as written, line by line; the commands aligned
+    assert ("\nhtop for the KV cache of vLLM, SGLang and llama.cpp servers: KV blocks, queues,\n"
+            "preemptions, prefix hits, throughput, latency, local GPUs and a leak indicator.\n"
+            in out)
+    width = max(map(len, SUMMARIES))
+    table = "\n".join(f"  {name:<{width}}  {summary}" for name, summary in SUMMARIES.items())
+    assert ("\ncommands (kvtop COMMAND --help for each):\n" + table
+            + "\n\nKeys in the app: ? for help.\n\nexit status:\n  0    quit\n") in out
+
+
+@pytest.mark.parametrize(("argv", "ending"), [
+    (["snapshot", "--jsno=yes-as-json"],
+     "unrecognized arguments: --jsno=yes-as-json (did you mean '--json'?)"),
+    (["snapshot", "host:1", "--zzzzzzzz"], "unrecognized arguments: --zzzzzzzz"),
+    (["snapshot", "host:1", "--zzzzzzzz", "--jsno"],
+     "unrecognized arguments: --zzzzzzzz --jsno (did you mean '--json'?)"),
+    # the words after the first ": " of argparse's message, each option's name before its "="
+    (["snapshot", "host:1", "--jsno", "--zzzzzzzz: q"],
+     "unrecognized arguments: --jsno --zzzzzzzz: q (did you mean '--json'?)"),
+    (["snapshot", "--jsno=yes-as-json=1"],
+     "unrecognized arguments: --jsno=yes-as-json=1 (did you mean '--json'?)"),
+    (["snapshot", "host:1", "--zzzzzzzz", "--yy: q", "--jsno"],
+     "unrecognized arguments: --zzzzzzzz --yy: q --jsno (did you mean '--json'?)"),
+    # a word that is no option is not taken for a mistyped one, however close
+    (["rules", "config"], "unrecognized arguments: config"),
+    # only unknown options get a suggestion, not a missing one
+    (["record", "host:1"], "the following arguments are required: -o/--output"),
+])
+def test_an_unknown_option_is_named_with_the_closest_known_one_if_any(
+        capsys: pytest.CaptureFixture[str], argv: list[str], ending: str) -> None:
+    err = usage_error(in_process(capsys, *argv))
+    assert err.splitlines()[-1] == f"kvtop {argv[0]}: error: {ending}"
+
+
+def test_the_apps_options_default_as_documented(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtop.cli import build_app_parser
+    from kvtop.store.writer import DEFAULT_MAX_BYTES
+
+    monkeypatch.chdir(tmp_path)
+    args = vars(build_app_parser().parse_args([]))
+    assert {key: args[key] for key in (
+        "interval", "demo", "no_gpu", "snapshot_dir", "low_bandwidth", "record",
+        "record_max_size", "baseline")} == {
+        "interval": None, "demo": False, "no_gpu": False, "snapshot_dir": tmp_path,
+        "low_bandwidth": False, "record": None, "record_max_size": DEFAULT_MAX_BYTES,
+        "baseline": None}
+
+
+def test_every_command_runs_its_own_module_and_lists_its_exit_codes() -> None:
+    import argparse
+
+    from kvtop.cli import Formatter, build_command_parser, command_module
+    from kvtop.exits import epilog
+
+    parser = build_command_parser()
+    assert parser.prog == "kvtop"
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(commands.choices) == list(SUMMARIES)
+    for name, command in commands.choices.items():
+        assert command.get_default("command") is command_module(name).run, name
+        assert command.epilog == epilog(name) and command.formatter_class is Formatter
+    save = commands.choices["baseline"]._subparsers._group_actions[0].choices["save"]
+    assert save.epilog == epilog("baseline") and save.formatter_class is Formatter
+    assert parser.get_default("reference").__name__ == "build_reference_parser"
+
+
+def test_the_app_on_a_prometheus_that_cannot_be_read_exits_3_before_drawing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The instances are found first; a Prometheus that can't be asked ends it there."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # as at a terminal
+    url = f"http://127.0.0.1:{closed_port()}"
+    assert main(["--prometheus", url, "--no-gpu"]) == 3
+    assert capsys.readouterr() == (
+        "", f"kvtop: Prometheus {url}: connection refused: nothing listens on that port\n")
+
+
+def test_the_apps_options_reach_its_config_and_each_target_its_max_num_seqs(
+        tmp_path: Path) -> None:
+    """What the app is started with (its own run needs a terminal: tests/ui/pilot)."""
+    from kvtop.cli import _app_config, _trackers, build_app_parser
+    from kvtop.config import load_config
+    from kvtop.derive.limits import LimitParams
+    from kvtop.ui.app import AppConfig
+
+    path = tmp_path / "kvtop.toml"
+    path.write_text('[alerts]\nbell = false\n\n[[targets]]\nurl = "gpu-1:8000"\n'
+                    'max_num_seqs = 32\n')
+    config = load_config(path)
+    args = build_app_parser().parse_args([
+        "gpu-1:8000", "--no-gpu", "--low-bandwidth", "--insecure", "--full-metrics",
+        "--record", str(tmp_path / "r.jsonl.gz"), "--record-max-size", "1M",
+        "--snapshot-dir", str(tmp_path)])
+    target = Target.from_spec("gpu-1:8000")
+    assert _app_config(args, [target], 2.5, config, demo=True) == AppConfig(
+        targets=[target], interval_s=2.5, no_gpu=True, demo=True, snapshot_dir=tmp_path,
+        low_bandwidth=True, insecure=True, full_metrics=True, record=tmp_path / "r.jsonl.gz",
+        record_max_bytes=1024 * 1024, alerts=config.alerts)
+    assert config.alerts.bell is False  # the config's alerts, not the default ones
+    trackers = _trackers(config)
+    assert trackers(target).state.target == target
+    assert trackers(target).limit_params == LimitParams(max_num_seqs=32)
+    assert trackers(Target.from_spec("gpu-2:8000")).limit_params is None
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    # "-" is a target word, not an option: what follows is a target too, not a command
+    (["-", "chek", "--no-gpu"], "kvtop: the app draws on a terminal, and stdout is not one; "
+                                "for a pipe or a file use `kvtop snapshot` (JSON) or `kvtop "
+                                "snapshot --table`\n"),
+    # a word with none of : / . and not localhost is no server: a mistyped command
+    (["recordX"], "kvtop: unknown command 'recordX' (did you mean 'record'?)\n"
+                  "kvtop: a server is written host:port or as a URL\nusage: kvtop record [-h]"),
+    # an option that takes a value, given none: argparse says so
+    (["--interval"], "kvtop: error: argument --interval: expected one argument\n"),
+])
+def test_the_first_word_that_is_not_an_option_decides_app_or_command(
+        capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:
+    done = in_process(capsys, *argv)
+    assert done.returncode == EXIT_USAGE and done.stdout == ""
+    assert said in done.stderr, done.stderr
+
+
+def test_the_app_reads_its_config_and_baseline_before_the_terminal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "kvtop.toml"
+    bad.write_text("interval_s = -1\n")
+    config_error = in_process(capsys, "--config", str(bad), "--no-gpu")
+    assert config_error.returncode == EXIT_USAGE
+    assert config_error.stderr.startswith(f"kvtop: {bad}: ")
+    assert "terminal" not in config_error.stderr
+    baseline = in_process(capsys, "127.0.0.1:1", "--baseline", "no-such-baseline", "--no-gpu")
+    assert baseline.returncode == EXIT_USAGE and "no-such-baseline" in baseline.stderr
+    assert "terminal" not in baseline.stderr
+    no_terminal = in_process(capsys, "127.0.0.1:1", "--no-gpu")
+    assert no_terminal.stderr == (
+        "kvtop: the app draws on a terminal, and stdout is not one; for a pipe or a file use "
+        "`kvtop snapshot` (JSON) or `kvtop snapshot --table`\n")
+
+
+def test_the_app_is_handed_its_targets_and_refuses_a_recording_that_exists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """At a terminal, the app is started on what the command line names: a recording that
+    exists already is refused there (exit 2) before anything is drawn."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    existing = tmp_path / "r.jsonl.gz"
+    existing.write_bytes(b"")
+    assert main(["127.0.0.1:1", "127.0.0.1:2", "--no-gpu", "--interval", "3",
+                 "--record", str(existing)]) == EXIT_USAGE
+    assert capsys.readouterr() == ("", f"kvtop: can't record to {existing}: it is an existing "
+                                       "file, and kvtop does not overwrite or follow one\n")
+
+
+def test_one_tree_of_every_option_has_the_commands_and_no_targets_of_the_app() -> None:
+    from kvtop.cli import build_app_parser, build_reference_parser
+
+    assert [a.dest for a in build_reference_parser()._actions if not a.option_strings] == [
+        "==SUPPRESS=="]  # the commands' subparsers
+    assert [a.dest for a in build_app_parser()._actions if not a.option_strings] == ["targets"]
+
+
+def test_a_commands_description_is_wrapped_to_the_terminal(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    assert main(["sim", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert ("\n\nServe simulated vLLM V1 servers whose /metrics look like\nvLLM 0.33's, each "
+            "printing its URL on a line of stdout,\nuntil Ctrl-C.\n\n") in out

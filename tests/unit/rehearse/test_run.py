@@ -5,25 +5,41 @@ Each scenario runs the simulator at 10x and the rehearsal on the simulator's clo
 verdict does not hinge on how fast this machine is: the healthy server has room to spare,
 the leak fills its pool within the run, the overloaded server gets twice what it was just
 measured to serve, and its clients give up after 25 s (so it fails requests, as an overloaded
-server does, beside growing slower)."""
+server does, beside growing slower).
+
+The second half runs whole rehearsals in this process in about a second each, against servers
+on 127.0.0.1 whose answers each test sets: the report to the letter, the files, stopping
+early or not, Ctrl-C, refusals, and the terminal line (the mutation runs use these)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
+import itertools
 import json
+import os
+import re
 import signal
 import subprocess
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kvtop.collect.exposition import parse
 from kvtop.collect.nvml import GpuReading
 from kvtop.collect.target import Target
-from kvtop.rehearse.run import RehearsalSettings, rehearse
+from kvtop.rehearse.report import render_text
+from kvtop.rehearse.run import BadUsage, CannotRun, RehearsalSettings, rehearse
+from kvtop.safe_text import Secret, file_text
 from kvtop.store.recording import read_recording
 from tests.fakes.fake_nvml import GIB, FakeGpuReader, sample_gpus
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.fakes.faultserver import FaultServer
+from tests.scenarios.check_runs import body as idle_body
 from tests.support.cli import SCALE, kvtop_command, kvtop_sim
 
 
@@ -219,3 +235,494 @@ def test_gpu_memory_growing_alone_fails_its_criterion_but_is_go(tmp_path: Path) 
     gpu = doc["criteria"]["gpu_memory"]
     assert gpu["state"] == "fail" and gpu["figures"]["gpus"][0]["rise_gib"] > 1
     assert doc["verdict"] == "go" and doc["failed"] == ["gpu_memory"]  # one of three
+
+
+# -- in this process, against servers on 127.0.0.1 whose answers the test sets ------------
+# A rehearsal of 30 s at 40x takes under a second; the API is tests/fakes/fake_openai.py (it
+# answers at once) and /metrics a FaultServer that serves its bodies in turn (the last one
+# on), so what the run sees before, during and after the load is the test's to choose. Each
+# run's report is checked whole where it can be: its layout, and its files against it.
+
+FAST = 40.0
+
+
+def fast(api: str, metrics: str, out: Path, *, duration_s: float = 30.0,
+         **extra: Any) -> RehearsalSettings:
+    return RehearsalSettings(metrics=Target(url=metrics), api_base=api + "/v1",
+                             duration_s=duration_s, out_dir=out,
+                             **{"rate": 4.0, "interval_s": 1.0, "time_scale": FAST, **extra})
+
+
+def vllm(usage: float, *, running: float = 0.0, tokens: float = 0.0) -> bytes:
+    """One vLLM engine of 1000 blocks (tests/scenarios/check_runs.py)."""
+    return idle_body(usage, running=running, tokens=tokens).encode()
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def layout(value: Any) -> Any:
+    """A document's keys, nested; a list by its first item; "" for any other value."""
+    if isinstance(value, dict):
+        return {key: layout(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [layout(item) for item in value[:1]]
+    return ""
+
+
+CRITERION = {"title": "", "state": "", "reason": "", "figures": layout(None)}
+KV_STATE = {"used_blocks": "", "blocks_total": "", "usage": "", "idle": ""}
+REQUESTS = {"first_attempts": "", "sent": "", "ok": "", "failed": "", "timeouts": "",
+            "dropped": "", "cut": "", "error_rate": "", "errors": None,
+            "retries": {"sent": "", "ok": ""},
+            "tokens": {"answered_requests": "", "prompt": "", "completion": ""}, "classes": None}
+
+
+def assert_reported(doc: dict[str, Any], out: Path) -> None:
+    """The report's layout (docs/rehearse.md), its times in UTC, and its two files saying
+    what it returned. Values a run sets are the tests' own business."""
+    shaped = layout(doc)
+    shaped["run"]["restarts_s"] = ""
+    for criterion in shaped["criteria"].values():
+        criterion["figures"] = ""
+    if shaped["requests"]:
+        shaped["requests"]["errors"] = shaped["requests"]["classes"] = None
+    for engine in shaped["kv"]["engines"]:
+        engine["before"] = engine["before"] and KV_STATE
+        engine["after"] = engine["after"] and KV_STATE
+    assert shaped == {
+        "kvtop_rehearse": "", "started_at": "", "ended_at": "",
+        "target": {"api": "", "metrics": "", "model": "", "max_model_len": "",
+                   "server": {"kind": "", "version": "", "version_inferred": ""}},
+        "settings": dict.fromkeys(
+            ("workload", "rate", "concurrency", "duration_s", "interval_s",
+             "request_timeout_s", "retries", "strict", "watch_only", "api", "token_ids",
+             "time_scale", "max_error_rate", "full_duration"), ""),
+        "run": dict.fromkeys(("load_s", "stopped", "stopped_reason", "restarts_s",
+                              "failed_across_restarts", "scrapes", "failed_scrapes"), ""),
+        "verdict": "", "rule": "", "failed": shaped["failed"], "reasons": shaped["reasons"],
+        "evidence": shaped["evidence"], "missing": shaped["missing"],
+        "stall": {"state": "", "reason": "", "engine": "", "first_s": ""},
+        "criteria": {"gpu_memory": CRITERION, "kv_free": CRITERION, "latency": CRITERION},
+        "requests": shaped["requests"] and REQUESTS,
+        "server": dict.fromkeys(("pinned_share", "usage_max", "preemptions",
+                                 "preemptions_per_min", "waiting_p90", "running_max",
+                                 "hit_rate", "prompt_p90", "expected_hit_rate"), ""),
+        "kv": {"engines": [{"model": "", "engine": "", "before": shaped["kv"]["engines"][0][
+            "before"], "after": shaped["kv"]["engines"][0]["after"], "peak_usage": ""}]},
+        "advice": shaped["advice"],
+        "files": dict.fromkeys(("recording", "requests", "gpus", "report_json",
+                                "report_text"), "")}
+    started, ended = (datetime.fromisoformat(doc[k]) for k in ("started_at", "ended_at"))
+    assert started <= ended and started.utcoffset() == timedelta(0)
+    assert doc["started_at"].endswith("+00:00") and len(doc["started_at"]) == 25  # seconds
+    assert doc["ended_at"].endswith("+00:00") and len(doc["ended_at"]) == 25
+    assert json.loads((out / "report.json").read_bytes()) == doc
+    assert (out / "report.json").read_bytes().startswith(b'{\n  "kvtop_rehearse": 1,\n')
+    assert (out / "report.txt").read_text(encoding="utf-8") == file_text(render_text(doc))
+
+
+# 3 idle reads with 1.2 blocks held, a busy load (31 % used, 4 running, tokens flowing), then
+# idle with the same 1.2 blocks (vLLM 0.33 counts 999 of them): the load lasts 45 s, the busy
+# bodies 10 scrapes of it
+BUSY = [vllm(0.00123)] * 3 + [vllm(0.31234, running=4, tokens=100.0 * i)
+                              for i in range(1, 11)] + [vllm(0.00123, tokens=1000.0)]
+
+
+async def test_a_driven_run_reports_what_it_sent_and_what_the_server_showed(
+        tmp_path: Path) -> None:
+    """Also the line on a terminal, redrawn every second (of ours): the criteria so far,
+    provisional ("ok?") until the load ends; GPU memory not judged yet (too few readings)."""
+    gpus, terminal = FakeGpuReader(sample_gpus()[:1]), Terminal()
+    async with FakeOpenAI() as api, FaultServer(bodies=BUSY) as metrics:
+        metrics_url = metrics.url()
+        doc = await rehearse(fast(api.url, metrics_url, tmp_path / "runs/out", duration_s=45.0),
+                             gpu_reader=gpus, progress=terminal)
+    out = tmp_path / "runs/out"  # its parent made too
+    assert_reported(doc, out)
+    assert doc["kvtop_rehearse"] == 1 and doc["verdict"] == "go", doc["reasons"]
+    assert doc["target"] == {"api": api.url + "/v1", "metrics": metrics_url,
+                             "model": "fake-model", "max_model_len": 2048,
+                             "server": {"kind": "vllm", "version": "0.33.0",
+                                        "version_inferred": False}}
+    assert doc["settings"] == {
+        "workload": "mixed", "rate": 4.0, "concurrency": 256, "duration_s": 45.0,
+        "interval_s": 1.0, "request_timeout_s": 300.0, "retries": 1, "strict": False,
+        "watch_only": False, "api": "completions", "token_ids": False, "time_scale": FAST,
+        "max_error_rate": 0.01, "full_duration": False}
+    run_ = doc["run"]
+    assert 45.0 <= run_["load_s"] < 50.0 and run_["failed_scrapes"] == 0
+    assert run_["scrapes"] >= 3 + 10 + 3  # before, the busy bodies, after
+    assert {k: v for k, v in run_.items() if k not in ("load_s", "scrapes", "failed_scrapes")
+            } == {"stopped": "duration", "stopped_reason": None, "restarts_s": [],
+                  "failed_across_restarts": 0}
+    # one line per request: a request sent every 0.25 s (one may fall either side of the end,
+    # and a loaded machine sends fewer in time)
+    logged = [json.loads(line) for line in (out / "requests.jsonl").read_bytes().splitlines()]
+    sent = len(logged)
+    assert 150 <= sent <= 181 and {line["status"] for line in logged} == {"ok"}
+    assert doc["requests"] == {
+        "first_attempts": sent, "sent": sent, "ok": sent, "failed": 0, "timeouts": 0,
+        "dropped": 0, "cut": 0, "error_rate": 0.0, "errors": {},
+        "retries": {"sent": 0, "ok": 0},
+        "tokens": {"answered_requests": sent, "prompt": 3 * sent, "completion": 4 * sent},
+        "classes": classes(logged)}
+    assert doc["kv"] == {"engines": [{
+        "model": "m", "engine": "0",
+        "before": {"used_blocks": 1.2, "blocks_total": 999, "usage": 0.0012, "idle": True},
+        "after": {"used_blocks": 1.2, "blocks_total": 999, "usage": 0.0012, "idle": True},
+        "peak_usage": 0.3123}]}
+    assert doc["server"]["usage_max"] == 0.3123 and doc["server"]["running_max"] == 4.0
+    assert doc["server"]["expected_hit_rate"] is None  # the mixed workload expects none
+    assert doc["advice"] == []
+    assert doc["files"] == {key: str(out / name) for key, name in (
+        ("recording", "recording.jsonl.gz"), ("requests", "requests.jsonl"),
+        ("gpus", "gpus.jsonl"), ("report_json", "report.json"), ("report_text", "report.txt"))}
+    # what the server was sent, a line per GPU reading, and every scrape in the recording
+    assert [body["model"] for body in api.bodies] == ["fake-model"] * sent
+    readings = [json.loads(line) for line in (out / "gpus.jsonl").read_bytes().splitlines()]
+    assert len(readings) == gpus.reads >= 6  # every 5 s (of the server's time), no sooner
+    assert [{k: v for k, v in r.items() if k != "t"} for r in readings] == [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "used": 74 * GIB, "total": 80 * GIB}
+    ] * len(readings)
+    assert min(b["t"] - a["t"] for a, b in itertools.pairwise(readings)) >= 5.0
+    recording = read_recording(out / "recording.jsonl.gz")
+    assert len(recording.scrapes) == run_["scrapes"] and recording.interval_s == 1.0
+    lines = terminal.getvalue()
+    assert re.search(r"\r[^|]+ \| \d+ done, 0 failed, 0 dropped, [\d.]+ req/s \| TTFT p50 \S+ "
+                     r"p99 \S+ \| KV \d+% \| GPU \S+ KV ok\? latency (ok|watch|fail)\?\x1b\[K",
+                     lines), repr(lines)
+    assert "LEAK" not in lines and "STALL" not in lines
+
+
+def classes(logged: list[dict[str, Any]]) -> dict[str, int]:
+    """First attempts per request class, from requests.jsonl, in the mixed workload's order."""
+    first = [line["cls"] for line in logged if line["attempt"] == 1]
+    return {name: first.count(name) for name in ("long-prompt", "long-output", "short")}
+
+
+async def test_failed_requests_beyond_the_limit_are_no_go_with_the_servers_own_words(
+        tmp_path: Path) -> None:
+    """3 of 119 first attempts fail (2.5 % > 1 %); the one a retry saved still counts."""
+    async with FakeOpenAI(metrics=idle_body(0.0), fail_status={1: 500, 2: 500, 7: 429}) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out"),
+                             gpu_reader=None, progress=None)
+    assert_reported(doc, tmp_path / "out")
+    logged = [json.loads(line) for line in
+              (tmp_path / "out/requests.jsonl").read_bytes().splitlines()]
+    first = sum(1 for line in logged if line["attempt"] == 1)
+    # about 120 (a loaded machine sends fewer in time), one retry
+    assert 100 <= first <= 121 and len(logged) == len(api.bodies) == first + 1
+    rate = round(3 / first, 4)
+    assert (doc["verdict"], doc["reasons"]) == ("no-go", [
+        f"{rate:.1%} of the requests failed (limit 1.0%)"])
+    assert doc["requests"] == {
+        "first_attempts": first, "sent": first, "ok": first - 3, "failed": 3,
+        "timeouts": 0, "dropped": 0, "cut": 0, "error_rate": rate,
+        "errors": {"HTTP 500: refused 1": 1, "HTTP 500: refused 2": 1,
+                   "HTTP 429: refused 7": 1},
+        "retries": {"sent": 1, "ok": 1},
+        "tokens": {"answered_requests": first - 2, "prompt": 3 * (first - 2),
+                   "completion": 4 * (first - 2)},
+        "classes": classes(logged)}
+    assert doc["advice"] == [{"lever": "errors",
+                              "action": "requests failed: the server's log says why",
+                              "figures": {"error_rate": rate,
+                                          "most_common": "HTTP 500: refused 1"}}]
+    assert doc["run"]["failed_across_restarts"] == 0  # no restart: none failed across one
+    assert doc["files"]["gpus"] is None and not (tmp_path / "out/gpus.jsonl").exists()
+    assert doc["target"]["server"] == {"kind": "vllm", "version": "0.9.2+",
+                                       "version_inferred": True}  # no /version: guessed
+    lenient = await _rehearse_with(tmp_path / "lenient", fail_status={1: 500, 2: 500, 7: 429},
+                                   max_error_rate=0.03)
+    assert lenient["verdict"] == "go" and lenient["settings"]["max_error_rate"] == 0.03
+
+
+async def _rehearse_with(out: Path, *, fail_status: dict[int, int] | None = None,
+                         **extra: Any) -> dict[str, Any]:
+    async with FakeOpenAI(metrics=idle_body(0.0), fail_status=fail_status or {}) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", out, **extra),
+                             gpu_reader=None, progress=None)
+    assert_reported(doc, out)
+    return doc
+
+
+async def test_the_model_named_is_driven_and_one_not_served_is_refused(tmp_path: Path) -> None:
+    async with FakeOpenAI(metrics=idle_body(0.0), models=("small", "large")) as api:
+        named = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "a",
+                                    model="large", duration_s=5.0),
+                               gpu_reader=None, progress=None)
+        sent_named = [body["model"] for body in api.bodies]
+        api.bodies.clear()
+        first = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "a",
+                                    duration_s=5.0), gpu_reader=None, progress=None)
+        with pytest.raises(BadUsage) as refused:
+            await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "c", model="tiny"),
+                           gpu_reader=None, progress=None)
+    assert named["target"]["model"] == "large" and set(sent_named) == {"large"}
+    assert first["target"]["model"] == "small" and {b["model"] for b in api.bodies} == {"small"}
+    # the second run into the same folder replaced the first one's files
+    assert_reported(first, tmp_path / "a")
+    assert len((tmp_path / "a/requests.jsonl").read_bytes().splitlines()) == len(api.bodies)
+    assert str(refused.value) == "--model 'tiny' is not served there; it serves 'small', 'large'"
+    assert not (tmp_path / "c/requests.jsonl").exists()
+
+
+async def test_what_cannot_be_rehearsed_is_refused_with_the_reason(tmp_path: Path) -> None:
+    async with FaultServer() as not_openai, FakeOpenAI() as api, FaultServer(
+            bodies=[b"up 1\n"]) as other, FaultServer(mode="auth", token="t") as locked:
+        refusals = {}
+        for name, config in {
+            "api": fast(not_openai.base_url, not_openai.url(), tmp_path / "a"),
+            "metrics": fast(api.url, other.url("garbage"), tmp_path / "b"),
+            "kind": fast(api.url, other.url(), tmp_path / "c"),
+            "auth": fast(api.url, locked.url("auth"), tmp_path / "d"),
+        }.items():
+            with pytest.raises(CannotRun) as error:
+                await rehearse(config, gpu_reader=None, progress=None)
+            refusals[name] = str(error.value)
+        base, other_url, locked_url = not_openai.base_url, other.url(), locked.url("auth")
+        garbage_url = other.url("garbage")
+        asked = (len(locked.requests),
+                 sum(1 for r in other.requests if r.path == "/m/garbage/metrics"))
+    assert refusals == {
+        "api": f"{base}/v1/models did not answer with an OpenAI model list "
+               '({"data": [{"id": ...}]}): not an OpenAI-compatible server',
+        "metrics": f"cannot read {garbage_url}: binary data, not Prometheus text",
+        "kind": f"{other_url} is not an inference server's /metrics (no vLLM, SGLang, "
+                "llama.cpp or TensorRT-LLM metrics)",
+        "auth": f"cannot read {locked_url}: HTTP 401: the server wants a bearer token; set it "
+                "with token_env/token_file in the config or --token-env/--token-file "
+                "(llama.cpp's --api-key also guards /metrics)",
+    }
+    # a refused token or a body that is no exposition is not asked again (for 15 s): a
+    # /version and a /metrics request, one /metrics request
+    assert asked == (2, 1)
+    assert api.bodies == []  # nothing was sent to a server whose metrics can't be read
+
+
+async def test_a_workload_or_folder_that_cannot_be_used_is_a_usage_error(
+        tmp_path: Path) -> None:
+    bad_trace = tmp_path / "trace.csv"
+    bad_trace.write_text("not,a,trace\n")
+    taken = tmp_path / "file"
+    taken.write_text("")
+    async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+        with pytest.raises(BadUsage) as trace:
+            await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                workload=f"trace:{bad_trace}"), gpu_reader=None, progress=None)
+        with pytest.raises(BadUsage) as folder:
+            await rehearse(fast(api.url, api.url + "/metrics", taken), gpu_reader=None,
+                           progress=None)
+    assert str(trace.value) == (f"cannot read {bad_trace} as an Azure CSV trace: ValueError: "
+                                "min() arg is an empty sequence")
+    assert str(folder.value) == f"cannot write to {taken}: File exists"
+
+
+LEAK_REASON = ("m 0: LEAK confirmed (39 blocks held (idle floor 1 block assumed: server "
+               "version not known exactly) with nothing running or waiting)")
+
+
+async def test_a_confirmed_leak_ends_the_load_early_then_drains_and_reads_the_floor(
+        tmp_path: Path) -> None:
+    """40 blocks held with nothing running: LEAK after a minute of the server's time, NO-GO
+    whatever follows, so the 10-minute load stops there (at 100x: under a second)."""
+    said = io.StringIO()
+    # each answer takes 8 s of the server's time: some are in flight when the load stops
+    async with FakeOpenAI(metrics=idle_body(0.04), token_gap_s=0.02) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=600.0, rate=1.0, interval_s=2.0, time_scale=100.0),
+                             gpu_reader=None, progress=said)
+    assert_reported(doc, tmp_path / "out")
+    assert said.getvalue() == f"stopping early: {LEAK_REASON} (--full-duration runs on)\n"
+    assert doc["verdict"] == "no-go" and doc["reasons"][0].startswith("a leak: ")
+    run_ = doc["run"]
+    assert (run_["stopped"], run_["stopped_reason"]) == ("leak", LEAK_REASON)
+    assert run_["load_s"] < 120.0  # of 600
+    requests = doc["requests"]
+    assert requests["ok"] == requests["first_attempts"] > 0 and requests["cut"] == 0  # drained
+    (engine,) = doc["kv"]["engines"]
+    assert engine["after"] == {"used_blocks": 40.0, "blocks_total": 1000, "usage": 0.04,
+                               "idle": True}  # read again after the load
+    assert [a["lever"] for a in doc["advice"]] == ["leak"]
+
+
+async def test_with_full_duration_a_leak_runs_on_and_the_terminal_line_says_leak(
+        tmp_path: Path) -> None:
+    terminal = Terminal()
+    async with FakeOpenAI(metrics=idle_body(0.04)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=200.0, rate=1.0, interval_s=2.0, time_scale=150.0,
+                                  full_duration=True), gpu_reader=None, progress=terminal)
+    assert_reported(doc, tmp_path / "out")
+    run_ = doc["run"]
+    assert (run_["stopped"], run_["stopped_reason"]) == ("duration", None)
+    assert run_["load_s"] >= 200.0 and doc["settings"]["full_duration"] is True
+    assert doc["verdict"] == "no-go" and doc["requests"]["first_attempts"] > 100
+    lines = terminal.getvalue()
+    assert "stopping early" not in lines
+    assert re.search(r"\| KV 4% \| GPU - KV LEAK latency \w+\?\x1b\[K", lines), repr(lines)
+
+
+async def test_a_stall_cuts_the_requests_in_flight_and_reads_no_floor_after(
+        tmp_path: Path) -> None:
+    """The fixture's engine holds 30 requests and 149 waiting without a token: STALLED. The
+    API never answers, so what was sent is cut at once, not waited for."""
+    said = io.StringIO()
+    async with FakeOpenAI(hang=True) as api, FaultServer() as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=600.0,
+                                  rate=1.0), gpu_reader=None, progress=said)
+    assert_reported(doc, tmp_path / "out")
+    run_ = doc["run"]
+    assert run_["stopped"] == "stalled" and run_["load_s"] < 60.0
+    assert run_["stopped_reason"].startswith("twin-llama 0: STALLED (KV pool 98% full with "
+                                             "149 requests waiting: no token generated for ")
+    assert said.getvalue() == (f"stopping early: {run_['stopped_reason']} "
+                               "(--full-duration runs on)\n")
+    requests = doc["requests"]
+    assert requests["cut"] == requests["first_attempts"] > 0 and requests["ok"] == 0
+    (engine,) = doc["kv"]["engines"]
+    assert engine["after"] is None and engine["before"]["idle"] is False
+    assert doc["verdict"] == "no-go" and doc["reasons"][0].startswith("stalled: ")
+
+
+async def test_with_full_duration_a_stall_runs_on_and_the_terminal_line_says_stall(
+        tmp_path: Path) -> None:
+    terminal = Terminal()
+    async with FakeOpenAI(hang=True) as api, FaultServer() as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=100.0,
+                                  rate=1.0, time_scale=150.0, drain_s=0.0, full_duration=True),
+                             gpu_reader=None, progress=terminal)
+    assert_reported(doc, tmp_path / "out")
+    assert doc["run"]["stopped"] == "duration" and doc["run"]["load_s"] >= 100.0
+    assert doc["verdict"] == "no-go" and doc["reasons"][0].startswith("stalled: ")
+    lines = terminal.getvalue()
+    assert re.search(r"\| KV 98% \| GPU - KV \S+ latency \S+ STALL\x1b\[K", lines), repr(lines)
+
+
+async def test_ctrl_c_cuts_the_load_and_reports_what_was_gathered(tmp_path: Path) -> None:
+    """Ctrl-C once requests.jsonl shows 5 answers (it is written as they come): what is in
+    flight then (each answer takes 8 s of the server's time) is cut, not waited for."""
+    log = tmp_path / "out/requests.jsonl"
+
+    async def press_ctrl_c() -> None:
+        while not log.exists() or len(log.read_bytes().splitlines()) < 5:
+            await asyncio.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    async with FakeOpenAI(metrics=idle_body(0.0), token_gap_s=0.05) as api:
+        pressing = asyncio.create_task(press_ctrl_c())
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=3600.0, rate=4.0), gpu_reader=None, progress=None)
+        await pressing
+    assert_reported(doc, tmp_path / "out")
+    run_ = doc["run"]
+    assert (run_["stopped"], run_["stopped_reason"]) == ("interrupted", None)
+    assert run_["load_s"] < 600
+    requests = doc["requests"]
+    assert requests["ok"] >= 5 and requests["cut"] > 0
+    assert requests["ok"] + requests["cut"] == requests["first_attempts"]
+    (engine,) = doc["kv"]["engines"]
+    assert engine["after"] is None  # no floor read after an interruption
+
+
+async def test_watch_only_sends_nothing_and_reports_the_servers_own_view(
+        tmp_path: Path) -> None:
+    """An idle server watched: its floor before and after, no request of ours, no latency
+    seen (the server exported none), so no verdict that says what is missing. It exports no
+    KV gauge either: the terminal line shows a dash for it."""
+    no_gauge = b"".join(line + b"\n" for line in vllm(0.0).splitlines()
+                        if not line.startswith(b"vllm:kv_cache_usage_perc"))
+    terminal = Terminal()
+    async with FaultServer(bodies=[no_gauge]) as metrics:
+        url = metrics.url()
+        doc = await rehearse(RehearsalSettings(
+            metrics=Target(url=url), api_base=None, duration_s=45.0, out_dir=tmp_path / "out",
+            watch_only=True, interval_s=1.0, time_scale=FAST), gpu_reader=None,
+            progress=terminal)
+        scrapes = metrics.hits
+    assert_reported(doc, tmp_path / "out")
+    assert doc["verdict"] == "no-verdict" and doc["requests"] is None
+    assert doc["missing"][-1] == "the server exported no TTFT observations in the first third"
+    assert doc["target"] == {"api": None, "metrics": url, "model": None, "max_model_len": None,
+                             "server": {"kind": "vllm", "version": "0.33.0",
+                                        "version_inferred": False}}
+    assert doc["settings"] == {
+        "workload": None, "rate": None, "concurrency": None, "duration_s": 45.0,
+        "interval_s": 1.0, "request_timeout_s": 300.0, "retries": 1, "strict": False,
+        "watch_only": True, "api": "completions", "token_ids": False, "time_scale": FAST,
+        "max_error_rate": 0.01, "full_duration": False}
+    run_ = doc["run"]
+    assert run_["failed_across_restarts"] is None
+    assert scrapes - 1 <= run_["scrapes"] <= scrapes  # the last may be cut by the end
+    assert 45.0 <= run_["load_s"] < 50.0 and run_["stopped"] == "duration"
+    (engine,) = doc["kv"]["engines"]
+    assert engine["before"] is not None and engine["after"] is not None
+    assert doc["files"]["requests"] is None and doc["files"]["gpus"] is None
+    assert not (tmp_path / "out/requests.jsonl").exists()
+    assert doc["server"]["expected_hit_rate"] is None and doc["advice"] == []
+    lines = terminal.getvalue()
+    assert re.search(r"\r[^|]+ \| KV - \| GPU - KV - latency -\x1b\[K", lines), repr(lines)
+
+
+async def test_the_settings_in_the_report_are_the_ones_the_run_used(tmp_path: Path) -> None:
+    """A chat run (the fake serves no chat: every request fails) with its own numbers."""
+    doc = await _rehearse_with(tmp_path / "out", duration_s=5.0, chat=True, retries=0,
+                               concurrency=3, workload="shared-prefix", strict=True,
+                               request_timeout_s=20.0, max_error_rate=0.5)
+    assert doc["settings"] == {
+        "workload": "shared-prefix", "rate": 4.0, "concurrency": 3, "duration_s": 5.0,
+        "interval_s": 1.0, "request_timeout_s": 20.0, "retries": 0, "strict": True,
+        "watch_only": False, "api": "chat", "token_ids": False, "time_scale": FAST,
+        "max_error_rate": 0.5, "full_duration": False}
+    assert doc["requests"]["ok"] == 0 and doc["verdict"] == "no-go"
+    assert doc["server"]["expected_hit_rate"] > 0  # the shared prefixes' expected hits
+    token_ids = await _rehearse_with(tmp_path / "ids", duration_s=5.0, token_ids=True)
+    assert token_ids["settings"]["token_ids"] is True
+    assert token_ids["requests"]["ok"] == token_ids["requests"]["first_attempts"] > 0
+
+
+async def test_requests_failing_around_a_restart_are_counted_as_failing_across_it(
+        tmp_path: Path) -> None:
+    """The server restarts (its counters start again) during the load, and no request is
+    ever answered: each times out after 2 s. Those sent from 3 s before the restart (their
+    2 s and a scrape interval's 1 s) to 1 s after it count: 4 s of requests at 4 a second."""
+    bodies = ([vllm(0.0, tokens=500.0)] * 3
+              + [vllm(0.1, running=1, tokens=600.0 + 100 * i) for i in range(6)]
+              + [vllm(0.1, running=1, tokens=100.0 * i) for i in range(1, 11)]
+              + [vllm(0.0, tokens=1000.0)])
+    async with FakeOpenAI(hang=True) as api, FaultServer(bodies=bodies) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=40.0,
+                                  request_timeout_s=2.0, retries=0), gpu_reader=None,
+                             progress=None)
+    assert_reported(doc, tmp_path / "out")
+    (restart,) = doc["run"]["restarts_s"]
+    assert 4.0 <= restart <= 36.0
+    requests = doc["requests"]
+    assert requests["timeouts"] > 100 and requests["ok"] == 0
+    assert 14 <= doc["run"]["failed_across_restarts"] <= 18, doc["run"]
+
+
+async def test_the_targets_token_goes_with_every_request_and_nowhere_else(
+        tmp_path: Path) -> None:
+    async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+        config = dataclasses.replace(
+            fast(api.url, api.url + "/metrics", tmp_path / "out", duration_s=5.0),
+            metrics=Target(url=api.url + "/metrics", token=Secret("tok-Zq9")))
+        doc = await rehearse(config, gpu_reader=None, progress=None)
+    assert_reported(doc, tmp_path / "out")
+    assert doc["requests"]["ok"] > 0
+    assert set(api.authorizations) == {"Bearer tok-Zq9"}  # /v1/models and each completion
+    assert {auth for _, auth in api.metrics_requests} == {"Bearer tok-Zq9"}
+    for path in (tmp_path / "out").iterdir():
+        assert b"tok-Zq9" not in path.read_bytes(), path
+
+
+async def test_a_stall_stops_the_load_early_without_a_progress_line_too(tmp_path: Path) -> None:
+    """--quiet (no progress stream): the stop does not wait on a line to say it."""
+    async with FakeOpenAI(hang=True) as api, FaultServer() as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=600.0,
+                                  rate=1.0), gpu_reader=None, progress=None)
+    assert doc["run"]["stopped"] == "stalled" and doc["run"]["load_s"] < 60.0
