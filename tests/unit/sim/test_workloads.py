@@ -295,6 +295,12 @@ def test_azure_rows_are_sorted_and_timed_from_the_first_across_midnight(tmp_path
     assert workloads._azure_seconds("2023-01-02 01:02:03.5000000") == 86400 + 3723.5
 
 
+def test_an_azure_trace_of_a_header_alone_holds_no_requests(tmp_path: Path) -> None:
+    """No rows is no requests (its reader says so), not a crash on the first arrival."""
+    write_azure(tmp_path, [])
+    assert workloads.load_azure(tmp_path / workloads.AZURE_FILE) == ()
+
+
 def test_azure_lays_system_prompts_over_the_trace_and_scales_it(tmp_path: Path) -> None:
     write_azure(tmp_path, ["2023-11-16 18:15:46.0000000,10,1",
                            "2023-11-16 18:15:48.0000000,400,2"])
