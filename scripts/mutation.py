@@ -171,7 +171,7 @@ MODULES: dict[str, tuple[str, ...]] = {
                                 f"{UNIT}/derive/test_tracker.py",
                                 f"{UNIT}/commands/test_check.py"),
     "kvtop/collect/live.py": (f"{UNIT}/collect/test_live.py", f"{UNIT}/commands/test_check.py",
-                              *SNAPSHOT_IN_PROCESS),
+                              f"{UNIT}/collect/test_source.py", *SNAPSHOT_IN_PROCESS),
     "kvtop/collect/watch.py": (f"{UNIT}/collect/test_watch.py", f"{UNIT}/commands/test_check.py",
                                f"{UNIT}/commands/test_record.py"),
     "kvtop/derive/rates.py": (f"{UNIT}/derive/test_rates.py",),
