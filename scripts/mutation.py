@@ -122,6 +122,8 @@ POLLER_TESTS = (f"{UNIT}/collect/test_poller.py", "tests/hostile/test_bodies.py"
                 *deselected("tests/hostile/test_bodies.py",
                             "test_the_app_shows_a_bad_value_as_bad_payload_and_reads_the_rest",
                             "test_a_big_body_is_read_off_the_event_loop"))
+KV_FLOOD_LEFT_OUT = deselected("tests/hostile/test_kv_events.py",
+                               "test_a_flood_of_new_hashes_keeps_the_index_at_its_cap")
 MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/collect/exposition.py": (f"{UNIT}/collect/test_exposition.py",),
     **{f"kvtop/collect/adapters/{name}.py": ADAPTER_TESTS
@@ -343,11 +345,13 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/sim/blocks.py": (f"{UNIT}/sim/test_blocks.py", f"{UNIT}/sim/test_engine.py"),
     # KV anatomy (docs/kv-anatomy.md): the decoder with its fuzzed and hostile payloads, the
     # subscriber against a real ZeroMQ publisher on 127.0.0.1 (tests/fakes/kv_publisher.py)
+    # (the hostile flood of new hashes is left out: 20 s under tracemalloc a run, and it tests
+    # derive/kv_anatomy's index cap on batches it builds itself, not the decoder nor a socket)
     "kvtop/collect/kv_events.py": (f"{UNIT}/collect/test_kv_events.py",
-                                   "tests/hostile/test_kv_events.py",
+                                   "tests/hostile/test_kv_events.py", *KV_FLOOD_LEFT_OUT,
                                    f"{UNIT}/store/test_recording.py"),
     "kvtop/collect/kv_subscriber.py": (f"{UNIT}/collect/test_kv_subscriber.py",
-                                       "tests/hostile/test_kv_events.py"),
+                                       "tests/hostile/test_kv_events.py", *KV_FLOOD_LEFT_OUT),
     # the config's own cases of an endpoint (its fuzz tests cost seconds a mutant)
     "kvtop/collect/kv_endpoint.py": (f"{UNIT}/collect/test_kv_endpoint.py", *(
         f"{UNIT}/test_config.py::{name}" for name in (
