@@ -11,10 +11,12 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+import zmq
 
 from kvtop.collect.kv_endpoint import KvEventsEndpoint, parse_endpoint
 from kvtop.collect.kv_events import BlockRemoved, BlockStored, KvEventBatch
 from kvtop.collect.kv_subscriber import KvEventsSubscriber
+from tests.fakes.faultserver import closed_port
 from tests.fakes.kv_publisher import KvPublisher, payload, removed, stored
 
 
@@ -155,20 +157,34 @@ async def test_a_publisher_restart_is_told_on_its_first_batch(publisher: KvPubli
         await publish_until_seen(run, publisher, [stored([1], None)])
         publisher.publish([stored([2], 1)])
         await run.until(lambda: len(run.batches) >= 2)
+        asked = len(publisher.replay_requests)
         publisher.restart()
         publisher.publish([stored([7], None)])  # seq 0 again
         await run.until(lambda: run.batches[-1].seq == 0)
     assert run.batches[-1].restart and run.batches[-1].lost == 0
     assert run.subscriber.status()[0].restarts == 1
+    assert len(publisher.replay_requests) == asked  # nothing before seq 0 to ask replay for
+
+
+def rank_publishers() -> tuple[KvPublisher, KvPublisher]:
+    """Ranks 0 and 1: publishers on ports P and P + 1, their replay sockets on P + 2 and
+    P + 3 (asking the system for two ports often gave P + 1 to rank 0's replay socket, and
+    the test was skipped)."""
+    for _ in range(20):
+        port = closed_port()
+        try:
+            base = KvPublisher(port=port, replay_port=port + 2)
+        except zmq.ZMQError:
+            continue
+        try:
+            return base, KvPublisher(port=port + 1, replay_port=port + 3)
+        except zmq.ZMQError:
+            base.close()
+    pytest.skip("no four consecutive ports free on this machine now")
 
 
 async def test_ranks_listen_on_consecutive_ports() -> None:
-    base = KvPublisher()
-    try:
-        second = KvPublisher(port=base.port + 1, replay_port=(base.replay_port or 0) + 1)
-    except Exception:  # the next port was taken: nothing to test on this machine now
-        base.close()
-        pytest.skip("the port after an ephemeral one is in use")
+    base, second = rank_publishers()
     try:
         async with subscribed(endpoint_of(base, ranks=2)) as run:
             await run.connected()
@@ -184,9 +200,6 @@ async def test_ranks_listen_on_consecutive_ports() -> None:
 
 async def test_kvtop_can_listen_for_a_publisher_that_connects() -> None:
     """vLLM connects when its endpoint names a host (tcp://kvtop-host:5557)."""
-    import zmq
-
-    from tests.fakes.faultserver import closed_port
 
     port = closed_port()  # free now: kvtop listens on it (twin/ is not in a mutation copy)
     endpoint = parse_endpoint(f"tcp://127.0.0.1:{port}", bind=True)
@@ -212,8 +225,6 @@ async def test_an_address_it_cannot_listen_on_is_an_error_not_a_hang() -> None:
     """The rank's socket that failed to bind was left open and held the context's term()
     forever (the app's KV worker, and a check, never ended)."""
     import socket
-
-    import zmq
 
     taken = socket.create_server(("127.0.0.1", 0))
     try:
