@@ -148,13 +148,13 @@ def _text(value: str | None) -> str | None:
 
 def _array_length(raw: msgspec.Raw) -> int:
     """Elements of a msgpack array from its header alone; 0 for nil or another type."""
-    data = memoryview(raw)
-    first = data[0] if data else 0xC0
+    data = memoryview(raw)  # a whole msgpack value: never empty, an array's count all there
+    first = data[0]
     if 0x90 <= first <= 0x9F:
         return first & 0x0F
-    if first == 0xDC and len(data) >= 3:
+    if first == 0xDC:
         return int.from_bytes(data[1:3], "big")
-    if first == 0xDD and len(data) >= 5:
+    if first == 0xDD:
         return int.from_bytes(data[1:5], "big")
     return 0
 

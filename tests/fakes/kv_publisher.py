@@ -1,6 +1,7 @@
 """A KV-event publisher speaking vLLM 0.33's wire protocol (vllm/distributed/kv_events.py),
 with the faults a test needs: batches skipped (as a high-water mark drops them), a replay
-buffer that forgets, a restart, raw frames of any shape.
+buffer that forgets, a replay that does not answer or answers frames of the wrong shape, a
+restart, raw frames of any shape.
 
 Protocol: a PUB socket sends ``(topic, seq as 8 bytes big-endian, msgpack payload)``; a ROUTER
 socket answers ``(identity, b"", start_seq)`` with ``(identity, b"", topic, seq, payload)``
@@ -60,23 +61,36 @@ class KvPublisher:
     def __init__(self, *, replay: bool = True, buffer: int = 10_000, hwm: int = 100_000,
                  port: int = 0, replay_port: int = 0) -> None:
         self.ctx = zmq.Context()
+        try:
+            self._open(hwm, port, replay, replay_port)
+        except zmq.ZMQError:
+            # a port taken: a context collected with a socket still open blocks in term(),
+            # which hung whichever test ran next
+            self.ctx.destroy(linger=0)
+            raise
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer)
+        self.seq = 0
+        self.replay_requests: list[int] = []
+        self.replay_clients: list[bytes] = []  # the identity each request came from
+        self.replay_silent = 0  # replay requests to leave unanswered (a publisher too busy)
+        self.replay_junk: list[list[bytes]] = []  # frames sent before each answer's batches
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        if replay:
+            self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+            self._thread.start()
+
+    def _open(self, hwm: int, port: int, replay: bool, replay_port: int) -> None:
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.SNDHWM, hwm)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.port = self._bind(self.pub, port)
-        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer)
-        self.seq = 0
-        self.replay_requests: list[int] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
         self.router: zmq.Socket | None = None
         self.replay_port: int | None = None
         if replay:
             self.router = self.ctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
             self.replay_port = self._bind(self.router, replay_port)
-            self._thread = threading.Thread(target=self._serve_replay, daemon=True)
-            self._thread.start()
 
     @staticmethod
     def _bind(sock: zmq.Socket, port: int) -> int:
@@ -133,6 +147,12 @@ class KvPublisher:
             client, _, start = frames
             first = int.from_bytes(start, "big")
             self.replay_requests.append(first)
+            self.replay_clients.append(client)
+            if self.replay_silent:
+                self.replay_silent -= 1
+                continue
+            for junk in self.replay_junk:
+                self.router.send_multipart([client, *junk])
             with self._lock:
                 answer = [(s, d) for s, d in self.buffer if s >= first]
             for seq, data in answer:

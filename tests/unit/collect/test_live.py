@@ -7,7 +7,11 @@ ending it at the first leak, the leak thresholds, `--timeout` and `--insecure` u
 and a Prometheus that can't be read said in words with exit code 3.
 
 A check through Prometheus over a stored history: the past judged at once, only what the
-retention does not hold watched live (the real-server tier is tests/prometheus)."""
+retention does not hold watched live (the real-server tier is tests/prometheus).
+
+The targets read directly (a FaultServer on 127.0.0.1): a second apart unless told, the wait
+between reads the interval less what the read took; by default only kvtop's series asked
+for and only a trusted certificate read, as through Prometheus."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import re
 import socket
 import ssl
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -25,13 +30,15 @@ from typing import Any
 import pytest
 
 from kvtop.cli import _discover
+from kvtop.collect import live as live_module
 from kvtop.collect.adapters import WANTED
 from kvtop.collect.exposition import parse
-from kvtop.collect.live import PrometheusFeed
+from kvtop.collect.live import DirectSource, PrometheusFeed
 from kvtop.collect.prometheus import (
     PrometheusSettings,
     load_settings,
 )
+from kvtop.collect.source import SourceError
 from kvtop.collect.target import Scrape, Target
 from kvtop.commands import check as check_command
 from kvtop.commands.check import _judge
@@ -41,7 +48,7 @@ from kvtop.derive.worst import CheckRun
 from kvtop.report import gpus
 from tests.fakes.fake_nvml import FakeGpuReader
 from tests.fakes.fake_prometheus import INSTANCES, FakePrometheus, answer, series, success
-from tests.fakes.faultserver import Request, served_in_thread
+from tests.fakes.faultserver import FaultServer, Request, served_in_thread
 from tests.support.paths import fixture_text
 
 LEAKING = "vllm-0.33.0-v1-twin-leaking-idle.txt"  # 827 of 1000 blocks held, nothing running
@@ -299,6 +306,7 @@ class StoredHistory:
 
     def __init__(self, retention_s: float | None) -> None:
         self.target = Target("http://prom:9090#vllm/gpu-1:8000")
+        self.window_s = 1800.0  # the leak detector's window, as PrometheusSource has it
         self.retention = retention_s
         self.backfilled: list[float] = []
         self.watched = False
@@ -346,3 +354,62 @@ async def test_check_through_prometheus_watches_only_what_retention_does_not_hol
     await _judge(CheckRun(), fed(source), duration_s=60.3, until_leak=False, writer=None)
     assert source.backfilled == [60] and source.watched
     assert asyncio.get_running_loop().time() - started >= 0.3  # the other 0.3 s, live
+
+
+async def test_the_stored_span_is_the_one_asked_or_the_detectors_window_within_retention(
+        ) -> None:
+    asked = [(None, None), (600.0, None), (None, 3600.0), (3600.0, 3600.0), (3601.0, 3600.0),
+             (3599.0, 3600.0)]
+    spans = []
+    for span_s, retention_s in asked:
+        history = StoredHistory(retention_s)
+        _, span = await fed(history).stored(span_s)
+        spans.append((history.backfilled, span))
+    assert spans == [([1800.0], 1800.0), ([600.0], 600.0), ([1800.0], 1800.0),
+                     ([3600.0], 3600.0), ([3600.0], 3600.0), ([3599.0], 3599.0)]
+
+
+async def test_a_direct_source_reads_a_second_apart_waiting_the_rest_of_the_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no interval given the second read starts a second after the first began, and the
+    wait after a read that took 0.3 s is at most the 0.7 s left of that second."""
+    waits: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded(delay: float, *args: Any) -> Any:
+        waits.append(delay)
+        return await sleep(delay, *args)
+
+    async with FaultServer(mode="slow", delay_s=0.3) as server:
+        source = DirectSource([Target.from_spec(server.url())], timeout_s=10)
+        monkeypatch.setattr(live_module.asyncio, "sleep", recorded)
+        began = time.monotonic()
+        scrapes = await source.latest(2)
+        monkeypatch.undo()
+        await source.aclose()
+    reads = [r.at for r in server.requests if r.path.startswith("/metrics")]
+    assert [s.failure for s in scrapes] == [None, None] and len(reads) == 2
+    assert reads[1] - began >= 1.0
+    [waited] = [delay for delay in waits if delay > 0]
+    assert waited <= 0.7
+
+
+async def test_a_source_given_no_settings_asks_for_kvtops_series_and_trusts_no_bad_cert(
+        self_signed: ssl.SSLContext) -> None:
+    async with FaultServer() as plain, FaultServer(ssl_context=self_signed) as tls:
+        source = DirectSource([Target.from_spec(plain.url()), Target.from_spec(tls.url())],
+                              interval_s=0.1, timeout_s=10)
+        read, refused = await source.latest(1)
+        await source.aclose()
+    assert read.failure is None and "name[]" in plain.requests[0].query
+    assert (refused.failure, tls.hits) == ("down", 0)
+    assert refused.error is not None and "TLS certificate not trusted" in refused.error
+    prom = FakePrometheus()
+    prom.server.ssl_context = self_signed
+    with served_in_thread(prom):  # type: ignore[type-var]
+        feed = PrometheusFeed(load_settings(prom.url), timeout_s=10)
+        try:
+            with pytest.raises(SourceError, match="TLS certificate not trusted"):
+                await feed.latest(2)
+        finally:
+            await feed.aclose()
