@@ -191,7 +191,8 @@ class KvEventsSubscriber:
             rank.replay.connect(rank.replay_url)
         sock, got = rank.replay, {}
 
-        async def answer() -> None:
+        async def answer() -> bool:
+            """Whether the answer ended with its end marker within MAX_REPLAY batches."""
             await sock.send_multipart([b"", start.to_bytes(8, "big")])
             for _ in range(MAX_REPLAY + 1):
                 frames = await sock.recv_multipart()
@@ -200,15 +201,20 @@ class KvEventsSubscriber:
                     continue
                 seq = int.from_bytes(frames[2], "big", signed=True)
                 if seq == END_SEQ:
-                    return
+                    return True
                 if start <= seq < upto:
                     got[seq] = frames[3]
+            return False
 
         try:
-            await asyncio.wait_for(answer(), REPLAY_TIMEOUT_S)
+            whole = await asyncio.wait_for(answer(), REPLAY_TIMEOUT_S)
         except (asyncio.TimeoutError, zmq.ZMQError):
+            whole = False
+        if not whole:
             rank.status.replay_failures += 1
-            sock.close(linger=0)  # a late answer must not be read as the next replay's
+            # the rest of this answer (a late one, or the tail past MAX_REPLAY) must not be
+            # read as the next replay's: the socket goes with it
+            sock.close(linger=0)
             rank.replay = None
         return sorted(got.items())
 

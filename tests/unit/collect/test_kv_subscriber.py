@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import zmq
 
+from kvtop.collect import kv_subscriber
 from kvtop.collect.kv_endpoint import KvEventsEndpoint, parse_endpoint
 from kvtop.collect.kv_events import BlockRemoved, BlockStored, KvEventBatch
 from kvtop.collect.kv_subscriber import KvEventsSubscriber
@@ -368,6 +369,29 @@ async def test_a_replay_that_does_not_answer_costs_its_gap_and_the_next_replay_i
     # replay's); a socket that answered is kept, not one more made per gap
     silent, *answered = publisher.replay_clients[-3:]
     assert silent not in answered and answered[0] == answered[1]
+
+
+async def test_a_replay_cut_at_its_limit_leaves_no_tail_for_the_next_one(
+        publisher: KvPublisher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer longer than MAX_REPLAY batches is cut there and counted a failure; its
+    socket goes with it, so the next replay does not read the old tail (and its end marker)
+    as its own answer and lose its gap."""
+    monkeypatch.setattr(kv_subscriber, "MAX_REPLAY", 3)
+    async with subscribed(endpoint_of(publisher)) as run:
+        await run.connected()
+        await publish_until_seen(run, publisher, [stored([1], None)])
+        for i in range(5):  # more than one replay may return
+            publisher.publish([stored([10 + i], None)], send=False)
+        after_cut = publisher.publish([stored([2], None)])
+        await run.until(lambda: after_cut in run.seqs)
+        dropped = publisher.publish([stored([3], None)], send=False)
+        last = publisher.publish([stored([4], None)])
+        await run.until(lambda: last in run.seqs)
+    assert dropped in run.seqs  # the second replay read its own answer
+    status = run.subscriber.status()[0]
+    assert (status.replay_failures, status.recovered, status.lost) == (1, 5, 1)  # 4 + 1
+    cut, fresh = publisher.replay_clients[-2:]
+    assert cut != fresh
 
 
 async def test_replayed_frames_of_the_wrong_shape_are_counted_and_the_rest_is_read(
