@@ -47,7 +47,7 @@ from kvtop.collect.adapters import read_exposition
 from kvtop.collect.reading import EngineReading
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive import leak_load
+from kvtop.derive import leak_floor, leak_load
 from kvtop.derive.leak import LeakDetector
 from kvtop.derive.leak_buckets import Bucket, loads
 from kvtop.derive.leak_estimate import (
@@ -58,6 +58,7 @@ from kvtop.derive.leak_estimate import (
     fit_leak,
     leaked_now,
 )
+from kvtop.derive.leak_floor import FloorTrend, consequences, enough, floor_ok, floor_trend
 from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.samples import median, theil_sen
 from kvtop.derive.stats import EngineStats
@@ -1921,3 +1922,159 @@ def test_the_floors_load_is_running_alone_where_a_span_has_no_tokens_per_request
     # the last bucket's span (itself alone) says nothing: every bucket's load is running
     buckets = [_bucket(0, 100.0, 1.0), _bucket(1, 100.0, 1.0), _bucket(2, tokens, finished)]
     assert loads(buckets, 1) == ([2.0, 2.0, 2.0], "running")
+
+
+# -- the floor's rules, one at a time (kvtop/derive/leak_floor.py) -----------------------------
+
+P = LeakParams()
+POOL = 1000.0
+# A trend exactly at every WATCH threshold on a pool of 1000: rise 1 % of it, the free 240
+# blocks full in 24 h at 10 blocks/h, the load explaining half of a raw slope of 20, the
+# batch turned over exactly turnover_min times.
+AT_EVERY_THRESHOLD = FloorTrend(slope=10.0, lower=1.0, raw_slope=20.0, load_slope=0.0,
+                                per_load=0.0, rise=10.0, floor_now=760.0, turnover=3.0,
+                                load_measure="tokens", consequences=())
+
+
+@pytest.mark.parametrize(("changes", "ok"), [
+    ({}, True),
+    ({"turnover": None}, True),  # turnover not known: not held against the floor
+    ({"turnover": 2.999}, False),
+    ({"lower": 1e-9}, True),  # significant, however barely
+    ({"lower": 0.0}, False),
+    ({"slope": 0.0}, False),  # a bound over a flat median (z = 0 on an even count of pairs)
+    ({"rise": 9.999}, False),
+    ({"floor_now": 759.999}, False),  # 240.001 blocks free: a hair over 24 h to full
+    ({"raw_slope": 20.001}, False),  # the load explains a hair over half
+    ({"raw_slope": -5.0, "slope": 0.4, "lower": 0.1, "floor_now": 991.0}, True),  # falling
+    ({"slope": 1.0, "lower": 0.5, "raw_slope": 2.0, "floor_now": 976.0}, True),  # 24 h
+    ({"slope": 0.04, "lower": 0.01, "raw_slope": 0.08, "floor_now": 1001.0}, True),  # full
+    ({"lower": 0.0, "step": 10.0}, True),  # a lump of exactly WATCH's rise
+    ({"lower": 0.0, "step": 9.999}, False),
+    ({"lower": 0.0, "step": 10.0, "turnover": 2.999}, False),  # a lump needs turnover too
+], ids=["at-every-threshold", "turnover-unknown", "turnover-under", "lower-barely",
+        "lower-zero", "flat", "rise-under", "too-slow", "load-over-half", "raw-falling",
+        "one-block-an-hour", "no-free-blocks", "step-at", "step-under", "step-not-turned"])
+def test_watch_level_floor_evidence_is_each_threshold_exactly(changes: dict[str, float],
+                                                              ok: bool) -> None:
+    assert floor_ok(replace(AT_EVERY_THRESHOLD, **changes), P, POOL) == ok
+
+
+def _floor_buckets(times: list[float]) -> list[Bucket]:
+    return [Bucket(i, t, 300.0, 300.0, used_sum=300.0, scrapes=1) for i, t in enumerate(times)]
+
+
+@pytest.mark.parametrize(("times", "params", "judged"), [
+    ([60.0 * i for i in range(9)] + [600.0], P, True),  # 10 buckets over exactly 600 s
+    ([60.0 * i for i in range(8)] + [600.0], P, False),  # 9 buckets
+    ([60.0 * i for i in range(9)] + [599.999], P, False),  # a hair short of 600 s
+    ([0.0, 1.0], LeakParams(trend_min_buckets=2, trend_min_span_s=0.0), False),  # 3 at least
+    ([0.0, 1.0, 2.0], LeakParams(trend_min_buckets=2, trend_min_span_s=0.0), True),
+], ids=["at", "a-bucket-short", "a-hair-short", "two-never", "three"])
+def test_a_trend_is_judged_from_trend_min_buckets_over_trend_min_span_s(
+        times: list[float], params: LeakParams, judged: bool) -> None:
+    assert enough(_floor_buckets(times), params) == judged
+
+
+# how sure the rank test is of 10 buckets above 10 others (z = 3.78)
+CLEAN_STEP_Z = leak_load.best_split([0.0] * 10 + [20.0] * 10, 5)[1]
+
+
+@pytest.mark.parametrize(("after", "levels_after", "step_z", "found"), [
+    (20.0, 20.0, P.step_z, 20.0),  # a clean step of 20, all of it beyond the load
+    (10.0, 20.0, P.step_z, 10.0),  # the load explains exactly half of the raw step
+    (9.999, 20.0, P.step_z, 0.0),  # a hair over half
+    (0.4, -5.0, P.step_z, 0.4),  # a small step while the raw level fell
+    (20.0, 20.0, CLEAN_STEP_Z, 20.0),  # exactly sure enough
+    (20.0, 20.0, math.nextafter(CLEAN_STEP_Z, math.inf), 0.0),  # a hair short of it
+], ids=["clean", "half-load", "over-half-load", "raw-falling", "z-at", "z-a-hair-over"])
+def test_a_lump_is_a_sure_step_mostly_beyond_the_load(after: float, levels_after: float,
+                                                      step_z: float, found: float) -> None:
+    adjusted = [0.0] * 10 + [after] * 10
+    levels = [0.0] * 10 + [levels_after] * 10
+    assert leak_floor.step(adjusted, levels, replace(P, step_z=step_z)) == found
+
+
+def _minute(i: int, **fields: object) -> Bucket:
+    return Bucket(i, 60.0 * i, 300.0, 300.0, **fields)
+
+
+def _xs(buckets: list[Bucket]) -> list[float]:
+    return [b.t / 3600 for b in buckets]
+
+
+def _queue(throughput: list[float], waiting_per_min: float = 0.01) -> list[Bucket]:
+    """A bucket a minute, its queue growing `waiting_per_min` a minute."""
+    return [_minute(i, waiting=[10 + waiting_per_min * i], generated=60 * rate, seconds=60.0)
+            for i, rate in enumerate(throughput)]
+
+
+# 100 tokens/s, rising 0.01 a minute (0.6 an hour) under a swing of 1: rising, not surely
+SLOWLY_RISING = [100 + 0.01 * i + (1 if i % 2 else 0) for i in range(10)]
+
+
+@pytest.mark.parametrize(("waiting_per_min", "throughput", "found"), [
+    (0.01, [100.0] * 10, True),  # 0.6 waiting more an hour, surely; throughput flat
+    (0.0, [100.0] * 10, False),  # a queue that does not grow
+    (0.01, SLOWLY_RISING, False),
+], ids=["growing", "flat-queue", "throughput-rising"])
+def test_a_queue_growing_at_flat_throughput_is_a_consequence(
+        waiting_per_min: float, throughput: list[float], found: bool) -> None:
+    buckets = _queue(throughput, waiting_per_min)
+    said = consequences(buckets, _xs(buckets), P, POOL)
+    assert said == (("queue growing at flat throughput",) if found else ())
+
+
+def test_a_throughput_rising_though_not_surely_is_not_flat() -> None:
+    # the case above: its median slope is under a token/s an hour, its lower bound under 0
+    slope, lower, _ = theil_sen(_xs(_queue(SLOWLY_RISING)), SLOWLY_RISING, P.z)
+    assert 0 < slope < 1 and lower < 0
+
+
+def test_throughput_is_tokens_generated_per_second_of_each_bucket() -> None:
+    # 100 tokens/s throughout, over scrape windows that grow (5 s more each bucket): the
+    # tokens a bucket counts grow, its throughput does not
+    buckets = [_minute(i, waiting=[10 + 0.01 * i], generated=100.0 * (60 + 5 * i),
+                       seconds=60.0 + 5 * i) for i in range(10)]
+    said = consequences(buckets, _xs(buckets), P, POOL)
+    assert said == ("queue growing at flat throughput",)
+
+
+EXACTLY_MORE = 2 * 0.125 + 1e-3  # preemptions a second: twice the first half's, and 1e-3
+
+
+@pytest.mark.parametrize(("late", "running_late", "found"), [
+    (math.nextafter(EXACTLY_MORE, math.inf), 1.1 * 10.0, True),  # over, exactly 1.1x load
+    (EXACTLY_MORE, 1.1 * 10.0, False),  # exactly twice and 1e-3: not more than that
+    (math.nextafter(EXACTLY_MORE, math.inf), math.nextafter(1.1 * 10.0, math.inf), False),
+], ids=["over", "at", "load-a-hair-up"])
+def test_preemptions_up_at_the_same_load_is_a_consequence_from_exactly_its_bounds(
+        late: float, running_late: float, found: bool) -> None:
+    # one bucket a half, a second each: its preemption count is its rate
+    buckets = [_minute(0, running=[10.0], preemptions=0.125, seconds=1.0),
+               _minute(1, running=[running_late], preemptions=late, seconds=1.0)]
+    said = consequences(buckets, _xs(buckets), P, POOL)
+    assert said == (("preemptions up at the same load",) if found else ())
+
+
+@pytest.mark.parametrize(("peak", "running_per_min", "found"), [
+    (P.pinned_frac * POOL, -0.1, True),  # peaks exactly at pinned, running surely falling
+    (math.nextafter(P.pinned_frac * POOL, 0.0), -0.1, False),  # a hair under pinned
+    (P.pinned_frac * POOL, 0.0, False),  # running flat: its upper bound is 0
+], ids=["pinned-falling", "a-hair-under-pinned", "running-flat"])
+def test_a_pool_pinned_full_while_running_falls_is_a_consequence(
+        peak: float, running_per_min: float, found: bool) -> None:
+    buckets = [_minute(i, running=[10 + running_per_min * i]) for i in range(10)]
+    for b in buckets:
+        b.used_max = peak
+    said = consequences(buckets, _xs(buckets), P, POOL)
+    assert said == (("pool pinned full while running falls",) if found else ())
+
+
+def test_turnover_not_known_lately_is_not_known() -> None:
+    # finished requests counted in the first 7 buckets, none in the last ref_buckets (the
+    # counter gone): turnover in the window alone is not "turned over lately"
+    buckets = [Bucket(i, 60.0 * i, 300.0 + i, 300.0 + i, used_sum=300.0 + i, scrapes=1,
+                      running=[5.0], finished=10.0 if i < 7 else None) for i in range(12)]
+    trend = floor_trend(buckets, P, POOL)
+    assert trend is not None and trend.turnover is None
