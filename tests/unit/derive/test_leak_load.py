@@ -732,3 +732,22 @@ def test_lumps_are_found_over_a_load_on_a_small_scale() -> None:
     levels = [v + 30000 * row[0] for v, row in zip(_stairs({10: 100.0, 20: 60.0, 30: 200.0,
                                                            40: 80.0}), rows, strict=True)]
     assert leak_load._lumps(levels, rows) == [10, 30, 40]
+
+
+@pytest.mark.parametrize(("close", "state", "ending"), [
+    (29, "watch", " (confirming, 3 min)"),  # 180 s since the evidence began, at close 26
+    (36, "leak", ", for 10 min"),  # 600 s
+], ids=["watch", "leak"])
+def test_the_reason_says_what_the_load_leaves_unexplained_and_for_how_long(
+        close: int, state: str, ending: str) -> None:
+    found = closes(floor_verdicts(swinging([0.0] * 20 + [40.0] * 20)))[close]
+    evidence = found.evidence
+    # what the load explains: a block per BLOCK tokens in flight and half a block for each
+    # of the 4 or 7 requests running (5.2 or 5.8 on average over the latest five buckets)
+    assert isinstance(evidence["tokens_in_flight"], float)
+    assert evidence["explained_blocks"] - evidence["tokens_in_flight"] / BLOCK in (
+        pytest.approx(5.2 / 2, abs=0.01), pytest.approx(5.8 / 2, abs=0.01))
+    assert (found.state, found.reason) == (state, (
+        "40 blocks (4.0% of the pool) held beyond what the load explains "
+        f"({evidence['tokens_in_flight']:.0f} tokens in flight: "
+        f"{evidence['explained_blocks']:.0f}){ending}"))
