@@ -47,7 +47,7 @@ from kvtop.collect.adapters import read_exposition
 from kvtop.collect.reading import EngineReading
 from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
-from kvtop.derive import leak_load
+from kvtop.derive import leak_buckets, leak_floor, leak_load
 from kvtop.derive.leak import LeakDetector
 from kvtop.derive.leak_buckets import Bucket, loads
 from kvtop.derive.leak_estimate import (
@@ -58,6 +58,7 @@ from kvtop.derive.leak_estimate import (
     fit_leak,
     leaked_now,
 )
+from kvtop.derive.leak_floor import FloorTrend, consequences, enough, floor_ok, floor_trend
 from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.samples import median, theil_sen
 from kvtop.derive.stats import EngineStats
@@ -1921,3 +1922,361 @@ def test_the_floors_load_is_running_alone_where_a_span_has_no_tokens_per_request
     # the last bucket's span (itself alone) says nothing: every bucket's load is running
     buckets = [_bucket(0, 100.0, 1.0), _bucket(1, 100.0, 1.0), _bucket(2, tokens, finished)]
     assert loads(buckets, 1) == ([2.0, 2.0, 2.0], "running")
+
+
+# -- the floor's rules, one at a time (kvtop/derive/leak_floor.py) -----------------------------
+
+P = LeakParams()
+POOL = 1000.0
+# A trend exactly at every WATCH threshold on a pool of 1000: rise 1 % of it, the free 240
+# blocks full in 24 h at 10 blocks/h, the load explaining half of a raw slope of 20, the
+# batch turned over exactly turnover_min times.
+AT_EVERY_THRESHOLD = FloorTrend(slope=10.0, lower=1.0, raw_slope=20.0, load_slope=0.0,
+                                per_load=0.0, rise=10.0, floor_now=760.0, turnover=3.0,
+                                load_measure="tokens", consequences=())
+
+
+@pytest.mark.parametrize(("changes", "ok"), [
+    ({}, True),
+    ({"turnover": None}, True),  # turnover not known: not held against the floor
+    ({"turnover": 2.999}, False),
+    ({"lower": 1e-9}, True),  # significant, however barely
+    ({"lower": 0.0}, False),
+    ({"slope": 0.0}, False),  # a bound over a flat median (z = 0 on an even count of pairs)
+    ({"rise": 9.999}, False),
+    ({"floor_now": 759.999}, False),  # 240.001 blocks free: a hair over 24 h to full
+    ({"raw_slope": 20.001}, False),  # the load explains a hair over half
+    ({"raw_slope": -5.0, "slope": 0.4, "lower": 0.1, "floor_now": 991.0}, True),  # falling
+    ({"slope": 1.0, "lower": 0.5, "raw_slope": 2.0, "floor_now": 976.0}, True),  # 24 h
+    ({"slope": 0.04, "lower": 0.01, "raw_slope": 0.08, "floor_now": 1001.0}, True),  # full
+    ({"lower": 0.0, "step": 10.0}, True),  # a lump of exactly WATCH's rise
+    ({"lower": 0.0, "step": 9.999}, False),
+    ({"lower": 0.0, "step": 10.0, "turnover": 2.999}, False),  # a lump needs turnover too
+], ids=["at-every-threshold", "turnover-unknown", "turnover-under", "lower-barely",
+        "lower-zero", "flat", "rise-under", "too-slow", "load-over-half", "raw-falling",
+        "one-block-an-hour", "no-free-blocks", "step-at", "step-under", "step-not-turned"])
+def test_watch_level_floor_evidence_is_each_threshold_exactly(changes: dict[str, float],
+                                                              ok: bool) -> None:
+    assert floor_ok(replace(AT_EVERY_THRESHOLD, **changes), P, POOL) == ok
+
+
+def _floor_buckets(times: list[float]) -> list[Bucket]:
+    return [Bucket(i, t, 300.0, 300.0, used_sum=300.0, scrapes=1) for i, t in enumerate(times)]
+
+
+@pytest.mark.parametrize(("times", "params", "judged"), [
+    ([60.0 * i for i in range(9)] + [600.0], P, True),  # 10 buckets over exactly 600 s
+    ([60.0 * i for i in range(8)] + [600.0], P, False),  # 9 buckets
+    ([60.0 * i for i in range(9)] + [599.999], P, False),  # a hair short of 600 s
+    ([0.0, 1.0], LeakParams(trend_min_buckets=2, trend_min_span_s=0.0), False),  # 3 at least
+    ([0.0, 1.0, 2.0], LeakParams(trend_min_buckets=2, trend_min_span_s=0.0), True),
+], ids=["at", "a-bucket-short", "a-hair-short", "two-never", "three"])
+def test_a_trend_is_judged_from_trend_min_buckets_over_trend_min_span_s(
+        times: list[float], params: LeakParams, judged: bool) -> None:
+    assert enough(_floor_buckets(times), params) == judged
+
+
+# how sure the rank test is of 10 buckets above 10 others (z = 3.78)
+CLEAN_STEP_Z = leak_load.best_split([0.0] * 10 + [20.0] * 10, 5)[1]
+
+
+@pytest.mark.parametrize(("after", "levels_after", "step_z", "found"), [
+    (20.0, 20.0, P.step_z, 20.0),  # a clean step of 20, all of it beyond the load
+    (10.0, 20.0, P.step_z, 10.0),  # the load explains exactly half of the raw step
+    (9.999, 20.0, P.step_z, 0.0),  # a hair over half
+    (0.4, -5.0, P.step_z, 0.4),  # a small step while the raw level fell
+    (20.0, 20.0, CLEAN_STEP_Z, 20.0),  # exactly sure enough
+    (20.0, 20.0, math.nextafter(CLEAN_STEP_Z, math.inf), 0.0),  # a hair short of it
+], ids=["clean", "half-load", "over-half-load", "raw-falling", "z-at", "z-a-hair-over"])
+def test_a_lump_is_a_sure_step_mostly_beyond_the_load(after: float, levels_after: float,
+                                                      step_z: float, found: float) -> None:
+    adjusted = [0.0] * 10 + [after] * 10
+    levels = [0.0] * 10 + [levels_after] * 10
+    assert leak_floor.step(adjusted, levels, replace(P, step_z=step_z)) == found
+
+
+def _minute(i: int, **fields: object) -> Bucket:
+    return Bucket(i, 60.0 * i, 300.0, 300.0, **fields)
+
+
+def _xs(buckets: list[Bucket]) -> list[float]:
+    return [b.t / 3600 for b in buckets]
+
+
+def _queue(throughput: list[float], waiting_per_min: float = 0.01) -> list[Bucket]:
+    """A bucket a minute, its queue growing `waiting_per_min` a minute."""
+    return [_minute(i, waiting=[10 + waiting_per_min * i], generated=60 * rate, seconds=60.0)
+            for i, rate in enumerate(throughput)]
+
+
+# 100 tokens/s, rising 0.01 a minute (0.6 an hour) under a swing of 1: rising, not surely
+SLOWLY_RISING = [100 + 0.01 * i + (1 if i % 2 else 0) for i in range(10)]
+
+
+@pytest.mark.parametrize(("waiting_per_min", "throughput", "found"), [
+    (0.01, [100.0] * 10, True),  # 0.6 waiting more an hour, surely; throughput flat
+    (0.0, [100.0] * 10, False),  # a queue that does not grow
+    (0.01, SLOWLY_RISING, False),
+], ids=["growing", "flat-queue", "throughput-rising"])
+def test_a_queue_growing_at_flat_throughput_is_a_consequence(
+        waiting_per_min: float, throughput: list[float], found: bool) -> None:
+    buckets = _queue(throughput, waiting_per_min)
+    said = consequences(buckets, _xs(buckets), P, POOL)
+    assert said == (("queue growing at flat throughput",) if found else ())
+
+
+def test_a_throughput_rising_though_not_surely_is_not_flat() -> None:
+    # the case above: its median slope is under a token/s an hour, its lower bound under 0
+    slope, lower, _ = theil_sen(_xs(_queue(SLOWLY_RISING)), SLOWLY_RISING, P.z)
+    assert 0 < slope < 1 and lower < 0
+
+
+def test_throughput_is_tokens_generated_per_second_of_each_bucket() -> None:
+    # 100 tokens/s throughout, over scrape windows that grow (5 s more each bucket): the
+    # tokens a bucket counts grow, its throughput does not
+    buckets = [_minute(i, waiting=[10 + 0.01 * i], generated=100.0 * (60 + 5 * i),
+                       seconds=60.0 + 5 * i) for i in range(10)]
+    said = consequences(buckets, _xs(buckets), P, POOL)
+    assert said == ("queue growing at flat throughput",)
+
+
+EXACTLY_MORE = 2 * 0.125 + 1e-3  # preemptions a second: twice the first half's, and 1e-3
+
+
+@pytest.mark.parametrize(("late", "running_late", "found"), [
+    (math.nextafter(EXACTLY_MORE, math.inf), 1.1 * 10.0, True),  # over, exactly 1.1x load
+    (EXACTLY_MORE, 1.1 * 10.0, False),  # exactly twice and 1e-3: not more than that
+    (math.nextafter(EXACTLY_MORE, math.inf), math.nextafter(1.1 * 10.0, math.inf), False),
+], ids=["over", "at", "load-a-hair-up"])
+def test_preemptions_up_at_the_same_load_is_a_consequence_from_exactly_its_bounds(
+        late: float, running_late: float, found: bool) -> None:
+    # one bucket a half, a second each: its preemption count is its rate
+    buckets = [_minute(0, running=[10.0], preemptions=0.125, seconds=1.0),
+               _minute(1, running=[running_late], preemptions=late, seconds=1.0)]
+    said = consequences(buckets, _xs(buckets), P, POOL)
+    assert said == (("preemptions up at the same load",) if found else ())
+
+
+@pytest.mark.parametrize(("peak", "running_per_min", "found"), [
+    (P.pinned_frac * POOL, -0.1, True),  # peaks exactly at pinned, running surely falling
+    (math.nextafter(P.pinned_frac * POOL, 0.0), -0.1, False),  # a hair under pinned
+    (P.pinned_frac * POOL, 0.0, False),  # running flat: its upper bound is 0
+], ids=["pinned-falling", "a-hair-under-pinned", "running-flat"])
+def test_a_pool_pinned_full_while_running_falls_is_a_consequence(
+        peak: float, running_per_min: float, found: bool) -> None:
+    buckets = [_minute(i, running=[10 + running_per_min * i]) for i in range(10)]
+    for b in buckets:
+        b.used_max = peak
+    said = consequences(buckets, _xs(buckets), P, POOL)
+    assert said == (("pool pinned full while running falls",) if found else ())
+
+
+def test_turnover_not_known_lately_is_not_known() -> None:
+    # finished requests counted in the first 7 buckets, none in the last ref_buckets (the
+    # counter gone): turnover in the window alone is not "turned over lately"
+    buckets = [Bucket(i, 60.0 * i, 300.0 + i, 300.0 + i, used_sum=300.0 + i, scrapes=1,
+                      running=[5.0], finished=10.0 if i < 7 else None) for i in range(12)]
+    trend = floor_trend(buckets, P, POOL)
+    assert trend is not None and trend.turnover is None
+
+
+# -- a bucket and what is read off a run of them (kvtop/derive/leak_buckets.py) ----------------
+
+def _stats(**fields: object) -> EngineStats:
+    return EngineStats(model="m", engine="0", t=T0M, **fields)
+
+
+BUSY = _stats(running=4.0, waiting=1.0, tokens_in_flight=1000.0, waiting_deferred=0.5,
+              window_s=10.0, finished_per_s={"stop": 0.25, "abort": 0.125}, prompt_tps=50.0,
+              generation_tps=25.0, preemptions_per_s=0.5, prefix_queries_per_s=40.0,
+              hit_rate=0.25)
+
+
+def test_a_bucket_opened_then_fed_counts_each_scrape_once() -> None:
+    bucket = Bucket(3, 0.0, 300.0, 300.0)
+    for t, used in ((0.0, 300.0), (10.0, 290.0), (20.0, 290.0), (30.0, 310.0)):
+        bucket.add(t, used, BUSY)
+    assert bucket == Bucket(
+        3, 10.0, 290.0, 310.0, used_sum=300.0 + 290.0 + 290.0 + 310.0, scrapes=4,
+        running=[4.0] * 4, waiting=[1.0] * 4, seconds=40.0, finished=4 * 3.75,
+        tokens=4 * 750.0, generated=4 * 250.0, preemptions=4 * 5.0,
+        in_flight=[1000.0] * 4, deferred=4 * 0.5, aborted=4 * 1.25, prompt=4 * 500.0,
+        prefix_queries=4 * 400.0, prefix_hits=4 * 100.0)
+
+
+# one scrape of BUSY, less what each case takes away, into a bucket opened at 300 blocks
+ONE_BUSY = Bucket(3, 0.0, 300.0, 300.0, used_sum=300.0, scrapes=1, running=[4.0],
+                  waiting=[1.0], seconds=10.0, finished=3.75, tokens=750.0, generated=250.0,
+                  preemptions=5.0, in_flight=[1000.0], deferred=0.5, aborted=1.25,
+                  prompt=500.0, prefix_queries=400.0, prefix_hits=100.0)
+NO_COUNTS = replace(ONE_BUSY, seconds=0.0, finished=None, tokens=None, generated=None,
+                    preemptions=None, aborted=0.0, prompt=0.0, prefix_queries=0.0,
+                    prefix_hits=0.0)
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({}, ONE_BUSY),
+    ({"window_s": None}, NO_COUNTS),  # the first scrape: no rates yet
+    ({"window_s": 0.0}, NO_COUNTS),
+    ({"window_s": -10.0}, NO_COUNTS),  # a clock that went back
+    ({"running": None, "waiting": None, "tokens_in_flight": None, "waiting_deferred": None},
+     replace(ONE_BUSY, running=[], waiting=[], in_flight=[], deferred=0.0)),
+    ({"finished_per_s": {}}, replace(ONE_BUSY, finished=None, aborted=0.0)),
+    ({"finished_per_s": {"stop": 0.25}}, replace(ONE_BUSY, finished=2.5, aborted=0.0)),
+    ({"prompt_tps": None}, replace(ONE_BUSY, tokens=None, prompt=0.0)),
+    ({"generation_tps": None}, replace(ONE_BUSY, tokens=None, generated=None)),
+    ({"preemptions_per_s": None}, replace(ONE_BUSY, preemptions=None)),
+    ({"hit_rate": None}, replace(ONE_BUSY, prefix_queries=0.0, prefix_hits=0.0)),
+    ({"prefix_queries_per_s": 0.0}, replace(ONE_BUSY, prefix_queries=0.0, prefix_hits=0.0)),
+    ({"hit_rate": 0.0}, replace(ONE_BUSY, prefix_hits=0.0)),
+], ids=["busy", "no-window", "zero-window", "negative-window", "no-levels", "no-finished",
+        "no-aborts", "no-prompt-rate", "no-generation-rate", "no-preemptions", "no-hit-rate",
+        "no-lookups", "no-hits"])
+def test_a_scrape_adds_to_its_bucket_what_it_knows(changes: dict[str, object],
+                                                   expected: Bucket) -> None:
+    bucket = Bucket(3, 0.0, 300.0, 300.0)
+    bucket.add(0.0, 300.0, replace(BUSY, **changes))
+    assert bucket == expected
+
+
+CALM = replace(BUSY, preemptions_per_s=0.0)
+
+
+def _busy_buckets(last: EngineStats = CALM, before: EngineStats = CALM,
+                  used: tuple[float, float] = (300.0, 310.0)) -> list[Bucket]:
+    """Bucket 2 fed `before` twice, bucket 3 `last` twice at `used` blocks."""
+    buckets = [Bucket(2, 0.0, 300.0, 300.0), Bucket(3, 60.0, used[0], used[0])]
+    for bucket, stats, levels in ((buckets[0], before, (300.0, 300.0)), (buckets[1], last, used)):
+        for i, level in enumerate(levels):
+            bucket.add(bucket.t + 10 * i, level, stats)
+    return buckets
+
+
+# bucket 3 of _busy_buckets(): in its middle (3.5 minutes), 305 blocks on average, 1000
+# tokens in flight, a quarter of them prefix hits; 2.5 requests aborted while 1 waited,
+# at 200 tokens a request (3000 tokens over 15 finished in the two buckets)
+BUSY_LOAD = leak_load.LoadBucket(t=210.0, level=305.0, in_flight=1000.0, running=4.0,
+                                 shared=250.0, prompt_rate=50.0, deferred=0.5, lost=500.0,
+                                 usable=True)
+
+
+@pytest.mark.parametrize(("buckets", "expected"), [
+    (_busy_buckets(), BUSY_LOAD),
+    (_busy_buckets(replace(CALM, waiting=0.0)), replace(BUSY_LOAD, lost=0.0)),  # none waited
+    (_busy_buckets(replace(CALM, finished_per_s={"stop": 0.25})), replace(BUSY_LOAD, lost=0.0)),
+    (_busy_buckets(replace(CALM, prefix_queries_per_s=0.0)), replace(BUSY_LOAD, shared=0.0)),
+    (_busy_buckets(replace(CALM, window_s=0.25)),  # half a second counted: 25 prompt tokens
+     replace(BUSY_LOAD, lost=0.0625 * 200)),  # and 1/16 of a request aborted
+    (_busy_buckets(replace(CALM, window_s=None), replace(CALM, window_s=None)),  # no rates
+     replace(BUSY_LOAD, shared=0.0, prompt_rate=0.0, lost=0.0, usable=False)),
+    (_busy_buckets(before=BUSY), replace(BUSY_LOAD, usable=False)),  # preempted before it
+    (_busy_buckets(BUSY), replace(BUSY_LOAD, usable=False)),  # preempted in it
+    (_busy_buckets(replace(CALM, preemptions_per_s=None)), replace(BUSY_LOAD, usable=False)),
+    ([Bucket(1, -60.0, 300.0, 300.0, tokens=0.0, finished=0.0, preemptions=5.0),
+      *_busy_buckets()], BUSY_LOAD),  # preempted two buckets back: resumed since
+    (_busy_buckets(used=(940.0, 960.0)), replace(BUSY_LOAD, level=950.0, usable=False)),
+    (_busy_buckets(used=(940.0, 959.98)), replace(BUSY_LOAD, level=949.99)),  # under 95 %
+    (_busy_buckets(replace(CALM, tokens_in_flight=None)), None),
+    (_busy_buckets(replace(CALM, running=None)), None),
+    (_busy_buckets(replace(CALM, prompt_tps=None)), None),  # aborts, tokens a request unknown
+], ids=["busy", "none-waiting", "no-aborts", "no-lookups", "under-a-second", "no-rates",
+        "preempted-before", "preempted", "preemptions-unknown", "preempted-long-ago", "pinned",
+        "a-hair-under-pinned", "no-in-flight", "no-running", "no-tokens"])
+def test_the_last_bucket_as_the_load_explained_level_needs_it(
+        buckets: list[Bucket], expected: leak_load.LoadBucket | None) -> None:
+    assert leak_buckets.load_bucket(buckets, LeakParams(), 1000.0) == expected
+
+
+@pytest.mark.parametrize(("last", "loads_now"), [
+    (CALM, (4.0, 4.0 * 200.0)),  # running, and x 200 tokens a request (3000 over 15)
+    (replace(CALM, prompt_tps=None), (4.0,)),  # tokens a request unknown: running alone
+    (replace(CALM, running=None), ()),  # no load known
+], ids=["tokens", "running", "none"])
+def test_the_fits_point_is_the_last_buckets_mean_level_and_load(
+        last: EngineStats, loads_now: tuple[float, ...]) -> None:
+    # the level is the whole bucket's mean: the point is in the bucket's middle (3.5 min)
+    point = leak_buckets.load_point(_busy_buckets(last), LeakParams(ref_buckets=2))
+    assert point == LoadPoint(210.0, 305.0, loads_now)
+
+
+def test_tokens_a_request_are_over_the_last_ref_buckets() -> None:
+    # bucket 2 at 20 tokens a request (150 over 7.5), bucket 3 at 200 (1500 over 7.5): over
+    # both (ref_buckets 2), 1650 over 15, 110
+    buckets = _busy_buckets(before=replace(CALM, prompt_tps=2.5, generation_tps=5.0))
+    assert buckets[0].tokens == 2 * 75.0 and buckets[0].finished == 2 * 3.75
+    assert leak_buckets.load_point(buckets, LeakParams(ref_buckets=2)).loads == (4.0, 4.0 * 110)
+    assert leak_buckets.load_point(buckets, LeakParams(ref_buckets=1)).loads == (4.0, 4.0 * 200)
+
+
+def _counted(finished: float | None, running: list[float], preemptions: float | None = None,
+             seconds: float = 0.0) -> Bucket:
+    return Bucket(0, 0.0, 300.0, 300.0, finished=finished, running=running,
+                  preemptions=preemptions, seconds=seconds)
+
+
+@pytest.mark.parametrize(("buckets", "turned"), [
+    ([_counted(10.0, [2.0, 5.0]), _counted(None, [8.0]), _counted(20.0, [])], 30 / 8),
+    ([_counted(10.0, [0.5]), _counted(20.0, [0.25])], 30.0),  # under one running: over 1
+    ([_counted(10.0, []), _counted(20.0, [])], 30.0),  # running unknown: over 1
+    ([_counted(None, [5.0]), _counted(None, [5.0])], None),  # finished unknown
+    ([_counted(0.0, [5.0])], 0.0),
+], ids=["most-running", "under-one", "no-running", "unknown", "none-finished"])
+def test_turnover_is_finished_requests_over_the_most_running(
+        buckets: list[Bucket], turned: float | None) -> None:
+    assert leak_buckets.turnover(buckets) == turned
+
+
+@pytest.mark.parametrize(("buckets", "rate"), [
+    ([_counted(None, [], 2.0, 10.0), _counted(None, [], 3.0, 15.0)], 0.2),
+    ([_counted(None, [], 2.0, 10.0), _counted(None, [], None, 15.0)], None),  # one unknown
+    ([_counted(None, [], 0.0, 0.0)], None),  # no time counted
+    ([_counted(None, [], 0.0, 10.0)], 0.0),
+], ids=["rate", "unknown", "no-time", "none"])
+def test_the_preemption_rate_is_preemptions_over_the_seconds_counted(
+        buckets: list[Bucket], rate: float | None) -> None:
+    assert leak_buckets.preempt_rate(buckets) == rate
+
+
+@pytest.mark.parametrize(("fields", "reading"), [
+    ({"blocks_used": 300.0, "blocks_total": 1000, "kv_usage": 0.5}, (300.0, 1000.0, True)),
+    ({"blocks_used": math.nan, "blocks_total": 1000, "kv_usage": 0.5}, (500.0, 1000.0, True)),
+    ({"blocks_used": math.inf, "blocks_total": 1000, "kv_usage": 0.5}, (500.0, 1000.0, True)),
+    ({"blocks_used": 300.0, "blocks_total": 0, "kv_usage": 0.5}, (0.5, 1.0, False)),
+    ({"blocks_used": 300.0, "blocks_total": None}, None),
+    ({"kv_usage": 0.25, "blocks_total": 1000}, (250.0, 1000.0, True)),
+    ({"kv_usage": 0.25}, (0.25, 1.0, False)),  # a fraction of a pool of 1
+    ({"kv_usage": math.nan, "blocks_total": 1000}, None),
+    ({"kv_usage": math.inf}, None),
+    ({}, None),
+], ids=["blocks", "blocks-nan", "blocks-inf", "no-pool-size", "blocks-alone", "usage-of-pool",
+        "usage-alone", "usage-nan", "usage-inf", "nothing"])
+def test_the_pool_is_blocks_else_usage_of_the_pool_else_usage_alone(
+        fields: dict[str, float], reading: tuple[float, float, bool] | None) -> None:
+    assert leak_buckets.pool(_stats(**fields)) == reading
+
+
+# A load of 1e9 whose first change is exactly its float-rounding noise (1e-9 of the largest
+# load: 1.0), then a real change of 10 with 50 blocks: the first change reads as none
+NOISE_AT = 1e9 - 1
+
+
+@pytest.mark.parametrize(("second", "blocks_per_load"), [
+    (NOISE_AT, 5.0),  # exactly the noise: no change, 50 blocks over a change of 10
+    (math.nextafter(NOISE_AT, math.inf), 5.0),  # under it (and the real change a hair over 10)
+    (math.nextafter(NOISE_AT, 0.0), 50 / 9),  # a hair over it: a change of 1, then of 9
+], ids=["at-noise", "under-noise", "over-noise"])
+def test_a_change_in_load_counts_from_a_hair_over_its_rounding_noise(
+        second: float, blocks_per_load: float) -> None:
+    found = leak_buckets.per_load([0.0, 0.0, -50.0], [1e9, second, 1e9 - 11], P.z)
+    assert found == pytest.approx(blocks_per_load, rel=1e-6)
+
+
+@pytest.mark.parametrize(("levels", "blocks_per_load"), [
+    ([], 0.0),  # no bucket: no change to read
+    ([0.0, 20.0, 30.0, 60.0], 2.0),  # the level follows the load at 2 blocks a unit
+    ([0.0, -20.0, -30.0, -60.0], 0.0),  # against it: never negative
+], ids=["none", "with-the-load", "against-it"])
+def test_blocks_per_load_is_the_slope_of_level_changes_on_load_changes(
+        levels: list[float], blocks_per_load: float) -> None:
+    loads = [10.0, 20.0, 25.0, 40.0][:len(levels)]
+    assert leak_buckets.per_load(levels, loads, P.z) == blocks_per_load

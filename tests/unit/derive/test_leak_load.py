@@ -473,3 +473,281 @@ def test_the_drift_counts_in_the_rise_from_hinge_z_on(monkeypatch: pytest.Monkey
     assert at is not None and above is not None
     assert at.rise == pytest.approx(min(found.drift, found.leaked))
     assert above.rise == pytest.approx(split_only)
+
+
+@pytest.mark.parametrize(("values", "ranks"), [
+    ([3.0, 1.0, 2.0], [3.0, 1.0, 2.0]),
+    ([3.0, 1.0, 3.0, 2.0, 3.0], [4.0, 1.0, 4.0, 2.0, 4.0]),  # three ties share 3, 4 and 5
+    ([1.0, 1.0, 2.0, 2.0], [1.5, 1.5, 3.5, 3.5]),
+    ([5.0, 5.0, 5.0], [2.0, 2.0, 2.0]),
+], ids=["distinct", "ties-last", "two-ties", "all-tied"])
+def test_ranks_start_at_1_and_ties_share_their_mean_rank(values: list[float],
+                                                         ranks: list[float]) -> None:
+    assert leak_load._ranks(values) == ranks
+
+
+@pytest.mark.parametrize(("values", "side", "split"), [
+    # ranks 1-4; a split at 2: U = 7 - 3 = 4 of 4 pairs, z = (4 - 2) / sqrt(4 x 5 / 12)
+    ([0.0, 1.0, 2.0, 3.0], 1, (2, math.sqrt(2.4))),
+    # the best split is the last one allowed (one value after it): z = 2 / sqrt(2)
+    ([0.0, 0.0, 0.0, 0.0, 1.0], 1, (4, math.sqrt(2))),
+    ([0.0, 1.0, 2.0], 2, None),  # fewer than two sides' worth
+    ([0.0, 1.0, 2.0, 3.0], 2, (2, math.sqrt(2.4))),  # exactly two sides' worth
+    # splits at 1 and at 3 tie (U = 2.5 of 3 pairs each, z = 1 / sqrt(1.25)): the first
+    ([0.0, 1.0, 0.0, 1.0], 1, (1, 1 / math.sqrt(1.25))),
+], ids=["middle", "last", "too-few", "just-enough", "tie"])
+def test_the_best_split_is_the_surest_rank_test_of_later_above_earlier(
+        values: list[float], side: int, split: tuple[int, float] | None) -> None:
+    found = leak_load.best_split(values, side)
+    assert found == (split if split is None else (split[0], pytest.approx(split[1])))
+
+
+@pytest.mark.parametrize(("matrix", "inverse"), [
+    # the intercept's diagonal bare, the others ridged by RIDGE x the count (here 1)
+    ([[1.0, 2.0], [3.0, 4.0]], [[-2.0, 1.0], [1.5, -0.5]]),
+    ([[0.0, 1.0], [1.0, 0.0]], [[0.0, 1.0], [1.0, 0.0]]),  # a zero pivot: rows swapped
+    ([[0.0, 0.0], [0.0, 0.0]], None),  # singular, no count to ridge it with
+], ids=["pivoted", "swapped", "singular"])
+def test_the_inverse_is_gauss_jordan_with_a_ridge_off_the_intercept(
+        matrix: list[list[float]], inverse: list[list[float]] | None) -> None:
+    found = leak_load._inverse(matrix)
+    if inverse is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert [v for row in found for v in row] == pytest.approx(
+            [v for row in inverse for v in row], rel=1e-5, abs=1e-9)
+
+
+def test_a_ridge_keeps_a_feature_that_never_moves_invertible() -> None:
+    # [[1, 1], [1, 1]] is singular; ridged by 1e-6 it is not, its inverse ~ 1e6
+    found = leak_load._inverse([[1.0, 1.0], [1.0, 1.0]])
+    assert found is not None and found[1][1] == pytest.approx(1 / leak_load.RIDGE, rel=1e-3)
+
+
+def _stairs(jumps: dict[int, float], count: int = 60) -> list[float]:
+    levels, level = [], 0.0
+    for i in range(count):
+        level += jumps.get(i, 0.0)
+        levels.append(level)
+    return levels
+
+
+@pytest.mark.parametrize("load_moves", [False, True], ids=["steady-load", "swinging-load"])
+def test_lumps_are_the_max_lumps_largest_jumps_the_load_does_not_explain(
+        load_moves: bool) -> None:
+    # four jumps into buckets 10, 20, 30 and 40 (100, 60, 200 and 80 blocks); a load that
+    # swings adds 30 blocks a unit, which the fit of changes takes out
+    rows = [[float(i % 2) if load_moves else 1.0] for i in range(60)]
+    levels = [v + 30 * row[0] for v, row in zip(_stairs({10: 100.0, 20: 60.0, 30: 200.0,
+                                                           40: 80.0}), rows, strict=True)]
+    assert leak_load._lumps(levels, rows) == [10, 30, 40]
+
+
+def test_a_lump_is_a_jump_over_trim_sigmas_of_the_changes_spread() -> None:
+    # 59 changes: one jump into bucket 6, the rest 0: the intercept takes 50/59 of the
+    # jump from each, so the spread is 1.4826 x 50/59, and the jump stands out
+    assert leak_load._lumps(_stairs({6: 50.0}), [[1.0]] * 60) == [6]
+    assert leak_load._lumps(_stairs({}), [[1.0]] * 60) == []  # no jump, no lump
+
+
+@pytest.mark.parametrize(("usable", "min_side", "min_buckets", "judged"), [
+    (15, 5, 15, True), (14, 5, 15, False),  # explain_min_buckets
+    (10, 5, 1, True), (9, 5, 1, False),  # two sides of step_min_buckets
+    (4, 1, 1, True), (3, 1, 1, False),  # never under four
+], ids=["min-buckets", "under-min-buckets", "two-sides", "under-two-sides", "four",
+        "under-four"])
+def test_the_level_is_judged_from_the_most_of_min_buckets_two_sides_and_four(
+        usable: int, min_side: int, min_buckets: int, judged: bool) -> None:
+    # the usable buckets, and one left out (a preemption) that never counts
+    buckets = _smooth_leak_buckets()[:usable]
+    buckets.insert(1, replace(buckets[1], usable=False))
+    found = explain(buckets, 3, min_side, min_buckets)
+    assert (found is not None) == judged
+    assert found is None or found.buckets == usable
+
+
+OFFSET = 100.0
+
+
+def _exact(i: int, leaked: float) -> LoadBucket:
+    """Bucket i of a load that swings (4-9 running, 600-1000 tokens each), its level
+    exactly a block per BLOCK tokens in flight and half a block a request, over 100 blocks
+    the load never frees (OFFSET), plus `leaked`."""
+    running = 4.0 + (i * 3) % 6
+    in_flight = running * (600.0 + 200.0 * (i % 3))
+    return LoadBucket(60.0 * i + 30, OFFSET + in_flight / BLOCK + running / 2 + leaked, in_flight,
+                      running, 0.0, 500.0, 0.0, 0.0, True)
+
+
+def test_a_lump_after_a_clean_point_is_judged_against_the_buckets_before_it() -> None:
+    # 30 clean buckets before the window's 30, a 40-block lump at the window's 6th: the
+    # "before" of the split is the clean buckets and the window's first 5, all at 0
+    clean = [_exact(i, 0.0) for i in range(30)]
+    window = [_exact(i, 40.0 if i >= 35 else 0.0) for i in range(30, 60)]
+    found = explain(window, 5, 5, 15, clean)
+    assert found is not None
+    latest = window[-5:]
+    assert found.split_t == window[5].t  # the lump's first bucket
+    # a perfect separation of 35 before from 25 after: U = 35 x 25, z = U/2 / its σ
+    assert found.z == pytest.approx(35 * 25 / 2 / math.sqrt(35 * 25 * 61 / 12))
+    assert (found.base, found.noise) == (pytest.approx(OFFSET, abs=1e-3),
+                                         pytest.approx(0.0, abs=1e-3))
+    assert (found.now, found.step, found.rise, found.leaked) == (
+        pytest.approx(OFFSET + 40.0, abs=1e-3), pytest.approx(40.0, abs=1e-3),
+        pytest.approx(40.0, abs=1e-3), pytest.approx(40.0, abs=1e-3))
+    assert found.still_up and found.buckets == 30 and found.lost_tokens == 0.0
+    assert found.per_token == pytest.approx(1 / BLOCK, rel=1e-4)
+    assert found.in_flight_now == sum(b.in_flight for b in latest) / 5
+    assert found.explained_now == pytest.approx(
+        sum(b.in_flight / BLOCK + b.running / 2 for b in latest) / 5, abs=1e-3)
+
+
+def test_the_leaked_blocks_are_the_mean_of_the_latest_four_buckets_by_default() -> None:
+    # 40 blocks leaked into the last 4 of 30 buckets: their mean is 40 (the last 5's, 32)
+    found = explain([_exact(i, 40.0 if i >= 26 else 0.0) for i in range(30)], 5, 5, 15)
+    assert found is not None and found.leaked == pytest.approx(40.0, abs=1e-3)
+
+
+def test_tokens_the_ledger_lost_are_added_back_to_the_tokens_in_flight() -> None:
+    # from bucket 10 on the ledger counts 1600 tokens fewer than are in flight (a request
+    # aborted before its first token): added back, the load explains the level exactly
+    buckets = [_exact(i, 0.0) for i in range(30)]
+    buckets = [replace(b, in_flight=b.in_flight - (1600.0 if i >= 10 else 0.0),
+                       lost=1600.0 if i == 10 else 0.0) for i, b in enumerate(buckets)]
+    found = explain(buckets, 5, 5, 15)
+    assert found is not None and found.lost_tokens == 1600.0
+    assert (found.now, found.rise, found.leaked) == (pytest.approx(OFFSET, abs=1e-3),
+                                                     pytest.approx(0.0, abs=1e-3),
+                                                     pytest.approx(0.0, abs=1e-3))
+
+
+def test_a_feature_on_a_small_scale_is_fitted_as_surely_as_a_large_one() -> None:
+    # deferred requests swing by a hundredth and hold 1000 blocks each: standardised, the
+    # ridge (1e-6 of a column's variance) leaves its coefficient whole
+    deferred = [0.01 * ((i * 7) % 11) / 10 for i in range(30)]
+    levels = [b.level + 1000 * d for b, d in zip((_exact(i, 0.0) for i in range(30)), deferred,
+                                                  strict=True)]
+    rows = [[_exact(i, 0.0).in_flight, _exact(i, 0.0).running, d]
+            for i, d in enumerate(deferred)]
+    fit = _fit_levels(levels, rows, [i / 60 for i in range(30)])
+    assert fit.per_unit == pytest.approx([1 / BLOCK, 0.5, 1000.0], rel=1e-3)
+
+
+def test_a_feature_that_never_moves_is_left_out_of_the_fit_and_its_degrees_of_freedom() -> None:
+    # no deferred requests and no prefix hits: the same fit, 0 blocks for each, and the
+    # hinge's sureness over the same n − 3 degrees of freedom
+    buckets = _smooth_leak_buckets()
+    hours = [(b.t - buckets[0].t) / 3600 for b in buckets]
+    levels = [b.level for b in buckets]
+    alone = _fit_levels(levels, [[b.in_flight] for b in buckets], hours)
+    steady = _fit_levels(levels, [[b.in_flight, 0.0, 7.0] for b in buckets], hours)
+    assert steady.drift_z == pytest.approx(alone.drift_z, rel=1e-9)
+    assert steady.drift == pytest.approx(alone.drift, rel=1e-9)
+    assert steady.per_unit == [pytest.approx(alone.per_unit[0], rel=1e-9), 0.0, 0.0]
+
+
+
+def _steady(level: float) -> LoadBucket:
+    """A bucket of a load that never changes: nothing to fit, its level is all unexplained."""
+    return LoadBucket(0.0, level, 4000.0, 5.0, 0.0, 500.0, 0.0, 0.0, True)
+
+
+@pytest.mark.parametrize(("levels", "step", "still_up"), [
+    ([300.0] * 20, 0.0, False),  # no step: nothing to stay up
+    ([300.0] * 10 + [300.5] * 10, 0.5, True),  # half a block, still up
+    ([300.0] * 10 + [302.0] * 10 + [301.0] * 5, 2.0, True),  # exactly half of it still up
+    ([300.0] * 10 + [302.0] * 10 + [300.75] * 5, 2.0, False),  # under half
+], ids=["none", "half-a-block", "exactly-half-up", "under-half-up"])
+def test_a_step_is_still_up_while_the_latest_buckets_hold_half_of_it(
+        levels: list[float], step: float, still_up: bool) -> None:
+    buckets = [replace(_steady(level), t=60.0 * i) for i, level in enumerate(levels)]
+    found = explain(buckets, 5, 5, 15)
+    assert found is not None and (found.step, found.still_up) == (step, still_up)
+
+
+def _hinged(slope: float, noise: float = 0.0, n: int = 40) -> tuple[list[float],
+                                                                     list[list[float]],
+                                                                     list[float]]:
+    """n buckets a minute apart, 5 blocks a unit of a load that swings, and a hinge of
+    `slope` blocks an hour from the middle bucket on, plus `noise` (deterministic)."""
+    hours = [i / 60 for i in range(n)]
+    rows = [[float((i * 3) % 6)] for i in range(n)]
+    levels = [100 + 5 * row[0] + slope * max(0.0, h - hours[n // 2]) + noise * ((i * 7) % 5 - 2)
+              for i, (h, row) in enumerate(zip(hours, rows, strict=True))]
+    return levels, rows, hours
+
+
+def test_the_hinge_is_placed_where_the_drift_began_and_counts_from_there() -> None:
+    # 60 blocks an hour from bucket 20 to 39: 19 blocks, the load's 5 a unit apart
+    fit = _fit_levels(*_hinged(60.0))
+    assert fit.drift == pytest.approx(19.0, rel=1e-6)
+    assert fit.per_unit == [pytest.approx(5.0, rel=1e-5)]
+
+
+def test_a_level_falling_from_some_time_on_is_no_drift() -> None:
+    assert _fit_levels(*_hinged(-60.0)).drift == 0.0  # a leak only adds
+
+
+def test_too_few_buckets_for_a_hinge_give_no_drift_and_no_sureness() -> None:
+    # 3 buckets: the hinge needs MIN_AFTER after its τ and one before
+    fit = _fit_levels([1.0, 2.0, 4.0], [[1.0], [3.0], [2.0]], [0.0, 1 / 60, 2 / 60])
+    assert (fit.drift, fit.drift_z) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(("n", "dof"), [(5, 1), (40, 37)])
+def test_the_hinges_sureness_over_few_degrees_of_freedom_and_little_noise(
+        n: int, dof: int) -> None:
+    # two columns and the intercept (a hair of noise, an SSE far under 1): z² = the
+    # hinge's SSE gain x dof / the SSE left, against a brute-force least squares
+    levels, rows, hours = _hinged(60.0, noise=0.01, n=n)
+    rows = [[row[0], float((i * 7) % 4)] for i, row in enumerate(rows)]
+    ones = [1.0] * n
+    cols = [ones, [r[0] for r in rows], [r[1] for r in rows]]
+    taus = [hours[k - 1] for k in range(n - MIN_AFTER, 0, -TAU_EVERY)]
+    with_hinge = min(_sse([*cols, [max(0.0, h - tau) for h in hours]], levels) for tau in taus)
+    without = _sse(cols, levels)
+    assert with_hinge < 1
+    fit = _fit_levels(levels, rows, hours)
+    assert fit.drift_z == pytest.approx(math.sqrt((without - with_hinge) * dof / with_hinge),
+                                        rel=1e-2)  # the ridge's share, at an SSE this small
+
+
+def test_no_degree_of_freedom_left_is_sure_of_the_hinge() -> None:
+    # 4 buckets, the intercept and two columns: the hinge fits the rest exactly
+    fit = _fit_levels([1.0, 3.0, 4.0, 3.0], [[float(i % 2), float((i * 2) % 3)] for i in range(4)],
+                      [i / 60 for i in range(4)])
+    assert fit.drift_z == math.inf
+
+
+def test_a_pivot_of_exactly_1e_12_is_still_inverted() -> None:
+    found = leak_load._inverse([[1e-12]])
+    assert found is not None and found[0][0] == pytest.approx(1e12)
+
+
+def test_lumps_are_found_over_a_load_on_a_small_scale() -> None:
+    # the load swings by a thousandth of a unit at 30000 blocks a unit (30 blocks):
+    # standardised, the ridge leaves that whole and only the four jumps' largest three stand out
+    rows = [[0.001 * (i % 2)] for i in range(60)]
+    levels = [v + 30000 * row[0] for v, row in zip(_stairs({10: 100.0, 20: 60.0, 30: 200.0,
+                                                           40: 80.0}), rows, strict=True)]
+    assert leak_load._lumps(levels, rows) == [10, 30, 40]
+
+
+@pytest.mark.parametrize(("close", "state", "ending"), [
+    (29, "watch", " (confirming, 3 min)"),  # 180 s since the evidence began, at close 26
+    (36, "leak", ", for 10 min"),  # 600 s
+], ids=["watch", "leak"])
+def test_the_reason_says_what_the_load_leaves_unexplained_and_for_how_long(
+        close: int, state: str, ending: str) -> None:
+    found = closes(floor_verdicts(swinging([0.0] * 20 + [40.0] * 20)))[close]
+    evidence = found.evidence
+    # what the load explains: a block per BLOCK tokens in flight and half a block for each
+    # of the 4 or 7 requests running (5.2 or 5.8 on average over the latest five buckets)
+    assert isinstance(evidence["tokens_in_flight"], float)
+    assert evidence["explained_blocks"] - evidence["tokens_in_flight"] / BLOCK in (
+        pytest.approx(5.2 / 2, abs=0.01), pytest.approx(5.8 / 2, abs=0.01))
+    assert (found.state, found.reason) == (state, (
+        "40 blocks (4.0% of the pool) held beyond what the load explains "
+        f"({evidence['tokens_in_flight']:.0f} tokens in flight: "
+        f"{evidence['explained_blocks']:.0f}){ending}"))
