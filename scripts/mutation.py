@@ -451,12 +451,16 @@ MODULES: dict[str, tuple[str, ...]] = {
     # two tables of bindings (no function for mutmut): its test reads every key and action
     "kvtop/ui/keys.py": (f"{UNIT}/ui/test_keys.py",
                          f"{UNIT}/test_cli.py::test_the_man_pages_keys_are_the_keys_the_app_binds"),
+    # the F6 menu in a small app of its own, and the app's test that sorts through it
+    "kvtop/ui/screens/sort_menu.py": (f"{UNIT}/ui/screens/test_sort_menu.py",
+                                      "tests/ui/pilot/test_habits.py::"
+                                      "test_f6_picks_a_sort_and_f3_searches"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
        for name in ("alert_tap", "app", "frame", "gpu_watch", "recording_tap", "replay",
                     "selected_engine", "screens/detail",
-                    "screens/help", "screens/sort_menu", "widgets/engine_panel",
+                    "screens/help", "widgets/engine_panel",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
 }
 
