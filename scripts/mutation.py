@@ -455,12 +455,16 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/ui/screens/sort_menu.py": (f"{UNIT}/ui/screens/test_sort_menu.py",
                                       "tests/ui/pilot/test_habits.py::"
                                       "test_f6_picks_a_sort_and_f3_searches"),
+    # the help in a small app of its own (its text word for word), and the app's F1 test
+    "kvtop/ui/screens/help.py": (f"{UNIT}/ui/screens/test_help.py",
+                                 "tests/ui/pilot/test_habits.py::"
+                                 "test_the_help_fits_80x24_and_explains_every_state"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
        for name in ("alert_tap", "app", "frame", "gpu_watch", "recording_tap", "replay",
                     "selected_engine", "screens/detail",
-                    "screens/help", "widgets/engine_panel",
+                    "widgets/engine_panel",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
 }
 
