@@ -459,10 +459,14 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/ui/screens/help.py": (f"{UNIT}/ui/screens/test_help.py",
                                  "tests/ui/pilot/test_habits.py::"
                                  "test_the_help_fits_80x24_and_explains_every_state"),
+    # the recording in a small app with a real writer, and the app's recording test
+    "kvtop/ui/recording_tap.py": (f"{UNIT}/ui/test_recording_tap.py",
+                                  "tests/ui/pilot/test_record_replay.py::"
+                                  "test_the_app_records_every_scrape_without_tokens"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
-       for name in ("alert_tap", "app", "frame", "gpu_watch", "recording_tap", "replay",
+       for name in ("alert_tap", "app", "frame", "gpu_watch", "replay",
                     "selected_engine", "screens/detail",
                     "widgets/engine_panel",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
