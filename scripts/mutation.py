@@ -463,10 +463,14 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/ui/recording_tap.py": (f"{UNIT}/ui/test_recording_tap.py",
                                   "tests/ui/pilot/test_record_replay.py::"
                                   "test_the_app_records_every_scrape_without_tokens"),
+    # the alerts in a small app with real commands, and the app's test of them end to end
+    "kvtop/ui/alert_tap.py": (f"{UNIT}/ui/test_alert_tap.py",
+                              "tests/ui/pilot/test_alerts.py::"
+                              "test_entering_leak_rings_and_runs_the_command_once"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
-       for name in ("alert_tap", "app", "frame", "gpu_watch", "replay",
+       for name in ("app", "frame", "gpu_watch", "replay",
                     "selected_engine", "screens/detail",
                     "widgets/engine_panel",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
