@@ -500,12 +500,28 @@ MODULES: dict[str, tuple[str, ...]] = {
     # two tables of bindings (no function for mutmut): its test reads every key and action
     "kvtop/ui/keys.py": (f"{UNIT}/ui/test_keys.py",
                          f"{UNIT}/test_cli.py::test_the_man_pages_keys_are_the_keys_the_app_binds"),
+    # the F6 menu in a small app of its own, and the app's test that sorts through it
+    "kvtop/ui/screens/sort_menu.py": (f"{UNIT}/ui/screens/test_sort_menu.py",
+                                      "tests/ui/pilot/test_habits.py::"
+                                      "test_f6_picks_a_sort_and_f3_searches"),
+    # the help in a small app of its own (its text word for word), and the app's F1 test
+    "kvtop/ui/screens/help.py": (f"{UNIT}/ui/screens/test_help.py",
+                                 "tests/ui/pilot/test_habits.py::"
+                                 "test_the_help_fits_80x24_and_explains_every_state"),
+    # the recording in a small app with a real writer, and the app's recording test
+    "kvtop/ui/recording_tap.py": (f"{UNIT}/ui/test_recording_tap.py",
+                                  "tests/ui/pilot/test_record_replay.py::"
+                                  "test_the_app_records_every_scrape_without_tokens"),
+    # the alerts in a small app with real commands, and the app's test of them end to end
+    "kvtop/ui/alert_tap.py": (f"{UNIT}/ui/test_alert_tap.py",
+                              "tests/ui/pilot/test_alerts.py::"
+                              "test_entering_leak_rings_and_runs_the_command_once"),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
-       for name in ("alert_tap", "app", "frame", "gpu_watch", "recording_tap", "replay",
+       for name in ("app", "frame", "gpu_watch", "replay",
                     "selected_engine", "screens/detail",
-                    "screens/help", "screens/sort_menu", "widgets/engine_panel",
+                    "widgets/engine_panel",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
 }
 
