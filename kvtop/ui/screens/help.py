@@ -1,10 +1,12 @@
-"""F1 / `?`: every key, and what each column and state means, on one 80x24 screen."""
+"""F1 / `?`: every key, and what each column and state means; at 80x24 the keys and the
+first columns fit, the rest scrolls (↓, PgDn, the wheel)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -33,21 +35,29 @@ MORE_KEYS: Keys = (
     ("Home End", "first / last row"),
 )
 
-# (term, lines): what a person needs to read the screen; kept to one 80x24 screen
+# (term, lines): every column of the table, in its order, then the states and panes
 LEGEND: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("NAME", ("the server (its config name or host:port); e0 e1: its engines",)),
+    ("MODEL", ("the model it serves, as it names it",)),
     ("STATUS", ("up · restarted (counters reset in the last 5m) · unknown: not LLM",
                 "down/timeout/auth/not found/bad data 12s: no answer for 12 s; the",
                 "numbers dimmed are the last good ones, dashes after a minute")),
     ("KV", ("████▉ 588/599 blocks used/pool, in eighths; amber ≥80%, red ≥95%",)),
+    ("RUN", ("requests running: in the batch now",)),
+    ("WAIT", ("requests waiting for a place in the batch",)),
     ("PRE/s", ("preemptions a second: the pool ran out, requests were evicted",)),
     ("HIT", ("prefix-cache hits over the last scrape window; (38%) dimmed is the",
              "lifetime rate, while no lookup came in the window")),
+    ("PP", ("PP t/s: prompt tokens read a second (prefill), last window",)),
+    ("GEN", ("GEN t/s: tokens generated a second (decode), last window",)),
     ("TTFT", ("time to first token p50/p99, last window, estimated from buckets",)),
     ("LEAK", ("WARMUP (too early to say) · OK · WATCH some evidence · LEAK strong;",
               "+N/h: the floor's rise in blocks an hour")),
     ("STALL", ("requests held, no token for a few scrapes; SATURATED: full, moving",)),
     ("LIMIT", ("what holds the queue: KV cap · max seqs · budget (tokens a step) ·",
                "deferred · KV xfer · asleep; none: nothing waits; header: held by")),
+    ("GPU", ("GPU MEM: used/total memory of the server's GPUs, as nvidia-smi",)),
+    ("Δ", ("Δ KV/TTFT: against --baseline, KV p50 (points) and TTFT p99 (%)",)),
     ("exact", ("KV events: blocks unused 3+ pool turnovers (own witness, not LEAK)",)),
 )
 KEY_COLUMNS = 2
@@ -89,4 +99,5 @@ class HelpScreen(ModalScreen[None]):
         self._keys = keys
 
     def compose(self) -> ComposeResult:
-        yield Static(help_text(self._keys), id="help-body")
+        with VerticalScroll(id="help-box"):
+            yield Static(help_text(self._keys), id="help-body")

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from textual.containers import VerticalScroll
 from textual.events import MouseScrollDown
+from textual.geometry import Region
 from textual.widgets import OptionList
 
 from kvtop.collect.target import Scrape, Target
@@ -171,16 +173,22 @@ async def test_groups_aggregate_and_fold_like_htop_s_tree(tmp_path: Path) -> Non
 
 
 async def test_the_help_fits_80x24_and_explains_every_state(tmp_path: Path) -> None:
+    """Its box fits 80x24, no line is cut at the right, and what is below the box is
+    reached by scrolling it (End): every line can be read."""
     app, _ = live_app(tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("f1")
         assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        box = app.screen.query_one("#help-box", VerticalScroll)
         body = app.screen.query_one("#help-body")
         await pilot.pause(0.1)
         lines = help_text(KEYS).plain.splitlines()
-        assert len(lines) <= body.content_size.height  # nothing cut at the bottom
-        assert max(len(line) for line in lines) <= body.content_size.width  # nor the right
-        assert body.region.bottom <= 24 and body.region.right <= 80
+        assert len(lines) <= body.content_size.height  # the body holds every line
+        assert max(len(line) for line in lines) <= body.content_size.width  # none cut
+        assert box.region == Region(0, 0, 80, 24) and body.region.right <= 80 - 3
+        await pilot.press("end")
+        assert await until(pilot, lambda: box.scroll_offset.y == box.max_scroll_y > 0)
+        assert box.scroll_offset.y + box.scrollable_content_region.height == len(lines)
         text = help_text(KEYS).plain
         for word in ("not found", "bad data", "timeout", "restarted", "unknown", "████▉",
                      "PRE/s", "lifetime", "window", "p50/p99", "estimated", "WATCH", "LEAK",
