@@ -667,16 +667,22 @@ async def test_watch_only_sends_nothing_and_reports_the_servers_own_view(
 
 
 async def test_the_settings_in_the_report_are_the_ones_the_run_used(tmp_path: Path) -> None:
-    """A chat run (the fake serves no chat: every request fails) with its own numbers."""
-    doc = await _rehearse_with(tmp_path / "out", duration_s=5.0, chat=True, retries=0,
-                               concurrency=3, workload="shared-prefix", strict=True,
-                               request_timeout_s=20.0, max_error_rate=0.5)
+    """A chat run with its own numbers: the report says them, and every request went to
+    the chat API."""
+    out = tmp_path / "out"
+    async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", out, duration_s=5.0,
+                                  chat=True, retries=0, concurrency=3,
+                                  workload="shared-prefix", strict=True,
+                                  request_timeout_s=20.0, max_error_rate=0.5),
+                             gpu_reader=None, progress=None)
+    assert_reported(doc, out)
     assert doc["settings"] == {
         "workload": "shared-prefix", "rate": 4.0, "concurrency": 3, "duration_s": 5.0,
         "interval_s": 1.0, "request_timeout_s": 20.0, "retries": 0, "strict": True,
         "watch_only": False, "api": "chat", "token_ids": False, "time_scale": FAST,
         "max_error_rate": 0.5, "full_duration": False}
-    assert doc["requests"]["ok"] == 0 and doc["verdict"] == "no-go"
+    assert doc["requests"]["ok"] > 0 and set(api.paths) == {"/v1/chat/completions"}
     assert doc["server"]["expected_hit_rate"] > 0  # the shared prefixes' expected hits
     token_ids = await _rehearse_with(tmp_path / "ids", duration_s=5.0, token_ids=True)
     assert token_ids["settings"]["token_ids"] is True
