@@ -486,10 +486,16 @@ MODULES: dict[str, tuple[str, ...]] = {
                                        "test_the_cache_pane_the_limit_and_the_exact_evidence"),
     "kvtop/ui/widgets/gpu_pane.py": (f"{UNIT}/ui/widgets/test_gpu_pane.py",
                                      "tests/ui/pilot/test_app.py::test_gpu_pane_with_fake_nvml"),
+    # the small-terminal panel: its own app and figures, and the app showing a GPU beside KV
+    "kvtop/ui/widgets/engine_panel.py": (f"{UNIT}/ui/widgets/test_engine_panel.py",
+                                         "tests/ui/pilot/test_gpu_views.py::"
+                                         "test_local_gpu_is_named_after_its_server"),
     "kvtop/ui/widgets/message_line.py": (f"{UNIT}/ui/widgets/test_message_line.py",
                                          "tests/ui/pilot/test_app.py::"
                                          "test_a_message_takes_the_footer_s_line_never_a_pane_s"),
     # the app's parts scored the same way: a small app of their own, and the app's tests of them
+    # the views it hands the charts and the panel, from real trackers fed real scrapes
+    "kvtop/ui/selected_engine.py": (f"{UNIT}/ui/test_selected_engine.py",),
     "kvtop/ui/snapshot_taker.py": (f"{UNIT}/ui/test_snapshot_taker.py",
                                    "tests/ui/pilot/test_app.py::"
                                    "test_snapshot_writes_json_bodies_and_svg",
@@ -520,8 +526,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
        for name in ("app", "frame", "gpu_watch", "replay",
-                    "selected_engine", "screens/detail",
-                    "widgets/engine_panel",
+                    "screens/detail",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
 }
 

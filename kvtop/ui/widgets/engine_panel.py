@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.widgets import Static
@@ -18,9 +17,6 @@ from kvtop.ui.widgets.panes import ROLES, Styled
 from kvtop.view.chart import Point, joined_bins, spark_rows
 from kvtop.view.engine import EngineView, Line, PaneView
 from kvtop.view.gpus import memory_tail, memory_top
-
-if TYPE_CHECKING:
-    pass
 
 GpuSeries = Sequence[tuple[float, "int | None", "int | None"]]  # (t, used, total) bytes
 LABEL_W = 6  # "KV    ", "tok/s "
@@ -98,9 +94,9 @@ class EnginePanel(Styled, Static):
         self._args: tuple[EngineView, GpuSeries, tuple[int | None, int | None] | None,
                           float, float, bool] | None = None
 
-    def show(self, view: EngineView, *, gpu_series: GpuSeries = (),
-             gpu_owned: tuple[int | None, int | None] | None = None, now: float = 0.0,
-             span_s: float = 300.0, charts: bool = True) -> None:
+    def show(self, view: EngineView, *, now: float, span_s: float, gpu_series: GpuSeries = (),
+             gpu_owned: tuple[int | None, int | None] | None = None,
+             charts: bool = True) -> None:
         self.border_title = Text(view.title)  # a Text: a name is never read as markup
         self._args = (view, gpu_series, gpu_owned, now, span_s, charts)
         self._draw()
