@@ -520,10 +520,12 @@ MODULES: dict[str, tuple[str, ...]] = {
     # the GPU pane end to end
     "kvtop/ui/gpu_watch.py": (f"{UNIT}/ui/test_gpu_watch.py",
                               "tests/ui/pilot/test_app.py::test_gpu_pane_with_fake_nvml"),
+    # one frame in a small app over real trackers fed real scrapes
+    "kvtop/ui/frame.py": (f"{UNIT}/ui/test_frame.py",),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
-       for name in ("app", "frame", "replay",
+       for name in ("app", "replay",
                     "selected_engine", "screens/detail",
                     "widgets/engine_panel",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
