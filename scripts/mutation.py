@@ -522,11 +522,16 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/ui/alert_tap.py": (f"{UNIT}/ui/test_alert_tap.py",
                               "tests/ui/pilot/test_alerts.py::"
                               "test_entering_leak_rings_and_runs_the_command_once"),
+    # NVML in a small app with a fake reader and a real listening socket, and the app's test of
+    # the GPU pane end to end
+    "kvtop/ui/gpu_watch.py": (f"{UNIT}/ui/test_gpu_watch.py",
+                              "tests/ui/pilot/test_app.py::test_gpu_pane_with_fake_nvml"),
+    # one frame in a small app over real trackers fed real scrapes
+    "kvtop/ui/frame.py": (f"{UNIT}/ui/test_frame.py",),
     # the app's widgets, screens and taps: the unit tests that build them and the Pilot tier
     # (seconds per test: a mutant of these costs minutes)
     **{f"kvtop/ui/{name}.py": (f"{UNIT}/ui", "tests/ui/pilot")
-       for name in ("app", "frame", "gpu_watch", "replay",
-                    "screens/detail",
+       for name in ("app", "replay", "screens/detail",
                     "widgets/fleet_table", "widgets/panes", "widgets/summary")},
 }
 

@@ -67,8 +67,8 @@ class GpuWatch:
         self.failed_sources: list[GpuSource] = []  # exporters that could not be read
         self._pid_owners: dict[int, str] = {}  # local GPU process -> server URL
         self._port_owners = PortOwners()  # used by the worker thread only
-        self._exporters_changed = True  # the first frame already shows exporters' GPUs
-        self._servers_changed = True  # a new server or exporter: owners at once
+        self._exporters_changed = False  # an exporter's GPUs moved: owners at most every 2 s
+        self._servers_changed = True  # a new server or exporter (all, at first): owners at once
         self._refreshed_at = float("-inf")  # monotonic time of the last refresh
 
     # -- what the app tells it ------------------------------------------------------------
@@ -112,7 +112,7 @@ class GpuWatch:
             return
         pids = [process.pid for gpu in gpus for process in gpu.processes]
         try:
-            owners = self._port_owners.owners(pids, ports) if pids else {}
+            owners = self._port_owners.owners(pids, ports)  # no pids: /proc is not read
         except Exception:  # /proc surprises cost the owner column, never the GPU pane
             owners = {}
         self._app.call_from_thread(self.read_done, gpus, owners)
