@@ -39,8 +39,9 @@ class Styled(Widget):
         return style
 
     def line_text(self, line: Line) -> Text:
-        """A border title (kept as markup) or one of EngineHead's lines (joined into a Text
-        of their own): either way the cut at the edge is the stylesheet's."""
+        """A border title (kept as markup) or a line its widget joins into a Text of its own
+        (EngineHead, EnginePanel, CachePane): either way the cut at the edge is the
+        stylesheet's (text-wrap, text-overflow)."""
         text = Text()
         for piece, role in line:
             text.append(piece, self.role_style(role))
