@@ -39,7 +39,10 @@ class Styled(Widget):
         return style
 
     def line_text(self, line: Line) -> Text:
-        text = Text(no_wrap=True, overflow="ellipsis")
+        """A border title (kept as markup) or a line its widget joins into a Text of its own
+        (EngineHead, EnginePanel, CachePane): either way the cut at the edge is the
+        stylesheet's (text-wrap, text-overflow)."""
+        text = Text()
         for piece, role in line:
             text.append(piece, self.role_style(role))
         return text
@@ -94,15 +97,14 @@ class ChartPane(Styled):
     def _draw(self, width: int, height: int) -> list[Strip]:
         view = self._view
         if view is None:  # a server that never answered, a search that left no row
-            lines: list[Line] = [[(self._empty, "dim")]] if self._empty else []
+            lines: list[Line] = [[(self._empty, "dim")]]  # "": a blank line, as no line
         else:
             rows = render(view.chart, width, height) if view.chart is not None else []
             lines = rows or [[(view.empty, "dim")]]
         base = self.rich_style
         strips = []
         for line in lines:
-            segments = [Segment(piece, base + style if (style := self.role_style(role)) else base)
-                        for piece, role in line]
+            segments = [Segment(piece, base + self.role_style(role)) for piece, role in line]
             strips.append(Strip(Segment.simplify(segments)).extend_cell_length(width, base)
                           .crop(0, width))
         return strips

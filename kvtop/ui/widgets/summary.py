@@ -113,7 +113,8 @@ class SummaryBar(Static):
         return self._assemble([(0, head), *right])
 
     def _assemble(self, parts: list[Part]) -> Text:
-        text = Text(no_wrap=True, overflow="ellipsis")
+        """One line; show() joins two into a Text that cuts them at the edge."""
+        text = Text()
         for _, pieces in parts:
             if text:
                 text.append("  ")
