@@ -1927,7 +1927,7 @@ def test_the_floors_load_is_running_alone_where_a_span_has_no_tokens_per_request
 # -- the floor's rules, one at a time (kvtop/derive/leak_floor.py) -----------------------------
 
 P = LeakParams()
-POOL = 1000.0
+FLOOR_POOL = 1000.0
 # A trend exactly at every WATCH threshold on a pool of 1000: rise 1 % of it, the free 240
 # blocks full in 24 h at 10 blocks/h, the load explaining half of a raw slope of 20, the
 # batch turned over exactly turnover_min times.
@@ -1957,7 +1957,7 @@ AT_EVERY_THRESHOLD = FloorTrend(slope=10.0, lower=1.0, raw_slope=20.0, load_slop
         "one-block-an-hour", "no-free-blocks", "step-at", "step-under", "step-not-turned"])
 def test_watch_level_floor_evidence_is_each_threshold_exactly(changes: dict[str, float],
                                                               ok: bool) -> None:
-    assert floor_ok(replace(AT_EVERY_THRESHOLD, **changes), P, POOL) == ok
+    assert floor_ok(replace(AT_EVERY_THRESHOLD, **changes), P, FLOOR_POOL) == ok
 
 
 def _floor_buckets(times: list[float]) -> list[Bucket]:
@@ -2021,7 +2021,7 @@ SLOWLY_RISING = [100 + 0.01 * i + (1 if i % 2 else 0) for i in range(10)]
 def test_a_queue_growing_at_flat_throughput_is_a_consequence(
         waiting_per_min: float, throughput: list[float], found: bool) -> None:
     buckets = _queue(throughput, waiting_per_min)
-    said = consequences(buckets, _xs(buckets), P, POOL)
+    said = consequences(buckets, _xs(buckets), P, FLOOR_POOL)
     assert said == (("queue growing at flat throughput",) if found else ())
 
 
@@ -2036,7 +2036,7 @@ def test_throughput_is_tokens_generated_per_second_of_each_bucket() -> None:
     # tokens a bucket counts grow, its throughput does not
     buckets = [_minute(i, waiting=[10 + 0.01 * i], generated=100.0 * (60 + 5 * i),
                        seconds=60.0 + 5 * i) for i in range(10)]
-    said = consequences(buckets, _xs(buckets), P, POOL)
+    said = consequences(buckets, _xs(buckets), P, FLOOR_POOL)
     assert said == ("queue growing at flat throughput",)
 
 
@@ -2053,21 +2053,21 @@ def test_preemptions_up_at_the_same_load_is_a_consequence_from_exactly_its_bound
     # one bucket a half, a second each: its preemption count is its rate
     buckets = [_minute(0, running=[10.0], preemptions=0.125, seconds=1.0),
                _minute(1, running=[running_late], preemptions=late, seconds=1.0)]
-    said = consequences(buckets, _xs(buckets), P, POOL)
+    said = consequences(buckets, _xs(buckets), P, FLOOR_POOL)
     assert said == (("preemptions up at the same load",) if found else ())
 
 
 @pytest.mark.parametrize(("peak", "running_per_min", "found"), [
-    (P.pinned_frac * POOL, -0.1, True),  # peaks exactly at pinned, running surely falling
-    (math.nextafter(P.pinned_frac * POOL, 0.0), -0.1, False),  # a hair under pinned
-    (P.pinned_frac * POOL, 0.0, False),  # running flat: its upper bound is 0
+    (P.pinned_frac * FLOOR_POOL, -0.1, True),  # peaks exactly at pinned, running surely falling
+    (math.nextafter(P.pinned_frac * FLOOR_POOL, 0.0), -0.1, False),  # a hair under pinned
+    (P.pinned_frac * FLOOR_POOL, 0.0, False),  # running flat: its upper bound is 0
 ], ids=["pinned-falling", "a-hair-under-pinned", "running-flat"])
 def test_a_pool_pinned_full_while_running_falls_is_a_consequence(
         peak: float, running_per_min: float, found: bool) -> None:
     buckets = [_minute(i, running=[10 + running_per_min * i]) for i in range(10)]
     for b in buckets:
         b.used_max = peak
-    said = consequences(buckets, _xs(buckets), P, POOL)
+    said = consequences(buckets, _xs(buckets), P, FLOOR_POOL)
     assert said == (("pool pinned full while running falls",) if found else ())
 
 
@@ -2076,7 +2076,7 @@ def test_turnover_not_known_lately_is_not_known() -> None:
     # counter gone): turnover in the window alone is not "turned over lately"
     buckets = [Bucket(i, 60.0 * i, 300.0 + i, 300.0 + i, used_sum=300.0 + i, scrapes=1,
                       running=[5.0], finished=10.0 if i < 7 else None) for i in range(12)]
-    trend = floor_trend(buckets, P, POOL)
+    trend = floor_trend(buckets, P, FLOOR_POOL)
     assert trend is not None and trend.turnover is None
 
 
