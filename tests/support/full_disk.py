@@ -1,9 +1,11 @@
-"""Real filesystems that refuse a write: a 512 KiB tmpfs to fill, a read-only one."""
+"""Real filesystems that refuse a write: a 512 KiB tmpfs to fill, a read-only one, and
+this process's own file-size limit."""
 
 from __future__ import annotations
 
 import errno
 import os
+import resource
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,3 +50,15 @@ def fill(folder: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+@contextmanager
+def refused_writes_past(size: int) -> Iterator[None]:
+    """Writes that would take a file of this process past ``size`` bytes fail (EFBIG), as
+    on a full disk; Python ignores the SIGXFSZ the kernel sends with them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

@@ -9,14 +9,12 @@ full disk that loses a batch (counted and said) but never the file."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import gzip
 import json
 import math
 import os
 import random
-import resource
 import stat
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -47,6 +45,7 @@ from kvtop.store.recording import (
     size_text,
 )
 from kvtop.store.writer import FLUSH_BYTES, MIN_MAX_BYTES
+from tests.support.full_disk import refused_writes_past
 from tests.support.paths import fixture_text
 
 TOKEN = "recording-secret"
@@ -331,18 +330,6 @@ def test_a_body_too_large_to_read_back_is_recorded_as_an_error_line(tmp_path: Pa
     assert (scrape.failure, scrape.t) == ("bad_payload", T0)
     size = len(json.dumps({"t": T0, "target": URL, "body": body}, separators=(",", ":"))) + 1
     assert scrape.error == f"a body of {size} bytes is too large to record"
-
-
-@contextlib.contextmanager
-def refused_writes_past(size: int) -> Iterator[None]:
-    """Writes that would take a file of this process past ``size`` bytes fail (EFBIG), as
-    on a full disk; Python ignores the SIGXFSZ the kernel sends with them."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def padded(n: int) -> str:

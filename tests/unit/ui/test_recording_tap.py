@@ -5,10 +5,7 @@ after closing, it does nothing."""
 
 from __future__ import annotations
 
-import contextlib
 import random
-import resource
-from collections.abc import Iterator
 from pathlib import Path
 
 from textual.app import App
@@ -24,6 +21,7 @@ from kvtop.store.reader import read_recording
 from kvtop.store.writer import FLUSH_BYTES, MIN_MAX_BYTES, RecordingWriter
 from kvtop.ui.recording_tap import RECORD_FLUSH_S, RecordingTap
 from tests.scenarios.app import UNDER_LOAD
+from tests.support.full_disk import refused_writes_past
 from tests.support.paths import fixture_text
 
 TARGET = Target("http://10.0.0.5:8000/metrics")
@@ -63,18 +61,6 @@ def writer(path: Path, max_bytes: int | None = None) -> RecordingWriter:
 
 def scrape(n: int, body: str = BODY) -> Scrape:
     return Scrape(TARGET, T0 + n, body=body)
-
-
-@contextlib.contextmanager
-def refused_writes_past(size: int) -> Iterator[None]:
-    """Writes taking a file of this process past ``size`` bytes fail (EFBIG), as on a full
-    disk; Python ignores the SIGXFSZ the kernel sends with them."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def line_bytes(line: dict[str, object]) -> int:
