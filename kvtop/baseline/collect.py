@@ -10,6 +10,7 @@ least half of it. A figure the server does not export stays unknown: missing is 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,19 +44,35 @@ COUNTERS = ("preemptions_total", "prompt_tokens_total", "generation_tokens_total
 HISTOGRAMS = ("ttft", "itl", "e2e", "block_lifetime")
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 GAUGES = ("usage", "running", "waiting", "idle_usage", "idle_blocks", "kv_limited")
+# bucket sets one histogram keeps apart in a window; a further set is folded into the fullest
+MAX_BUCKET_SETS = 4
 COMPUTED = "local_compute"  # vLLM's prompt_tokens_by_source label for KV computed afresh
+
+
+def _step_down(bounds: tuple[float, ...], counts: list[float], onto: tuple[float, ...]
+               ) -> list[float]:
+    """Cumulative counts at ``onto``'s bounds: at each, the count at the highest of ``bounds``
+    not above it, the observations certainly under it (a bucket's are not split)."""
+    return [counts[i - 1] if (i := bisect.bisect_right(bounds, bound)) else 0.0
+            for bound in onto]
+
+
+def _fullest(sets: dict[tuple[float, ...], list[float]]) -> tuple[float, ...]:
+    return max(sets, key=lambda bounds: sets[bounds][-1])
 
 
 @dataclass(slots=True)
 class _Window:
     """Sums over scrape windows: counter deltas with the seconds they cover, gauge samples,
-    and latency histogram deltas (bound -> cumulative count)."""
+    and latency histogram deltas (cumulative counts per bucket set)."""
 
     seconds: float = 0.0
     counts: dict[str, float] = field(default_factory=dict)
     counted_s: dict[str, float] = field(default_factory=dict)
     gauges: dict[str, list[float]] = field(default_factory=dict)
-    histograms: dict[str, dict[float, float]] = field(default_factory=dict)
+    # per histogram, its deltas summed per bucket set: a server may change its bounds (a new
+    # version, no restart seen), and counts at different bounds cannot be added bound by bound
+    histograms: dict[str, dict[tuple[float, ...], list[float]]] = field(default_factory=dict)
 
     def count(self, name: str, delta: float, dt: float) -> None:
         self.counts[name] = self.counts.get(name, 0.0) + delta
@@ -68,9 +85,24 @@ class _Window:
         return self.gauges.get(name, [])
 
     def histogram(self, name: str, delta: list[tuple[float, float]]) -> None:
-        summed = self.histograms.setdefault(name, {})
-        for bound, count in delta:
-            summed[bound] = summed.get(bound, 0.0) + count
+        sets = self.histograms.setdefault(name, {})
+        bounds = tuple(bound for bound, _ in delta)
+        counts = [count for _, count in delta]
+        if bounds not in sets and len(sets) == MAX_BUCKET_SETS:  # a server that keeps changing
+            bounds, counts = _fullest(sets), _step_down(bounds, counts, _fullest(sets))
+        summed = sets.setdefault(bounds, [0.0] * len(bounds))
+        for i, count in enumerate(counts):
+            summed[i] += count
+
+    def buckets(self, name: str) -> list[tuple[float, float]]:
+        """The histogram's cumulative buckets, its bucket sets merged on all their bounds."""
+        sets = self.histograms.get(name, {})
+        union = sorted({bound for bounds in sets for bound in bounds})
+        merged = [0.0] * len(union)
+        for bounds, counts in sets.items():
+            for i, count in enumerate(_step_down(bounds, counts, tuple(union))):
+                merged[i] += count
+        return list(zip(union, merged, strict=True))
 
     def rate(self, name: str, per_s: float = 1.0) -> float | None:
         seconds = self.counted_s.get(name)
@@ -94,7 +126,7 @@ class _Window:
         return self.counts["prefix_hits_total"] / queries  # adapters read both or neither
 
     def latency(self, name: str, q: float, min_observations: float = 1.0) -> float | None:
-        buckets = sorted(self.histograms.get(name, {}).items())
+        buckets = self.buckets(name)
         if not buckets or buckets[-1][1] < min_observations:
             return None
         return quantile(q, buckets)
@@ -298,9 +330,9 @@ def _engine_figures(total: _Window, minutes: list[tuple[int, _Window]], caching_
         figures[name] = Figure(mean(samples), series(name, _gauge_mean(name)),
                                _distribution(samples))
     for name in HISTOGRAMS:
-        observed = total.histograms.get(name)
+        observed = total.buckets(name)
         summary: dict[str, float | None] = (
-            {"observations": max(observed.values())} if observed else {})
+            {"observations": observed[-1][1]} if observed else {})
         for label, q in QUANTILES:
             key = f"{name}_{label}"
             figures[key] = Figure(total.latency(name, q), series(key, _latency(name, q)),

@@ -574,3 +574,50 @@ def test_a_histogram_whose_buckets_change_counts_no_window_across_the_change() -
         {"vllm:num_requests_running": 1.0, "vllm:kv_cache_usage_perc": 0.5} | ttft(i)))
         for i in range(7)])
     assert engine.figure("ttft_p50").summary == {"observations": 50.0}  # 60 less the 10
+
+
+def ttft_run(sets: list[tuple[tuple[float, ...], float]]) -> EngineSummary:
+    """Each (bounds, n): two scrapes 10 s apart with those TTFT bounds, n answers between
+    them, all under the first bound; the counts go on from the answers before."""
+    bodies, before = [], 0.0
+    for k, (bounds, n) in enumerate(sets):
+        for j, count in enumerate((before, before + n)):
+            ttft = histogram("vllm:time_to_first_token_seconds", bounds, (count,) * len(bounds))
+            bodies.append((20.0 * k + 10.0 * j, exposition(
+                {"vllm:num_requests_running": 1.0, "vllm:kv_cache_usage_perc": 0.5} | ttft)))
+        before += n
+    return summarised(bodies)
+
+
+def test_two_bucket_sets_are_merged_on_their_bounds_not_added_bound_by_bound() -> None:
+    """20 answers within 0.5 s under bounds (0.5, 10), then the bounds become (1, 10) and 30
+    answers come between 1 and 10 s. The 25th answer is the 5th of those 30: p50 = 1 + 9 *
+    5/30 = 2.5 s, p90 (the 45th) 1 + 9 * 25/30 = 8.5 s. Added bound by bound, bound 1 held
+    the second set's 0 under the first set's 20 and p50 read 5.5 s."""
+    def ttft(i: int) -> dict[str, float]:
+        if i < 3:
+            return histogram("vllm:time_to_first_token_seconds", (0.5, 10.0), (10.0 * i,) * 2)
+        return histogram("vllm:time_to_first_token_seconds", (1.0, 10.0),
+                         (20.0, 20.0 + 10.0 * (i - 3)))
+
+    engine = summarised([(10.0 * i, exposition(
+        {"vllm:num_requests_running": 1.0, "vllm:kv_cache_usage_perc": 0.5} | ttft(i)))
+        for i in range(7)])
+    p50, p90 = engine.figure("ttft_p50"), engine.figure("ttft_p90")
+    assert (p50.value, p90.value) == (pytest.approx(2.5), pytest.approx(8.5))
+    assert p50.summary == {"observations": 50.0}
+    # minute 0 (the window that ends at 60 s starts minute 1): 20 answers of each set, the
+    # 36th the 16th of the second's 20 in (1, 10]
+    assert p90.values == (pytest.approx(1.0 + 9.0 * 16 / 20),)
+
+
+def test_a_fifth_bucket_set_is_folded_into_the_fullest() -> None:
+    """20 answers within 0.6 s, then 5 within each of 0.2, 0.3, 0.4 and 0.5 s, each under its
+    own bounds (b, 10). Four sets are kept apart; the fifth, (0.5, 10), is folded into the
+    fullest, (0.6, 10), where its answers count as within 0.6 s. p90, the 36th answer:
+    0.4 + 0.2 * 21/25 = 0.568 s (the fifth kept apart: 0.58 s; only three kept: 0.56 s;
+    folded into the emptiest, (0.2, 10), whose next bound is 10 s: 2.48 s)."""
+    engine = ttft_run([((0.6, 10.0), 20.0)] + [((b, 10.0), 5.0) for b in (0.2, 0.3, 0.4, 0.5)])
+    ttft = engine.figure("ttft_p90")
+    assert ttft.value == pytest.approx(0.568)
+    assert ttft.summary == {"observations": 40.0}
