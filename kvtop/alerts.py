@@ -36,7 +36,6 @@ STDERR_QUOTE = 200  # characters of a failing command's stderr shown
 class AlertEvent:
     kind: AlertKind
     key: str  # the engine's row key
-    name: str  # its row name (safe text)
     state: TargetState
     stats: EngineStats
     t: float

@@ -44,22 +44,17 @@ class AlertTap:
         for change in changes:
             self._notify_leak(change)
         entered = [change for change in changes if change.verdict.state == "leak"]
-        events = [self._leak_event(change, states) for change in entered]
+        events = [AlertEvent("leak", change.key, change.state, change.stats, self._clock())
+                  for change in entered]
         stalled, self._stall_seen = stall_entries(states, self._stall_seen)
         for entry in stalled:
             assert entry.stats.stall is not None
             self._app.notify(display_text(f"{entry.name}: {entry.stats.stall.reason}"),
                              title="STALLED", severity="error", timeout=LEAK_NOTIFY_S["leak"],
                              markup=False)
-            events.append(AlertEvent("stall", entry.key, entry.name, entry.state, entry.stats,
-                                     self._clock()))
+            events.append(AlertEvent("stall", entry.key, entry.state, entry.stats, self._clock()))
         if events:
             self._alert(events)
-
-    def _leak_event(self, change: LeakChange, states: list[TargetState]) -> AlertEvent:
-        state, stats = next((state, stats) for state in states for stats in state.engines
-                            if stats.leak is change.verdict)
-        return AlertEvent("leak", change.key, change.name, state, stats, self._clock())
 
     def _alert(self, events: list[AlertEvent]) -> None:
         """A bell for the lot, and the configured command for each (rate-limited)."""

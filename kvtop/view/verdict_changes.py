@@ -22,6 +22,8 @@ class LeakChange:
     key: str
     name: str
     verdict: LeakVerdict
+    state: TargetState
+    stats: EngineStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,6 @@ def leak_changes(
             now_seen[key] = verdict.state
             if LEAK_RANK[verdict.state] != LEAK_RANK[before]:
                 name = shown_label(state.target) + engine_suffix(stats, state.engines)
-                changes.append(LeakChange(key, name, verdict))
+                changes.append(LeakChange(key, name, verdict, state, stats))
     return changes, now_seen
 

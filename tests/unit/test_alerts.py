@@ -22,7 +22,7 @@ NO_SUCH_FILE = ": No such file or directory"
 
 
 def _event(state: TargetState) -> AlertEvent:
-    return AlertEvent("leak", "key", "llama-a", state, state.engines[0], T0)
+    return AlertEvent("leak", "key", state, state.engines[0], T0)
 
 
 async def test_the_command_reads_the_event_as_json(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ async def test_the_command_reads_the_event_as_json(tmp_path: Path) -> None:
 def test_a_stall_event_carries_the_stall_verdict_and_its_reason() -> None:
     state = leaking_state()
     stats = replace(state.engines[0], stall=WEDGED)
-    document = AlertEvent("stall", "key", "llama-a", state, stats, T0 + 292).document()
+    document = AlertEvent("stall", "key", state, stats, T0 + 292).document()
     assert (document["event"], document["at"]) == ("stall", "2026-01-01T00:04:52+00:00")
     assert document["reason"] == WEDGED.reason
     assert document["stall"] == {"state": "stalled", "reason": WEDGED.reason, "since_t": T0 + 292}

@@ -135,8 +135,9 @@ async def test_engines_entering_leak_or_stalled_together_each_run_the_command(
     out = tmp_path / "events.jsonl"
     app = AlertApp(AlertSettings(bell=True, command=appending_to(out)))
     async with app.run_test() as pilot:
-        # each engine's verdict is its own, as each tracker makes it
-        await looked(pilot, engine("a", replace(LEAKING)), engine("bb", replace(LEAKING)),
+        # one verdict object for both: each event is still its own engine's (an event once
+        # looked its engine up by the verdict's identity and told "a" twice)
+        await looked(pilot, engine("a", LEAKING), engine("bb", LEAKING),
                      engine("ccc", QUIET, WEDGED), engine("dddd", QUIET, WEDGED))
         assert await until(pilot, lambda: out.exists() and len(events(out)) == 4)
         assert sorted((e["event"], e["name"]) for e in events(out)) == [

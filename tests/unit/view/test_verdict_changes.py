@@ -61,7 +61,8 @@ def test_each_rank_is_told_by_its_own_key_and_name_after_one_without_a_verdict()
     state = _ranks(leak1=WATCHING)
     changes, seen = leak_changes([state], {})
     url = state.target.url
-    assert changes == [LeakChange(f"{url}|m|1", "gpu-7:8000 e1", WATCHING)]
+    assert changes == [LeakChange(f"{url}|m|1", "gpu-7:8000 e1", WATCHING, state,
+                                  state.engines[1])]
     assert seen == {f"{url}|m|1": "watch"}
 
 
