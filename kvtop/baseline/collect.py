@@ -137,14 +137,14 @@ class _EngineRun:
     model: str | None
     engine: str | None
     first_t: float
-    last_t: float = 0.0
+    last_t: float = field(init=False)  # add() sets it and caching_off, as it comes first
     samples: int = 0
     restarts: int = 0
     total: _Window = field(default_factory=_Window)
     minutes: dict[int, _Window] = field(default_factory=dict)
     previous: tuple[float, EngineReading] | None = None  # the last good scrape's time, reading
     config: dict[str, ConfigValue] = field(default_factory=dict)
-    caching_off: bool = False
+    caching_off: bool = field(init=False)
     verdict: EngineVerdict = field(init=False)
 
     def __post_init__(self) -> None:

@@ -90,6 +90,8 @@ def test_a_minute_counts_only_when_its_windows_cover_half_of_it() -> None:
     assert engine.minute_index["prompt_tps"] == (0, 1)
     longer = summarised([*bodies, (140.0, body(prompt=1400.0, generated=140.0))])
     assert longer.minute_index["prompt_tps"] == (0, 1, 2)  # 30 s: half of it
+    hair = summarised([*bodies, (139.5, body(prompt=1395.0, generated=139.5))])
+    assert hair.minute_index["prompt_tps"] == (0, 1)  # 29.5 s: a hair under half
 
 
 def test_no_window_spans_a_restart() -> None:
@@ -576,16 +578,19 @@ def test_a_histogram_whose_buckets_change_counts_no_window_across_the_change() -
     assert engine.figure("ttft_p50").summary == {"observations": 50.0}  # 60 less the 10
 
 
-def ttft_run(sets: list[tuple[tuple[float, ...], float]]) -> EngineSummary:
-    """Each (bounds, n): two scrapes 10 s apart with those TTFT bounds, n answers between
-    them, all under the first bound; the counts go on from the answers before."""
+def ttft_run(sets: list[tuple[tuple[float, ...], float, float]]) -> EngineSummary:
+    """Each (bounds, under, over): two scrapes 10 s apart with those TTFT bounds, and between
+    them ``under`` answers under the first bound and ``over`` above the last; the counts go
+    on from the answers before."""
     bodies, before = [], 0.0
-    for k, (bounds, n) in enumerate(sets):
-        for j, count in enumerate((before, before + n)):
+    for k, (bounds, under, over) in enumerate(sets):
+        for j, (count, total) in enumerate(((before, before), (before + under,
+                                                               before + under + over))):
             ttft = histogram("vllm:time_to_first_token_seconds", bounds, (count,) * len(bounds))
+            ttft['vllm:time_to_first_token_seconds_bucket{le="+Inf"}'] = total
             bodies.append((20.0 * k + 10.0 * j, exposition(
                 {"vllm:num_requests_running": 1.0, "vllm:kv_cache_usage_perc": 0.5} | ttft)))
-        before += n
+        before += under + over
     return summarised(bodies)
 
 
@@ -612,12 +617,14 @@ def test_two_bucket_sets_are_merged_on_their_bounds_not_added_bound_by_bound() -
 
 
 def test_a_fifth_bucket_set_is_folded_into_the_fullest() -> None:
-    """20 answers within 0.6 s, then 5 within each of 0.2, 0.3, 0.4 and 0.5 s, each under its
-    own bounds (b, 10). Four sets are kept apart; the fifth, (0.5, 10), is folded into the
-    fullest, (0.6, 10), where its answers count as within 0.6 s. p90, the 36th answer:
-    0.4 + 0.2 * 21/25 = 0.568 s (the fifth kept apart: 0.58 s; only three kept: 0.56 s;
-    folded into the emptiest, (0.2, 10), whose next bound is 10 s: 2.48 s)."""
-    engine = ttft_run([((0.6, 10.0), 20.0)] + [((b, 10.0), 5.0) for b in (0.2, 0.3, 0.4, 0.5)])
-    ttft = engine.figure("ttft_p90")
-    assert ttft.value == pytest.approx(0.568)
-    assert ttft.summary == {"observations": 40.0}
+    """Sets (b, 10 s) one after another: 12 answers within 0.6 s and 8 above 10 s (the
+    fullest, 20), 13 within 0.7 s (more under 10 s, fewer in all, and the larger bounds), then
+    5 within each of 0.3, 0.4 and 0.5 s. Four sets are kept apart; the fifth, (0.5, 10), is
+    folded into the fullest, where its answers count as within 0.6 s. p50, the 24th of 48:
+    0.4 + 0.2 * 14/17 s. Kept apart: 0.575 s; only three kept: 0.559 s; folded into the set
+    with the most under 10 s or the larger bounds (0.7 s): 0.611 s; into the emptiest: 0.615 s."""
+    engine = ttft_run([((0.6, 10.0), 12.0, 8.0), ((0.7, 10.0), 13.0, 0.0)]
+                      + [((b, 10.0), 5.0, 0.0) for b in (0.3, 0.4, 0.5)])
+    ttft = engine.figure("ttft_p50")
+    assert ttft.value == pytest.approx(0.4 + 0.2 * 14 / 17)
+    assert ttft.summary == {"observations": 48.0}
