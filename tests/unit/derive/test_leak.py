@@ -2594,3 +2594,11 @@ def test_with_no_residual_minimum_half_a_block_held_at_idle_is_half_a_block(
             for i in range(1, 6)]
     found = floor_verdicts(busy + idle, p)
     assert [(v.state, v.leaked_blocks) for v in found[-3:]] == [("watch", 0.5)] * 3
+
+
+def test_blocks_held_at_idle_keep_their_peak_on_a_server_without_tokens_in_flight() -> None:
+    # 40 blocks held at one idle, 30 at the next: leaked blocks are never freed, so the
+    # estimate stays 40 while the reason says what is held now (no floor evidence: no fit)
+    last_verdict = verdicts(idle_runs((0, 180, 40.0), (180, 900, 300.0), (900, 1080, 30.0)))[-1]
+    assert (last_verdict.state, last_verdict.reason, last_verdict.leaked_blocks) == (
+        "leak", "30 blocks held with nothing running or waiting", 40.0)
