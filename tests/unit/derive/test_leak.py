@@ -2300,9 +2300,8 @@ def _at(found: list[LeakVerdict], close: int, seconds: int = 0) -> LeakVerdict:
     return found[close * PER_BUCKET + seconds // STEP]
 
 
-def _unexplained_lump(params: LeakParams | None = None, after: int = 12,
-                      lump: float = 40.0) -> list[LeakVerdict]:
-    return floor_verdicts(swinging([0.0] * 20 + [lump] * after), params)
+def _unexplained_lump(params: LeakParams | None = None) -> list[LeakVerdict]:
+    return floor_verdicts(swinging([0.0] * 20 + [40.0] * 12), params)
 
 
 def test_the_unexplained_step_counts_from_exactly_explain_z() -> None:
