@@ -70,7 +70,15 @@ from kvtop.sim.exposition import render
 from kvtop.sim.faults import Fault
 from kvtop.sim.simulation import Simulation, Truth
 from kvtop.sim.workloads import SyntheticSpec, make_workload, synthetic
-from tests.scenarios.leak_buckets import FLOOR_POOL, by_bucket, closes, floor_verdicts
+from tests.scenarios.leak_buckets import (
+    FLOOR_POOL,
+    PER_BUCKET,
+    by_bucket,
+    closes,
+    floor_scrape,
+    floor_verdicts,
+    swinging,
+)
 from tests.scenarios.sim_replay import MIN, Point, ramp, replay
 from tests.scenarios.sim_replay import T0 as SIM_T0
 from tests.scenarios.sim_replay import Replay as SimReplay
@@ -1927,7 +1935,6 @@ def test_the_floors_load_is_running_alone_where_a_span_has_no_tokens_per_request
 # -- the floor's rules, one at a time (kvtop/derive/leak_floor.py) -----------------------------
 
 P = LeakParams()
-FLOOR_POOL = 1000.0
 # A trend exactly at every WATCH threshold on a pool of 1000: rise 1 % of it, the free 240
 # blocks full in 24 h at 10 blocks/h, the load explaining half of a raw slope of 20, the
 # batch turned over exactly turnover_min times.
@@ -2280,3 +2287,317 @@ def test_blocks_per_load_is_the_slope_of_level_changes_on_load_changes(
         levels: list[float], blocks_per_load: float) -> None:
     loads = [10.0, 20.0, 25.0, 40.0][:len(levels)]
     assert leak_buckets.per_load(levels, loads, P.z) == blocks_per_load
+
+
+# -- the engine's boundaries and words under a load that exports its tokens in flight -------
+# A lump of 40 blocks after 20 clean buckets under a swinging load: its first close with
+# evidence (WATCH) is LUMP_WATCH, LEAK leak_persist_s later. Verdicts are read at a bucket's
+# close (its first scrape) or a number of seconds after it.
+LUMP_WATCH = 26
+
+
+def _at(found: list[LeakVerdict], close: int, seconds: int = 0) -> LeakVerdict:
+    return found[close * PER_BUCKET + seconds // STEP]
+
+
+def _unexplained_lump(params: LeakParams | None = None) -> list[LeakVerdict]:
+    return floor_verdicts(swinging([0.0] * 20 + [40.0] * 12), params)
+
+
+def test_the_unexplained_step_counts_from_exactly_explain_z() -> None:
+    z = float(_at(_unexplained_lump(), LUMP_WATCH).evidence["unexplained_z"])
+    assert _at(_unexplained_lump(), LUMP_WATCH - 1).evidence["unexplained_z"] < P.explain_z <= z
+    at = _unexplained_lump(LeakParams(explain_z=z))
+    above = _unexplained_lump(LeakParams(explain_z=math.nextafter(z, INF)))
+    assert (_at(at, LUMP_WATCH).state, _at(above, LUMP_WATCH).state) == ("watch", "ok")
+    assert _at(above, LUMP_WATCH + 1).state == "watch"  # the next close's z is larger
+
+
+def test_unexplained_blocks_count_from_exactly_explain_noise_times_their_noise() -> None:
+    # the level before the lump wanders (its noise about 15 blocks): at the first close
+    # where the split is sure, explain_noise set to exactly the rise over the noise (the
+    # largest such factor, whose product with the noise is the rise itself) is evidence,
+    # a hair above it is none
+    wander = [10.0 * (m % 5 - 2) for m in range(20)]
+    series = swinging(wander + [40.0] * 8)
+    found = closes(floor_verdicts(series, LeakParams(explain_noise=0.0)))
+    first = next(i for i, v in enumerate(found) if v.state == "watch")
+    rise = float(found[first].evidence["unexplained_rise"])
+    noise = float(found[first].evidence["unexplained_noise"])
+    factor = rise / noise
+    while factor * noise > rise:
+        factor = math.nextafter(factor, 0.0)
+    while math.nextafter(factor, INF) * noise <= rise:
+        factor = math.nextafter(factor, INF)
+    assert factor * noise == rise and 1 < factor < 10
+    states = [closes(floor_verdicts(series, LeakParams(explain_noise=x)))[first].state
+              for x in (factor, math.nextafter(factor, INF))]
+    assert states == ["watch", "ok"]
+
+
+def test_unexplained_blocks_say_the_share_held_and_how_long_to_the_minute() -> None:
+    # 210 s of evidence reads 4 min (3.5 rounds to even), 330 s reads 6 min (5.5 likewise)
+    found = _unexplained_lump()
+    assert _at(found, LUMP_WATCH + 3, 30).reason == (
+        "40 blocks (4.0% of the pool) held beyond what the load explains "
+        "(3880 tokens in flight: 245) (confirming, 4 min)")
+    assert _at(found, LUMP_WATCH + 5, 30).reason == (
+        "40 blocks (4.0% of the pool) held beyond what the load explains "
+        "(4160 tokens in flight: 263), for 6 min")
+
+
+def test_unexplained_usage_of_a_pool_known_only_by_its_usage_is_a_share() -> None:
+    series = [replace(s, blocks_total=None, blocks_used=None)
+              for s in swinging([0.0] * 20 + [40.0] * 12)]
+    found = floor_verdicts(series)
+    watch = _at(found, LUMP_WATCH)
+    assert (watch.state, watch.reason, watch.leaked_blocks) == ("watch", (
+        "4.0% of the pool (4.0% of the pool) held beyond what the load explains "
+        "(4480 tokens in flight: 28.3%) (confirming, 0 min)"), None)
+
+
+def test_ok_under_load_says_what_the_load_explains_or_how_many_buckets_it_has_weighed() -> None:
+    p = LeakParams()
+    found = floor_verdicts(swinging([0.0] * 20))
+    assert [(v.state, v.reason) for v in (_at(found, 11), _at(found, 12), _at(found, 19))] == [
+        ("warmup", "collecting data"),
+        # the floor's trend is judged (trend_min_buckets closed), the load not yet
+        ("ok", f"weighing blocks against tokens in flight: 11 of {p.explain_min_buckets} "
+               "buckets without preemption so far"),
+        ("ok", "no blocks held beyond what the load explains over the window "
+               "(4160 tokens in flight: 263)")]
+
+
+def test_the_load_is_weighed_over_explain_window_s() -> None:
+    p = LeakParams(explain_window_s=1200.0)
+    found = floor_verdicts(swinging([0.0] * 30), p)
+    assert [_at(found, close).evidence["load_buckets"] for close in (20, 21, 29)] == [19, 20, 20]
+
+
+def test_the_unexplained_estimate_is_the_mean_of_estimate_buckets_latest_buckets() -> None:
+    # a leak of 3 blocks a bucket: the mean of the latest k buckets is 1.5 blocks lower for
+    # each bucket k takes in (within 2 %: the fit's hinge)
+    leaks = [0.0] * 20 + [3.0 * i for i in range(1, 16)]
+    leaked = {latest: float(closes(floor_verdicts(swinging(leaks), LeakParams(
+        estimate_buckets=latest)))[-1].evidence["unexplained_leaked"]) for latest in (1, 3, 4)}
+    assert leaked[1] - leaked[3] == pytest.approx(3.0, rel=0.02)
+    assert leaked[1] - leaked[4] == pytest.approx(4.5, rel=0.02)
+
+
+def test_a_bucket_without_tokens_in_flight_keeps_the_evidences_age_for_floor_grace_s() -> None:
+    # evidence at closes 26 and 27; buckets 27 to 31 have no tokens in flight, so the closes
+    # 28 to 32 cannot weigh the load: the evidence's age stands while the last close with it
+    # is at most floor_grace_s (3 buckets) behind, and goes at the first beyond
+    series = swinging([0.0] * 20 + [40.0] * 14)
+    series = [replace(s, tokens_in_flight=None) if 27 * 60 <= s.t - T0M < 32 * 60 else s
+              for s in series]
+    found = closes(floor_verdicts(series))
+    ages = [found[close].evidence.get("unexplained_evidence_s") for close in range(26, 33)]
+    assert ages == [0.0, 60.0, 120.0, 180.0, 240.0, None, None]
+    # WATCH is held after it, with what was seen; with tokens in flight again, but too few
+    # buckets to weigh them yet, no leak figure: nothing measures it
+    assert (found[33].state, found[33].reason, found[33].leaked_blocks) == ("watch", (
+        "40 blocks (4.0% of the pool) held beyond what the load explains "
+        "(4440 tokens in flight: 280) (confirming, 2 min); not seen for 5 min"), None)
+
+
+def test_buckets_with_preemptions_neither_break_nor_build_the_unexplained_evidence() -> None:
+    # preemptions in buckets 27 to 31: six closes the ledger cannot speak for, longer than
+    # floor_grace_s; the evidence found before stands through them and reaches LEAK
+    series = swinging([0.0] * 20 + [40.0] * 16)
+    series = [replace(s, preemptions_per_s=0.1) if 27 * 60 <= s.t - T0M < 32 * 60 else s
+              for s in series]
+    found = closes(floor_verdicts(series))
+    assert [found[close].reason for close in (29, 31)] == [
+        "40 blocks (4.0% of the pool) held beyond what the load explains "
+        "(4440 tokens in flight: 280) (confirming, 3 min)",
+        "40 blocks (4.0% of the pool) held beyond what the load explains "
+        "(4440 tokens in flight: 280), for 5 min"]
+    assert found[31].state == "leak"
+
+
+def test_unexplained_evidence_needs_no_floor_grace() -> None:
+    found = _unexplained_lump(LeakParams(floor_grace_s=0.0))
+    assert [_at(found, close).state for close in (LUMP_WATCH - 1, LUMP_WATCH, LUMP_WATCH + 5)
+            ] == ["ok", "watch", "leak"]
+
+
+# -- the engine's words and figures on the floor's side -------------------------------------
+# A lump of 40 blocks on a flat floor of 300 under a steady load (no tokens in flight): WATCH
+# from close 26, LEAK from close 31 (leak_persist_s later).
+FLOOR_LUMP = [300.0] * 20 + [340.0] * 12
+
+
+def test_a_flat_floor_under_load_is_ok_once_judged() -> None:
+    found = closes(floor_verdicts(by_bucket([300.0] * 14)))
+    assert [(v.state, v.reason) for v in found[11:13]] == [
+        ("warmup", "collecting data"), ("ok", "no rising floor under load over the window")]
+
+
+def test_a_drained_pool_says_so_then_how_long_ago() -> None:
+    found = verdicts([scrape(0, 0.0, running=0.0), scrape(10, 300.0), scrape(120, 300.0)])
+    assert [(v.state, v.reason) for v in found] == [
+        ("ok", "pool drained to its idle floor: nothing leaked so far"),
+        ("ok", "nothing leaked when the pool last drained to its idle floor, 10 s ago"),
+        ("ok", "nothing leaked when the pool last drained to its idle floor, 2 min ago")]
+
+
+def test_floor_evidence_says_how_long_it_has_been_confirming_to_the_minute() -> None:
+    # 210 s after the evidence began reads 4 min (3.5 rounds to even)
+    found = floor_verdicts(by_bucket(FLOOR_LUMP))
+    assert _at(found, 29, 30).reason == (
+        "floor stepped up 40 blocks under load, not explained by load (confirming, 4 min)")
+
+
+FLOOR_EVIDENCE = {"used", "pool", "units", "floor_slope_per_h", "floor_slope_lower_per_h",
+                  "raw_floor_slope_per_h", "load_slope_per_h", "blocks_per_load", "floor_rise",
+                  "floor_step", "floor_now", "load_measure", "consequences", "floor_evidence_s"}
+UNEXPLAINED_EVIDENCE = {
+    "unexplained_rise", "unexplained_now", "unexplained_base", "unexplained_step",
+    "unexplained_drift", "unexplained_drift_z", "unexplained_leaked", "unexplained_noise",
+    "unexplained_z", "tokens_in_flight", "explained_blocks", "blocks_per_token",
+    "ledger_lost_tokens", "load_buckets", "unexplained_still_up", "unexplained_evidence_s"}
+
+
+def _figures(evidence: dict[str, float | str]) -> set[str]:
+    """The evidence's names, once every figure is seen to be a number or a word."""
+    assert all(isinstance(value, (int, float, str)) for value in evidence.values()), evidence
+    return set(evidence)
+
+
+def test_the_evidence_names_every_figure_it_has_and_only_those() -> None:
+    floor = closes(floor_verdicts(by_bucket(FLOOR_LUMP)))[31].evidence
+    assert _figures(floor) == FLOOR_EVIDENCE | {"turnover"}
+    # no request finished in the window: the turnover is not known, and not given
+    unknown = [replace(s, finished_per_s=None) for s in by_bucket(FLOOR_LUMP)]
+    assert _figures(closes(floor_verdicts(unknown))[27].evidence) == FLOOR_EVIDENCE
+    load = _at(_unexplained_lump(), LUMP_WATCH).evidence
+    assert _figures(load) - FLOOR_EVIDENCE - {"turnover"} == UNEXPLAINED_EVIDENCE
+    idle = verdicts(at_idle(40.0))[-1].evidence
+    assert _figures(idle) == {"used", "pool", "units", "idle_residual"}
+
+
+def test_the_consequences_seen_are_all_given_in_the_evidence() -> None:
+    series = [replace(s, waiting=max(0.0, (s.t - T0M - 600) / 60),
+                      preemptions_per_s=0.125 if s.t - T0M < 17 * 60 else 0.5)
+              for s in by_bucket(FLOOR_LUMP)]
+    found = closes(floor_verdicts(series))
+    assert found[29].evidence["consequences"] == (
+        "queue growing at flat throughput, preemptions up at the same load")
+    assert found[29].reason == ("floor stepped up 40 blocks under load, not explained by "
+                                "load, with queue growing at flat throughput")
+
+
+@pytest.mark.parametrize(("after", "reason"), [
+    (312.0, "floor rising 27 blocks/h under load, not explained by load (confirming, 9 min)"),
+    # flat again: within floor_grace_s of its last evidence the floor evidence stands,
+    # worded from the trend as it is now (no step in it any more)
+    (300.0, "floor rising 0 blocks/h under load, not explained by load (confirming, 9 min)"),
+], ids=["still-rising", "flat-again"])
+def test_a_leak_held_while_floor_evidence_stands_says_what_it_sees_now(
+        after: float, reason: str) -> None:
+    # the floor falls back after LEAK: LEAK's rise is gone, WATCH's evidence stands, and the
+    # held LEAK gives that evidence as it is now, not as evidence "not seen"
+    found = closes(floor_verdicts(by_bucket(FLOOR_LUMP + [after] * 4)))
+    assert (found[31].state, found[35].state, found[35].reason) == ("leak", "leak", reason)
+
+
+def test_a_one_block_step_on_a_small_pool_is_worded_as_a_step() -> None:
+    # 1 block is 2 % of a 50-block pool: a step, said as one (not as a rate)
+    series = [replace(s, blocks_total=50, kv_usage=s.blocks_used / 50)
+              for s in by_bucket([10.0] * 20 + [11.0] * 8)]
+    found = closes(floor_verdicts(series))
+    assert (found[26].state, found[26].evidence["floor_step"]) == ("watch", 1.0)
+    assert found[26].reason.startswith("floor stepped up ")
+
+
+def test_buckets_out_of_the_window_go_across_a_silence() -> None:
+    # scrapes in minutes 0 to 10, then none until minute 32: the window (window_s //
+    # bucket_s + 1 buckets, the open one among them) keeps minutes 2 to 10 and 32, so at
+    # minute 33 ten closed buckets are judged and an eleventh is not there
+    series = [floor_scrape((minute * PER_BUCKET + i) * STEP, 300.0)
+              for minute in [*range(11), 32, 33] for i in range(PER_BUCKET)]
+    judged = {n: floor_verdicts(series, LeakParams(trend_min_buckets=n))[-PER_BUCKET].state
+              for n in (10, 11)}
+    assert judged == {10: "ok", 11: "warmup"}
+
+
+def test_the_floors_trend_is_gone_once_a_silence_leaves_too_few_buckets() -> None:
+    # WATCH from a lump, then no scrape for 41 minutes (longer than window_s): the close
+    # after the silence judges a single bucket, so there is no trend and no figure of one;
+    # WATCH is held, with what was last seen
+    series = by_bucket(FLOOR_LUMP[:29]) + [floor_scrape((minute * PER_BUCKET + i) * STEP, 340.0)
+                                           for minute in (70, 71) for i in range(PER_BUCKET)]
+    found = floor_verdicts(series, LeakParams(leak_persist_s=7200.0))
+    after = found[-PER_BUCKET]
+    assert after.state == "watch" and after.reason.endswith("; not seen for 10 s")
+    assert "floor_slope_per_h" not in after.evidence
+
+
+def test_a_leak_rate_under_one_block_an_hour_is_given() -> None:
+    # 40, 40.5 and 41 blocks held at idle spells an hour apart: half a block an hour
+    series = idle_runs((0, 180, 40.0), (180, 3600, 300.0), (3600, 3780, 40.5),
+                       (3780, 7200, 300.0), (7200, 7380, 41.0))
+    last_verdict = verdicts(series)[-1]
+    assert (last_verdict.state, last_verdict.leaked_blocks, last_verdict.slope_blocks_per_hour,
+            last_verdict.hours_to_full) == ("leak", 41.0, 0.5, (1000 - 41) / 0.5)
+
+
+def test_a_pool_known_only_by_its_usage_subtracts_no_idle_floor_in_blocks() -> None:
+    # a floor of 1 block means nothing to a pool known as a share: 5 % is held
+    series = [replace(s, blocks_total=None, blocks_used=None, kv_usage=0.05, idle_floor_blocks=1)
+              for s in at_idle(50.0)]
+    last_verdict = verdicts(series)[-1]
+    assert (last_verdict.state, last_verdict.reason) == (
+        "leak", "5.0% of the pool held with nothing running or waiting")
+
+
+def test_unexplained_leaked_blocks_keep_their_peak_while_the_evidence_stands() -> None:
+    # 40 blocks, then 30 of them for good: the estimate falls to 30, the verdict keeps 40
+    found = closes(floor_verdicts(swinging([0.0] * 20 + [40.0] * 10 + [30.0] * 8)))
+    assert found[-1].state == "leak"
+    assert found[-1].evidence["unexplained_leaked"] == pytest.approx(30.0, rel=0.01)
+    assert found[-1].leaked_blocks == pytest.approx(40.0, rel=1e-4)
+
+
+@pytest.mark.parametrize(("pool", "floor", "lump", "left"), [
+    (1000, 300.0, 40.0, 25.0),
+    (50, 10.0, 1.0, 0.5),  # a lump of a block on a small pool, half of it left
+], ids=["40-blocks", "1-block"])
+def test_a_lump_the_fit_lags_counts_as_its_step_and_only_a_lump_does(
+        pool: int, floor: float, lump: float, left: float) -> None:
+    # a lump at minute 20, part of which goes at minute 30. At close 32 the window's rise
+    # is still the step (no lump beyond it): the fit's estimate stands, though under the
+    # step. At close 33 the rise (the latest buckets) is what is left, the step still the
+    # lump: a lump the fit has few buckets after, counted as its step
+    series = [replace(s, blocks_total=pool, kv_usage=s.blocks_used / pool) for s in by_bucket(
+        [floor] * 20 + [floor + lump] * 10 + [floor + left] * 5)]
+    found = closes(floor_verdicts(series))
+    rising, after = found[32], found[33]
+    assert rising.evidence["floor_step"] == rising.evidence["floor_rise"] == lump
+    assert rising.leaked_blocks is not None and left < rising.leaked_blocks < lump
+    assert (after.evidence["floor_step"], after.evidence["floor_rise"]) == (lump, left)
+    assert after.leaked_blocks == lump
+
+
+@pytest.mark.parametrize("server", ["floor", "tokens-in-flight"])
+def test_with_no_residual_minimum_half_a_block_held_at_idle_is_half_a_block(
+        server: str) -> None:
+    # residual_min_blocks and residual_min_frac at 0: half a block held at idle is WATCH,
+    # and the estimate is that half block, whatever the load's witness says (the floor's
+    # trend: falling; the load-explained level: nothing)
+    p = LeakParams(residual_min_blocks=0.0, residual_min_frac=0.0)
+    busy = by_bucket([300.0] * 12) if server == "floor" else swinging([0.0] * 20)
+    idle = [replace(busy[-1], t=busy[-1].t + STEP * i, blocks_used=0.5, kv_usage=0.5 / FLOOR_POOL,
+                    running=0.0, tokens_in_flight=None if server == "floor" else 0.0)
+            for i in range(1, 6)]
+    found = floor_verdicts(busy + idle, p)
+    assert [(v.state, v.leaked_blocks) for v in found[-3:]] == [("watch", 0.5)] * 3
+
+
+def test_blocks_held_at_idle_keep_their_peak_on_a_server_without_tokens_in_flight() -> None:
+    # 40 blocks held at one idle, 30 at the next: leaked blocks are never freed, so the
+    # estimate stays 40 while the reason says what is held now (no floor evidence: no fit)
+    last_verdict = verdicts(idle_runs((0, 180, 40.0), (180, 900, 300.0), (900, 1080, 30.0)))[-1]
+    assert (last_verdict.state, last_verdict.reason, last_verdict.leaked_blocks) == (
+        "leak", "30 blocks held with nothing running or waiting", 40.0)

@@ -29,40 +29,19 @@ from kvtop.derive.leak_load import (
 from kvtop.derive.leak_params import LeakParams
 from kvtop.derive.stats import EngineStats
 from tests.scenarios.leak_buckets import (
+    BLOCK,
     FLOOR_POOL,
     PER_BUCKET,
     closes,
-    floor_scrape,
     floor_verdicts,
+    loaded,
+    swinging,
 )
 
 T0M = 1_700_000_040.0  # on a minute: buckets start with the series
 
 
 STEP = 10
-
-
-BLOCK = 16
-
-
-def loaded(t: float, leaked: float, *, running: float, preemptions: float = 0.0,
-           waiting: float = 0.0, aborted: float = 0.0, used: float | None = None
-           ) -> EngineStats:
-    """A scrape whose used blocks are exactly what its tokens in flight hold (a block per
-    BLOCK tokens, half a block rounded up per request) plus `leaked`."""
-    in_flight = running * (600.0 + 200.0 * (t // 60 % 3))  # contexts cycle, running swings
-    level = in_flight / BLOCK + running / 2 + leaked if used is None else used
-    return replace(floor_scrape(t, level, running=running, preemptions=preemptions),
-                   tokens_in_flight=in_flight, waiting=waiting,
-                   finished_per_s={"stop": 0.5, "abort": aborted})
-
-
-def swinging(leaks: list[float], **kw: float) -> list[EngineStats]:
-    """One bucket per entry, holding that many leaked blocks, under a load that swings
-    between 4 and 9 running from bucket to bucket (an explained working set of 200–450)."""
-    return [loaded((minute * PER_BUCKET + i) * STEP, leaked,
-                   running=4.0 + (minute * 3) % 6, **kw)
-            for minute, leaked in enumerate(leaks) for i in range(PER_BUCKET)]
 
 
 def test_a_lump_the_load_does_not_explain_is_watch_then_leak() -> None:
