@@ -524,8 +524,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/ui/screens/sort_menu.py": (f"{UNIT}/ui/screens/test_sort_menu.py",
                                       "tests/ui/pilot/test_habits.py::"
                                       "test_f6_picks_a_sort_and_f3_searches"),
-    # not yet scored on its own: the ui/ unit tests and the whole Pilot tier (minutes a mutant)
-    "kvtop/ui/screens/detail.py": (f"{UNIT}/ui", "tests/ui/pilot"),
+    # the detail in a small app with kvtop.tcss over real trackers fed real scrapes: every
+    # line, the charts, Escape and scrolling; the app's test that opens and closes it
+    "kvtop/ui/screens/detail.py": (f"{UNIT}/ui/screens/test_detail.py",
+                                   "tests/ui/pilot/test_app.py::test_selection_and_detail"),
     # the help in a small app of its own (its text word for word), and the app's F1 test
     "kvtop/ui/screens/help.py": (f"{UNIT}/ui/screens/test_help.py",
                                  "tests/ui/pilot/test_habits.py::"

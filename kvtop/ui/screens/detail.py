@@ -175,7 +175,8 @@ def _evidence_value(value: float | str) -> str:
         return shown(value)
     if abs(value) >= 100:
         return f"{value:.0f}"
-    return f"{value:.4f}".rstrip("0").rstrip(".") or "0"
+    # the digit before the point always stays: never an empty string
+    return f"{value:.4f}".rstrip("0").rstrip(".")
 
 
 def _ago(age: float | None) -> str:
