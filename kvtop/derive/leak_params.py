@@ -12,7 +12,7 @@ class LeakParams:
 
     bucket_s: float = 60.0  # floor = min of used blocks per bucket of this length
     window_s: float = 1800.0  # trend window (buckets kept); bounds memory and the slope's lag
-    max_gap_s: float = 120.0  # a longer silence between scrapes breaks an idle run
+    max_gap_s: float = 120.0  # a longer silence breaks an idle run and the evidence under load
     idle_min_s: float = 20.0  # an idle run counts once it spans this long...
     idle_min_scrapes: int = 3  # ...over at least this many scrapes (step-end stats lag)
     idle_leak_s: float = 60.0  # a residual held this long at idle (or twice) is a LEAK

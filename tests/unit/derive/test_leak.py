@@ -77,6 +77,7 @@ from tests.scenarios.leak_buckets import (
     closes,
     floor_scrape,
     floor_verdicts,
+    loaded,
     swinging,
 )
 from tests.scenarios.sim_replay import MIN, Point, ramp, replay
@@ -2522,17 +2523,74 @@ def test_buckets_out_of_the_window_go_across_a_silence() -> None:
     assert judged == {10: "ok", 11: "warmup"}
 
 
-def test_the_floors_trend_is_gone_once_a_silence_leaves_too_few_buckets() -> None:
-    # WATCH from a lump, then no scrape for 41 minutes (longer than window_s): the close
-    # after the silence judges a single bucket, so there is no trend and no figure of one;
-    # WATCH is held, with what was last seen
+def test_a_silence_longer_than_the_window_is_no_evidence_of_anything() -> None:
+    # WATCH from a 40-block lump at minute 26, then no scrape from minute 29 to 70: the
+    # evidence is as old as minute 28's last scrape, the window holds nothing else, and no
+    # figure is given. The close after the silence once confirmed the old trend at minute 70
+    # and said LEAK "for 44 min" with 212 blocks leaked.
     series = by_bucket(FLOOR_LUMP[:29]) + [floor_scrape((minute * PER_BUCKET + i) * STEP, 340.0)
                                            for minute in (70, 71) for i in range(PER_BUCKET)]
-    found = floor_verdicts(series, LeakParams(leak_persist_s=7200.0))
-    after = found[-PER_BUCKET]
-    assert after.state == "watch" and after.reason.endswith("; not seen for 10 s")
-    assert "floor_slope_per_h" not in after.evidence
+    found = floor_verdicts(series)
+    for after in (found[-2 * PER_BUCKET], found[-PER_BUCKET]):
+        assert (after.state, after.reason, after.leaked_blocks) == (
+            "warmup", "no scrape for 41 min: evidence under load starts again", None)
+        assert "floor_slope_per_h" not in after.evidence
 
+
+@pytest.mark.parametrize(("gap", "state", "reason"), [
+    (119.5, "watch", "floor stepped up 40 blocks under load, not explained by load "
+                     "(confirming, 5 min)"),
+    (120.0, "watch", "floor stepped up 40 blocks under load, not explained by load "
+                     "(confirming, 5 min)"),
+    # a hair over max_gap_s: the WATCH is held as last seen, its age stops at minute 28
+    (120.5, "watch", "floor stepped up 40 blocks under load, not explained by load "
+                     "(confirming, 3 min); not seen for 2 min")])
+def test_a_gap_of_max_gap_s_keeps_the_evidence_under_load_a_longer_one_does_not(
+        gap: float, state: str, reason: str) -> None:
+    series = by_bucket(FLOOR_LUMP[:29])
+    resumed = floor_scrape(series[-1].t - T0M + gap, 340.0)
+    last_verdict = floor_verdicts([*series, resumed])[-1]
+    assert (last_verdict.state, last_verdict.reason) == (state, reason)
+
+
+def test_after_a_silence_the_floor_evidence_ages_from_when_it_is_seen_again() -> None:
+    # the lump of the test above, no scrape from minute 29 to 40, then 340 blocks again:
+    # WATCH from the first close after it, aged from there, LEAK leak_persist_s later (the
+    # age once ran through the silence: LEAK "for 15 min" at minute 41)
+    series = by_bucket(FLOOR_LUMP[:29]) + [floor_scrape((minute * PER_BUCKET + i) * STEP, 340.0)
+                                           for minute in range(40, 47) for i in range(PER_BUCKET)]
+    found = closes(floor_verdicts(series))[29:]
+    assert (found[0].state, found[0].reason) == (
+        "warmup", "no scrape for 11 min: evidence under load starts again")
+    ages = [(v.state, age(v.reason)) for v in found[1:]]
+    assert ages == [("watch", "confirming, 0 min"), ("watch", "confirming, 1 min"),
+                    ("watch", "confirming, 2 min"), ("watch", "confirming, 3 min"),
+                    ("watch", "confirming, 4 min"), ("leak", "for 5 min")]
+
+
+def test_a_leak_under_load_is_held_across_a_silence_and_its_witness_starts_again() -> None:
+    # 40 blocks the load does not explain, LEAK by minute 31; no scrape from minute 32 to 43:
+    # LEAK is held as last seen, and the witness's age starts at its first close after
+    # the silence, LEAK in its own words only leak_persist_s later
+    detector = LeakDetector()
+    for scrape in swinging([0.0] * 20 + [40.0] * 12):
+        before = detector.update(scrape)
+    resumed = [detector.update(loaded((minute * PER_BUCKET + i) * STEP, 40.0,
+                                      running=4.0 + (minute * 3) % 6))
+               for minute in range(43, 50) for i in range(PER_BUCKET)]
+    assert (before.state, before.reason.rsplit(", ", 1)[-1]) == ("leak", "for 6 min")
+    assert resumed[0].reason.endswith("for 6 min; not seen for 11 min")
+    ages = [(v.state, age(v.reason)) for v in resumed[PER_BUCKET::PER_BUCKET]]
+    assert ages == [("leak", "confirming, 0 min"), ("leak", "confirming, 1 min"),
+                    ("leak", "confirming, 2 min"), ("leak", "confirming, 3 min"),
+                    ("leak", "confirming, 4 min"), ("leak", "for 5 min")]
+
+
+def age(reason: str) -> str:
+    """The evidence's age as a reason says it: "confirming, N min" or "for N min"."""
+    found = re.search(r"confirming, \d+ min|for \d+ min", reason)
+    assert found is not None, reason
+    return found.group()
 
 def test_a_leak_rate_under_one_block_an_hour_is_given() -> None:
     # 40, 40.5 and 41 blocks held at idle spells an hour apart: half a block an hour
