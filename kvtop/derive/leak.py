@@ -105,11 +105,12 @@ class LeakDetector:
             self._clean_t = stats.t
             self._clean_load = clean
         self._track_idle(stats, residual)
-        silence = stats.t - self._last_t if self._last_t is not None else 0.0
+        last = self._last_t if self._last_t is not None else stats.t
+        silence = stats.t - last
         # the bucket before a silence closes as of its last scrape: the silence confirms
         # nothing, and the evidence under load starts again after it
         silent = silence > self.params.max_gap_s
-        self._add_to_bucket(stats, used, self._last_t if silent else stats.t)
+        self._add_to_bucket(stats, used, last if silent else stats.t)
         if silent:
             self._forget_evidence_under_load(stats.t, silence)
         self._last_t = stats.t
