@@ -105,13 +105,9 @@ class LeakDetector:
             self._clean_t = stats.t
             self._clean_load = clean
         self._track_idle(stats, residual)
-        last = self._last_t if self._last_t is not None else stats.t
-        silence = stats.t - last
-        # the bucket before a silence closes as of its last scrape: the silence confirms
-        # nothing, and the evidence under load starts again after it
-        silent = silence > self.params.max_gap_s
-        self._add_to_bucket(stats, used, last if silent else stats.t)
-        if silent:
+        silence = stats.t - self._last_t if self._last_t is not None else 0.0
+        self._add_to_bucket(stats, used)
+        if silence > self.params.max_gap_s:  # it confirmed nothing: the evidence starts again
             self._forget_evidence_under_load(stats.t, silence)
         self._last_t = stats.t
         self._verdict = self._decide(stats.t, used)
@@ -146,13 +142,13 @@ class LeakDetector:
         self._residuals = deque([*earlier, (t, self._idle_min)], maxlen=self._residuals.maxlen)
 
     # -- rising floor --------------------------------------------------------------------
-    def _add_to_bucket(self, stats: EngineStats, used: float, close_t: float) -> None:
+    def _add_to_bucket(self, stats: EngineStats, used: float) -> None:
         index = math.floor(stats.t / self.params.bucket_s)
         if self._buckets and self._buckets[-1].index == index:
             self._buckets[-1].add(stats.t, used, stats)
             return
         if self._buckets:
-            self._close_bucket(close_t)
+            self._close_bucket(stats.t)
         horizon = index - self._buckets.maxlen if self._buckets.maxlen else index
         while self._buckets and self._buckets[0].index <= horizon:
             self._buckets.popleft()  # gone out of the window across a gap in the scrapes
@@ -179,9 +175,10 @@ class LeakDetector:
         self._refit()
 
     def _forget_evidence_under_load(self, t: float, silence: float) -> None:
-        """After a silence the window's trend and the load's witness are as old as the last
-        scrape: neither is current, nor does either age through it. What was held is still
-        told as last seen; idle evidence keeps its own rule (max_gap_s breaks an idle run)."""
+        """After a silence the window's trend and the load's witness, even as the bucket before
+        it closed, are as old as its last scrape: neither is current, nor does either age
+        through it. What was held is still told as last seen; idle evidence keeps its own
+        rule (max_gap_s breaks an idle run)."""
         self._trend = self._pinned_since = None
         self._floor_since = self._floor_last = self._onset = None
         self._anchor = self._fit = None
