@@ -2537,6 +2537,11 @@ def test_a_silence_longer_than_the_window_is_no_evidence_of_anything() -> None:
         assert "floor_slope_per_h" not in after.evidence
 
 
+def test_the_first_scrape_follows_no_silence_even_with_no_gap_allowed() -> None:
+    first = LeakDetector(LeakParams(max_gap_s=0.0)).update(floor_scrape(0.0, 300.0))
+    assert (first.state, first.reason) == ("warmup", "collecting data")
+
+
 @pytest.mark.parametrize(("gap", "state", "reason"), [
     (119.5, "watch", "floor stepped up 40 blocks under load, not explained by load "
                      "(confirming, 5 min)"),
