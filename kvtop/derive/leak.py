@@ -262,9 +262,7 @@ class LeakDetector:
     # -- verdict -------------------------------------------------------------------------
     def _floor_level(self, t: float) -> tuple[LeakState, str]:
         trend, p, total = self._trend, self.params, self._total or 1.0
-        if trend is None or self._floor_since is None or self._floor_last is None:
-            return "ok", ""
-        if t - self._floor_last > p.floor_grace_s + p.bucket_s:
+        if trend is None or self._floor_since is None:
             return "ok", ""
         age = t - self._floor_since
         rate = f"floor rising {trend.slope:.0f} blocks/h under load, not explained by load"
@@ -280,10 +278,8 @@ class LeakDetector:
 
     def _explained_level(self, t: float) -> tuple[LeakState, str]:
         found, p, total = self._unexplained, self.params, self._total or 1.0
-        since, last = self._explain_since, self._explain_last
-        if found is None or since is None or last is None:
-            return "ok", ""
-        if t - last > p.floor_grace_s + p.bucket_s:
+        since = self._explain_since
+        if found is None or since is None:
             return "ok", ""
         age = t - since
         what = (f"{self._amount(found.rise)} {'blocks' if self._in_blocks else 'of the pool'} "
