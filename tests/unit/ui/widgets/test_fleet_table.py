@@ -20,7 +20,6 @@ from kvtop.collect.source import read_scrape
 from kvtop.collect.target import Scrape, Target
 from kvtop.derive.tracker import TargetTracker
 from kvtop.ui.fleet_trackers import FleetTrackers
-from kvtop.ui.widgets import fleet_table
 from kvtop.ui.widgets.fleet_table import FleetTable, cell_text, column_at, fit, header_text
 from kvtop.view.cells import Cell, Column
 from kvtop.view.fleet import FleetRow, build_rows, filter_rows, order_rows
@@ -516,7 +515,7 @@ async def test_each_style_is_looked_up_once_until_the_styles_change() -> None:
 
 async def test_the_cache_of_drawn_lines_starts_afresh_past_its_bound() -> None:
     row = live_rows()[1]
-    rows = [replace(row, key=f"{row.key}#{i}") for i in range(fleet_table.MAX_STRIPS + 1)]
+    rows = [replace(row, key=f"{row.key}#{i}") for i in range(1025)]  # it keeps 1024
     async with TableApp().run_test(size=(100, 12)) as pilot:
         table = pilot.app.table
         for shown in (rows[:-1], rows):  # as many lines as it keeps, then one more
@@ -529,7 +528,7 @@ async def test_the_cache_of_drawn_lines_starts_afresh_past_its_bound() -> None:
             table.scroll_to(y=0, animate=False, force=True)
             table.show(shown)
             assert table.render_line(1) == first
-            assert (table.render_line(1) is first) == (len(shown) == fleet_table.MAX_STRIPS)
+            assert (table.render_line(1) is first) == (len(shown) == 1024)
 
 
 def test_a_table_without_its_stylesheet_draws_unstyled_and_keeps_its_columns() -> None:
