@@ -486,8 +486,11 @@ MODULES: dict[str, tuple[str, ...]] = {
                                        "test_the_cache_pane_the_limit_and_the_exact_evidence"),
     "kvtop/ui/widgets/gpu_pane.py": (f"{UNIT}/ui/widgets/test_gpu_pane.py",
                                      "tests/ui/pilot/test_app.py::test_gpu_pane_with_fake_nvml"),
-    # not yet scored on its own: the ui/ unit tests and the whole Pilot tier (minutes a mutant)
-    "kvtop/ui/widgets/fleet_table.py": (f"{UNIT}/ui", "tests/ui/pilot"),
+    # the table in a small app with kvtop.tcss, fed rows real trackers made of real scrapes:
+    # cells, roles, widths, keys, mouse, repaints; the app's test of a header click sorting
+    "kvtop/ui/widgets/fleet_table.py": (f"{UNIT}/ui/widgets/test_fleet_table.py",
+                                        "tests/ui/pilot/test_habits.py::"
+                                        "test_clicking_a_header_sorts_by_it_and_again_reverses"),
     # the small-terminal panel: its own app and figures, and the app showing a GPU beside KV
     "kvtop/ui/widgets/engine_panel.py": (f"{UNIT}/ui/widgets/test_engine_panel.py",
                                          "tests/ui/pilot/test_gpu_views.py::"

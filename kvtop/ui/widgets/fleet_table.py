@@ -31,9 +31,9 @@ def fit(text: str, width: int, keep: int = 0) -> str:
     size = len(text) if text.isascii() else cell_len(text)
     if size <= width:
         return text + " " * (width - size)
-    tail = text[len(text) - keep:] if 0 < keep < width - 1 else ""
-    head = text[: len(text) - len(tail)]
-    return set_cell_size(head, width - 1 - cell_len(tail)) + ELLIPSIS + tail
+    tail = text[len(text) - keep:] if keep < width - 1 else ""  # keep=0: text[len:] is ""
+    # the text cut to the cells left: wider than the width, it never reaches the tail
+    return set_cell_size(text, width - 1 - cell_len(tail)) + ELLIPSIS + tail
 
 
 def header_text(columns: list[Column], sorted_by: str, ascending: bool) -> str:
@@ -261,7 +261,7 @@ class FleetTable(ScrollView, can_focus=True):
 
     def on_click(self, event: events.Click) -> None:
         if event.y == 0:
-            column = column_at(self._columns, event.x + round(self.scroll_x))
+            column = column_at(self._columns, event.x)  # lines are drawn from their first cell
             if column is not None:
                 self.post_message(self.HeaderClicked(self, column))
             return
