@@ -265,9 +265,9 @@ class LeakDetector:
         if trend is None or self._floor_since is None:
             return "ok", ""
         age = t - self._floor_since
-        rate = f"floor rising {trend.slope:.0f} blocks/h under load, not explained by load"
+        rate = f"floor rising {self._blocks(trend.slope)}/h under load, not explained by load"
         if trend.step > 0 and trend.step >= trend.rise:  # a clean step's rise is the step
-            rate = f"floor stepped up {trend.step:.0f} blocks under load, not explained by load"
+            rate = f"floor stepped up {self._blocks(trend.step)} under load, not explained by load"
         trusted = trend.turnover is not None and trend.load_measure != "none"
         rise = max(trend.rise, trend.step)
         if trusted and rise >= p.leak_rise_frac * total and age >= p.leak_persist_s:
@@ -282,7 +282,7 @@ class LeakDetector:
         if found is None or since is None:
             return "ok", ""
         age = t - since
-        what = (f"{self._amount(found.rise)} {'blocks' if self._in_blocks else 'of the pool'} "
+        what = (f"{self._blocks(found.rise)} "
                 f"({found.rise / total:.1%} of the pool) held beyond what the load explains "
                 f"({found.in_flight_now:.0f} tokens in flight: {self._amount(found.explained_now)}"
                 ")")
@@ -296,8 +296,15 @@ class LeakDetector:
         """Blocks, or the share of the pool when only kv_usage is known (a fraction of 1)."""
         return f"{blocks:.0f}" if self._in_blocks else f"{blocks:.1%}"
 
+    def _blocks(self, blocks: float) -> str:
+        """"1 block", "40 blocks", or "4.0% of the pool" when only kv_usage is known."""
+        amount = self._amount(blocks)
+        if not self._in_blocks:
+            return f"{amount} of the pool"
+        return f"{amount} block" if amount == "1" else f"{amount} blocks"
+
     def _held_blocks(self, blocks: float) -> str:
-        return f"{self._amount(blocks)} {'blocks' if self._in_blocks else 'of the pool'} held"
+        return f"{self._blocks(blocks)} held"
 
     def _idle_now(self, t: float) -> tuple[float, float, bool] | None:
         """The idle run this scrape is in: (its least residual, its span, confirmed)."""

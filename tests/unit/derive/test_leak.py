@@ -2509,7 +2509,26 @@ def test_a_one_block_step_on_a_small_pool_is_worded_as_a_step() -> None:
               for s in by_bucket([10.0] * 20 + [11.0] * 8)]
     found = closes(floor_verdicts(series))
     assert (found[26].state, found[26].evidence["floor_step"]) == ("watch", 1.0)
-    assert found[26].reason.startswith("floor stepped up ")
+    assert found[26].reason == ("floor stepped up 1 block under load, not explained by load "
+                                "(confirming, 0 min)")  # one block, not "1 blocks"
+
+
+def usage_only(series: list[EngineStats]) -> list[EngineStats]:
+    """The same scrapes from a server that gives only its KV usage, not its blocks."""
+    return [replace(s, blocks_total=None, blocks_used=None, kv_usage=s.blocks_used / FLOOR_POOL)
+            for s in series]
+
+
+def test_a_pool_known_only_by_its_usage_says_its_floor_in_shares_of_the_pool() -> None:
+    # the 40-block lump and a floor rising 2 blocks a minute, on a pool of 1000 known as a
+    # share: 4.0 % and 12.0 % an hour, never "0 blocks" (the floor in blocks, rounded)
+    lump = closes(floor_verdicts(usage_only(by_bucket(FLOOR_LUMP))))[26]
+    rising = closes(floor_verdicts(usage_only(by_bucket([300.0 + 2 * i for i in range(14)]))))
+    assert (lump.state, lump.reason) == ("watch", "floor stepped up 4.0% of the pool under "
+                                                  "load, not explained by load (confirming, 0 min)")
+    assert (rising[12].state, rising[12].reason) == (
+        "watch", "floor rising 12.0% of the pool/h under load, not explained by load "
+                 "(confirming, 0 min)")
 
 
 def test_buckets_out_of_the_window_go_across_a_silence() -> None:
