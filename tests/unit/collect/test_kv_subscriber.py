@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -24,12 +25,16 @@ from tests.fakes.kv_publisher import KvPublisher, payload, removed, stored
 
 
 class Run:
-    def __init__(self, subscriber: KvEventsSubscriber, batches: list[KvEventBatch]) -> None:
-        self.subscriber, self.batches = subscriber, batches
+    def __init__(self, subscriber: KvEventsSubscriber, batches: list[KvEventBatch],
+                 task: asyncio.Task[None] | None = None) -> None:
+        self.subscriber, self.batches, self.task = subscriber, batches, task
 
     async def until(self, ok: Callable[[], bool], timeout_s: float = 10.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while not ok():
+            if self.task is not None and self.task.done():
+                self.task.result()  # the subscriber raised: say so now, not at the deadline
+                raise AssertionError("the subscriber stopped")
             assert asyncio.get_running_loop().time() < deadline, "timed out"
             await asyncio.sleep(0.01)
 
@@ -43,12 +48,21 @@ class Run:
 
 
 @contextlib.asynccontextmanager
-async def subscribed(endpoint: KvEventsEndpoint) -> AsyncIterator[Run]:
+async def subscribed(endpoint: KvEventsEndpoint,
+                     then: Callable[[KvEventBatch], None] | None = None) -> AsyncIterator[Run]:
+    """A subscriber running while the block lasts; each batch is kept, then given to
+    ``then``."""
     batches: list[KvEventBatch] = []
-    subscriber = KvEventsSubscriber(endpoint, batches.append)
+
+    def deliver(batch: KvEventBatch) -> None:
+        batches.append(batch)
+        if then is not None:
+            then(batch)
+
+    subscriber = KvEventsSubscriber(endpoint, deliver)
     stop = asyncio.Event()
     task = asyncio.create_task(subscriber.run(stop))
-    run = Run(subscriber, batches)
+    run = Run(subscriber, batches, task)
     try:
         await run.until(lambda: bool(subscriber.status()))
         yield run
@@ -189,6 +203,39 @@ async def test_an_idle_subscriber_waits_in_its_poll(
         await asyncio.sleep(0.5)  # idle: nothing is sent
         idle_s, woke = time.monotonic() - start, len(polls) - before
     assert 1 <= woke <= idle_s / 0.1 + 1
+
+
+async def test_a_flood_is_read_a_burst_at_a_time(publisher: KvPublisher) -> None:
+    """A socket that always has more is read BURST messages at a time, then the loop yields
+    to the rest of the process (the app, the scrapes) before the next burst."""
+    ticks = 0
+    at_tick: list[int] = []  # the tick each batch of the flood was delivered at
+
+    async def ticking() -> None:  # a task beside the subscriber: counts its turns
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    def slow(batch: KvEventBatch) -> None:
+        at_tick.append(ticks)
+        time.sleep(0.001)  # behind the publisher: the socket always has more to read
+
+    ticker = asyncio.create_task(ticking())
+    try:
+        async with subscribed(endpoint_of(publisher), slow) as run:
+            await run.connected()
+            await publish_until_seen(run, publisher, [stored([1], None)])
+            flood_from = len(at_tick)
+            for i in range(4 * kv_subscriber.BURST):
+                last = publisher.publish([stored([100 + i], None)])
+            await run.until(lambda: last in run.seqs, timeout_s=30)
+    finally:
+        ticker.cancel()
+    runs = [len(list(group)) for _, group in itertools.groupby(at_tick[flood_from:])]
+    assert max(runs) == kv_subscriber.BURST  # never more between two turns of the ticker
+    assert run.seqs[flood_from:] == list(range(run.seqs[flood_from], last + 1))
+    assert run.subscriber.status()[0].gaps == 0
 
 
 def rank_publishers() -> tuple[KvPublisher, KvPublisher]:
@@ -333,7 +380,7 @@ async def test_each_batch_is_stamped_by_the_subscribers_clock(publisher: KvPubli
                                     clock=lambda: float(next(ticks)))
     stop = asyncio.Event()
     task = asyncio.create_task(subscriber.run(stop))
-    run = Run(subscriber, batches)
+    run = Run(subscriber, batches, task)
     try:
         await run.until(lambda: bool(subscriber.status()))
         await run.connected()
