@@ -174,12 +174,18 @@ async def test_a_publisher_restart_is_told_on_its_first_batch(publisher: KvPubli
         await publish_until_seen(run, publisher, [stored([1], None)])
         publisher.publish([stored([2], 1)])
         await run.until(lambda: len(run.batches) >= 2)
-        asked = len(publisher.replay_requests)
+        asked, before = len(publisher.replay_requests), len(run.batches)
         publisher.restart()
         publisher.publish([stored([7], None)])  # seq 0 again
         await run.until(lambda: run.batches[-1].seq == 0)
-    assert run.batches[-1].restart and run.batches[-1].lost == 0
-    assert run.subscriber.status()[0].restarts == 1
+        publisher.publish([stored([8], 7)])
+        await run.until(lambda: run.batches[-1].seq == 1)
+        publisher.restart()  # and again: counted on top of the first
+        publisher.publish([stored([7], None)])
+        await run.until(lambda: run.batches[-1].seq == 0)
+    assert [(b.seq, b.restart, b.lost) for b in run.batches[before:]] == [
+        (0, True, 0), (1, False, 0), (0, True, 0)]
+    assert run.subscriber.status()[0].restarts == 2
     assert len(publisher.replay_requests) == asked  # nothing before seq 0 to ask replay for
 
 
