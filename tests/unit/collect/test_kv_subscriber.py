@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 import zmq
+import zmq.asyncio
 
 from kvtop.collect import kv_subscriber
 from kvtop.collect.kv_endpoint import KvEventsEndpoint, parse_endpoint
@@ -23,12 +25,16 @@ from tests.fakes.kv_publisher import KvPublisher, payload, removed, stored
 
 
 class Run:
-    def __init__(self, subscriber: KvEventsSubscriber, batches: list[KvEventBatch]) -> None:
-        self.subscriber, self.batches = subscriber, batches
+    def __init__(self, subscriber: KvEventsSubscriber, batches: list[KvEventBatch],
+                 task: asyncio.Task[None] | None = None) -> None:
+        self.subscriber, self.batches, self.task = subscriber, batches, task
 
     async def until(self, ok: Callable[[], bool], timeout_s: float = 10.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while not ok():
+            if self.task is not None and self.task.done():
+                self.task.result()  # the subscriber raised: say so now, not at the deadline
+                raise AssertionError("the subscriber stopped")
             assert asyncio.get_running_loop().time() < deadline, "timed out"
             await asyncio.sleep(0.01)
 
@@ -42,12 +48,21 @@ class Run:
 
 
 @contextlib.asynccontextmanager
-async def subscribed(endpoint: KvEventsEndpoint) -> AsyncIterator[Run]:
+async def subscribed(endpoint: KvEventsEndpoint,
+                     then: Callable[[KvEventBatch], None] | None = None) -> AsyncIterator[Run]:
+    """A subscriber running while the block lasts; each batch is kept, then given to
+    ``then``."""
     batches: list[KvEventBatch] = []
-    subscriber = KvEventsSubscriber(endpoint, batches.append)
+
+    def deliver(batch: KvEventBatch) -> None:
+        batches.append(batch)
+        if then is not None:
+            then(batch)
+
+    subscriber = KvEventsSubscriber(endpoint, deliver)
     stop = asyncio.Event()
     task = asyncio.create_task(subscriber.run(stop))
-    run = Run(subscriber, batches)
+    run = Run(subscriber, batches, task)
     try:
         await run.until(lambda: bool(subscriber.status()))
         yield run
@@ -159,13 +174,74 @@ async def test_a_publisher_restart_is_told_on_its_first_batch(publisher: KvPubli
         await publish_until_seen(run, publisher, [stored([1], None)])
         publisher.publish([stored([2], 1)])
         await run.until(lambda: len(run.batches) >= 2)
-        asked = len(publisher.replay_requests)
+        asked, before = len(publisher.replay_requests), len(run.batches)
         publisher.restart()
         publisher.publish([stored([7], None)])  # seq 0 again
         await run.until(lambda: run.batches[-1].seq == 0)
-    assert run.batches[-1].restart and run.batches[-1].lost == 0
-    assert run.subscriber.status()[0].restarts == 1
+        publisher.publish([stored([8], 7)])
+        await run.until(lambda: run.batches[-1].seq == 1)
+        publisher.restart()  # and again: counted on top of the first
+        publisher.publish([stored([7], None)])
+        await run.until(lambda: run.batches[-1].seq == 0)
+    assert [(b.seq, b.restart, b.lost) for b in run.batches[before:]] == [
+        (0, True, 0), (1, False, 0), (0, True, 0)]
+    assert run.subscriber.status()[0].restarts == 2
     assert len(publisher.replay_requests) == asked  # nothing before seq 0 to ask replay for
+
+
+async def test_an_idle_subscriber_waits_in_its_poll(
+        publisher: KvPublisher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing to read the loop sleeps in ZeroMQ's poll, 100 ms at a time, so it wakes
+    at most once per 100 ms: a socket polled for an event always ready (the monitor's
+    POLLOUT) made it spin a core while nothing arrived."""
+    polls: list[float] = []
+    poll = zmq.asyncio.Poller.poll
+
+    def counted(self: zmq.asyncio.Poller, timeout: int | None = None) -> object:
+        polls.append(time.monotonic())
+        return poll(self, timeout)
+
+    monkeypatch.setattr(zmq.asyncio.Poller, "poll", counted)
+    async with subscribed(endpoint_of(publisher)) as run:
+        await run.connected()
+        await publish_until_seen(run, publisher, [stored([1], None)])
+        start, before = time.monotonic(), len(polls)
+        await asyncio.sleep(0.5)  # idle: nothing is sent
+        idle_s, woke = time.monotonic() - start, len(polls) - before
+    assert 1 <= woke <= idle_s / 0.1 + 1
+
+
+async def test_a_flood_is_read_a_burst_at_a_time(publisher: KvPublisher) -> None:
+    """A socket that always has more is read BURST messages at a time, then the loop yields
+    to the rest of the process (the app, the scrapes) before the next burst."""
+    ticks = 0
+    at_tick: list[int] = []  # the tick each batch of the flood was delivered at
+
+    async def ticking() -> None:  # a task beside the subscriber: counts its turns
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    def slow(batch: KvEventBatch) -> None:
+        at_tick.append(ticks)
+        time.sleep(0.001)  # behind the publisher: the socket always has more to read
+
+    ticker = asyncio.create_task(ticking())
+    try:
+        async with subscribed(endpoint_of(publisher), slow) as run:
+            await run.connected()
+            await publish_until_seen(run, publisher, [stored([1], None)])
+            flood_from = len(at_tick)
+            for i in range(4 * kv_subscriber.BURST):
+                last = publisher.publish([stored([100 + i], None)])
+            await run.until(lambda: last in run.seqs, timeout_s=30)
+    finally:
+        ticker.cancel()
+    runs = [len(list(group)) for _, group in itertools.groupby(at_tick[flood_from:])]
+    assert max(runs) == kv_subscriber.BURST  # never more between two turns of the ticker
+    assert run.seqs[flood_from:] == list(range(run.seqs[flood_from], last + 1))
+    assert run.subscriber.status()[0].gaps == 0
 
 
 def rank_publishers() -> tuple[KvPublisher, KvPublisher]:
@@ -200,27 +276,57 @@ async def test_ranks_listen_on_consecutive_ports() -> None:
     assert all(b.events[0].hashes == ((1,) if b.rank == 0 else (2,)) for b in run.batches)
 
 
+async def connect_and_publish(run: Run, ctx: zmq.Context, port: int, first: int) -> None:
+    """A publisher that connects to kvtop's port, as vLLM does, and sends batches ``first``,
+    ``first + 1``, ... until one arrives (a slow joiner misses the first); then it goes."""
+    pub = ctx.socket(zmq.PUB)
+    pub.connect(f"tcp://127.0.0.1:{port}")
+    heard = len(run.batches)
+    try:
+        for seq in range(first, first + 50):
+            pub.send_multipart([b"", seq.to_bytes(8, "big"), payload([stored([seq])])])
+            await asyncio.sleep(0.01)
+            if len(run.batches) > heard:
+                break
+        await run.until(lambda: len(run.batches) > heard)
+    finally:
+        pub.close(0)
+
+
 async def test_kvtop_can_listen_for_a_publisher_that_connects() -> None:
     """vLLM connects when its endpoint names a host (tcp://kvtop-host:5557)."""
 
     port = closed_port()  # free now: kvtop listens on it (twin/ is not in a mutation copy)
     endpoint = parse_endpoint(f"tcp://127.0.0.1:{port}", bind=True)
     ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.connect(f"tcp://127.0.0.1:{port}")
     try:
         async with subscribed(endpoint) as run:
-            await run.connected()
-            for seq in range(50):
-                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload([stored([seq])])])
-                await asyncio.sleep(0.01)
-                if run.batches:
-                    break
-            await run.until(lambda: bool(run.batches))
+            await connect_and_publish(run, ctx, port, 0)
     finally:
-        pub.close(0)
         ctx.term()
     assert run.batches[0].events[0].hashes == (run.batches[0].seq,)
+
+
+async def test_listening_kvtop_hears_a_publisher_that_comes_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listening socket takes the publisher's next connection itself: kvtop only waits.
+    Dialing the rank's address by hand RECONNECT_S after the drop, as it does for a
+    publisher it connects to, connected kvtop's SUB to itself and a restarted vLLM was
+    never heard again."""
+    monkeypatch.setattr(kv_subscriber, "RECONNECT_S", 0.2)
+    port = closed_port()
+    endpoint = parse_endpoint(f"tcp://127.0.0.1:{port}", bind=True)
+    ctx = zmq.Context()
+    try:
+        async with subscribed(endpoint) as run:
+            await connect_and_publish(run, ctx, port, 0)
+            await run.until(lambda: run.subscriber.status()[0].state == "disconnected")
+            await asyncio.sleep(3 * kv_subscriber.RECONNECT_S)  # away past the reconnect
+            await connect_and_publish(run, ctx, port, 100)
+    finally:
+        ctx.term()
+    assert run.batches[-1].seq >= 100  # the second publisher's
+    assert run.batches[-1].events[0].hashes == (run.batches[-1].seq,)
 
 
 async def test_an_address_it_cannot_listen_on_is_an_error_not_a_hang() -> None:
@@ -250,8 +356,9 @@ async def test_a_batch_sent_again_is_delivered_once(publisher: KvPublisher) -> N
     assert (status.batches, status.gaps, status.restarts, status.lost) == (last + 1, 0, 0, 0)
 
 
+@pytest.mark.parametrize("missed", [1, 2])  # one replayed batch is the oldest one too
 async def test_what_a_restarted_publisher_sent_before_kvtop_saw_it_comes_from_replay(
-        publisher: KvPublisher) -> None:
+        publisher: KvPublisher, missed: int) -> None:
     async with subscribed(endpoint_of(publisher)) as run:
         await run.connected()
         await publish_until_seen(run, publisher, [stored([1], None)])
@@ -260,14 +367,14 @@ async def test_what_a_restarted_publisher_sent_before_kvtop_saw_it_comes_from_re
         await run.until(lambda: run.seqs[-1:] == [publisher.seq - 1])
         before = len(run.batches)  # the last seen is 5 or more
         publisher.restart()
-        publisher.publish([stored([7], None)], send=False)  # seq 0, missed
-        publisher.publish([stored([8], 7)], send=False)
-        publisher.publish([stored([9], 8)])  # seq 2: goes back from the last seen
-        await run.until(lambda: run.batches[-1].seq == 2)
+        for i in range(missed):  # seq 0 (and 1), missed
+            publisher.publish([stored([7 + i], 6 + i if i else None)], send=False)
+        publisher.publish([stored([7 + missed], 6 + missed)])  # goes back from the last seen
+        await run.until(lambda: run.batches[-1].seq == missed)
     after = run.batches[before:]
-    assert [(b.seq, b.restart, b.lost) for b in after] == [(0, True, 0), (1, False, 0),
-                                                            (2, False, 0)]
-    assert [b.events[0].hashes for b in after] == [(7,), (8,), (9,)]
+    assert [(b.seq, b.restart, b.lost) for b in after] == [
+        (0, True, 0), *((seq, False, 0) for seq in range(1, missed + 1))]
+    assert [b.events[0].hashes for b in after] == [(7 + i,) for i in range(missed + 1)]
     status = run.subscriber.status()[0]
     assert (status.restarts, status.gaps, status.recovered, status.lost) == (1, 0, 0, 0)
 
@@ -279,7 +386,7 @@ async def test_each_batch_is_stamped_by_the_subscribers_clock(publisher: KvPubli
                                     clock=lambda: float(next(ticks)))
     stop = asyncio.Event()
     task = asyncio.create_task(subscriber.run(stop))
-    run = Run(subscriber, batches)
+    run = Run(subscriber, batches, task)
     try:
         await run.until(lambda: bool(subscriber.status()))
         await run.connected()
@@ -392,6 +499,36 @@ async def test_a_replay_cut_at_its_limit_leaves_no_tail_for_the_next_one(
     assert (status.replay_failures, status.recovered, status.lost) == (1, 5, 1)  # 4 + 1
     cut, fresh = publisher.replay_clients[-2:]
     assert cut != fresh
+
+
+async def test_a_replay_of_exactly_max_replay_batches_is_whole_and_one_more_is_cut(
+        publisher: KvPublisher, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer to a gap holds every batch from its start, the one that showed the gap
+    included: at MAX_REPLAY 3, two missed batches make an answer of 3 and its end marker,
+    whole; three make 4, cut after the third missed one (read and delivered, but the answer
+    was too long: a failure, and its socket goes)."""
+    monkeypatch.setattr(kv_subscriber, "MAX_REPLAY", 3)
+
+    def counts() -> tuple[int, int, int]:
+        status = run.subscriber.status()[0]
+        return status.replay_failures, status.recovered, status.lost
+
+    async with subscribed(endpoint_of(publisher)) as run:
+        await run.connected()
+        await publish_until_seen(run, publisher, [stored([1], None)])
+        joined = counts()  # the join's answer may have been cut already
+        shown = []
+        for missed in (2, 3):
+            for i in range(missed):
+                publisher.publish([stored([10 + i], None)], send=False)
+            last = publisher.publish([stored([2], None)])
+            await run.until(lambda last=last: last in run.seqs)  # type: ignore[misc]
+            shown.append(counts())
+    assert run.seqs[-7:] == list(range(last - 6, last + 1))
+    failures, recovered, lost = joined
+    assert shown == [(failures, recovered + 2, lost), (failures + 1, recovered + 5, lost)]
+    at_limit, over = publisher.replay_clients[-2:]
+    assert at_limit == over  # the whole answer's socket was kept for the next
 
 
 async def test_replayed_frames_of_the_wrong_shape_are_counted_and_the_rest_is_read(
