@@ -539,8 +539,10 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kvtop/ui/recording_tap.py": (f"{UNIT}/ui/test_recording_tap.py",
                                   "tests/ui/pilot/test_record_replay.py::"
                                   "test_the_app_records_every_scrape_without_tokens"),
-    # not yet scored on its own: the ui/ unit tests and the whole Pilot tier (minutes a mutant)
-    "kvtop/ui/replay.py": (f"{UNIT}/ui", "tests/ui/pilot"),
+    # the replay app on real recordings: its bar, every key, its boundaries, what it makes of
+    # a file. No Pilot test: theirs wait a minute for a frame that a planted crash never draws
+    # (each such mutant cost its timeout), and this file asserts each of their steps exactly
+    "kvtop/ui/replay.py": (f"{UNIT}/ui/test_replay.py",),
     # the alerts in a small app with real commands, and the app's test of them end to end
     "kvtop/ui/alert_tap.py": (f"{UNIT}/ui/test_alert_tap.py",
                               "tests/ui/pilot/test_alerts.py::"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
 from kvtop.collect.target import Scrape
 from kvtop.exits import EXIT_NO_DATA, EXIT_USAGE
@@ -99,10 +99,9 @@ class ReplayApp(KvtopApp):
         super().on_mount()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The recording's interval is fixed; keys typed into the search are the search's."""
-        if action == "interval":
-            return False
-        return not (action == "step" and isinstance(self.focused, Input))
+        """The recording's interval is fixed. (The search box keeps the `.` typed into it:
+        Textual offers no binding of a printable key while an Input has the focus.)"""
+        return action != "interval"
 
     @work(group="collect", exit_on_error=False)
     async def _collect(self) -> None:
@@ -164,11 +163,11 @@ def replay_app(path: Path, *, speed: float = 1.0, snapshot_dir: Path | None = No
         raise NothingToReplay(f"{path} holds no scrapes")
     for warning in recording.warnings:
         tell(f"{path}: {warning}")
-    # the batches go to the app's KV events tap (the app is made below, before any is read)
+    # the batches go to the app's KV events tap (the app is made below, before any is read);
+    # a recording without any reads the same either way
     app: ReplayApp
-    kv_events = ((lambda item: app.kv_events.fold(item)) if recording.kv_event_batches
-                 else None)
-    source = ReplaySource(recording, speed=speed, on_kv_events=kv_events)
+    source = ReplaySource(recording, speed=speed,
+                          on_kv_events=lambda item: app.kv_events.fold(item))
     config = AppConfig(
         targets=recording.targets(),
         # the redraw period follows the interval: kept to what the live app offers
