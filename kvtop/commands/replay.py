@@ -14,7 +14,7 @@ def add_parser(subparsers: argparse._SubParsersAction, summary: str) -> argparse
         "replay", help=summary,
         description="Replay a recording in the terminal app; everything (history, rates, "
                     "the leak indicator) is computed as it was live. Keys: space pause, "
-                    "arrows step, [ ] seek, + - speed, ? for all.")
+                    ". step, [ ] seek ({ } ten at a time), < > speed, ? for all.")
     parser.add_argument("recording", type=Path, metavar="FILE",
                         help="a recording written by kvtop record, kvtop check --record or "
                              "the app's --record (JSON Lines, .gz or not)")

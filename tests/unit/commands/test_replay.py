@@ -24,6 +24,7 @@ from kvtop.cli import build_command_parser, main
 from kvtop.commands import replay
 from kvtop.exits import EXIT_NO_DATA, EXIT_OK, EXIT_USAGE
 from kvtop.store.recording import RecordingWriter
+from kvtop.ui.keys import REPLAY_BINDINGS
 from kvtop.ui.replay import ReplayApp
 from tests.scenarios.app import HOST_A, until, write_recording
 from tests.support.waiting import eventually
@@ -208,3 +209,15 @@ def test_an_empty_baseline_name_draws_none(
     with terminal(monkeypatch):
         assert main(["replay", str(path), "--baseline", ""]) == EXIT_OK
     assert len(ran) == 1 and capsys.readouterr().err == ""
+
+
+def test_the_replay_help_names_the_keys_the_replay_binds(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Its "Keys:" are the replay footer's, each with its word; it once offered arrows to step
+    and + - for speed, the live app's interval keys, which the replay refuses."""
+    assert main(["replay", "--help"]) == EXIT_OK
+    keys = " ".join(capsys.readouterr().out.split()).split("Keys: ", 1)[1].split(" positional")[0]
+    shown = [f"{b.key_display} {b.description.lower()}" for b in REPLAY_BINDINGS if b.show]
+    assert shown == ["space pause", ". step", "[ ] seek", "< > speed"]
+    assert all(f"{key}, " in keys or f"{key} (" in keys for key in shown), keys
+    assert "arrows" not in keys and "+ -" not in keys
