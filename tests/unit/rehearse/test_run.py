@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import time
 from datetime import datetime, timedelta
@@ -32,6 +33,8 @@ import pytest
 from kvtop.collect.exposition import parse
 from kvtop.collect.nvml import GpuReading
 from kvtop.collect.target import Target
+from kvtop.derive.leak_params import LeakParams
+from kvtop.load.prompts import PromptMaker
 from kvtop.rehearse.report import render_text
 from kvtop.rehearse.run import BadUsage, CannotRun, RehearsalSettings, rehearse
 from kvtop.safe_text import Secret, file_text
@@ -582,9 +585,26 @@ async def test_a_stall_cuts_the_requests_in_flight_and_reads_no_floor_after(
                                "(--full-duration runs on)\n")
     requests = doc["requests"]
     assert requests["cut"] == requests["first_attempts"] > 0 and requests["ok"] == 0
+    # cut when the load stopped, not after the 60 s drain: each ended within the load
+    # (the first was sent on the first arrival after its start)
+    lines = logged(tmp_path / "out")
+    assert {line["status"] for line in lines} == {"cut"}
+    ended = max(line["t"] + line["total_s"] for line in lines) - min(line["t"] for line in lines)
+    assert ended <= run_["load_s"] + 0.5
     (engine,) = doc["kv"]["engines"]
     assert engine["after"] is None and engine["before"]["idle"] is False
-    assert doc["verdict"] == "no-go" and doc["reasons"][0].startswith("stalled: ")
+    stall = doc["stall"]
+    assert (stall["state"], stall["engine"]) == ("stalled", "twin-llama 0")
+    assert 0.0 < stall["first_s"] <= run_["load_s"]  # since the load began
+    assert (doc["verdict"], doc["reasons"]) == ("no-go", [
+        f"stalled: twin-llama 0: {stall['reason']}"])
+    assert doc["advice"] == [{
+        "lever": "stall",
+        "action": f"the engine stopped making progress: {stall['reason']}; its log says why "
+                  "(a hung worker, a wedged scheduler); record it (kvtop record), report it "
+                  "upstream, restart the server",
+        "figures": {"engine": "twin-llama 0", "reason": stall["reason"]}}]
+    assert kvtop_tasks() == []
 
 
 async def test_with_full_duration_a_stall_runs_on_and_the_terminal_line_says_stall(
@@ -731,3 +751,205 @@ async def test_a_stall_stops_the_load_early_without_a_progress_line_too(tmp_path
         doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=600.0,
                                   rate=1.0), gpu_reader=None, progress=None)
     assert doc["run"]["stopped"] == "stalled" and doc["run"]["load_s"] < 60.0
+
+
+# -- what the reports above leave open: each setting reaching the part that uses it, the
+# boundaries of the waits, the terminal line after the load, and what the run leaves behind
+
+
+def kvtop_tasks() -> list[str]:
+    """kvtop's own tasks still pending in this loop: a finished run leaves none."""
+    return sorted(task.get_coro().__qualname__ for task in asyncio.all_tasks()
+                  if not task.done() and "/kvtop/" in getattr(
+                      getattr(task.get_coro(), "cr_code", None), "co_filename", ""))
+
+
+def logged(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "requests.jsonl").read_bytes().splitlines()]
+
+
+async def test_at_most_the_concurrency_is_in_flight_and_the_rest_is_dropped(
+        tmp_path: Path) -> None:
+    """3 in flight at most, at 4 a second to a server that never answers: the first 3 are
+    sent (and cut at the end: no drain asked), every later one dropped, none queued."""
+    async with FakeOpenAI(hang=True, metrics=idle_body(0.0)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=10.0, concurrency=3, drain_s=0.0),
+                             gpu_reader=None, progress=None)
+        held = (api.max_in_flight, len(api.bodies))
+    assert_reported(doc, tmp_path / "out")
+    assert held == (3, 3)
+    requests = doc["requests"]
+    assert requests["first_attempts"] > 10
+    assert (requests["cut"], requests["dropped"]) == (3, requests["first_attempts"] - 3)
+    assert doc["settings"]["concurrency"] == 3 and kvtop_tasks() == []
+
+
+async def _driven(out: Path, **extra: Any) -> tuple[dict[str, Any], list[Any]]:
+    """A short run against an idle server that answers at once: its report and the prompts
+    the server was sent."""
+    async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", out, **extra),
+                             gpu_reader=None, progress=None)
+    assert_reported(doc, out)
+    return doc, [body["prompt"] for body in api.bodies]
+
+
+def planned(out: Path) -> list[tuple[Any, ...]]:
+    """Each request as the workload planned it, by id: its class, its arrival after the
+    first one's, its prompt and answer lengths."""
+    lines = sorted((line for line in logged(out) if line["attempt"] == 1),
+                   key=lambda line: line["id"])
+    return [(line["cls"], round(line["t"] - lines[0]["t"], 3), line["planned_prompt_tokens"],
+             line["max_tokens"]) for line in lines]
+
+
+async def test_the_seed_chooses_the_requests_and_their_prompts(tmp_path: Path) -> None:
+    """Two runs of seed 7 plan the same requests (how many fit in the time may differ),
+    seed 0 (the default) others; and the words of seed 7's first prompt are seed 7's."""
+    (_, first), _, _ = [await _driven(tmp_path / name, duration_s=8.0, **seed)
+                        for name, seed in (("a", {"seed": 7}), ("b", {"seed": 7}), ("c", {}))]
+    plans = [planned(tmp_path / name) for name in "abc"]
+    common = min(len(plan) for plan in plans)
+    assert common >= 20
+    assert plans[0][:common] == plans[1][:common] != plans[2][:common]
+    assert PromptMaker(seed=7).make(plans[0][0][2]) in first
+
+
+async def test_prompts_go_as_token_ids_when_asked(tmp_path: Path) -> None:
+    doc, prompts = await _driven(tmp_path / "out", duration_s=5.0, token_ids=True)
+    assert doc["settings"]["token_ids"] is True and len(prompts) == doc["requests"]["sent"] > 0
+    assert all(isinstance(p, list) and p and all(isinstance(i, int) for i in p)
+               for p in prompts)
+    _, text = await _driven(tmp_path / "text", duration_s=5.0)
+    assert all(isinstance(p, str) for p in text)
+
+
+async def test_a_trace_is_replayed_at_the_rate_asked_within_the_models_context(
+        tmp_path: Path) -> None:
+    """5 requests a second apart (1.25 a second over their 4 s), replayed at 2.5 a second:
+    twice as fast, 0.5 s apart. The 3000-token prompts are cut to fit the model's 2048 tokens
+    with their answers (100 tokens, and one spare): 1947."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{40 + i}.0000000,3000,100\n" for i in range(5)))
+    doc, _ = await _driven(tmp_path / "out", duration_s=5.0, workload=f"trace:{trace}",
+                           rate=2.5)
+    plan = planned(tmp_path / "out")
+    assert len(plan) >= 7 and doc["settings"]["workload"] == f"trace:{trace}"
+    # a lap of the trace lasts its 4 s and a mean gap (0.8 s): at twice the speed, 2.4 s
+    assert [at for _, at, _, _ in plan[:7]] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.4, 2.9]
+    assert {(cls, prompt, answer) for cls, _, prompt, answer in plan} == {
+        ("trace-medium", 1947, 100)}
+
+
+async def test_the_shared_prefix_expects_the_hits_the_models_context_allows(
+        tmp_path: Path) -> None:
+    """Half of the 2048-token context is shared (1024 tokens) before questions of 16 to 128
+    tokens: 1024 of 1096 prompt tokens a hit on average."""
+    doc, _ = await _driven(tmp_path / "out", duration_s=5.0, workload="shared-prefix")
+    assert doc["server"]["expected_hit_rate"] == round(1024 / 1096, 4) == 0.9343
+
+
+async def test_with_no_retries_a_failed_request_is_not_asked_again(tmp_path: Path) -> None:
+    """(By default a 503 is asked once more.)"""
+    async with FakeOpenAI(metrics=idle_body(0.0), fail_status={2: 500, 5: 503}) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=10.0, retries=0), gpu_reader=None, progress=None)
+        sent = len(api.bodies)
+    requests = doc["requests"]
+    assert (requests["failed"], requests["retries"]) == (2, {"sent": 0, "ok": 0})
+    assert requests["sent"] == requests["first_attempts"] == sent == len(logged(tmp_path / "out"))
+
+
+async def test_metrics_are_read_narrowed_unless_all_are_asked_for(tmp_path: Path) -> None:
+    """The watcher asks for the families it reads (the narrowed /metrics/?name[]=...), or
+    for the whole page with full_metrics."""
+    paths = {}
+    for name, full in (("narrow", False), ("full", True)):
+        async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+            doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / name,
+                                      duration_s=5.0, full_metrics=full),
+                                 gpu_reader=None, progress=None)
+            paths[name] = {path.partition("?")[0] for path, _ in api.metrics_requests}
+        assert doc["run"]["scrapes"] > 3
+    assert paths == {"narrow": {"/metrics/"}, "full": {"/metrics"}}
+
+
+async def test_insecure_reaches_a_self_signed_server_for_the_api_and_its_metrics(
+        tmp_path: Path, self_signed: ssl.SSLContext) -> None:
+    async with FakeOpenAI(metrics=idle_body(0.0), ssl_context=self_signed) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=5.0, insecure=True), gpu_reader=None, progress=None)
+    assert api.url.startswith("https://")
+    assert doc["requests"]["ok"] == doc["requests"]["sent"] > 0
+    assert doc["run"]["failed_scrapes"] == 0 and doc["run"]["scrapes"] > 3
+
+
+async def test_the_leak_detectors_settings_decide_what_counts_as_held(tmp_path: Path) -> None:
+    """40 blocks held at idle are a LEAK by default (above), not with 50 blocks the least
+    that counts: the run goes its whole time, and the free-KV criterion judged by the same
+    numbers says the threshold it used."""
+    async with FakeOpenAI(metrics=idle_body(0.04)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=200.0, rate=1.0, interval_s=2.0, time_scale=100.0,
+                                  leak_params=LeakParams(residual_min_blocks=50.0)),
+                             gpu_reader=None, progress=None)
+    assert (doc["run"]["stopped"], doc["run"]["stopped_reason"]) == ("duration", None)
+    kv = doc["criteria"]["kv_free"]
+    assert kv["state"] != "fail" and "leak" not in [a["lever"] for a in doc["advice"]]
+    assert kv["figures"]["engines"][0]["residual_threshold_blocks"] == 50.0
+
+
+async def test_an_engine_without_a_name_is_named_engine_when_the_run_stops(
+        tmp_path: Path) -> None:
+    said = io.StringIO()
+    async with FakeOpenAI(metrics=idle_body(0.04, model="", engine="")) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=600.0, rate=1.0, interval_s=2.0, time_scale=100.0),
+                             gpu_reader=None, progress=said)
+    reason = LEAK_REASON.replace("m 0: ", "engine: ")
+    assert (doc["run"]["stopped"], doc["run"]["stopped_reason"]) == ("leak", reason)
+    assert said.getvalue() == f"stopping early: {reason} (--full-duration runs on)\n"
+
+
+async def test_strict_makes_gpu_memory_growing_alone_no_go(tmp_path: Path) -> None:
+    """GPU memory growing is one soft signal: GO by default (two are needed), NO-GO with
+    --strict (GPU or latency alone)."""
+    verdicts = {}
+    for strict in (False, True):
+        async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+            doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / str(strict),
+                                      duration_s=60.0, strict=strict),
+                                 gpu_reader=GrowingGpu(sample_gpus()[:1]), progress=None)
+        assert doc["criteria"]["gpu_memory"]["state"] == "fail"
+        verdicts[strict] = (doc["verdict"], doc["failed"], doc["settings"]["strict"])
+    assert verdicts == {False: ("go", ["gpu_memory"], False),
+                        True: ("no-go", ["gpu_memory"], True)}
+
+
+def busy_for_ever(count: int) -> list[bytes]:
+    """3 idle reads, then one request running for ever, answering tokens at every read."""
+    return [vllm(0.0)] * 3 + [vllm(0.1, running=1, tokens=10.0 * i) for i in range(1, count)]
+
+
+async def test_after_the_load_the_terminal_line_says_what_the_run_waits_for(
+        tmp_path: Path) -> None:
+    """Requests that never finish are waited for 60 s (the drain): the line says how many
+    and for how long at most; then the server, busy for ever, for 65 s more: the line says
+    so. (At 40x: a second and a half each, a line every second.)"""
+    terminal = Terminal()
+    async with FakeOpenAI(hang=True) as api, FaultServer(bodies=busy_for_ever(400)) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=10.0,
+                                  concurrency=3), gpu_reader=None, progress=terminal)
+        written = terminal.getvalue()
+        await asyncio.sleep(1.5)  # no line after the report
+    assert terminal.getvalue() == written and kvtop_tasks() == []
+    assert doc["requests"]["cut"] == 3 and doc["kv"]["engines"][0]["after"]["idle"] is False
+    lines = written.split("\r")
+    assert any(re.fullmatch(r"load done \(0:00:10\); draining 3 in flight, "
+                            r"(0:00:(?!00)[0-5]\d|0:01:00) at most"
+                            r" \| 0 done, 0 failed, \d+ dropped, 0\.00 req/s \| .*\x1b\[K",
+                            line) for line in lines), lines
+    assert any(line.startswith("load done; waiting for the server to go idle for the last "
+                               "reading | 0 done, 0 failed, ") for line in lines), lines
