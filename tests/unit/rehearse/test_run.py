@@ -390,12 +390,15 @@ async def test_a_driven_run_reports_what_it_sent_and_what_the_server_showed(
     assert [{k: v for k, v in r.items() if k != "t"} for r in readings] == [
         {"index": 0, "name": "NVIDIA H100 80GB HBM3", "used": 74 * GIB, "total": 80 * GIB}
     ] * len(readings)
-    assert min(b["t"] - a["t"] for a, b in itertools.pairwise(readings)) >= 5.0
+    gaps = sorted(b["t"] - a["t"] for a, b in itertools.pairwise(readings))
+    assert gaps[0] >= 5.0 and gaps[len(gaps) // 2] < 5.5  # the next read 5 s after the last
     recording = read_recording(out / "recording.jsonl.gz")
     assert len(recording.scrapes) == run_["scrapes"] and recording.interval_s == 1.0
     lines = terminal.getvalue()
-    assert re.search(r"\r[^|]+ \| \d+ done, 0 failed, 0 dropped, [\d.]+ req/s \| TTFT p50 \S+ "
-                     r"p99 \S+ \| KV \d+% \| GPU \S+ KV ok\? latency (ok|watch|fail)\?\x1b\[K",
+    # the answers and their first tokens counted as they come (the rate and TTFT need them)
+    assert re.search(r"\r[^|]+ \| [1-9]\d* done, 0 failed, 0 dropped, (?!0\.00)[\d.]+ req/s \| "
+                     r"TTFT p50 \d+ms p99 \d+ms \| KV \d+% \| GPU \S+ KV ok\? "
+                     r"latency (ok|watch|fail)\?\x1b\[K",
                      lines), repr(lines)
     assert "LEAK" not in lines and "STALL" not in lines
 
@@ -953,3 +956,59 @@ async def test_after_the_load_the_terminal_line_says_what_the_run_waits_for(
                             line) for line in lines), lines
     assert any(line.startswith("load done; waiting for the server to go idle for the last "
                                "reading | 0 done, 0 failed, ") for line in lines), lines
+
+
+async def test_the_floor_before_is_the_third_idle_read_and_the_peak_is_the_loads(
+        tmp_path: Path) -> None:
+    """Three reads before the load (the waits allow five intervals), each holding one block
+    more: the floor before is the third. Busy for 15 reads (the load has 10 at most), then
+    holding half its pool, idle: read after, and not the load's peak."""
+    bodies = ([vllm(0.001), vllm(0.002), vllm(0.003)]
+              + [vllm(0.31234, running=4, tokens=100.0 * i) for i in range(1, 16)]
+              + [vllm(0.5, tokens=1600.0)])
+    async with FakeOpenAI() as api, FaultServer(bodies=bodies) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=20.0,
+                                  interval_s=2.0), gpu_reader=None, progress=None)
+    assert doc["kv"] == {"engines": [{
+        "model": "m", "engine": "0",
+        "before": {"used_blocks": 3.0, "blocks_total": 999, "usage": 0.003, "idle": True},
+        "after": {"used_blocks": 499.5, "blocks_total": 999, "usage": 0.5, "idle": True},
+        "peak_usage": 0.3123}]}
+
+
+async def test_slow_first_reads_are_waited_for_in_wall_seconds(tmp_path: Path) -> None:
+    """Each read takes 0.2 s: 8 s of the server's time at 40x, more than the whole wait
+    for the first read if it were in the server's time (15 s of ours)."""
+    async with FakeOpenAI() as api, FaultServer(bodies=[vllm(0.0)]) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url("slow", "s=0.2"), tmp_path / "out",
+                                  duration_s=20.0), gpu_reader=None, progress=None)
+    assert doc["run"]["scrapes"] >= 3 and doc["run"]["failed_scrapes"] == 0
+    assert doc["kv"]["engines"][0]["before"]["idle"] is True
+
+
+async def test_reads_slower_than_the_scrape_timeout_fail(tmp_path: Path) -> None:
+    """Once the load is under way the server takes 0.5 s to answer /metrics: past the 0.2 s
+    asked for (the default would wait 2 s)."""
+    async with FakeOpenAI() as api, FaultServer(bodies=[vllm(0.0)]) as metrics:
+        async def slow_down() -> None:
+            while metrics.hits < 5:
+                await asyncio.sleep(0.005)
+            metrics.mode = "slow"
+
+        slowing = asyncio.create_task(slow_down())
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=20.0,
+                                  scrape_timeout_s=0.2), gpu_reader=None, progress=None)
+        await slowing
+    assert doc["run"]["scrapes"] >= 5 and doc["run"]["failed_scrapes"] > 0
+    assert doc["kv"]["engines"][0]["after"] is None  # no read after the load
+
+
+async def test_the_ten_most_common_errors_are_reported(tmp_path: Path) -> None:
+    """12 requests refused, each in words of its own: ten of them in the report."""
+    failing = {number: 500 for number in range(1, 13)}
+    async with FakeOpenAI(metrics=idle_body(0.0), fail_status=failing) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=10.0, retries=0), gpu_reader=None, progress=None)
+    errors = doc["requests"]["errors"]
+    assert doc["requests"]["failed"] == 12 and len(errors) == 10
+    assert set(errors.items()) < {(f"HTTP 500: refused {n}", 1) for n in failing}
