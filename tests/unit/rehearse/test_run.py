@@ -960,19 +960,20 @@ async def test_after_the_load_the_terminal_line_says_what_the_run_waits_for(
 
 async def test_the_floor_before_is_the_third_idle_read_and_the_peak_is_the_loads(
         tmp_path: Path) -> None:
-    """Three reads before the load (the waits allow five intervals), each holding one block
-    more: the floor before is the third. Busy for 15 reads (the load has 10 at most), then
-    holding half its pool, idle: read after, and not the load's peak."""
+    """Three reads before the load (the wait allows five intervals, 20 s), each holding one
+    block more: the floor before is the third. Busy for 15 reads (the load has 6 at most),
+    then idle holding half its pool and more at each read: the floor after is the third idle
+    read after the load, and the peak is the load's, not the idle floor's above it."""
     bodies = ([vllm(0.001), vllm(0.002), vllm(0.003)]
               + [vllm(0.31234, running=4, tokens=100.0 * i) for i in range(1, 16)]
-              + [vllm(0.5, tokens=1600.0)])
+              + [vllm(usage, tokens=1600.0) for usage in (0.5, 0.6, 0.7, 0.8)])
     async with FakeOpenAI() as api, FaultServer(bodies=bodies) as metrics:
         doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=20.0,
-                                  interval_s=2.0), gpu_reader=None, progress=None)
+                                  interval_s=4.0), gpu_reader=None, progress=None)
     assert doc["kv"] == {"engines": [{
         "model": "m", "engine": "0",
         "before": {"used_blocks": 3.0, "blocks_total": 999, "usage": 0.003, "idle": True},
-        "after": {"used_blocks": 499.5, "blocks_total": 999, "usage": 0.5, "idle": True},
+        "after": {"used_blocks": 699.3, "blocks_total": 999, "usage": 0.7, "idle": True},
         "peak_usage": 0.3123}]}
 
 
