@@ -1013,3 +1013,43 @@ async def test_the_ten_most_common_errors_are_reported(tmp_path: Path) -> None:
     errors = doc["requests"]["errors"]
     assert doc["requests"]["failed"] == 12 and len(errors) == 10
     assert set(errors.items()) < {(f"HTTP 500: refused {n}", 1) for n in failing}
+
+
+def queued(step: int) -> bytes:
+    """A busy engine with 2 requests waiting, its tokens flowing, and its prefix cache
+    hitting 1 query in 10 (counters at their ``step``-th reading)."""
+    labels = 'engine="0",model_name="m"'
+    body = vllm(0.5, running=8, tokens=100.0 * step).replace(
+        f"vllm:num_requests_waiting{{{labels}}} 0.0".encode(),
+        f"vllm:num_requests_waiting{{{labels}}} 2.0".encode())
+    return body + (f"vllm:prefix_cache_queries_total{{{labels}}} {1000.0 * step}\n"
+                   f"vllm:prefix_cache_hits_total{{{labels}}} {100.0 * step}\n").encode()
+
+
+async def test_a_no_go_run_advises_on_its_queues_and_its_prefix_cache(tmp_path: Path) -> None:
+    """Failed requests make it NO-GO; the advice also names the queue (with the model's
+    context) and a hit rate of 10 % where the shared-prefix workload expects 93 %."""
+    bodies = [vllm(0.0)] * 3 + [queued(step) for step in range(1, 300)]
+    async with FakeOpenAI(fail_status={1: 500, 2: 500, 3: 500}) as api, FaultServer(
+            bodies=bodies) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=20.0,
+                                  workload="shared-prefix", retries=0),
+                             gpu_reader=None, progress=None)
+    server = doc["server"]
+    assert doc["verdict"] == "no-go" and doc["stall"]["state"] != "stalled"
+    assert doc["advice"] == [
+        {"lever": "max-num-seqs",
+         "action": "queues and preemptions at moderate context: cap --max-num-seqs (or the "
+                   "clients' concurrency), or raise --gpu-memory-utilization",
+         "figures": {"preemptions_per_min": None, "waiting_p90": 2.0, "running_max": 8.0,
+                     "prompt_p90_tokens": 3.0, "max_model_len": 2048}},
+        {"lever": "prefix-caching",
+         "action": "a low hit rate on a shared-prefix workload: prefix caching is off "
+                   "(--enable-prefix-caching) or the prompts do not share a prefix",
+         "figures": {"hit_rate": 0.1, "expected_hit_rate": 0.934}},
+        {"lever": "errors", "action": "requests failed: the server's log says why",
+         "figures": {"error_rate": doc["requests"]["error_rate"],
+                     "most_common": "HTTP 500: refused 1"}}]
+    # the prompts' length as the server counted it in its answers (3 tokens each)
+    assert (server["hit_rate"], server["waiting_p90"], server["prompt_p90"],
+            server["expected_hit_rate"]) == (0.1, 2.0, 3.0, 0.9343)
