@@ -566,6 +566,7 @@ async def test_with_full_duration_a_leak_runs_on_and_the_terminal_line_says_leak
     assert (run_["stopped"], run_["stopped_reason"]) == ("duration", None)
     assert run_["load_s"] >= 200.0 and doc["settings"]["full_duration"] is True
     assert doc["verdict"] == "no-go" and doc["requests"]["first_attempts"] > 100
+    assert [reason.partition(":")[0] for reason in doc["reasons"]] == ["a leak"]  # all answered
     lines = terminal.getvalue()
     assert "stopping early" not in lines
     assert re.search(r"\| KV 4% \| GPU - KV LEAK latency \w+\?\x1b\[K", lines), repr(lines)
@@ -620,6 +621,10 @@ async def test_with_full_duration_a_stall_runs_on_and_the_terminal_line_says_sta
     assert_reported(doc, tmp_path / "out")
     assert doc["run"]["stopped"] == "duration" and doc["run"]["load_s"] >= 100.0
     assert doc["verdict"] == "no-go" and doc["reasons"][0].startswith("stalled: ")
+    # and after a minute of load with no answer, that is a reason of its own
+    assert doc["reasons"][1:] == [
+        f"the server answered none of the {doc['requests']['first_attempts']} requests in "
+        f"{doc['run']['load_s'] / 60:.1f} min of load"]
     lines = terminal.getvalue()
     assert re.search(r"\| KV 98% \| GPU - KV \S+ latency \S+ STALL\x1b\[K", lines), repr(lines)
 
@@ -786,6 +791,9 @@ async def test_at_most_the_concurrency_is_in_flight_and_the_rest_is_dropped(
     assert requests["first_attempts"] > 10
     assert (requests["cut"], requests["dropped"]) == (3, requests["first_attempts"] - 3)
     assert doc["settings"]["concurrency"] == 3 and kvtop_tasks() == []
+    # none answered, and 10 s are too short to call that a NO-GO: not enough evidence
+    assert (doc["verdict"], doc["missing"][-1]) == (
+        "no-verdict", f"no request was answered yet ({requests['first_attempts']} sent)")
 
 
 async def _driven(out: Path, **extra: Any) -> tuple[dict[str, Any], list[Any]]:
