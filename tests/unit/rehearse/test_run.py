@@ -733,6 +733,12 @@ async def test_requests_failing_around_a_restart_are_counted_as_failing_across_i
     assert_reported(doc, tmp_path / "out")
     (restart,) = doc["run"]["restarts_s"]
     assert 4.0 <= restart <= 36.0
+    # seconds from the load's start (when the first request was sent) to the read that saw
+    # the counters start again (the tenth; the recording stamps it in the server's time)
+    first = min(logged(tmp_path / "out"), key=lambda line: line["t"])
+    run_start = first["time"] - first["t"] / FAST  # unix seconds
+    read = read_recording(tmp_path / "out/recording.jsonl.gz").scrapes[9].t - run_start
+    assert restart == pytest.approx(read - first["t"], abs=0.5)
     requests = doc["requests"]
     assert requests["timeouts"] > 100 and requests["ok"] == 0
     assert 14 <= doc["run"]["failed_across_restarts"] <= 18, doc["run"]
