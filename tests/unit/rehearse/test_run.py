@@ -1067,3 +1067,17 @@ async def test_a_no_go_run_advises_on_its_queues_and_its_prefix_cache(tmp_path: 
     # the prompts' length as the server counted it in its answers (3 tokens each)
     assert (server["hit_rate"], server["waiting_p90"], server["prompt_p90"],
             server["expected_hit_rate"]) == (0.1, 2.0, 3.0, 0.9343)
+
+
+async def test_an_api_that_never_lists_its_models_is_refused_after_ten_seconds(
+        tmp_path: Path) -> None:
+    """Ten seconds of ours, whatever the time scale: a hung server is not waited on for
+    ever, and nothing is sent."""
+    async with FaultServer(mode="hang") as hung:
+        with pytest.raises(CannotRun) as refused:
+            await rehearse(fast(hung.base_url, hung.url(), tmp_path / "out"),
+                           gpu_reader=None, progress=None)
+        asked, base = [request.path for request in hung.requests], hung.base_url
+    assert str(refused.value) == (f"cannot read {base}/v1/models: "
+                                  "no complete answer within 10 s")
+    assert asked == ["/v1/models"]
