@@ -982,8 +982,11 @@ async def test_the_floor_before_is_the_third_idle_read_and_the_peak_is_the_loads
               + [vllm(0.31234, running=4, tokens=100.0 * i) for i in range(1, 16)]
               + [vllm(usage, tokens=1600.0) for usage in (0.5, 0.6, 0.7, 0.8)])
     async with FakeOpenAI() as api, FaultServer(bodies=bodies) as metrics:
-        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=20.0,
+        metrics_url = metrics.url()
+        doc = await rehearse(fast(api.url, metrics_url, tmp_path / "out", duration_s=20.0,
                                   interval_s=4.0), gpu_reader=None, progress=None)
+    header = read_recording(tmp_path / "out/recording.jsonl.gz").header
+    assert (header["interval_s"], header["targets"]) == (4.0, [metrics_url])
     assert doc["kv"] == {"engines": [{
         "model": "m", "engine": "0",
         "before": {"used_blocks": 3.0, "blocks_total": 999, "usage": 0.003, "idle": True},
@@ -1081,3 +1084,32 @@ async def test_an_api_that_never_lists_its_models_is_refused_after_ten_seconds(
     assert str(refused.value) == (f"cannot read {base}/v1/models: "
                                   "no complete answer within 10 s")
     assert asked == ["/v1/models"]
+
+
+def with_ttft(step: int) -> bytes:
+    """A busy engine whose TTFT histogram gains 10 answers a read: half within 0.1 s, 9 in
+    10 within 0.5 s, all within 1 s."""
+    labels = 'engine="0",model_name="m"'
+    count = 10.0 * step
+    buckets = "".join(
+        f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{le}"}} {count * share}\n'
+        for le, share in (("0.1", 0.5), ("0.5", 0.9), ("1.0", 1.0), ("+Inf", 1.0)))
+    return vllm(0.1, running=2, tokens=100.0 * step) + (
+        buckets + f"vllm:time_to_first_token_seconds_sum{{{labels}}} {count * 0.2}\n"
+        f"vllm:time_to_first_token_seconds_count{{{labels}}} {count}\n").encode()
+
+
+async def test_watch_only_judges_latency_by_the_servers_ttft_histogram(tmp_path: Path) -> None:
+    """The same 10 % of answers slower than 0.5 s throughout: not rising."""
+    async with FaultServer(bodies=[with_ttft(step) for step in range(1, 500)]) as metrics:
+        doc = await rehearse(RehearsalSettings(
+            metrics=Target(url=metrics.url()), api_base=None, duration_s=45.0,
+            out_dir=tmp_path / "out", watch_only=True, interval_s=1.0, time_scale=FAST),
+            gpu_reader=None, progress=None)
+    latency = doc["criteria"]["latency"]
+    assert (latency["state"], latency["figures"]["source"]) == (
+        "ok", "the server's TTFT histogram")
+    assert latency["figures"]["ttft_s"] == {"first": {"p50": 0.1, "p90": 0.5, "p99": 0.95},
+                                            "last": {"p50": 0.1, "p90": 0.5, "p99": 0.95}}
+    assert latency["figures"]["slow_share"]["first"] == latency["figures"]["slow_share"][
+        "last"] == 0.1
