@@ -1113,3 +1113,19 @@ async def test_watch_only_judges_latency_by_the_servers_ttft_histogram(tmp_path:
                                             "last": {"p50": 0.1, "p90": 0.5, "p99": 0.95}}
     assert latency["figures"]["slow_share"]["first"] == latency["figures"]["slow_share"][
         "last"] == 0.1
+
+
+async def test_watch_only_reads_three_times_after_the_load_busy_or_not(tmp_path: Path) -> None:
+    """A busy server watched, its pool one block fuller at every read: the peak of the load
+    is its last read, the floor after the third read after it (however busy: watching waits
+    for three reads, not for idle ones)."""
+    bodies = [vllm(step / 1000, running=2, tokens=100.0 * step) for step in range(1, 200)]
+    async with FaultServer(bodies=bodies) as metrics:
+        doc = await rehearse(RehearsalSettings(
+            metrics=Target(url=metrics.url()), api_base=None, duration_s=20.0,
+            out_dir=tmp_path / "out", watch_only=True, interval_s=2.0, time_scale=FAST),
+            gpu_reader=None, progress=None)
+    (engine,) = doc["kv"]["engines"]
+    assert engine["before"]["usage"] == 0.003
+    assert engine["after"]["idle"] is False
+    assert round((engine["after"]["usage"] - engine["peak_usage"]) * 1000) == 3
