@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import ssl
 import subprocess
@@ -318,6 +319,8 @@ def assert_reported(doc: dict[str, Any], out: Path) -> None:
         "advice": shaped["advice"],
         "files": dict.fromkeys(("recording", "requests", "gpus", "report_json",
                                 "report_text"), "")}
+    assert doc["run"]["load_s"] == round(doc["run"]["load_s"], 3)  # to the millisecond
+    assert all(t == round(t, 3) for t in doc["run"]["restarts_s"])
     started, ended = (datetime.fromisoformat(doc[k]) for k in ("started_at", "ended_at"))
     assert started <= ended and started.utcoffset() == timedelta(0)
     assert doc["started_at"].endswith("+00:00") and len(doc["started_at"]) == 25  # seconds
@@ -439,6 +442,7 @@ async def test_failed_requests_beyond_the_limit_are_no_go_with_the_servers_own_w
                                           "most_common": "HTTP 500: refused 1"}}]
     assert doc["run"]["failed_across_restarts"] == 0  # no restart: none failed across one
     assert doc["files"]["gpus"] is None and not (tmp_path / "out/gpus.jsonl").exists()
+    assert doc["criteria"]["gpu_memory"]["reason"] == "not judged: GPUs not read (--no-gpu)"
     assert doc["target"]["server"] == {"kind": "vllm", "version": "0.9.2+",
                                        "version_inferred": True}  # no /version: guessed
     lenient = await _rehearse_with(tmp_path / "lenient", fail_status={1: 500, 2: 500, 7: 429},
@@ -1129,3 +1133,21 @@ async def test_watch_only_reads_three_times_after_the_load_busy_or_not(tmp_path:
     assert engine["before"]["usage"] == 0.003
     assert engine["after"]["idle"] is False
     assert round((engine["after"]["usage"] - engine["peak_usage"]) * 1000) == 3
+
+
+async def test_a_report_that_cannot_be_written_is_a_usage_error(tmp_path: Path) -> None:
+    """The --out folder is removed while the load runs: the run ends in a clear message."""
+    out = tmp_path / "out"
+
+    async def remove_the_folder() -> None:
+        while not (out / "requests.jsonl").exists():
+            await asyncio.sleep(0.005)
+        shutil.rmtree(out)
+
+    async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+        removing = asyncio.create_task(remove_the_folder())
+        with pytest.raises(BadUsage) as refused:
+            await rehearse(fast(api.url, api.url + "/metrics", out, duration_s=5.0),
+                           gpu_reader=None, progress=None)
+        await removing
+    assert str(refused.value) == f"cannot write the report to {out}: No such file or directory"
