@@ -483,16 +483,18 @@ async def test_the_model_named_is_driven_and_one_not_served_is_refused(tmp_path:
 async def test_what_cannot_be_rehearsed_is_refused_with_the_reason(tmp_path: Path) -> None:
     async with FaultServer() as not_openai, FakeOpenAI() as api, FaultServer(
             bodies=[b"up 1\n"]) as other, FaultServer(mode="auth", token="t") as locked:
-        refusals = {}
+        refusals, took = {}, {}
         for name, config in {
             "api": fast(not_openai.base_url, not_openai.url(), tmp_path / "a"),
             "metrics": fast(api.url, other.url("garbage"), tmp_path / "b"),
             "kind": fast(api.url, other.url(), tmp_path / "c"),
             "auth": fast(api.url, locked.url("auth"), tmp_path / "d"),
         }.items():
+            started = time.monotonic()
             with pytest.raises(CannotRun) as error:
                 await rehearse(config, gpu_reader=None, progress=None)
             refusals[name] = str(error.value)
+            took[name] = time.monotonic() - started
         base, other_url, locked_url = not_openai.base_url, other.url(), locked.url("auth")
         garbage_url = other.url("garbage")
         asked = (len(locked.requests),
@@ -508,8 +510,10 @@ async def test_what_cannot_be_rehearsed_is_refused_with_the_reason(tmp_path: Pat
                 "(llama.cpp's --api-key also guards /metrics)",
     }
     # a refused token or a body that is no exposition is not asked again (for 15 s): a
-    # /version and a /metrics request, one /metrics request
+    # /version and a /metrics request, one /metrics request; and not waited on either: the
+    # refusal comes at once, not when the 15 s (of ours) for a first read have passed
     assert asked == (2, 1)
+    assert took["metrics"] < 7.5 and took["auth"] < 7.5
     assert api.bodies == []  # nothing was sent to a server whose metrics can't be read
 
 
@@ -1151,3 +1155,26 @@ async def test_a_report_that_cannot_be_written_is_a_usage_error(tmp_path: Path) 
                            gpu_reader=None, progress=None)
         await removing
     assert str(refused.value) == f"cannot write the report to {out}: No such file or directory"
+
+
+async def test_one_read_is_enough_to_start_and_failing_reads_do_not_stop_the_run(
+        tmp_path: Path) -> None:
+    """The server answers /metrics once, then only with errors: the run starts on that one
+    read (the first wait asks for no more), goes its time and reports the failed reads."""
+    async with FakeOpenAI() as api, FaultServer(bodies=[vllm(0.0)]) as metrics:
+        async def break_down() -> None:
+            while metrics.hits < 1:
+                await asyncio.sleep(0.001)
+            metrics.mode = "error500"
+
+        breaking = asyncio.create_task(break_down())
+        started = time.monotonic()
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=20.0),
+                             gpu_reader=None, progress=None)
+        took = time.monotonic() - started
+        await breaking
+    run_ = doc["run"]
+    assert (run_["scrapes"], run_["stopped"]) == (1, "duration") and run_["failed_scrapes"] > 0
+    # about 2 s: not the 15 s (of ours) the first wait allows for a read, which waiting for
+    # a second read would have taken
+    assert took < 7.5
