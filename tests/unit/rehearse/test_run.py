@@ -1178,3 +1178,16 @@ async def test_one_read_is_enough_to_start_and_failing_reads_do_not_stop_the_run
     # about 2 s: not the 15 s (of ours) the first wait allows for a read, which waiting for
     # a second read would have taken
     assert took < 7.5
+
+
+async def test_metrics_that_never_answer_are_refused_after_fifteen_seconds(
+        tmp_path: Path) -> None:
+    """Read with a 30 s timeout, a /metrics that never answers has not even failed when the
+    15 s (of ours) for a first read are up: the refusal says there was no answer."""
+    async with FakeOpenAI() as api, FaultServer(mode="hang") as metrics:
+        url = metrics.url()
+        with pytest.raises(CannotRun) as refused:
+            await rehearse(fast(api.url, url, tmp_path / "out", scrape_timeout_s=30.0),
+                           gpu_reader=None, progress=None)
+    assert str(refused.value) == f"cannot read {url}: no answer"
+    assert api.bodies == []
