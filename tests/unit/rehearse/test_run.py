@@ -18,6 +18,7 @@ import dataclasses
 import io
 import itertools
 import json
+import locale
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ import signal
 import ssl
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -1191,3 +1193,26 @@ async def test_metrics_that_never_answer_are_refused_after_fifteen_seconds(
                            gpu_reader=None, progress=None)
     assert str(refused.value) == f"cannot read {url}: no answer"
     assert api.bodies == []
+
+
+@pytest.fixture
+def ascii_locale() -> Iterator[None]:
+    """The C locale's ASCII as the default encoding of text files (where a system is set up
+    so), for this test only."""
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
+
+
+async def test_the_text_report_is_utf_8_whatever_the_locale(tmp_path: Path,
+                                                            ascii_locale: None) -> None:
+    """A model named in letters ASCII lacks, on a system whose default encoding is ASCII."""
+    async with FakeOpenAI(metrics=idle_body(0.0), models=("modèle",)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=5.0), gpu_reader=None, progress=None)
+    text = (tmp_path / "out/report.txt").read_bytes().decode("utf-8")
+    assert doc["target"]["model"] == "modèle" and ", model modèle" in text
+    assert text == file_text(render_text(doc))
