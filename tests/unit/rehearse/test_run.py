@@ -1216,3 +1216,18 @@ async def test_the_text_report_is_utf_8_whatever_the_locale(tmp_path: Path,
     text = (tmp_path / "out/report.txt").read_bytes().decode("utf-8")
     assert doc["target"]["model"] == "modèle" and ", model modèle" in text
     assert text == file_text(render_text(doc))
+
+
+async def test_a_server_that_never_goes_idle_is_read_for_a_minute_and_five_intervals_after(
+        tmp_path: Path) -> None:
+    """Busy for ever, its pool one block fuller at every read (every 20 s): after the load
+    the run waits 60 s and five intervals (160 s) for it to go idle, 8 reads, then reports
+    the last of them as the floor after."""
+    bodies = [vllm(step / 1000, running=2, tokens=100.0 * step) for step in range(1, 100)]
+    async with FakeOpenAI() as api, FaultServer(bodies=bodies) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=40.0,
+                                  rate=0.5, interval_s=20.0, time_scale=100.0),
+                             gpu_reader=None, progress=None)
+    (engine,) = doc["kv"]["engines"]
+    assert engine["before"]["usage"] == 0.003 and engine["after"]["idle"] is False
+    assert round((engine["after"]["usage"] - engine["peak_usage"]) * 1000) == 8
