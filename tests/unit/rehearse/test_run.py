@@ -783,7 +783,7 @@ async def test_a_stall_stops_the_load_early_without_a_progress_line_too(tmp_path
 
 def kvtop_tasks() -> list[str]:
     """kvtop's own tasks still pending in this loop: a finished run leaves none."""
-    return sorted(task.get_coro().__qualname__ for task in asyncio.all_tasks()
+    return sorted(getattr(task.get_coro(), "__qualname__", "") for task in asyncio.all_tasks()
                   if not task.done() and "/kvtop/" in getattr(
                       getattr(task.get_coro(), "cr_code", None), "co_filename", ""))
 
@@ -1230,4 +1230,5 @@ async def test_a_server_that_never_goes_idle_is_read_for_a_minute_and_five_inter
                              gpu_reader=None, progress=None)
     (engine,) = doc["kv"]["engines"]
     assert engine["before"]["usage"] == 0.003 and engine["after"]["idle"] is False
-    assert round((engine["after"]["usage"] - engine["peak_usage"]) * 1000) == 8
+    # 8 reads, or 7 where the reads fall a little later than every 20 s on a loaded machine
+    assert round((engine["after"]["usage"] - engine["peak_usage"]) * 1000) in (7, 8)
