@@ -450,6 +450,7 @@ async def test_failed_requests_beyond_the_limit_are_no_go_with_the_servers_own_w
     lenient = await _rehearse_with(tmp_path / "lenient", fail_status={1: 500, 2: 500, 7: 429},
                                    max_error_rate=0.03)
     assert lenient["verdict"] == "go" and lenient["settings"]["max_error_rate"] == 0.03
+    assert lenient["advice"] == []  # advice only for a NO-GO
 
 
 async def _rehearse_with(out: Path, *, fail_status: dict[int, int] | None = None,
@@ -1232,3 +1233,14 @@ async def test_a_server_that_never_goes_idle_is_read_for_a_minute_and_five_inter
     assert engine["before"]["usage"] == 0.003 and engine["after"]["idle"] is False
     # 8 reads, or 7 where the reads fall a little later than every 20 s on a loaded machine
     assert round((engine["after"]["usage"] - engine["peak_usage"]) * 1000) in (7, 8)
+
+
+async def test_watching_a_stalled_server_is_no_go_with_its_advice(tmp_path: Path) -> None:
+    """No request of ours, so no errors to advise on: the stall alone."""
+    async with FaultServer() as metrics:
+        doc = await rehearse(RehearsalSettings(
+            metrics=Target(url=metrics.url()), api_base=None, duration_s=600.0,
+            out_dir=tmp_path / "out", watch_only=True, interval_s=1.0, time_scale=FAST),
+            gpu_reader=None, progress=None)
+    assert (doc["verdict"], doc["run"]["stopped"], doc["requests"]) == ("no-go", "stalled", None)
+    assert [advice["lever"] for advice in doc["advice"]] == ["stall"]
