@@ -18,11 +18,15 @@ import dataclasses
 import io
 import itertools
 import json
+import locale
 import os
 import re
+import shutil
 import signal
+import ssl
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,8 @@ import pytest
 from kvtop.collect.exposition import parse
 from kvtop.collect.nvml import GpuReading
 from kvtop.collect.target import Target
+from kvtop.derive.leak_params import LeakParams
+from kvtop.load.prompts import PromptMaker
 from kvtop.rehearse.report import render_text
 from kvtop.rehearse.run import BadUsage, CannotRun, RehearsalSettings, rehearse
 from kvtop.safe_text import Secret, file_text
@@ -315,6 +321,9 @@ def assert_reported(doc: dict[str, Any], out: Path) -> None:
         "advice": shaped["advice"],
         "files": dict.fromkeys(("recording", "requests", "gpus", "report_json",
                                 "report_text"), "")}
+    load_s = doc["run"]["load_s"]
+    assert isinstance(load_s, float) and load_s == round(load_s, 3)  # to the millisecond
+    assert all(t == round(t, 3) for t in doc["run"]["restarts_s"])
     started, ended = (datetime.fromisoformat(doc[k]) for k in ("started_at", "ended_at"))
     assert started <= ended and started.utcoffset() == timedelta(0)
     assert doc["started_at"].endswith("+00:00") and len(doc["started_at"]) == 25  # seconds
@@ -387,12 +396,15 @@ async def test_a_driven_run_reports_what_it_sent_and_what_the_server_showed(
     assert [{k: v for k, v in r.items() if k != "t"} for r in readings] == [
         {"index": 0, "name": "NVIDIA H100 80GB HBM3", "used": 74 * GIB, "total": 80 * GIB}
     ] * len(readings)
-    assert min(b["t"] - a["t"] for a, b in itertools.pairwise(readings)) >= 5.0
+    gaps = sorted(b["t"] - a["t"] for a, b in itertools.pairwise(readings))
+    assert gaps[0] >= 5.0 and gaps[len(gaps) // 2] < 5.5  # the next read 5 s after the last
     recording = read_recording(out / "recording.jsonl.gz")
     assert len(recording.scrapes) == run_["scrapes"] and recording.interval_s == 1.0
     lines = terminal.getvalue()
-    assert re.search(r"\r[^|]+ \| \d+ done, 0 failed, 0 dropped, [\d.]+ req/s \| TTFT p50 \S+ "
-                     r"p99 \S+ \| KV \d+% \| GPU \S+ KV ok\? latency (ok|watch|fail)\?\x1b\[K",
+    # the answers and their first tokens counted as they come (the rate and TTFT need them)
+    assert re.search(r"\r[^|]+ \| [1-9]\d* done, 0 failed, 0 dropped, (?!0\.00)[\d.]+ req/s \| "
+                     r"TTFT p50 \d+ms p99 \d+ms \| KV \d+% \| GPU \S+ KV ok\? "
+                     r"latency (ok|watch|fail)\?\x1b\[K",
                      lines), repr(lines)
     assert "LEAK" not in lines and "STALL" not in lines
 
@@ -433,11 +445,13 @@ async def test_failed_requests_beyond_the_limit_are_no_go_with_the_servers_own_w
                                           "most_common": "HTTP 500: refused 1"}}]
     assert doc["run"]["failed_across_restarts"] == 0  # no restart: none failed across one
     assert doc["files"]["gpus"] is None and not (tmp_path / "out/gpus.jsonl").exists()
+    assert doc["criteria"]["gpu_memory"]["reason"] == "not judged: GPUs not read (--no-gpu)"
     assert doc["target"]["server"] == {"kind": "vllm", "version": "0.9.2+",
                                        "version_inferred": True}  # no /version: guessed
     lenient = await _rehearse_with(tmp_path / "lenient", fail_status={1: 500, 2: 500, 7: 429},
                                    max_error_rate=0.03)
     assert lenient["verdict"] == "go" and lenient["settings"]["max_error_rate"] == 0.03
+    assert lenient["advice"] == []  # advice only for a NO-GO
 
 
 async def _rehearse_with(out: Path, *, fail_status: dict[int, int] | None = None,
@@ -473,16 +487,18 @@ async def test_the_model_named_is_driven_and_one_not_served_is_refused(tmp_path:
 async def test_what_cannot_be_rehearsed_is_refused_with_the_reason(tmp_path: Path) -> None:
     async with FaultServer() as not_openai, FakeOpenAI() as api, FaultServer(
             bodies=[b"up 1\n"]) as other, FaultServer(mode="auth", token="t") as locked:
-        refusals = {}
+        refusals, took = {}, {}
         for name, config in {
             "api": fast(not_openai.base_url, not_openai.url(), tmp_path / "a"),
             "metrics": fast(api.url, other.url("garbage"), tmp_path / "b"),
             "kind": fast(api.url, other.url(), tmp_path / "c"),
             "auth": fast(api.url, locked.url("auth"), tmp_path / "d"),
         }.items():
+            started = time.monotonic()
             with pytest.raises(CannotRun) as error:
                 await rehearse(config, gpu_reader=None, progress=None)
             refusals[name] = str(error.value)
+            took[name] = time.monotonic() - started
         base, other_url, locked_url = not_openai.base_url, other.url(), locked.url("auth")
         garbage_url = other.url("garbage")
         asked = (len(locked.requests),
@@ -498,8 +514,10 @@ async def test_what_cannot_be_rehearsed_is_refused_with_the_reason(tmp_path: Pat
                 "(llama.cpp's --api-key also guards /metrics)",
     }
     # a refused token or a body that is no exposition is not asked again (for 15 s): a
-    # /version and a /metrics request, one /metrics request
+    # /version and a /metrics request, one /metrics request; and not waited on either: the
+    # refusal comes at once, not when the 15 s (of ours) for a first read have passed
     assert asked == (2, 1)
+    assert took["metrics"] < 7.5 and took["auth"] < 7.5
     assert api.bodies == []  # nothing was sent to a server whose metrics can't be read
 
 
@@ -560,6 +578,7 @@ async def test_with_full_duration_a_leak_runs_on_and_the_terminal_line_says_leak
     assert (run_["stopped"], run_["stopped_reason"]) == ("duration", None)
     assert run_["load_s"] >= 200.0 and doc["settings"]["full_duration"] is True
     assert doc["verdict"] == "no-go" and doc["requests"]["first_attempts"] > 100
+    assert [reason.partition(":")[0] for reason in doc["reasons"]] == ["a leak"]  # all answered
     lines = terminal.getvalue()
     assert "stopping early" not in lines
     assert re.search(r"\| KV 4% \| GPU - KV LEAK latency \w+\?\x1b\[K", lines), repr(lines)
@@ -582,9 +601,26 @@ async def test_a_stall_cuts_the_requests_in_flight_and_reads_no_floor_after(
                                "(--full-duration runs on)\n")
     requests = doc["requests"]
     assert requests["cut"] == requests["first_attempts"] > 0 and requests["ok"] == 0
+    # cut when the load stopped, not after the 60 s drain: each ended within the load
+    # (the first was sent on the first arrival after its start)
+    lines = logged(tmp_path / "out")
+    assert {line["status"] for line in lines} == {"cut"}
+    ended = max(line["t"] + line["total_s"] for line in lines) - min(line["t"] for line in lines)
+    assert ended <= run_["load_s"] + 10.0  # a quarter second of ours for the cutting
     (engine,) = doc["kv"]["engines"]
     assert engine["after"] is None and engine["before"]["idle"] is False
-    assert doc["verdict"] == "no-go" and doc["reasons"][0].startswith("stalled: ")
+    stall = doc["stall"]
+    assert (stall["state"], stall["engine"]) == ("stalled", "twin-llama 0")
+    assert 0.0 < stall["first_s"] <= run_["load_s"]  # since the load began
+    assert (doc["verdict"], doc["reasons"]) == ("no-go", [
+        f"stalled: twin-llama 0: {stall['reason']}"])
+    assert doc["advice"] == [{
+        "lever": "stall",
+        "action": f"the engine stopped making progress: {stall['reason']}; its log says why "
+                  "(a hung worker, a wedged scheduler); record it (kvtop record), report it "
+                  "upstream, restart the server",
+        "figures": {"engine": "twin-llama 0", "reason": stall["reason"]}}]
+    assert kvtop_tasks() == []
 
 
 async def test_with_full_duration_a_stall_runs_on_and_the_terminal_line_says_stall(
@@ -597,6 +633,10 @@ async def test_with_full_duration_a_stall_runs_on_and_the_terminal_line_says_sta
     assert_reported(doc, tmp_path / "out")
     assert doc["run"]["stopped"] == "duration" and doc["run"]["load_s"] >= 100.0
     assert doc["verdict"] == "no-go" and doc["reasons"][0].startswith("stalled: ")
+    # and after a minute of load with no answer, that is a reason of its own
+    assert doc["reasons"][1:] == [
+        f"the server answered none of the {doc['requests']['first_attempts']} requests in "
+        f"{doc['run']['load_s'] / 60:.1f} min of load"]
     lines = terminal.getvalue()
     assert re.search(r"\| KV 98% \| GPU - KV \S+ latency \S+ STALL\x1b\[K", lines), repr(lines)
 
@@ -704,7 +744,13 @@ async def test_requests_failing_around_a_restart_are_counted_as_failing_across_i
                              progress=None)
     assert_reported(doc, tmp_path / "out")
     (restart,) = doc["run"]["restarts_s"]
-    assert 4.0 <= restart <= 36.0
+    assert 4.0 <= restart <= 36.0 and isinstance(restart, float)  # to the ms, not the second
+    # seconds from the load's start (when the first request was sent) to the read that saw
+    # the counters start again (the tenth; the recording stamps it in the server's time)
+    first = min(logged(tmp_path / "out"), key=lambda line: line["t"])
+    run_start = first["time"] - (first["t"] + first["queued_s"]) / FAST  # unix seconds
+    read = read_recording(tmp_path / "out/recording.jsonl.gz").scrapes[9].t - run_start
+    assert restart == pytest.approx(read - first["t"], abs=2.0)  # 50 ms of ours
     requests = doc["requests"]
     assert requests["timeouts"] > 100 and requests["ok"] == 0
     assert 14 <= doc["run"]["failed_across_restarts"] <= 18, doc["run"]
@@ -731,3 +777,471 @@ async def test_a_stall_stops_the_load_early_without_a_progress_line_too(tmp_path
         doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=600.0,
                                   rate=1.0), gpu_reader=None, progress=None)
     assert doc["run"]["stopped"] == "stalled" and doc["run"]["load_s"] < 60.0
+
+
+# -- what the reports above leave open: each setting reaching the part that uses it, the
+# boundaries of the waits, the terminal line after the load, and what the run leaves behind
+
+
+def kvtop_tasks() -> list[str]:
+    """kvtop's own tasks still pending in this loop: a finished run leaves none."""
+    return sorted(getattr(task.get_coro(), "__qualname__", "") for task in asyncio.all_tasks()
+                  if not task.done() and "/kvtop/" in getattr(
+                      getattr(task.get_coro(), "cr_code", None), "co_filename", ""))
+
+
+def logged(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "requests.jsonl").read_bytes().splitlines()]
+
+
+async def test_at_most_the_concurrency_is_in_flight_and_the_rest_is_dropped(
+        tmp_path: Path) -> None:
+    """3 in flight at most, at 4 a second to a server that never answers: the first 3 are
+    sent (and cut at the end: no drain asked), every later one dropped, none queued."""
+    async with FakeOpenAI(hang=True, metrics=idle_body(0.0)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=10.0, concurrency=3, drain_s=0.0),
+                             gpu_reader=None, progress=None)
+        held = (api.max_in_flight, len(api.bodies))
+    assert_reported(doc, tmp_path / "out")
+    assert held == (3, 3)
+    requests = doc["requests"]
+    assert requests["first_attempts"] > 10
+    assert (requests["cut"], requests["dropped"]) == (3, requests["first_attempts"] - 3)
+    assert doc["settings"]["concurrency"] == 3 and kvtop_tasks() == []
+    # none answered, and 10 s are too short to call that a NO-GO: not enough evidence
+    assert (doc["verdict"], doc["missing"][-1]) == (
+        "no-verdict", f"no request was answered yet ({requests['first_attempts']} sent)")
+
+
+async def _driven(out: Path, **extra: Any) -> tuple[dict[str, Any], list[Any]]:
+    """A short run against an idle server that answers at once: its report and the prompts
+    the server was sent."""
+    async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", out, **extra),
+                             gpu_reader=None, progress=None)
+    assert_reported(doc, out)
+    return doc, [body["prompt"] for body in api.bodies]
+
+
+def planned(out: Path) -> list[tuple[Any, ...]]:
+    """Each request as the workload planned it, by id: its class, its arrival after the
+    first one's, its prompt and answer lengths."""
+    lines = sorted((line for line in logged(out) if line["attempt"] == 1),
+                   key=lambda line: line["id"])
+    return [(line["cls"], round(line["t"] - lines[0]["t"], 3), line["planned_prompt_tokens"],
+             line["max_tokens"]) for line in lines]
+
+
+async def test_the_seed_chooses_the_requests_and_their_prompts(tmp_path: Path) -> None:
+    """Two runs of seed 7 plan the same requests (how many fit in the time may differ),
+    seed 0 (the default) others; and the words of seed 7's first prompt are seed 7's."""
+    (_, first), _, _ = [await _driven(tmp_path / name, duration_s=8.0, **seed)
+                        for name, seed in (("a", {"seed": 7}), ("b", {"seed": 7}), ("c", {}))]
+    plans = [planned(tmp_path / name) for name in "abc"]
+    common = min(len(plan) for plan in plans)
+    assert common >= 20
+    assert plans[0][:common] == plans[1][:common] != plans[2][:common]
+    assert PromptMaker(seed=7).make(plans[0][0][2]) in first
+
+
+async def test_prompts_go_as_token_ids_when_asked(tmp_path: Path) -> None:
+    doc, prompts = await _driven(tmp_path / "out", duration_s=5.0, token_ids=True)
+    assert doc["settings"]["token_ids"] is True and len(prompts) == doc["requests"]["sent"] > 0
+    assert all(isinstance(p, list) and p and all(isinstance(i, int) for i in p)
+               for p in prompts)
+    _, text = await _driven(tmp_path / "text", duration_s=5.0)
+    assert all(isinstance(p, str) for p in text)
+
+
+async def test_a_trace_is_replayed_at_the_rate_asked_within_the_models_context(
+        tmp_path: Path) -> None:
+    """5 requests a second apart (1.25 a second over their 4 s), replayed at 2.5 a second:
+    twice as fast, 0.5 s apart. The 3000-token prompts are cut to fit the model's 2048 tokens
+    with their answers (100 tokens, and one spare): 1947."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{40 + i}.0000000,3000,100\n" for i in range(5)))
+    doc, _ = await _driven(tmp_path / "out", duration_s=5.0, workload=f"trace:{trace}",
+                           rate=2.5)
+    plan = planned(tmp_path / "out")
+    assert len(plan) >= 7 and doc["settings"]["workload"] == f"trace:{trace}"
+    # a lap of the trace lasts its 4 s and a mean gap (0.8 s): at twice the speed, 2.4 s
+    assert [at for _, at, _, _ in plan[:7]] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.4, 2.9]
+    assert {(cls, prompt, answer) for cls, _, prompt, answer in plan} == {
+        ("trace-medium", 1947, 100)}
+
+
+async def test_the_shared_prefix_expects_the_hits_the_models_context_allows(
+        tmp_path: Path) -> None:
+    """Half of the 2048-token context is shared (1024 tokens) before questions of 16 to 128
+    tokens: 1024 of 1096 prompt tokens a hit on average."""
+    doc, _ = await _driven(tmp_path / "out", duration_s=5.0, workload="shared-prefix")
+    assert doc["server"]["expected_hit_rate"] == round(1024 / 1096, 4) == 0.9343
+
+
+async def test_with_no_retries_a_failed_request_is_not_asked_again(tmp_path: Path) -> None:
+    """(By default a 503 is asked once more.)"""
+    async with FakeOpenAI(metrics=idle_body(0.0), fail_status={2: 500, 5: 503}) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=10.0, retries=0), gpu_reader=None, progress=None)
+        sent = len(api.bodies)
+    requests = doc["requests"]
+    assert (requests["failed"], requests["retries"]) == (2, {"sent": 0, "ok": 0})
+    assert requests["sent"] == requests["first_attempts"] == sent == len(logged(tmp_path / "out"))
+
+
+async def test_metrics_are_read_narrowed_unless_all_are_asked_for(tmp_path: Path) -> None:
+    """The watcher asks for the families it reads (the narrowed /metrics/?name[]=...), or
+    for the whole page with full_metrics."""
+    paths = {}
+    for name, full in (("narrow", False), ("full", True)):
+        async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+            doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / name,
+                                      duration_s=5.0, full_metrics=full),
+                                 gpu_reader=None, progress=None)
+            paths[name] = {path.partition("?")[0] for path, _ in api.metrics_requests}
+        assert doc["run"]["scrapes"] > 3
+    assert paths == {"narrow": {"/metrics/"}, "full": {"/metrics"}}
+
+
+async def test_insecure_reaches_a_self_signed_server_for_the_api_and_its_metrics(
+        tmp_path: Path, self_signed: ssl.SSLContext) -> None:
+    async with FakeOpenAI(metrics=idle_body(0.0), ssl_context=self_signed) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=5.0, insecure=True), gpu_reader=None, progress=None)
+    assert api.url.startswith("https://")
+    assert doc["requests"]["ok"] == doc["requests"]["sent"] > 0
+    assert doc["run"]["failed_scrapes"] == 0 and doc["run"]["scrapes"] > 3
+
+
+async def test_the_leak_detectors_settings_decide_what_counts_as_held(tmp_path: Path) -> None:
+    """40 blocks held at idle are a LEAK by default (above), not with 50 blocks the least
+    that counts: the run goes its whole time, and the free-KV criterion judged by the same
+    numbers says the threshold it used."""
+    async with FakeOpenAI(metrics=idle_body(0.04)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=200.0, rate=1.0, interval_s=2.0, time_scale=100.0,
+                                  leak_params=LeakParams(residual_min_blocks=50.0)),
+                             gpu_reader=None, progress=None)
+    assert (doc["run"]["stopped"], doc["run"]["stopped_reason"]) == ("duration", None)
+    kv = doc["criteria"]["kv_free"]
+    assert kv["state"] != "fail" and "leak" not in [a["lever"] for a in doc["advice"]]
+    assert kv["figures"]["engines"][0]["residual_threshold_blocks"] == 50.0
+
+
+async def test_an_engine_without_a_name_is_named_engine_when_the_run_stops(
+        tmp_path: Path) -> None:
+    said = io.StringIO()
+    async with FakeOpenAI(metrics=idle_body(0.04, model="", engine="")) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=600.0, rate=1.0, interval_s=2.0, time_scale=100.0),
+                             gpu_reader=None, progress=said)
+    reason = LEAK_REASON.replace("m 0: ", "engine: ")
+    assert (doc["run"]["stopped"], doc["run"]["stopped_reason"]) == ("leak", reason)
+    assert said.getvalue() == f"stopping early: {reason} (--full-duration runs on)\n"
+
+
+async def test_strict_makes_gpu_memory_growing_alone_no_go(tmp_path: Path) -> None:
+    """GPU memory growing is one soft signal: GO by default (two are needed), NO-GO with
+    --strict (GPU or latency alone)."""
+    verdicts = {}
+    for strict in (False, True):
+        async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+            doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / str(strict),
+                                      duration_s=60.0, strict=strict),
+                                 gpu_reader=GrowingGpu(sample_gpus()[:1]), progress=None)
+        assert doc["criteria"]["gpu_memory"]["state"] == "fail"
+        verdicts[strict] = (doc["verdict"], doc["failed"], doc["settings"]["strict"])
+    assert verdicts == {False: ("go", ["gpu_memory"], False),
+                        True: ("no-go", ["gpu_memory"], True)}
+
+
+def busy_for_ever(count: int) -> list[bytes]:
+    """3 idle reads, then one request running for ever, answering tokens at every read."""
+    return [vllm(0.0)] * 3 + [vllm(0.1, running=1, tokens=10.0 * i) for i in range(1, count)]
+
+
+async def test_after_the_load_the_terminal_line_says_what_the_run_waits_for(
+        tmp_path: Path) -> None:
+    """Requests that never finish are waited for 60 s (the drain): the line says how many
+    and for how long at most; then the server, busy for ever, for 65 s more: the line says
+    so. (At 40x: a second and a half each, a line every second.)"""
+    terminal = Terminal()
+    async with FakeOpenAI(hang=True) as api, FaultServer(bodies=busy_for_ever(400)) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=10.0,
+                                  concurrency=3), gpu_reader=None, progress=terminal)
+        written = terminal.getvalue()
+        await asyncio.sleep(1.5)  # no line after the report
+    assert terminal.getvalue() == written and kvtop_tasks() == []
+    assert doc["requests"]["cut"] == 3 and doc["kv"]["engines"][0]["after"]["idle"] is False
+    lines = written.split("\r")
+    assert any(re.fullmatch(r"load done \(0:00:10\); draining 3 in flight, "
+                            r"(0:00:(?!00)[0-5]\d|0:01:00) at most"
+                            r" \| 0 done, 0 failed, \d+ dropped, 0\.00 req/s \| .*\x1b\[K",
+                            line) for line in lines), lines
+    assert any(line.startswith("load done; waiting for the server to go idle for the last "
+                               "reading | 0 done, 0 failed, ") for line in lines), lines
+
+
+async def test_the_floor_before_is_the_third_idle_read_and_the_peak_is_the_loads(
+        tmp_path: Path) -> None:
+    """Three reads before the load (the wait allows five intervals, 20 s), each holding one
+    block more: the floor before is the third. Busy for 15 reads (the load has 6 at most),
+    then idle holding half its pool and more at each read: the floor after is the third idle
+    read after the load, and the peak is the load's, not the idle floor's above it."""
+    bodies = ([vllm(0.001), vllm(0.002), vllm(0.003)]
+              + [vllm(0.31234, running=4, tokens=100.0 * i) for i in range(1, 16)]
+              + [vllm(usage, tokens=1600.0) for usage in (0.5, 0.6, 0.7, 0.8)])
+    async with FakeOpenAI() as api, FaultServer(bodies=bodies) as metrics:
+        metrics_url = metrics.url()
+        doc = await rehearse(fast(api.url, metrics_url, tmp_path / "out", duration_s=20.0,
+                                  interval_s=4.0), gpu_reader=None, progress=None)
+    header = read_recording(tmp_path / "out/recording.jsonl.gz").header
+    assert (header["interval_s"], header["targets"]) == (4.0, [metrics_url])
+    assert doc["kv"] == {"engines": [{
+        "model": "m", "engine": "0",
+        "before": {"used_blocks": 3.0, "blocks_total": 999, "usage": 0.003, "idle": True},
+        "after": {"used_blocks": 699.3, "blocks_total": 999, "usage": 0.7, "idle": True},
+        "peak_usage": 0.3123}]}
+
+
+async def test_slow_first_reads_are_waited_for_in_wall_seconds(tmp_path: Path) -> None:
+    """Each read takes 0.2 s: 8 s of the server's time at 40x, more than the whole wait
+    for the first read if it were in the server's time (15 s of ours)."""
+    async with FakeOpenAI() as api, FaultServer(bodies=[vllm(0.0)]) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url("slow", "s=0.2"), tmp_path / "out",
+                                  duration_s=20.0), gpu_reader=None, progress=None)
+    assert doc["run"]["scrapes"] >= 3 and doc["run"]["failed_scrapes"] == 0
+    assert doc["kv"]["engines"][0]["before"]["idle"] is True
+
+
+async def test_reads_slower_than_the_scrape_timeout_fail(tmp_path: Path) -> None:
+    """Once the load is under way the server takes 0.5 s to answer /metrics: past the 0.2 s
+    asked for (the default would wait 2 s)."""
+    async with FakeOpenAI() as api, FaultServer(bodies=[vllm(0.0)]) as metrics:
+        async def slow_down() -> None:
+            while metrics.hits < 5:
+                await asyncio.sleep(0.005)
+            metrics.mode = "slow"
+
+        slowing = asyncio.create_task(slow_down())
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=20.0,
+                                  scrape_timeout_s=0.2), gpu_reader=None, progress=None)
+        await slowing
+    assert doc["run"]["scrapes"] >= 5 and doc["run"]["failed_scrapes"] > 0
+    assert doc["kv"]["engines"][0]["after"] is None  # no read after the load
+
+
+async def test_the_ten_most_common_errors_are_reported(tmp_path: Path) -> None:
+    """12 requests refused, each in words of its own: ten of them in the report."""
+    failing = {number: 500 for number in range(1, 13)}
+    async with FakeOpenAI(metrics=idle_body(0.0), fail_status=failing) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=10.0, retries=0), gpu_reader=None, progress=None)
+    errors = doc["requests"]["errors"]
+    assert doc["requests"]["failed"] == 12 and len(errors) == 10
+    assert set(errors.items()) < {(f"HTTP 500: refused {n}", 1) for n in failing}
+
+
+def queued(step: int) -> bytes:
+    """A busy engine with 2 requests waiting, its tokens flowing, and its prefix cache
+    hitting 1 query in 10 (counters at their ``step``-th reading)."""
+    labels = 'engine="0",model_name="m"'
+    body = vllm(0.5, running=8, tokens=100.0 * step).replace(
+        f"vllm:num_requests_waiting{{{labels}}} 0.0".encode(),
+        f"vllm:num_requests_waiting{{{labels}}} 2.0".encode())
+    return body + (f"vllm:prefix_cache_queries_total{{{labels}}} {1000.0 * step}\n"
+                   f"vllm:prefix_cache_hits_total{{{labels}}} {100.0 * step}\n").encode()
+
+
+async def test_a_no_go_run_advises_on_its_queues_and_its_prefix_cache(tmp_path: Path) -> None:
+    """Failed requests make it NO-GO; the advice also names the queue (with the model's
+    context) and a hit rate of 10 % where the shared-prefix workload expects 93 %."""
+    bodies = [vllm(0.0)] * 3 + [queued(step) for step in range(1, 300)]
+    async with FakeOpenAI(fail_status={1: 500, 2: 500, 3: 500}) as api, FaultServer(
+            bodies=bodies) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=20.0,
+                                  workload="shared-prefix", retries=0),
+                             gpu_reader=None, progress=None)
+    server = doc["server"]
+    assert doc["verdict"] == "no-go" and doc["stall"]["state"] != "stalled"
+    assert doc["advice"] == [
+        {"lever": "max-num-seqs",
+         "action": "queues and preemptions at moderate context: cap --max-num-seqs (or the "
+                   "clients' concurrency), or raise --gpu-memory-utilization",
+         "figures": {"preemptions_per_min": None, "waiting_p90": 2.0, "running_max": 8.0,
+                     "prompt_p90_tokens": 3.0, "max_model_len": 2048}},
+        {"lever": "prefix-caching",
+         "action": "a low hit rate on a shared-prefix workload: prefix caching is off "
+                   "(--enable-prefix-caching) or the prompts do not share a prefix",
+         "figures": {"hit_rate": 0.1, "expected_hit_rate": 0.934}},
+        {"lever": "errors", "action": "requests failed: the server's log says why",
+         "figures": {"error_rate": doc["requests"]["error_rate"],
+                     "most_common": "HTTP 500: refused 1"}}]
+    # the prompts' length as the server counted it in its answers (3 tokens each)
+    assert (server["hit_rate"], server["waiting_p90"], server["prompt_p90"],
+            server["expected_hit_rate"]) == (0.1, 2.0, 3.0, 0.9343)
+
+
+async def test_an_api_that_never_lists_its_models_is_refused_after_ten_seconds(
+        tmp_path: Path) -> None:
+    """Ten seconds of ours, whatever the time scale: a hung server is not waited on for
+    ever, and nothing is sent."""
+    async with FaultServer(mode="hang") as hung:
+        with pytest.raises(CannotRun) as refused:
+            await rehearse(fast(hung.base_url, hung.url(), tmp_path / "out"),
+                           gpu_reader=None, progress=None)
+        asked, base = [request.path for request in hung.requests], hung.base_url
+    assert str(refused.value) == (f"cannot read {base}/v1/models: "
+                                  "no complete answer within 10 s")
+    assert asked == ["/v1/models"]
+
+
+def with_ttft(step: int) -> bytes:
+    """A busy engine whose TTFT histogram gains 10 answers a read: half within 0.1 s, 9 in
+    10 within 0.5 s, all within 1 s."""
+    labels = 'engine="0",model_name="m"'
+    count = 10.0 * step
+    buckets = "".join(
+        f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{le}"}} {count * share}\n'
+        for le, share in (("0.1", 0.5), ("0.5", 0.9), ("1.0", 1.0), ("+Inf", 1.0)))
+    return vllm(0.1, running=2, tokens=100.0 * step) + (
+        buckets + f"vllm:time_to_first_token_seconds_sum{{{labels}}} {count * 0.2}\n"
+        f"vllm:time_to_first_token_seconds_count{{{labels}}} {count}\n").encode()
+
+
+async def test_watch_only_judges_latency_by_the_servers_ttft_histogram(tmp_path: Path) -> None:
+    """The same 10 % of answers slower than 0.5 s throughout: not rising."""
+    async with FaultServer(bodies=[with_ttft(step) for step in range(1, 500)]) as metrics:
+        doc = await rehearse(RehearsalSettings(
+            metrics=Target(url=metrics.url()), api_base=None, duration_s=45.0,
+            out_dir=tmp_path / "out", watch_only=True, interval_s=1.0, time_scale=FAST),
+            gpu_reader=None, progress=None)
+    latency = doc["criteria"]["latency"]
+    assert (latency["state"], latency["figures"]["source"]) == (
+        "ok", "the server's TTFT histogram")
+    assert latency["figures"]["ttft_s"] == {"first": {"p50": 0.1, "p90": 0.5, "p99": 0.95},
+                                            "last": {"p50": 0.1, "p90": 0.5, "p99": 0.95}}
+    assert latency["figures"]["slow_share"]["first"] == latency["figures"]["slow_share"][
+        "last"] == 0.1
+
+
+async def test_watch_only_reads_three_times_after_the_load_busy_or_not(tmp_path: Path) -> None:
+    """A busy server watched, its pool one block fuller at every read: the peak of the load
+    is its last read, the floor after the third read after it (however busy: watching waits
+    for three reads, not for idle ones)."""
+    bodies = [vllm(step / 1000, running=2, tokens=100.0 * step) for step in range(1, 200)]
+    async with FaultServer(bodies=bodies) as metrics:
+        doc = await rehearse(RehearsalSettings(
+            metrics=Target(url=metrics.url()), api_base=None, duration_s=20.0,
+            out_dir=tmp_path / "out", watch_only=True, interval_s=2.0, time_scale=FAST),
+            gpu_reader=None, progress=None)
+    (engine,) = doc["kv"]["engines"]
+    assert engine["before"]["usage"] == 0.003
+    assert engine["after"]["idle"] is False
+    assert round((engine["after"]["usage"] - engine["peak_usage"]) * 1000) == 3
+
+
+async def test_a_report_that_cannot_be_written_is_a_usage_error(tmp_path: Path) -> None:
+    """The --out folder is removed while the load runs: the run ends in a clear message."""
+    out = tmp_path / "out"
+
+    async def remove_the_folder() -> None:
+        while not (out / "requests.jsonl").exists():
+            await asyncio.sleep(0.005)
+        shutil.rmtree(out)
+
+    async with FakeOpenAI(metrics=idle_body(0.0)) as api:
+        removing = asyncio.create_task(remove_the_folder())
+        with pytest.raises(BadUsage) as refused:
+            await rehearse(fast(api.url, api.url + "/metrics", out, duration_s=5.0),
+                           gpu_reader=None, progress=None)
+        await removing
+    assert str(refused.value) == f"cannot write the report to {out}: No such file or directory"
+
+
+async def test_one_read_is_enough_to_start_and_failing_reads_do_not_stop_the_run(
+        tmp_path: Path) -> None:
+    """The server answers /metrics once, then only with errors: the run starts on that one
+    read (the first wait asks for no more), goes its time and reports the failed reads."""
+    async with FakeOpenAI() as api, FaultServer(bodies=[vllm(0.0)]) as metrics:
+        async def break_down() -> None:
+            while metrics.hits < 1:
+                await asyncio.sleep(0.001)
+            metrics.mode = "error500"
+
+        breaking = asyncio.create_task(break_down())
+        started = time.monotonic()
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=20.0),
+                             gpu_reader=None, progress=None)
+        took = time.monotonic() - started
+        await breaking
+    run_ = doc["run"]
+    assert (run_["scrapes"], run_["stopped"]) == (1, "duration") and run_["failed_scrapes"] > 0
+    # about 2 s: not the 15 s (of ours) the first wait allows for a read, which waiting for
+    # a second read would have taken
+    assert took < 7.5
+
+
+async def test_metrics_that_never_answer_are_refused_after_fifteen_seconds(
+        tmp_path: Path) -> None:
+    """Read with a 30 s timeout, a /metrics that never answers has not even failed when the
+    15 s (of ours) for a first read are up: the refusal says there was no answer."""
+    async with FakeOpenAI() as api, FaultServer(mode="hang") as metrics:
+        url = metrics.url()
+        with pytest.raises(CannotRun) as refused:
+            await rehearse(fast(api.url, url, tmp_path / "out", scrape_timeout_s=30.0),
+                           gpu_reader=None, progress=None)
+    assert str(refused.value) == f"cannot read {url}: no answer"
+    assert api.bodies == []
+
+
+@pytest.fixture
+def ascii_locale() -> Iterator[None]:
+    """The C locale's ASCII as the default encoding of text files (where a system is set up
+    so), for this test only."""
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
+
+
+async def test_the_text_report_is_utf_8_whatever_the_locale(tmp_path: Path,
+                                                            ascii_locale: None) -> None:
+    """A model named in letters ASCII lacks, on a system whose default encoding is ASCII."""
+    async with FakeOpenAI(metrics=idle_body(0.0), models=("modèle",)) as api:
+        doc = await rehearse(fast(api.url, api.url + "/metrics", tmp_path / "out",
+                                  duration_s=5.0), gpu_reader=None, progress=None)
+    text = (tmp_path / "out/report.txt").read_bytes().decode("utf-8")
+    assert doc["target"]["model"] == "modèle" and ", model modèle" in text
+    assert text == file_text(render_text(doc))
+
+
+async def test_a_server_that_never_goes_idle_is_read_for_a_minute_and_five_intervals_after(
+        tmp_path: Path) -> None:
+    """Busy for ever, its pool one block fuller at every read (every 20 s): after the load
+    the run waits 60 s and five intervals (160 s) for it to go idle, 8 reads, then reports
+    the last of them as the floor after."""
+    bodies = [vllm(step / 1000, running=2, tokens=100.0 * step) for step in range(1, 100)]
+    async with FakeOpenAI() as api, FaultServer(bodies=bodies) as metrics:
+        doc = await rehearse(fast(api.url, metrics.url(), tmp_path / "out", duration_s=40.0,
+                                  rate=0.5, interval_s=20.0, time_scale=100.0),
+                             gpu_reader=None, progress=None)
+    (engine,) = doc["kv"]["engines"]
+    assert engine["before"]["usage"] == 0.003 and engine["after"]["idle"] is False
+    # 8 reads, or 7 where the reads fall a little later than every 20 s on a loaded machine
+    assert round((engine["after"]["usage"] - engine["peak_usage"]) * 1000) in (7, 8)
+
+
+async def test_watching_a_stalled_server_is_no_go_with_its_advice(tmp_path: Path) -> None:
+    """No request of ours, so no errors to advise on: the stall alone."""
+    async with FaultServer() as metrics:
+        doc = await rehearse(RehearsalSettings(
+            metrics=Target(url=metrics.url()), api_base=None, duration_s=600.0,
+            out_dir=tmp_path / "out", watch_only=True, interval_s=1.0, time_scale=FAST),
+            gpu_reader=None, progress=None)
+    assert (doc["verdict"], doc["run"]["stopped"], doc["requests"]) == ("no-go", "stalled", None)
+    assert [advice["lever"] for advice in doc["advice"]] == ["stall"]
