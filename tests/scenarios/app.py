@@ -91,7 +91,7 @@ async def screen_shows(pilot: Pilot, text: str, timeout_s: float = DEADLINE_S) -
     )
 
 
-async def live_data_shown(pilot: Pilot) -> bool:
+async def live_data_shown(pilot: Pilot, timeout_s: float = DEADLINE_S) -> bool:
     """The live scene's first scrapes are folded and drawn: every host's row has a status."""
     app = pilot.app
     assert isinstance(app, KvtopApp)
@@ -101,7 +101,7 @@ async def live_data_shown(pilot: Pilot) -> bool:
         return (statuses.get("10.0.0.5:8000") == "up" and len(statuses) == len(LIVE_TARGETS)
                 and "…" not in statuses.values())
 
-    return await until(pilot, drawn)
+    return await until(pilot, drawn, timeout_s)
 
 
 def write_recording(path: Path, seconds: int = 300) -> Path:
