@@ -829,6 +829,28 @@ def test_the_default_source_polls_the_targets_as_configured() -> None:
     assert _poller(AppConfig(targets=[HOST_A], full_metrics=True))._narrow is False
 
 
+def test_the_app_is_made_of_its_config_before_it_runs(tmp_path: Path) -> None:
+    """What the app holds from its config as soon as it is made (before any terminal)."""
+    path = tmp_path / "live.jsonl"
+    config = AppConfig(targets=LIVE_TARGETS, interval_s=0.5, low_bandwidth=True, record=path,
+                       record_max_bytes=LIMIT, baseline=baseline(), no_gpu=True)
+    app = KvtopApp(config)
+    assert app.config is config and app.overlay is config.baseline and app.source is None
+    assert list(app.trackers) == [t.url for t in LIVE_TARGETS]
+    assert [(s.target, s.status) for s in app.states()] == [(t, "pending") for t in LIVE_TARGETS]
+    assert app.interval_s == 0.5 and app.draw_clock.period_s == 2.0  # --low-bandwidth: 2 s
+    assert app.selected_engine.band(HOST_A.url, ("twin-llama", "0")) is not None
+    assert app.gpu_watch.why_no_pane(demo=False) == (
+        "no GPU pane: --no-gpu (a GPU exporter as a target still shows its GPUs)")
+    assert app.crash_line is None and app.recording.status() == ""
+    assert (app.recording.writer.path, app.recording.writer.max_bytes) == (path, LIMIT)
+    app.recording.close()
+    assert read_recording(path).header["interval_s"] == 0.5
+    plain = KvtopApp(AppConfig(targets=[HOST_A], baseline=BaselineOverlay({})))
+    assert plain.overlay is None and plain.recording.status() is None
+    assert plain.draw_clock.period_s == 1.0
+
+
 def test_nvml_is_read_unless_no_gpu_or_a_demo() -> None:
     assert isinstance(KvtopApp(AppConfig(targets=[HOST_A])).gpu_watch._reader, NvmlReader)
     reader = FakeGpuReader()
