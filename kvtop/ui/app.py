@@ -201,7 +201,6 @@ class KvtopApp(App[None]):
         self.filter_box = self.query_one("#filter", Input)
         self.selected_engine.attach(self.panes, self.engine_panel)
         self.frame.attach(self.table, self.summary, self.gpu_pane)
-        self.gpu_pane.display = False  # until some GPU is known
         self.table.focus()
         self._draw()
         # the first frame (the hosts) is painted first: the poller's HTTP stack and NVML are
