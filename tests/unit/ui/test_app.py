@@ -15,6 +15,7 @@ import asyncio
 import functools
 import json
 import os
+import signal
 import socket
 import tempfile
 import threading
@@ -453,6 +454,23 @@ async def test_pausing_leaves_the_gpu_pane_and_resuming_draws_it_now(tmp_path: P
         assert str(app.gpu_pane.render()) != drawn
 
 
+async def test_a_resize_redraws_the_panes_only_when_the_layout_changes(tmp_path: Path) -> None:
+    now = [T0 + 2]
+    app, _ = quiet_app(tmp_path, no_gpu=False, clock=lambda: now[0])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await live_data_shown(pilot, WAIT_S)
+        assert await soon(pilot, lambda: app.gpu_pane.display)
+        await pilot.press("p")
+        drawn = str(app.gpu_pane.render())
+        now[0] += 150  # the memory trail's point would move left
+        await pilot.resize_terminal(110, 30)  # still charts: nothing drawn again
+        await pilot.pause(0.2)
+        assert str(app.gpu_pane.render()) == drawn
+        await pilot.resize_terminal(*SMALL)
+        await pilot.resize_terminal(*SIZE)  # charts again: drawn at once, paused or not
+        assert await soon(pilot, lambda: str(app.gpu_pane.render()) != drawn)
+
+
 async def test_a_gpu_read_landing_while_paused_shows_on_resume(tmp_path: Path) -> None:
     reader = HeldGpuReader()
     app, _ = quiet_app(tmp_path, no_gpu=False, gpu_reader=reader)
@@ -721,6 +739,23 @@ class WatchedSource(FakeSource):
     async def run(self, on_scrape, *, stop: asyncio.Event) -> None:  # type: ignore[override]
         self.stop = stop
         await super().run(on_scrape, stop=stop)
+
+
+async def test_the_terminal_is_watched_on_a_terminal_unless_told_not_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(Headless, as every test here, nothing watches: that is the other tests' apps.)"""
+    before = signal.getsignal(signal.SIGHUP)
+    monkeypatch.setattr(KvtopApp, "is_headless", property(lambda self: False))
+    try:
+        for watch_tty in (False, True):
+            app, _ = quiet_app(tmp_path, watch_tty=watch_tty,
+                               source_factory=lambda cfg: FakeSource())
+            async with app.run_test(size=SIZE) as pilot:
+                await pilot.pause()
+                watching = signal.getsignal(signal.SIGHUP) is not before  # SIGHUP: gone
+                assert watching == watch_tty
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 async def test_quitting_stops_collection_first_and_keeps_the_return_code(
