@@ -466,8 +466,14 @@ async def test_a_resize_redraws_the_panes_only_when_the_layout_changes(tmp_path:
         await pilot.resize_terminal(110, 30)  # still charts: nothing drawn again
         await pilot.pause(0.2)
         assert str(app.gpu_pane.render()) == drawn
-        await pilot.resize_terminal(*SMALL)
-        await pilot.resize_terminal(*SIZE)  # charts again: drawn at once, paused or not
+        await pilot.resize_terminal(*SMALL)  # sparklines: drawn at once, paused or not
+        assert await soon(pilot, lambda: str(app.gpu_pane.render()) != drawn)
+        drawn = str(app.gpu_pane.render())
+        now[0] += 100
+        await pilot.resize_terminal(90, 24)  # still sparklines: nothing drawn again
+        await pilot.pause(0.2)
+        assert str(app.gpu_pane.render()) == drawn
+        await pilot.resize_terminal(*SIZE)  # charts again
         assert await soon(pilot, lambda: str(app.gpu_pane.render()) != drawn)
 
 
