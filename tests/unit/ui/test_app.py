@@ -228,6 +228,19 @@ async def test_paused_nothing_is_drawn_until_resumed_and_collection_goes_on(
         assert kv_of(app, "10.0.0.5:8000") == "████▏ 828/1000"
 
 
+async def test_paused_the_period_s_frames_draw_nothing(tmp_path: Path) -> None:
+    app, source = quiet_app(tmp_path, interval_s=0.25)  # a frame due every quarter second
+    async with app.run_test(size=SIZE) as pilot:
+        assert await live_data_shown(pilot, WAIT_S)
+        await pilot.press("p")
+        source.push(Scrape(HOST_A, T0 + 1, fixture_text(LEAKING_IDLE)))
+        await folded(pilot, app, HOST_A.url, T0 + 1)
+        await pilot.pause(0.6)  # two frames due, and the scrape's
+        assert kv_of(app, "10.0.0.5:8000") == "████▉ 588/599"
+        await pilot.press("p")
+        assert kv_of(app, "10.0.0.5:8000") == "████▏ 828/1000"
+
+
 async def test_a_key_redraws_a_paused_frame_with_what_it_changed(tmp_path: Path) -> None:
     app, _ = quiet_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
