@@ -490,6 +490,19 @@ async def test_a_resize_redraws_the_panes_only_when_the_layout_changes(tmp_path:
         assert await soon(pilot, lambda: str(app.gpu_pane.render()) != drawn)
 
 
+async def test_a_gpu_refresh_with_nothing_new_for_the_rows_draws_no_frame(
+        tmp_path: Path) -> None:
+    app, source = quiet_app(tmp_path, no_gpu=False)
+    async with app.run_test(size=SIZE) as pilot:
+        assert await live_data_shown(pilot, WAIT_S)
+        assert await soon(pilot, lambda: app.gpu_pane.display)
+        source.push(Scrape(HOST_A, T0 + 1, fixture_text(LEAKING_IDLE)))
+        await folded(pilot, app, HOST_A.url, T0 + 1)
+        app.gpu_watch.refresh()  # the same owners: the pane again, the rows at the minute
+        await pilot.pause(0.2)
+        assert kv_of(app, "10.0.0.5:8000") == "████▉ 588/599"
+
+
 async def test_a_gpu_read_landing_while_paused_shows_on_resume(tmp_path: Path) -> None:
     reader = HeldGpuReader()
     app, _ = quiet_app(tmp_path, no_gpu=False, gpu_reader=reader)
