@@ -490,6 +490,13 @@ async def test_a_resize_redraws_the_panes_only_when_the_layout_changes(tmp_path:
         assert await soon(pilot, lambda: str(app.gpu_pane.render()) != drawn)
 
 
+async def test_the_gpus_are_read_again_at_least_two_seconds_on(tmp_path: Path) -> None:
+    reader = FakeGpuReader()
+    app, _ = quiet_app(tmp_path, no_gpu=False, gpu_reader=reader, interval_s=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        assert await soon(pilot, lambda: reader.reads == 2)
+
+
 async def test_a_gpu_refresh_with_nothing_new_for_the_rows_draws_no_frame(
         tmp_path: Path) -> None:
     app, source = quiet_app(tmp_path, no_gpu=False)
