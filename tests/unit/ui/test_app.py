@@ -192,6 +192,14 @@ async def test_the_screen_is_composed_and_drawn_before_any_scrape(tmp_path: Path
         assert app.return_code is None
 
 
+async def test_a_server_that_never_answered_says_how_often_it_is_tried(tmp_path: Path) -> None:
+    source = FakeSource([Scrape(HOST_A, T0, failure="down", error="connection refused")])
+    app, _ = quiet_app(tmp_path, source_factory=lambda cfg: source)
+    async with app.run_test(size=SIZE) as pilot:
+        assert await soon(pilot, lambda: "nothing answers at http://10.0.0.5:8000/metrics, "
+                          "trying every 1m" in str(app.panes.head.render()))
+
+
 async def test_a_host_s_first_scrape_is_drawn_at_once_a_later_one_at_the_period(
         tmp_path: Path) -> None:
     app, source = quiet_app(tmp_path)
@@ -612,6 +620,8 @@ async def test_the_selected_engine_is_drawn_in_the_layout_shown(tmp_path: Path) 
         await pilot.resize_terminal(*SMALL)  # sparklines: the panel drawn at once
         assert await soon(pilot, lambda: not app.charts_shown
                            and "10.0.0.5:8000" in str(app.engine_panel.render()))
+        kv_line = str(app.engine_panel.render()).split("\n")[1]
+        assert kv_line.startswith("KV ") and kv_line.endswith("█ █████████▉ 588/599 98%")
         await pilot.press("down")  # the panel follows the cursor; the hidden charts wait
         assert "10.0.0.5:8001" in str(app.engine_panel.render())
         assert panes_title(app) == "10.0.0.5:8000 · twin-llama"
