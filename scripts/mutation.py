@@ -553,9 +553,9 @@ MODULES: dict[str, tuple[str, ...]] = {
                               "tests/ui/pilot/test_app.py::test_gpu_pane_with_fake_nvml"),
     # one frame in a small app over real trackers fed real scrapes
     "kvtop/ui/frame.py": (f"{UNIT}/ui/test_frame.py",),
-    # not yet scored on its own: the unit tests under ui/ and the whole Pilot tier (seconds per
-    # test: a mutant costs minutes)
-    "kvtop/ui/app.py": (f"{UNIT}/ui", "tests/ui/pilot"),
+    # the app itself run headless (Pilot) on real scrapes: what each key, event and state
+    # decides; its parts are scored on their own files (the whole Pilot tier: minutes a mutant)
+    "kvtop/ui/app.py": (f"{UNIT}/ui/test_app.py",),
 }
 
 

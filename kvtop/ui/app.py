@@ -61,7 +61,6 @@ from kvtop.ui.widgets.gpu_pane import GpuPane
 from kvtop.ui.widgets.message_line import MessageLine, show_messages
 from kvtop.ui.widgets.panes import EnginePanes
 from kvtop.ui.widgets.summary import SummaryBar
-from kvtop.view.groups import NONE
 from kvtop.view.sort_keys import column_sort_key
 from kvtop.view.view_state import ViewState
 
@@ -202,7 +201,6 @@ class KvtopApp(App[None]):
         self.filter_box = self.query_one("#filter", Input)
         self.selected_engine.attach(self.panes, self.engine_panel)
         self.frame.attach(self.table, self.summary, self.gpu_pane)
-        self.gpu_pane.display = False  # until some GPU is known
         self.table.focus()
         self._draw()
         # the first frame (the hosts) is painted first: the poller's HTTP stack and NVML are
@@ -344,9 +342,9 @@ class KvtopApp(App[None]):
                              self.sort_by)
 
     def action_group(self) -> None:
-        """F5: no groups, config group, model, then each Prometheus label, like htop's tree."""
-        self.view.next_group_mode(self.table.rows if self.view.group_mode == NONE else
-                                  self.frame.rows(self.states(), self.config.clock()))
+        """F5: no groups, config group, model, then each Prometheus label, like htop's tree
+        (the labels of every row, the search's and closed groups' too)."""
+        self.view.next_group_mode(self.frame.rows(self.states(), self.config.clock()))
         label = self.view.group_label
         self.notify(display_text(f"groups {f'by {label}' if label else 'off'}"), timeout=2,
                     markup=False)

@@ -69,7 +69,8 @@ async def until(pilot: Pilot, ready: Callable[[], object],
                 timeout_s: float = DEADLINE_S) -> bool:
     """Whether ``ready()`` turns true within ``timeout_s``, checked between short pauses.
     A loaded CI machine takes its time to fold a scrape, push a screen or lay out a table:
-    a fixed pause there makes a flaky test. A check that raises (no screen yet) is not ready.
+    a fixed pause there makes a flaky test. A check that raises (no screen yet) is not ready;
+    an app that crashed is never ready (a planted bug's crash fails at once, not in a minute).
     (tests.waiting.eventually does the same and fails itself, saying what it waited for.)"""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -78,7 +79,7 @@ async def until(pilot: Pilot, ready: Callable[[], object],
                 return True
         except Exception:  # mid-transition, e.g. no screen on the stack yet
             pass
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or pilot.app._exception is not None:  # crashed
             return False
         await pilot.pause(0.05)
 
@@ -90,7 +91,7 @@ async def screen_shows(pilot: Pilot, text: str, timeout_s: float = DEADLINE_S) -
     )
 
 
-async def live_data_shown(pilot: Pilot) -> bool:
+async def live_data_shown(pilot: Pilot, timeout_s: float = DEADLINE_S) -> bool:
     """The live scene's first scrapes are folded and drawn: every host's row has a status."""
     app = pilot.app
     assert isinstance(app, KvtopApp)
@@ -100,7 +101,7 @@ async def live_data_shown(pilot: Pilot) -> bool:
         return (statuses.get("10.0.0.5:8000") == "up" and len(statuses) == len(LIVE_TARGETS)
                 and "…" not in statuses.values())
 
-    return await until(pilot, drawn)
+    return await until(pilot, drawn, timeout_s)
 
 
 def write_recording(path: Path, seconds: int = 300) -> Path:
