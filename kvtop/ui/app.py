@@ -29,6 +29,7 @@ from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Footer, Input
+from textual.worker import Worker, WorkerState
 
 from kvtop.collect.nvml import GpuReader, NvmlReader
 from kvtop.collect.source import ScrapeSource
@@ -73,6 +74,7 @@ COMPACT_WIDTH = 120  # below this the detail's plots go one per row
 # Below this size the engine's charts shrink to sparklines under the table (80x24 over ssh)
 CHARTS_MIN_SIZE = (100, 30)
 GRID2_SIZE = (120, 45)  # narrower and at least this tall: the small charts two by two
+COLLECT_STOPPED_S = 86400.0  # the message stays while the numbers it explains stay frozen
 TERMINAL_GONE_GRACE_S = 3.0  # then the process ends even if shutting down hangs
 
 
@@ -135,6 +137,16 @@ class AppConfig:
     record_max_bytes: int | None = DEFAULT_MAX_BYTES  # the recording stops there
     baseline: BaselineOverlay | None = None  # drawn in the panes and the Δ column
     alerts: AlertSettings = field(default_factory=AlertSettings)  # bell, command on LEAK/STALL
+
+
+def tell_if_collection_stopped(app: App[Any], event: Worker.StateChanged) -> None:
+    """Collection that stopped on an error leaves every number frozen: say so, and why."""
+    worker = event.worker
+    if worker.group == "collect" and event.state == WorkerState.ERROR:
+        error = worker.error
+        app.notify(display_text(f"collection stopped: {type(error).__name__}: {error}; "
+                                "the numbers are as of then (restart kvtop)", 300),
+                   severity="error", timeout=COLLECT_STOPPED_S, markup=False)
 
 
 class KvtopApp(App[None]):
@@ -250,6 +262,9 @@ class KvtopApp(App[None]):
         else:
             await source.run(self.on_scrape, stop=self._stop)
 
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        tell_if_collection_stopped(self, event)
+
     def on_scrape(self, scrape: Scrape) -> None:
         """Fold a scrape into its tracker now (even when paused); draw later, coalesced."""
         tracker, first = self.fleet.fold(scrape)
@@ -266,8 +281,7 @@ class KvtopApp(App[None]):
     # -- drawing --------------------------------------------------------------------------
 
     def _on_screen(self) -> bool:
-        """False once the app is shutting down: a scrape or GPU read that lands then must
-        not paint widgets already taken off the screen."""
+        """False once shutting down: a late scrape or GPU read must not paint gone widgets."""
         return bool(self.screen_stack) and self.summary.is_attached
 
     def _draw(self, *, force: bool = False) -> None:

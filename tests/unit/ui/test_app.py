@@ -37,11 +37,13 @@ from kvtop.collect.kv_events import BlockStored, KvEventBatch
 from kvtop.collect.nvml import NvmlReader
 from kvtop.collect.poller import Poller
 from kvtop.collect.prometheus import group_scrapes
+from kvtop.collect.source import ScrapeReader
 from kvtop.collect.target import Scrape, Target
 from kvtop.config import AlertSettings
 from kvtop.exits import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 from kvtop.store.recording import read_recording
 from kvtop.ui.app import (
+    COLLECT_STOPPED_S,
     INTERVALS,
     TERMINAL_GONE_GRACE_S,
     AppConfig,
@@ -79,6 +81,7 @@ from tests.scenarios.app import (
     StaticTracker,
     live_app,
     live_data_shown,
+    live_scrapes,
     table_rows,
     until,
 )
@@ -942,3 +945,30 @@ def test_nvml_is_read_unless_no_gpu_or_a_demo() -> None:
     for flag in ("no_gpu", "demo"):
         app = KvtopApp(AppConfig(targets=[HOST_A], gpu_reader=reader, **{flag: True}))
         assert app.gpu_watch._reader is None
+
+
+class FailingSource(FakeSource):
+    """Delivers its scrapes, then fails as the OS may fail a collector (out of sockets)."""
+
+    async def run(self, on_scrape: Callable[[Scrape], object], *,
+                  stop: asyncio.Event) -> None:
+        read = ScrapeReader()
+        for scrape in self.initial:
+            on_scrape(read(scrape))
+        raise OSError(24, "Too many open files")
+
+
+async def test_collection_that_stops_on_an_error_says_so_while_the_numbers_stay(
+        tmp_path: Path) -> None:
+    # the numbers stay on screen as of the failure; without the message nothing said they
+    # were frozen (the collector's worker ends quietly: exit_on_error=False)
+    source = FailingSource(live_scrapes())
+    app, _ = quiet_app(tmp_path, source_factory=lambda cfg: source)
+    async with app.run_test(size=SIZE) as pilot:
+        assert await soon(pilot, lambda: messages(app))
+        assert messages(app) == [(
+            "collection stopped: OSError: [Errno 24] Too many open files; the numbers are as "
+            "of then (restart kvtop)", COLLECT_STOPPED_S, False)]
+        assert [n.severity for n in app._notifications] == ["error"] and app.is_running
+        assert names(app) == NAMES
+    assert COLLECT_STOPPED_S == 86400.0
