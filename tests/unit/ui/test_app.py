@@ -950,19 +950,23 @@ def test_nvml_is_read_unless_no_gpu_or_a_demo() -> None:
 class FailingSource(FakeSource):
     """Delivers its scrapes, then fails as the OS may fail a collector (out of sockets)."""
 
+    def __init__(self, error: Exception) -> None:
+        super().__init__(live_scrapes())
+        self.error = error
+
     async def run(self, on_scrape: Callable[[Scrape], object], *,
                   stop: asyncio.Event) -> None:
         read = ScrapeReader()
         for scrape in self.initial:
             on_scrape(read(scrape))
-        raise OSError(24, "Too many open files")
+        raise self.error
 
 
 async def test_collection_that_stops_on_an_error_says_so_while_the_numbers_stay(
         tmp_path: Path) -> None:
     # the numbers stay on screen as of the failure; without the message nothing said they
     # were frozen (the collector's worker ends quietly: exit_on_error=False)
-    source = FailingSource(live_scrapes())
+    source = FailingSource(OSError(24, "Too many open files"))
     app, _ = quiet_app(tmp_path, source_factory=lambda cfg: source)
     async with app.run_test(size=SIZE) as pilot:
         assert await soon(pilot, lambda: messages(app))
@@ -972,3 +976,12 @@ async def test_collection_that_stops_on_an_error_says_so_while_the_numbers_stay(
         assert [n.severity for n in app._notifications] == ["error"] and app.is_running
         assert names(app) == NAMES
     assert COLLECT_STOPPED_S == 86400.0
+
+
+async def test_a_long_collection_error_is_cut_to_300_cells(tmp_path: Path) -> None:
+    source = FailingSource(RuntimeError("y" * 400))
+    app, _ = quiet_app(tmp_path, source_factory=lambda cfg: source)
+    async with app.run_test(size=SIZE) as pilot:
+        assert await soon(pilot, lambda: messages(app))
+        ((said, _, _),) = messages(app)
+        assert said == "collection stopped: RuntimeError: " + "y" * 265 + "…"
