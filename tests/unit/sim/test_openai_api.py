@@ -211,7 +211,9 @@ async def test_a_restart_drops_open_streams_and_requests_after_it_run(
             lost = await streaming
             assert lost.status == "error"
             assert lost.error == "the server closed the stream mid-answer"
-            assert 3 < lost.completion_tokens < 5000
+            # the server had made 4 tokens; the client may have read fewer before the restart
+            # (its chunks still on the way on a loaded machine), never none and never all
+            assert 0 < lost.completion_tokens < 5000
             path, body = completion_request(server.config.model_name, "a b c", 8)
             after = await stream_completion(session, server.url + "/v1" + path, body,
                                             timeout_s=30)
