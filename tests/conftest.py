@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import uuid
@@ -41,6 +42,15 @@ if MUTATION:
     def _cold_caches() -> None:
         """Under scripts/mutation.py: each test reaches the code behind kvtop's caches."""
         cold_caches()
+
+
+@pytest.fixture
+def listening_port() -> Iterator[int]:
+    """A port this test process listens on: the GPU processes it owns are this "server's"."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
 
 
 @pytest.fixture

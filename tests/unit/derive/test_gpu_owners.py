@@ -10,8 +10,6 @@ what came of it, and the GPU memory history."""
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -128,15 +126,6 @@ def test_a_hostile_instance_label_gives_a_host_never_an_error(instance: str, hos
 
 
 VLLM = fixture_text("vllm-0.33.0-v1-twin-under-load.txt")
-
-
-@pytest.fixture
-def listening_port() -> Iterator[int]:
-    """A port this test process listens on: its GPU processes are this "server's"."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        yield server.getsockname()[1]
 
 
 def local_gpu(*pids: int) -> GpuReading:

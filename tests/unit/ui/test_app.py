@@ -16,10 +16,9 @@ import functools
 import json
 import os
 import signal
-import socket
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -422,8 +421,8 @@ def this_process_s_gpu() -> list[GpuReading]:
 
 
 async def test_a_server_first_heard_after_the_gpu_read_owns_its_gpu_at_once(
-        tmp_path: Path, listening: int) -> None:
-    local = Target.from_spec(f"127.0.0.1:{listening}")
+        tmp_path: Path, listening_port: int) -> None:
+    local = Target.from_spec(f"127.0.0.1:{listening_port}")
     source = FakeSource()
     app, _ = quiet_app(tmp_path, targets=[local], source_factory=lambda cfg: source,
                        no_gpu=False, gpu_reader=FakeGpuReader(this_process_s_gpu()))
@@ -535,18 +534,9 @@ async def test_a_gpu_read_landing_while_paused_shows_on_resume(tmp_path: Path) -
         assert app.gpu_pane.display
 
 
-@pytest.fixture
-def listening() -> Iterator[int]:
-    """A port this process listens on, as a local server's would."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
-
-
 async def test_a_server_found_owning_a_gpu_gets_its_column_at_once(
-        tmp_path: Path, listening: int) -> None:
-    local = Target.from_spec(f"127.0.0.1:{listening}")  # its GPU process: this one
+        tmp_path: Path, listening_port: int) -> None:
+    local = Target.from_spec(f"127.0.0.1:{listening_port}")  # its GPU process: this one
     reader = HeldGpuReader(this_process_s_gpu())
     source = FakeSource([Scrape(local, T0, fixture_text(UNDER_LOAD))])
     app, _ = quiet_app(tmp_path, targets=[local], source_factory=lambda cfg: source,

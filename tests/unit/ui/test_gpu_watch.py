@@ -7,9 +7,8 @@ say when NVML is absent, broken or turned off."""
 from __future__ import annotations
 
 import os
-import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -53,15 +52,6 @@ class Watched:
 
 
 @pytest.fixture
-def listening() -> Iterator[int]:
-    """A port this process listens on, as a local server's would."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
-
-
-@pytest.fixture
 def monotonic(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
     """Set the watch's monotonic clock (the app's own is left alone)."""
     now = [1000.0]
@@ -92,12 +82,12 @@ async def read_once(w: Watched, app: App[Any]) -> tuple[Worker[None], list[tuple
     return worker, timers
 
 
-async def test_a_read_in_a_thread_owns_the_gpu_by_port_and_rearms(listening: int) -> None:
+async def test_a_read_in_a_thread_owns_the_gpu_by_port_and_rearms(listening_port: int) -> None:
     app: App[None] = App()
     async with app.run_test() as pilot:
         reader = FakeGpuReader([gpu(0, pid=os.getpid()), gpu(1, used=0)])
         w = Watched(app, reader, period_s=1.0)
-        server = Target.from_spec(f"127.0.0.1:{listening}")
+        server = Target.from_spec(f"127.0.0.1:{listening_port}")
         w.states = [TargetState(server, "up", kind="vllm")]
         worker, timers = await read_once(w, app)
         assert (worker.name, worker.group, worker.exit_on_error, worker._thread_worker,
@@ -105,7 +95,7 @@ async def test_a_read_in_a_thread_owns_the_gpu_by_port_and_rearms(listening: int
         await pilot.pause()
         await pilot.pause()
         assert reader.reads == 1
-        owner = Owner(server.url, f"127.0.0.1:{listening}", "process")
+        owner = Owner(server.url, f"127.0.0.1:{listening_port}", "process")
         assert [(v.gpu.index, v.owners) for v in w.watch.views] == [(0, (owner,)), (1, ())]
         assert w.watch.views[0].process_owners == {os.getpid(): owner}
         assert w.watch.owned == {server.url: (70 * GIB, 80 * GIB)}
@@ -172,14 +162,14 @@ async def test_a_broken_driver_is_a_failed_source_never_a_crash() -> None:
 
 
 async def test_proc_surprises_cost_the_owner_column_not_the_gpus(
-        listening: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        listening_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
     def unreadable(*args: object) -> dict[int, str]:
         raise PermissionError("/proc/1/fd")
 
     app: App[None] = App()
     async with app.run_test() as pilot:
         w = Watched(app, FakeGpuReader([gpu(0, pid=os.getpid())]))
-        w.states = [TargetState(Target.from_spec(f"127.0.0.1:{listening}"), "up")]
+        w.states = [TargetState(Target.from_spec(f"127.0.0.1:{listening_port}"), "up")]
         monkeypatch.setattr(w.watch._port_owners, "owners", unreadable)
         await read_once(w, app)
         await pilot.pause()
@@ -313,10 +303,10 @@ def test_a_new_server_refreshes_at_once_an_exporter_at_most_every_2_s(
 
 
 async def test_each_refresh_remembers_its_time_and_says_when_owners_change(
-        listening: int) -> None:
+        listening_port: int) -> None:
     app: App[None] = App()
     async with app.run_test() as pilot:
-        server = Target.from_spec(f"127.0.0.1:{listening}")
+        server = Target.from_spec(f"127.0.0.1:{listening_port}")
         w = Watched(app, FakeGpuReader([gpu(0, pid=os.getpid())]))
         w.states = [TargetState(server, "up", kind="vllm")]
         await read_once(w, app)
