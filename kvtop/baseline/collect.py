@@ -89,7 +89,8 @@ class _Window:
         bounds = tuple(bound for bound, _ in delta)
         counts = [count for _, count in delta]
         if bounds not in sets and len(sets) == MAX_BUCKET_SETS:  # a server that keeps changing
-            bounds, counts = _fullest(sets), _step_down(bounds, counts, _fullest(sets))
+            fullest = _fullest(sets)
+            bounds, counts = fullest, _step_down(bounds, counts, fullest)
         summed = sets.setdefault(bounds, [0.0] * len(bounds))
         for i, count in enumerate(counts):
             summed[i] += count
